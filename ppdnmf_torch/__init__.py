@@ -1,0 +1,32 @@
+"""ppdnmf_torch: privacy-preserving distributed NMF (arXiv 2403.18326), batched in PyTorch.
+
+>>> import ppdnmf_torch as pp
+>>> data = pp.data.synthetic(seed=0)
+>>> result = pp.fit(data.Z, pp.graph.random_connected(10, 3.0, seed=0), rank=5,
+...                 negative="allow", bcd_iters=5)
+"""
+from . import data, graph, metrics
+from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
+from .api import FitResult, fit, fit_centralized
+from .exchange import CodecRangeError
+from .solver import ConvergenceWarning, NumericalError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "fit",
+    "fit_centralized",
+    "FitResult",
+    "data",
+    "graph",
+    "metrics",
+    "PPDNMFError",
+    "ConfigError",
+    "DataError",
+    "GraphError",
+    "CodecRangeError",
+    "ConvergenceWarning",
+    "NumericalError",
+    "resolve_device",
+    "resolve_dtype",
+]

@@ -1,0 +1,97 @@
+"""Small shared helpers: device/dtype resolution, seed derivation, error types.
+
+Everything that turns a user's ``"auto" | "cpu" | "cuda"`` or dtype name into a
+torch object goes through this module, so the rules live in one place.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+__all__ = [
+    "PPDNMFError",
+    "ConfigError",
+    "DataError",
+    "GraphError",
+    "resolve_device",
+    "resolve_dtype",
+    "derive_seed",
+]
+
+
+class PPDNMFError(ValueError):
+    """Base class of the errors this package raises for bad input."""
+
+
+class ConfigError(PPDNMFError):
+    """A parameter or config value is out of its allowed range or unknown."""
+
+
+class DataError(PPDNMFError):
+    """The data matrix, its blocks or its file is unusable."""
+
+
+class GraphError(PPDNMFError):
+    """The communication graph is invalid (asymmetric, self loops, disconnected, ...)."""
+
+
+_DEVICE_NAMES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device="auto") -> torch.device:
+    """Turn ``"auto" | "cpu" | "cuda" | "cuda:k"`` or a ``torch.device`` into a device.
+
+    ``"auto"`` picks CUDA when it is available, else CPU. Asking for CUDA on a
+    machine without it is an error, not a silent fallback.
+    """
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        name = device.strip().lower()
+        if name == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if name.split(":")[0] not in _DEVICE_NAMES[1:]:
+            raise ConfigError(
+                f"device: unknown device {device!r}; use one of 'auto', 'cpu', 'cuda' or 'cuda:<k>'"
+            )
+        dev = torch.device(name)
+    else:
+        raise ConfigError(f"device: expected a string or torch.device, got {type(device).__name__}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' was requested but CUDA is not available on this machine")
+    return dev
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "single": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+}
+
+
+def resolve_dtype(dtype=torch.float64) -> torch.dtype:
+    """Turn ``"float32" | "float64"`` (or a torch float dtype) into a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.float64):
+            raise ConfigError(f"dtype: {dtype} is not supported; use torch.float32 or torch.float64")
+        return dtype
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().replace("torch.", "")
+        if key in _DTYPES:
+            return _DTYPES[key]
+    raise ConfigError(f"dtype: unknown dtype {dtype!r}; use 'float32' or 'float64'")
+
+
+def derive_seed(seed: int, *labels) -> int:
+    """Derive an independent 63-bit seed for one random stream from a base seed.
+
+    Data, graph, column split and penalty draws each get their own stream, so
+    changing how one of them consumes random numbers never shifts the others.
+    The derivation is a hash, stable across platforms and Python versions.
+    """
+    text = ":".join([str(int(seed))] + [str(x) for x in labels])
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

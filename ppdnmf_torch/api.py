@@ -1,0 +1,192 @@
+"""The public entry point :func:`fit` and its result object."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._utils import ConfigError, resolve_device, resolve_dtype
+from .exchange import Exchange, make_exchange
+from .graph import Graph, complete
+from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
+from .solver import SolverParams, run_bcd
+
+__all__ = ["FitResult", "fit", "fit_centralized"]
+
+
+@dataclass
+class FitResult:
+    """Result of :func:`fit`.
+
+    Attributes
+    ----------
+    X : Tensor (N, L, K)
+        Every agent's left factor ``X_i`` (nonnegative).
+    Y : list of N Tensors (K, M_i)
+        Every agent's right factor block.
+    U : Tensor (N, L, K)
+        The ADMM copies ``U_i`` of the last X-step.
+    history : dict of lists
+        One entry per BCD iteration: ``nmse``, ``consensus``, ``objective``, ``x_primal``,
+        ``x_dual``, ``y_primal``, ``y_dual``, ``time_x``, ``time_y`` (floats) and
+        ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts).
+    graph : Graph
+    columns : list of int
+        ``M_i`` per agent.
+    n_iter : int
+        BCD iterations run.
+    converged : bool
+        Whether the stopping rule stopped every agent (always False with ``tol=0``).
+    costs : dict
+        The exchange's cost counters (empty for ``plain``).
+    """
+
+    X: torch.Tensor
+    Y: list
+    U: torch.Tensor
+    history: dict
+    graph: Graph
+    columns: list
+    n_iter: int
+    converged: bool
+    costs: dict = field(default_factory=dict)
+
+    @property
+    def X_mean(self) -> torch.Tensor:
+        """The agents' average left factor ``(L, K)``."""
+        return self.X.mean(dim=0)
+
+    def reconstruction(self, i: int | None = None) -> torch.Tensor:
+        """``X_i Y_i (L, M_i)`` of agent ``i``, or all blocks side by side ``(L, M)`` when ``i`` is None."""
+        if i is not None:
+            return self.X[i] @ self.Y[i]
+        return torch.cat([self.X[k] @ self.Y[k] for k in range(len(self.Y))], dim=1)
+
+    @property
+    def nmse(self) -> float:
+        return self.history["nmse"][-1]
+
+    @property
+    def consensus(self) -> float:
+        return self.history["consensus"][-1]
+
+
+def _history_single(history: dict) -> dict:
+    """Batched history (tensors over trials) -> plain lists for a single trial."""
+    out = {}
+    for k, vals in history.items():
+        if vals and isinstance(vals[0], torch.Tensor):
+            if vals[0].dim() == 1:
+                out[k] = [float(v[0]) for v in vals]
+            else:
+                out[k] = [v[0].tolist() for v in vals]
+        else:
+            out[k] = list(vals)
+    return out
+
+
+def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
+        bcd_iters=100, x_iters=30, y_iters=30, tol=0.0,
+        exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
+        penalty="random", consensus_form="derived", negative="error",
+        seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None) -> FitResult:
+    """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
+
+    Parameters
+    ----------
+    Z : array-like or Tensor (L, M), or list of N blocks (L, M_i)
+        Nonnegative data. A single matrix is split by columns (``columns``).
+    adjacency : (N, N) symmetric 0/1 array-like, torch sparse tensor, networkx graph, or Graph
+        Connected, without self loops.
+    rank : int
+        ``K``, ``1 <= K <= L``.
+    columns : list of int, optional
+        Per-agent column counts summing to M; equal split when omitted.
+    mu, eta : float
+        ADMM penalties of the X-step (eqs. 8-11) and Y-step (eqs. 12-14).
+    g_max : float or sequence of N floats
+        Penalty caps ``g_i``.
+    bcd_iters, x_iters, y_iters : int
+        Iteration caps.
+    tol : float
+        Relative-change tolerance of the Sec. II-C stopping rule; ``0`` runs the fixed counts.
+    exchange : {"plain", "quantized", "paillier"} or Exchange
+    protocol : {"aggregated", "paper"}
+    n_max : float
+        Quantization scale (the paper's ``N_max``) for ``quantized`` and ``paillier``.
+    key_bits : int
+        Paillier key size (default 2048; smaller sizes warn).
+    g_bits : int
+        Penalties are scaled by ``2^g_bits`` for the integer protocol.
+    penalty : {"random", "fixed"}
+        Monotone random draws (Sec. III-B) or ``g_{i->j} = g_i``.
+    consensus_form : {"derived", "paper_literal"}
+        See ALGORITHM.md, "The consensus term in step 3".
+    negative : {"error", "clip", "shift", "allow"}
+        What to do with negative entries of ``Z``.
+    seed : int
+        Seeds the penalty draws.
+    device : {"auto", "cpu", "cuda"} or torch.device
+    dtype : torch.float64 or torch.float32
+    callback : callable, optional
+        ``callback(info)`` after each BCD iteration, ``info.metrics`` holding floats;
+        return True to stop.
+    exchange_options : dict, optional
+        Extra options of the Paillier exchange (e.g. ``workers``).
+
+    Returns
+    -------
+    FitResult
+    """
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype)
+    graph = as_graph(adjacency)
+    N = graph.n_agents
+    blocks = check_data(as_blocks(Z, N, columns), negative)
+    check_rank(rank, blocks[0].shape[0])
+    caps = as_caps(g_max, N)
+    finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
+    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
+                          y_iters=y_iters, tol=tol, penalty=penalty, consensus_form=consensus_form)
+    exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
+                         **(exchange_options or {}))
+    problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+    exch.bind(problem.topology, dtype=dtype, device=device)
+
+    def cb(info):
+        if callback is None:
+            return False
+        info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
+        return callback(info)
+
+    try:
+        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None)
+        costs = exch.costs()
+    finally:
+        exch.close()
+    counts = [b.shape[1] for b in blocks]
+    return FitResult(
+        X=state.X[0],
+        Y=[state.Y[0, i, :, :c] for i, c in enumerate(counts)],
+        U=state.U[0],
+        history=_history_single(history),
+        graph=graph,
+        columns=counts,
+        n_iter=info["n_iter"],
+        converged=info["converged"],
+        costs=costs,
+    )
+
+
+def fit_centralized(Z, rank, **kwargs) -> FitResult:
+    """The centralized baseline: the same BCD/ADMM on the whole ``Z`` with one agent.
+
+    Takes the keyword arguments of :func:`fit` (``columns`` and the exchange
+    settings do not apply: one agent has no neighbours).
+    """
+    for k in ("columns", "exchange", "protocol", "n_max", "key_bits", "g_bits", "exchange_options"):
+        if k in kwargs:
+            raise ConfigError(f"{k}: does not apply to the centralized baseline (one agent, no exchange)")
+    if isinstance(Z, (list, tuple)):
+        Z = torch.cat([torch.as_tensor(b, dtype=torch.float64) for b in Z], dim=1)
+    return fit(Z, complete(1), rank, **kwargs)

@@ -1,0 +1,63 @@
+"""Step 5 of the X-step behind one small interface, in three kinds.
+
+* ``plain``: float arithmetic (:class:`PlainExchange`).
+* ``quantized``: the integer codec, emulated exactly on the device (:class:`QuantizedExchange`).
+* ``paillier``: the real protocol on the host with :mod:`phe` (:class:`~.paillier.PaillierExchange`),
+  imported lazily so that the numerical core never imports ``phe``.
+"""
+from __future__ import annotations
+
+from .._utils import ConfigError
+from .base import Exchange, ExchangeOutput, Topology
+from .codec import CodecRangeError, IntegerCodec
+from .plain import PlainExchange
+from .quantized import QuantizedExchange
+
+__all__ = [
+    "Exchange",
+    "ExchangeOutput",
+    "Topology",
+    "IntegerCodec",
+    "CodecRangeError",
+    "PlainExchange",
+    "QuantizedExchange",
+    "make_exchange",
+    "EXCHANGE_KINDS",
+    "PROTOCOLS",
+]
+
+EXCHANGE_KINDS = ("plain", "quantized", "paillier")
+PROTOCOLS = ("aggregated", "paper")
+
+
+def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16, **options) -> Exchange:
+    """Build an exchange by name.
+
+    Parameters
+    ----------
+    kind : {"plain", "quantized", "paillier"}
+    protocol : {"aggregated", "paper"}
+        Message pattern of the Paillier stage (see ALGORITHM.md); the numbers are the same.
+    n_max : float
+        Quantization scale of the values (the paper's ``N_max``).
+    key_bits : int
+        Paillier modulus size; sets the codec's range for ``quantized`` too.
+    g_bits : int
+        Penalties are scaled by ``2^g_bits`` before they become exponents.
+    **options
+        Passed to the Paillier exchange (e.g. ``workers``).
+    """
+    if isinstance(kind, Exchange):
+        return kind
+    if kind not in EXCHANGE_KINDS:
+        raise ConfigError(f"exchange: unknown kind {kind!r}; use one of {EXCHANGE_KINDS}")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {PROTOCOLS}")
+    if kind == "plain":
+        return PlainExchange()
+    codec = IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits)
+    if kind == "quantized":
+        return QuantizedExchange(codec)
+    from .paillier import PaillierExchange
+
+    return PaillierExchange(codec, protocol=protocol, **options)

@@ -1,0 +1,129 @@
+"""The exchange interface the solver calls at step 5 of the X-step (lines 10-16).
+
+The solver never sees how ``S_i`` is obtained. It hands the exchange the agents'
+``U`` and this iteration's penalty draws, and gets back
+
+* ``S_i = sum_{j in N_i} rho_ij (U_j - U_i)`` for every agent, and
+* ``rho_i = sum_{j in N_i} rho_ij`` with ``rho_ij = g_{i->j} g_{j->i}``.
+
+Three kinds implement it: ``plain`` (float arithmetic), ``quantized`` (the
+integer codec, emulated exactly on the device) and ``paillier`` (the real
+protocol on the host, with :mod:`phe`). ``quantized`` and ``paillier`` share one
+:class:`~ppdnmf_torch.exchange.codec.IntegerCodec`, so they return the same bits.
+
+All tensors here are flattened over trials and agents: ``A = T * N`` nodes,
+``U (A, L*K)``, penalties ``g (2E,)`` over directed edges in CSR order.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Topology", "Exchange", "ExchangeOutput"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The communication graph(s) of a run, flattened to ``A = T * N`` nodes.
+
+    Attributes
+    ----------
+    n_trials, n_agents : int
+    src, dst : LongTensor (2E,)
+        Directed edges ``i -> j`` sorted by ``(src, dst)`` (CSR order).
+    rev : LongTensor (2E,)
+        Index of the reverse edge ``j -> i``.
+    crow : LongTensor (A + 1,)
+        CSR row pointers of the adjacency matrix.
+    degree : LongTensor (A,)
+    """
+
+    n_trials: int
+    n_agents: int
+    src: torch.Tensor
+    dst: torch.Tensor
+    rev: torch.Tensor
+    crow: torch.Tensor
+    degree: torch.Tensor
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_trials * self.n_agents
+
+    @property
+    def n_directed_edges(self) -> int:
+        return int(self.src.numel())
+
+    def to(self, device) -> "Topology":
+        return Topology(
+            self.n_trials,
+            self.n_agents,
+            self.src.to(device),
+            self.dst.to(device),
+            self.rev.to(device),
+            self.crow.to(device),
+            self.degree.to(device),
+        )
+
+    def neighbour_matrix(self, values: torch.Tensor) -> torch.Tensor:
+        """Sparse CSR matrix ``W (A, A)`` with ``W[i, j] = values[e]`` for edge ``e = i -> j``."""
+        n = self.n_nodes
+        return torch.sparse_csr_tensor(self.crow, self.dst, values, size=(n, n))
+
+    def spread(self, flags: torch.Tensor) -> torch.Tensor:
+        """One hop of flag propagation: ``flags | any(flags of neighbours)``, shape ``(A,)``."""
+        hit = torch.zeros_like(flags, dtype=torch.int32)
+        hit.index_add_(0, self.src, flags[self.dst].to(torch.int32))
+        return flags | (hit > 0)
+
+
+@dataclass
+class ExchangeOutput:
+    """What one secure exchange gives every agent: ``S (A, L*K)`` and ``rho (A,)``."""
+
+    S: torch.Tensor
+    rho: torch.Tensor
+
+
+class Exchange(abc.ABC):
+    """Base class of the step-5 exchange.
+
+    Lifecycle: :meth:`bind` once with the run's topology, then per ADMM
+    iteration :meth:`penalty_sums` (step 1, the agent's ``rho_i``) and
+    :meth:`exchange` (step 5), and :meth:`close` at the end.
+    """
+
+    #: name used in configs and logs
+    name: str = "base"
+
+    def __init__(self) -> None:
+        self.topology: Topology | None = None
+
+    def bind(self, topology: Topology, *, dtype: torch.dtype, device: torch.device) -> None:
+        """Attach the run's topology (moved to ``device``) before the first iteration."""
+        self.topology = topology.to(device)
+        self.dtype = dtype
+        self.device = device
+
+    @abc.abstractmethod
+    def penalty_sums(self, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0) -> torch.Tensor:
+        """``rho_i = sum_j g_{i->j} g_{j->i}`` as agent ``i`` obtains it, shape ``(A,)``."""
+
+    @abc.abstractmethod
+    def exchange(
+        self, U: torch.Tensor, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0
+    ) -> ExchangeOutput:
+        """Step 5: ``S_i`` and ``rho_i`` for every agent from ``U (A, L*K)`` and ``g (2E,)``."""
+
+    def costs(self) -> dict:
+        """Cumulative cost counters of the exchange (empty for kinds that cost nothing)."""
+        return {}
+
+    def close(self) -> None:
+        """Release resources (worker pools, keys)."""
+
+    def _pair_weights(self, g: torch.Tensor) -> torch.Tensor:
+        """``rho_ij = g_{i->j} g_{j->i}`` per directed edge, float64, shape ``(2E,)``."""
+        return g * g[self.topology.rev]

@@ -1,0 +1,202 @@
+"""The integer codec shared by the emulated and the real Paillier exchange.
+
+Paillier encrypts integers modulo ``n``. Before step 5 each agent
+
+* scales its ``U_i`` by ``n_max`` (the paper's ``N_max``) and rounds to the nearest
+  integer, ``q_i = round(n_max U_i)``;
+* scales each penalty draw by ``2^s`` (``s = g_bits``) and rounds, ``gamma = round(2^s g)``,
+  because the homomorphic scalar multiplication needs an integer exponent;
+* represents a negative integer ``v`` as ``v mod n``.
+
+Both paths compute the same integers ``S_int_i = sum_j gamma_ij gamma_ji (q_j - q_i)``
+and ``rho_int_i = sum_j gamma_ij gamma_ji``, and both go through :meth:`IntegerCodec.decode`,
+so ``exchange="quantized"`` and ``exchange="paillier"`` return bit-identical ``S`` and
+``rho``.
+
+Range. A plaintext is only meaningful while ``|v| < n/3`` (the bound :mod:`phe` uses to
+tell negatives from positives). Every partial sum above is bounded by
+``B_i = sum_j gamma_ij gamma_ji |q_j - q_i|``, so the codec requires ``B_i`` (and every
+``|q_i|``) to stay below its ``limit``. The limit is a power of two derived from the key
+size alone, ``2^(key_bits - 3) < n/3`` for any ``key_bits``-bit modulus, and capped at
+``2^62`` because the emulation computes in int64 (the real path decodes into the same
+int64 tensors). A value at or above the limit raises :class:`CodecRangeError`; nothing
+ever wraps silently.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._utils import ConfigError, PPDNMFError
+
+__all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT"]
+
+#: the emulation's int64 ceiling: partial sums stay below 2^62, far from 2^63 - 1
+INT64_LIMIT = 1 << 62
+
+
+class CodecRangeError(PPDNMFError):
+    """A quantized value does not fit the codec's range: it would wrap modulo ``n``.
+
+    Attributes
+    ----------
+    trial, agent : int
+        Where the value occurs (``trial`` is 0 outside batched trials).
+    bcd_iter, admm_iter : int
+        1-based iteration indices (0 when not inside the solver).
+    value : int
+        The offending magnitude (a quantized entry, or the bound of a neighbour sum).
+    limit : int
+    """
+
+    def __init__(self, message, *, trial=0, agent=0, bcd_iter=0, admm_iter=0, value=0, limit=0):
+        super().__init__(message)
+        self.trial, self.agent = trial, agent
+        self.bcd_iter, self.admm_iter = bcd_iter, admm_iter
+        self.value, self.limit = value, limit
+
+
+def _flat_to_trial_agent(index: int, n_agents: int) -> tuple[int, int]:
+    return divmod(int(index), n_agents)
+
+
+@dataclass(frozen=True)
+class IntegerCodec:
+    """Fixed-point integer encoding of ``U`` and of the penalties.
+
+    Parameters
+    ----------
+    n_max : float
+        Quantization scale of the values (the paper's ``N_max``), ``>= 1``.
+    g_bits : int
+        Penalties are scaled by ``2^g_bits``.
+    key_bits : int
+        Paillier modulus size the range is derived from (the emulated path checks the
+        same limit as the key it stands in for).
+    """
+
+    n_max: float = 1e6
+    g_bits: int = 16
+    key_bits: int = 2048
+
+    def __post_init__(self):
+        if not (isinstance(self.n_max, (int, float)) and math.isfinite(self.n_max) and self.n_max >= 1):
+            raise ConfigError(f"n_max: must be a finite number >= 1, got {self.n_max!r}")
+        if not isinstance(self.g_bits, int) or not 0 <= self.g_bits <= 30:
+            raise ConfigError(f"g_bits: must be an integer in [0, 30], got {self.g_bits!r}")
+        if not isinstance(self.key_bits, int) or self.key_bits < 16:
+            raise ConfigError(f"key_bits: must be an integer >= 16, got {self.key_bits!r}")
+
+    # -- derived constants -------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """Exclusive bound on the magnitude of every plaintext integer."""
+        return min(1 << (self.key_bits - 3), INT64_LIMIT)
+
+    @property
+    def value_scale(self) -> float:
+        return float(self.n_max)
+
+    @property
+    def penalty_scale(self) -> float:
+        return float(1 << self.g_bits)
+
+    @property
+    def sum_divisor(self) -> float:
+        """``S = S_int / (n_max 4^s)``; exact in float64 for integer ``n_max < 2^(53-2s)``."""
+        return float(self.n_max) * float(1 << (2 * self.g_bits))
+
+    # -- encoding ----------------------------------------------------------------------
+    def encode_values(self, U: torch.Tensor, *, n_agents: int = 1, bcd_iter=0, admm_iter=0) -> torch.Tensor:
+        """``q = round(n_max U)`` as int64, shape of ``U (A, ...)``; range-checked per agent."""
+        scaled = torch.round(U.to(torch.float64) * self.value_scale)
+        mags = scaled.abs().reshape(scaled.shape[0], -1).amax(dim=1) if scaled.numel() else scaled.new_zeros(0)
+        bad = ~(mags < self.limit)  # also catches NaN / Inf
+        if bool(bad.any()):
+            idx = int(torch.nonzero(bad)[0, 0])
+            trial, agent = _flat_to_trial_agent(idx, n_agents)
+            val = float(mags[idx])
+            raise CodecRangeError(
+                f"codec range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, "
+                f"ADMM iteration {admm_iter}: quantized value magnitude {val:.6g} "
+                f"(= n_max * |U|) does not fit the codec limit {self.limit} (2^{self.limit.bit_length() - 1}) "
+                f"for {self.key_bits}-bit keys; lower n_max or use larger keys",
+                trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                value=int(val) if math.isfinite(val) else 0, limit=self.limit,
+            )
+        return scaled.to(torch.int64)
+
+    def encode_penalties(self, g: torch.Tensor) -> torch.Tensor:
+        """``gamma = round(2^s g)`` as int64, shape ``(2E,)``."""
+        return torch.round(g.to(torch.float64) * self.penalty_scale).to(torch.int64)
+
+    def pair_weights(self, gamma: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
+        """``gamma_ij gamma_ji`` per directed edge (int64, shape ``(2E,)``)."""
+        return gamma * gamma[rev]
+
+    def check_sums(self, q, w, src, dst, *, n_nodes, n_agents=1, bcd_iter=0, admm_iter=0) -> None:
+        """Raise :class:`CodecRangeError` if some ``B_i = sum_j w_ij |q_j - q_i|`` reaches the limit.
+
+        A cheap global bound is tried first; the exact per-agent bound runs only when
+        the global one does not already prove every sum is in range.
+        """
+        if src.numel() == 0:
+            return
+        qmax = float(q.abs().max()) if q.numel() else 0.0
+        deg = torch.bincount(src, minlength=n_nodes)
+        crude = 2.0 * qmax * float(w.abs().max()) * float(deg.max())
+        if crude < self.limit * (1 - 1e-9):
+            return
+        # Exact enough: float64 bound with a relative safety margin far above its rounding error.
+        diff = (q[dst] - q[src]).to(torch.float64).abs() if qmax < 2.0**62 else (
+            q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
+        bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
+        bound.index_add_(0, src, w.to(torch.float64).reshape(-1, *([1] * (q.dim() - 1))) * diff)
+        per_agent = bound.reshape(n_nodes, -1).amax(dim=1)
+        bad = ~(per_agent < self.limit * (1 - 1e-9))
+        if bool(bad.any()):
+            idx = int(torch.nonzero(bad)[0, 0])
+            trial, agent = _flat_to_trial_agent(idx, n_agents)
+            val = float(per_agent[idx])
+            raise CodecRangeError(
+                f"codec range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, "
+                f"ADMM iteration {admm_iter}: neighbour sum bound {val:.6g} "
+                f"(= sum_j gamma_ij gamma_ji |q_j - q_i|) does not fit the codec limit {self.limit} "
+                f"(2^{self.limit.bit_length() - 1}) for {self.key_bits}-bit keys; lower n_max or g_bits, "
+                f"or use larger keys",
+                trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                value=int(val), limit=self.limit,
+            )
+
+    # -- decoding (the one function every exchange kind goes through) -----------------
+    def decode(self, S_int: torch.Tensor, rho_int: torch.Tensor, dtype=torch.float64):
+        """``S = S_int / (n_max 4^s)`` and ``rho = rho_int / 4^s``.
+
+        Parameters
+        ----------
+        S_int : int64 Tensor (A, L*K)
+        rho_int : int64 Tensor (A,)
+        dtype : torch dtype of the returned ``S``; ``rho`` is float64.
+        """
+        S = (S_int.to(torch.float64) / self.sum_divisor).to(dtype)
+        return S, self.decode_rho(rho_int)
+
+    def decode_rho(self, rho_int: torch.Tensor) -> torch.Tensor:
+        return rho_int.to(torch.float64) / float(1 << (2 * self.g_bits))
+
+    # -- python-int helpers for the host path ------------------------------------------
+    def to_residue(self, v: int, n: int) -> int:
+        """Signed integer -> residue mod ``n`` (negatives as ``v + n``)."""
+        return v % n
+
+    def from_residue(self, r: int, n: int) -> int:
+        """Residue mod ``n`` -> signed integer; raises if it lies outside ``(-limit, limit)``."""
+        v = r if r <= n // 2 else r - n
+        if not -self.limit < v < self.limit:
+            raise CodecRangeError(
+                f"codec range: decrypted value {v} lies outside (-{self.limit}, {self.limit}); "
+                "the plaintext wrapped modulo n", value=abs(v), limit=self.limit,
+            )
+        return v

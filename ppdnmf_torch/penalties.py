@@ -1,0 +1,87 @@
+"""Random, monotone, bounded penalties ``g_{i->j}`` (Sec. III-B, "privacy through randomness").
+
+Agent ``i`` owns a private cap ``g_i > 0``. For each neighbour ``j`` and ADMM iteration
+``m`` it draws ``g_{i->j}^(m)`` uniformly from ``(g_{i->j}^(m-1), g_i]``, starting from
+``g_{i->j}^(0) = 0``; draws carry over between BCD iterations. With
+``mode="fixed"``, ``g_{i->j} = g_i`` always.
+
+Reproducibility contract (the per-agent reference in ``tests/`` follows it):
+
+* directed edges are ordered by ``(i, j)`` (CSR order), per trial;
+* trial ``t`` draws from ``torch.Generator().manual_seed(derive_seed(seed_t, "penalties"))``
+  on the CPU, so CPU and CUDA runs see the same numbers;
+* at the start of every BCD iteration it draws ``u = torch.rand((x_iters, 2E_t), float64)``,
+  and ADMM iteration ``m`` uses ``u[m]``: ``g = g_i - u[m, e] (g_i - g_prev)``, which lies in
+  ``(g_prev, g_i]`` because ``u`` lies in ``[0, 1)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._utils import ConfigError, derive_seed
+
+__all__ = ["PenaltySampler", "PENALTY_MODES"]
+
+PENALTY_MODES = ("random", "fixed")
+
+
+class PenaltySampler:
+    """Draws the penalties of all trials' directed edges, batched.
+
+    Parameters
+    ----------
+    caps : Tensor (A,) float64
+        Per-node cap ``g_i`` (``A = T * N``), on the run's device.
+    src : LongTensor (2E,)
+        Source node of each directed edge (all trials, CSR order).
+    edges_per_trial : list of int
+        Number of directed edges of each trial, in order.
+    seeds : list of int
+        One seed per trial.
+    mode : {"random", "fixed"}
+    x_iters : int
+    """
+
+    def __init__(self, caps, src, edges_per_trial, seeds, mode, x_iters):
+        if mode not in PENALTY_MODES:
+            raise ConfigError(f"penalty: unknown mode {mode!r}; use one of {PENALTY_MODES}")
+        self.mode = mode
+        self.cap_e = caps[src]
+        self.edges_per_trial = list(edges_per_trial)
+        self.x_iters = int(x_iters)
+        self.generators = [torch.Generator().manual_seed(derive_seed(s, "penalties")) for s in seeds]
+        self._block = None
+
+    def initial(self) -> torch.Tensor:
+        """``g^(0) = 0`` for every directed edge, float64 ``(2E,)``."""
+        return torch.zeros_like(self.cap_e)
+
+    def begin_bcd_iteration(self) -> None:
+        """Draw this BCD iteration's uniforms: one ``(x_iters, 2E_t)`` block per trial, one transfer."""
+        if self.mode != "random":
+            return
+        blocks = [
+            torch.rand((self.x_iters, e), generator=gen, dtype=torch.float64)
+            for gen, e in zip(self.generators, self.edges_per_trial)
+        ]
+        self._block = torch.cat(blocks, dim=1).to(self.cap_e.device)
+
+    def step(self, g_prev: torch.Tensor, m: int, active_edges: torch.Tensor | None = None) -> torch.Tensor:
+        """Penalties of ADMM iteration ``m`` (0-based) from the previous ones, ``(2E,)``.
+
+        Edges whose source agent has stopped (``active_edges`` False) keep their value.
+        """
+        if self.mode == "fixed":
+            return self.cap_e
+        g = self.cap_e - self._block[m] * (self.cap_e - g_prev)
+        if active_edges is not None:
+            g = torch.where(active_edges, g, g_prev)
+        return g
+
+    # -- checkpoint support: RNG states, never anything secret -------------------------
+    def state_dict(self) -> dict:
+        return {"generators": [gen.get_state() for gen in self.generators]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for gen, s in zip(self.generators, state["generators"]):
+            gen.set_state(s)

@@ -1,0 +1,179 @@
+"""Turning user input (matrices, blocks, graphs, caps) into a validated batched :class:`Problem`."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ._utils import ConfigError, DataError
+from .exchange.base import Topology
+from .graph import Graph, block_diagonal, from_adjacency
+from .solver import Problem
+
+__all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "NEGATIVE_MODES"]
+
+NEGATIVE_MODES = ("error", "clip", "shift", "allow")
+
+
+def as_graph(adjacency, n_agents: int | None = None) -> Graph:
+    """A :class:`~ppdnmf_torch.graph.Graph` from a Graph, adjacency matrix, sparse tensor or networkx graph."""
+    if isinstance(adjacency, Graph):
+        if n_agents is not None and adjacency.n_agents != n_agents:
+            raise ConfigError(
+                f"adjacency: the graph has {adjacency.n_agents} nodes but there are {n_agents} agents"
+            )
+        return adjacency
+    return from_adjacency(adjacency, n_agents=n_agents)
+
+
+def _to_tensor(x, what: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.is_sparse or t.layout != torch.strided:
+            t = t.to_dense()
+    else:
+        try:
+            import numpy as np  # only for array-likes handed in by the user
+
+            t = torch.as_tensor(np.asarray(x, dtype=np.float64))
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{what}: cannot be read as a numeric matrix ({exc})") from None
+    if not (t.is_floating_point() or t.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
+        raise DataError(f"{what}: expected a real numeric matrix, got dtype {t.dtype}")
+    return t.to(torch.float64)
+
+
+def as_blocks(Z, n_agents: int, columns: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Split ``Z (L, M)`` by columns (or accept a list of blocks ``(L, M_i)``), float64 on CPU.
+
+    ``columns=None`` splits as evenly as possible (the first ``M mod N`` agents get one more).
+    """
+    if isinstance(Z, (list, tuple)):
+        if columns is not None:
+            raise ConfigError("columns: give either a list of per-agent blocks or a matrix with columns=, not both")
+        blocks = [_to_tensor(b, f"Z[{i}]") for i, b in enumerate(Z)]
+        if len(blocks) != n_agents:
+            raise DataError(f"Z: got {len(blocks)} blocks but the graph has {n_agents} agents")
+        for i, b in enumerate(blocks):
+            if b.dim() != 2:
+                raise DataError(f"Z[{i}]: expected a 2-D block (L, M_i), got shape {tuple(b.shape)}")
+            if b.shape[1] < 1:
+                raise DataError(f"Z[{i}]: agent {i} has no columns")
+            if b.shape[0] != blocks[0].shape[0]:
+                raise DataError(
+                    f"Z[{i}]: has {b.shape[0]} rows but Z[0] has {blocks[0].shape[0]}; all blocks need the same L"
+                )
+        return blocks
+    Zt = _to_tensor(Z, "Z")
+    if Zt.dim() != 2:
+        raise DataError(f"Z: expected a 2-D matrix (L, M), got shape {tuple(Zt.shape)}")
+    L, M = Zt.shape
+    if columns is None:
+        if M < n_agents:
+            raise DataError(f"Z: has {M} columns, fewer than the {n_agents} agents; every agent needs a column")
+        base, extra = divmod(M, n_agents)
+        columns = [base + (1 if i < extra else 0) for i in range(n_agents)]
+    columns = [int(c) for c in columns]
+    if len(columns) != n_agents:
+        raise DataError(f"columns: got {len(columns)} counts but the graph has {n_agents} agents")
+    if any(c < 1 for c in columns):
+        bad = [i for i, c in enumerate(columns) if c < 1]
+        raise DataError(f"columns: agents {bad} have no columns; every count must be >= 1")
+    if sum(columns) != M:
+        raise DataError(f"columns: counts sum to {sum(columns)} but Z has M = {M} columns")
+    return list(torch.split(Zt, columns, dim=1))
+
+
+def as_caps(g_max, n_agents: int) -> torch.Tensor:
+    """Per-agent penalty caps ``g_i`` as float64 ``(N,)`` from a float or a sequence."""
+    if isinstance(g_max, (int, float)) and not isinstance(g_max, bool):
+        caps = torch.full((n_agents,), float(g_max), dtype=torch.float64)
+    else:
+        caps = torch.as_tensor(list(g_max) if not isinstance(g_max, torch.Tensor) else g_max, dtype=torch.float64).reshape(-1)
+        if caps.numel() != n_agents:
+            raise ConfigError(f"g_max: got {caps.numel()} caps but there are {n_agents} agents")
+    if not bool(torch.isfinite(caps).all()) or not bool((caps > 0).all()):
+        raise ConfigError(f"g_max: every cap must be a finite number > 0, got {caps.tolist()}")
+    return caps
+
+
+def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torch.Tensor]:
+    """Reject NaN/Inf; handle negative entries as ``negative`` says.
+
+    Parameters
+    ----------
+    negative : {"error", "clip", "shift", "allow"}
+        ``error`` refuses them; ``clip`` sets them to 0; ``shift`` adds ``-min(Z)`` to
+        every entry of every block; ``allow`` keeps them (the paper's synthetic
+        ``Z = XY + noise`` has a few slightly negative entries and is factorized as is).
+    """
+    if negative not in NEGATIVE_MODES:
+        raise ConfigError(f"negative: unknown mode {negative!r}; use one of {NEGATIVE_MODES}")
+    for i, b in enumerate(blocks):
+        finite = torch.isfinite(b)
+        if not bool(finite.all()):
+            r, c = (int(v) for v in torch.nonzero(~finite)[0])
+            raise DataError(f"Z: agent {i}'s block has a NaN or Inf entry at row {r}, column {c} (of the block)")
+    zmin = min(float(b.min()) for b in blocks)
+    if zmin < 0:
+        if negative == "error":
+            i = next(k for k, b in enumerate(blocks) if float(b.min()) < 0)
+            count = sum(int((b < 0).sum()) for b in blocks)
+            raise DataError(
+                f"Z: has {count} negative entries (min {zmin:.4g}, first in agent {i}'s block); NMF needs "
+                "nonnegative data. Pass negative='clip' or 'shift' (or 'allow' to factorize as is)"
+            )
+        if negative == "clip":
+            blocks = [b.clamp(min=0) for b in blocks]
+        elif negative == "shift":
+            blocks = [b - zmin for b in blocks]
+    return blocks
+
+
+def build_problem(block_lists, graphs, caps, seeds, *, dtype, device) -> Problem:
+    """Stack ``T`` trials into one padded :class:`Problem`.
+
+    Parameters
+    ----------
+    block_lists : list (T) of list (N) of Tensor (L, M_i)
+    graphs : list (T) of Graph, all with ``N`` agents
+    caps : Tensor (T, N) float64
+    seeds : list (T) of int
+    """
+    T = len(block_lists)
+    N = graphs[0].n_agents
+    L = block_lists[0][0].shape[0]
+    for t, (blocks, g) in enumerate(zip(block_lists, graphs)):
+        if g.n_agents != N or len(blocks) != N:
+            raise DataError(f"trial {t}: {len(blocks)} blocks on a {g.n_agents}-agent graph; expected {N}")
+        if any(b.shape[0] != L for b in blocks):
+            raise DataError(f"trial {t}: blocks must all have L = {L} rows")
+    counts = torch.tensor([[b.shape[1] for b in blocks] for blocks in block_lists], dtype=torch.int64)
+    M_max = int(counts.max())
+    Z = torch.zeros((T, N, L, M_max), dtype=dtype)
+    for t, blocks in enumerate(block_lists):
+        for i, b in enumerate(blocks):  # data layout only, once, before any iteration
+            Z[t, i, :, : b.shape[1]] = b
+    src, dst, rev, crow = block_diagonal(graphs)
+    degree = torch.bincount(src, minlength=T * N)
+    topo = Topology(T, N, src, dst, rev, crow, degree).to(device)
+    return Problem(Z=Z.to(device), counts=counts.to(device), topology=topo,
+                   caps=caps.to(device=device, dtype=torch.float64), seeds=[int(s) for s in seeds])
+
+
+def check_rank(rank, L: int) -> int:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ConfigError(f"rank: must be an integer >= 1, got {rank!r}")
+    if rank > L:
+        raise ConfigError(f"rank: K = {rank} is larger than L = {L} (the number of rows of Z)")
+    return rank
+
+
+def finite_positive(name, value, *, minimum=0.0, inclusive=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        rel = ">=" if inclusive else ">"
+        raise ConfigError(f"{name}: must be a finite number {rel} {minimum:g}, got {value!r}")
+    return value

@@ -1,0 +1,451 @@
+"""The batched PPDNMF solver: Algorithm 1 of the paper for every agent (and trial) at once.
+
+All agents' variables are stacked, trial dimension first, agent dimension second:
+
+* ``X, U, P, Q, Q_prev``: ``(T, N, L, K)``
+* ``Y, V, R``: ``(T, N, K, M_max)``; columns beyond an agent's ``M_i`` are padding and
+  stay exactly zero (``Z``'s padding is zero, so every update maps zeros to zeros).
+
+Neighbour sums go through the exchange (:mod:`ppdnmf_torch.exchange`), which uses a
+sparse, ``rho``-weighted adjacency over the ``T * N`` nodes. There is no Python loop
+over agents, edges or trials: the loops are over BCD and ADMM iterations only.
+
+Equation numbers refer to arXiv 2403.18326; the consensus term follows
+``ALGORITHM.md`` ("derived" form by default).
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from . import metrics
+from ._utils import ConfigError, PPDNMFError
+from .exchange.base import Exchange, Topology
+from .penalties import PENALTY_MODES, PenaltySampler
+
+__all__ = [
+    "SolverParams",
+    "Problem",
+    "SolverState",
+    "IterationInfo",
+    "ConvergenceWarning",
+    "NumericalError",
+    "CONSENSUS_FORMS",
+    "init_state",
+    "run_bcd",
+    "x_step",
+    "y_step",
+]
+
+CONSENSUS_FORMS = ("derived", "paper_literal")
+
+
+class ConvergenceWarning(UserWarning):
+    """A run with ``tol > 0`` hit its iteration cap before every agent converged."""
+
+
+class NumericalError(PPDNMFError):
+    """NaN or Inf appeared in the iterates."""
+
+
+@dataclass(frozen=True)
+class SolverParams:
+    """Algorithm parameters (validated on construction).
+
+    Parameters
+    ----------
+    rank : int
+        ``K``.
+    mu, eta : float
+        ADMM penalties of the X-step (eqs. 8-11) and the Y-step (eqs. 12-14).
+    bcd_iters, x_iters, y_iters : int
+        Iteration caps of the BCD loop and of the two ADMM loops.
+    tol : float
+        Relative-change tolerance of the stopping rule (Sec. II-C); ``0`` runs the
+        fixed iteration counts.
+    penalty : {"random", "fixed"}
+    consensus_form : {"derived", "paper_literal"}
+    """
+
+    rank: int
+    mu: float = 0.1
+    eta: float = 1.0
+    bcd_iters: int = 100
+    x_iters: int = 30
+    y_iters: int = 30
+    tol: float = 0.0
+    penalty: str = "random"
+    consensus_form: str = "derived"
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ConfigError(f"rank: must be an integer >= 1, got {self.rank!r}")
+        for name in ("mu", "eta"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name}: must be a finite number > 0, got {v!r}")
+        for name in ("bcd_iters", "x_iters", "y_iters"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol >= 0):
+            raise ConfigError(f"tol: must be a finite number >= 0, got {self.tol!r}")
+        if self.penalty not in PENALTY_MODES:
+            raise ConfigError(f"penalty: unknown mode {self.penalty!r}; use one of {PENALTY_MODES}")
+        if self.consensus_form not in CONSENSUS_FORMS:
+            raise ConfigError(
+                f"consensus_form: unknown form {self.consensus_form!r}; use one of {CONSENSUS_FORMS}"
+            )
+
+
+@dataclass
+class Problem:
+    """A batch of ``T`` distributed problems with the same ``N``, ``L`` and ``K``.
+
+    Attributes
+    ----------
+    Z : Tensor (T, N, L, M_max)
+        Zero-padded data blocks.
+    counts : LongTensor (T, N)
+        ``M_i`` of every agent.
+    topology : Topology
+        The trials' graphs, flattened to ``T * N`` nodes.
+    caps : Tensor (T, N) float64
+        Penalty caps ``g_i``.
+    seeds : list of int
+        One seed per trial (penalty streams).
+    """
+
+    Z: torch.Tensor
+    counts: torch.Tensor
+    topology: Topology
+    caps: torch.Tensor
+    seeds: list
+
+    @property
+    def shape(self):
+        T, N, L, M = self.Z.shape
+        return T, N, L, M
+
+    def column_mask(self) -> torch.Tensor:
+        """Bool ``(T, N, 1, M_max)``: True on real columns."""
+        M = self.Z.shape[-1]
+        ar = torch.arange(M, device=self.Z.device)
+        return (ar < self.counts.to(self.Z.device)[..., None])[:, :, None, :]
+
+
+@dataclass
+class SolverState:
+    """Every variable of Algorithm 1 (the warm start carries all of them across BCD iterations)."""
+
+    X: torch.Tensor
+    U: torch.Tensor
+    P: torch.Tensor
+    Q: torch.Tensor
+    Q_prev: torch.Tensor
+    Y: torch.Tensor
+    V: torch.Tensor
+    R: torch.Tensor
+    g: torch.Tensor  # (2E,) float64 penalty draws, carried over
+    bcd_done: int = 0  # completed BCD iterations
+    frozen: torch.Tensor | None = None  # (T, N) bool, agents stopped by the BCD-level rule
+
+    def tensors(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def init_state(problem: Problem, rank: int, dtype=None) -> SolverState:
+    """Algorithm 1's initial values: ``X = U = 1``, ``P = Q = Q_prev = 0``, ``Y = V = R = 0``, ``g = 0``."""
+    Z = problem.Z
+    dtype = dtype or Z.dtype
+    T, N, L, M = Z.shape
+    ones = torch.ones((T, N, L, rank), dtype=dtype, device=Z.device)
+    zx = torch.zeros_like(ones)
+    zy = torch.zeros((T, N, rank, M), dtype=dtype, device=Z.device)
+    g = torch.zeros(problem.topology.n_directed_edges, dtype=torch.float64, device=Z.device)
+    return SolverState(
+        X=ones.clone(), U=ones, P=zx, Q=zx.clone(), Q_prev=zx.clone(),
+        Y=zy, V=zy.clone(), R=zy.clone(), g=g,
+    )
+
+
+@dataclass
+class IterationInfo:
+    """What the callback receives after every BCD iteration.
+
+    ``metrics`` maps names to Tensors of shape ``(T,)`` (one value per trial);
+    ``state`` is the live solver state (do not modify it).
+    """
+
+    iteration: int
+    n_iter: int
+    metrics: dict
+    state: SolverState
+    elapsed: float
+
+
+def _where(mask, new, old):
+    """``new`` on active agents, ``old`` elsewhere; ``mask (T, N)`` or None (all active)."""
+    if mask is None:
+        return new
+    return torch.where(mask.view(mask.shape + (1,) * (new.dim() - mask.dim())), new, old)
+
+
+def _rel_change(new, old):
+    num = torch.linalg.matrix_norm(new - old)
+    den = torch.linalg.matrix_norm(old).clamp_min(torch.finfo(old.dtype).tiny)
+    return num / den
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stop_flags(flags, raised, topology: Topology):
+    """Sec. II-C: a raised flag stops its agent and travels one hop per iteration."""
+    T, N = flags.shape
+    return (topology.spread(flags.reshape(-1)).reshape(T, N)) | raised
+
+
+def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange: Exchange,
+           sampler: PenaltySampler, *, bcd_iter: int = 1):
+    """X-step: ``x_iters`` ADMM iterations with secure consensus (eqs. 8-11, lines 4-17).
+
+    Updates ``state`` in place. Returns a dict with the iteration counts per agent
+    ``(T, N)`` and the primal/dual residuals ``(T,)``.
+    """
+    Z, topo = problem.Z, problem.topology
+    T, N, L, _ = Z.shape
+    K = params.rank
+    mu = params.mu
+    dtype = state.U.dtype
+    A = T * N
+    tol = params.tol
+    frozen = state.frozen
+    track = tol > 0 or frozen is not None
+
+    ZYt = Z @ state.Y.mT  # (T, N, L, K), fixed during the X-step
+    YYt = state.Y @ state.Y.mT  # (T, N, K, K)
+    eye = torch.eye(K, dtype=dtype, device=Z.device)
+
+    flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
+    active = None if frozen is None else ~frozen
+    counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    sampler.begin_bcd_iteration()
+    X, U, P, Q, Q_prev, g = state.X, state.U, state.P, state.Q, state.Q_prev, state.g
+    for m in range(params.x_iters):
+        # 1. penalties of this iteration, and rho_i as the agent obtains it
+        active_edges = None if active is None else active.reshape(-1)[topo.src]
+        g = sampler.step(g, m, active_edges)
+        rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
+        # 2. X_i = max(0, U_i + P_i)   (eq. 8)
+        X_new = torch.clamp(U + P, min=0)
+        # 3. U-update (eq. 9): consensus term in the derived or the printed form
+        if params.consensus_form == "derived":
+            cons = rho * U + 2.0 * Q - Q_prev
+        else:
+            cons = rho * (U + 2.0 * Q - Q_prev)
+        rhs = ZYt + mu * (X_new - P) + cons
+        chol = torch.linalg.cholesky(YYt + (mu + rho) * eye)
+        U_new = torch.cholesky_solve(rhs.mT, chol).mT
+        # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
+        P_new = P - (X_new - U_new)
+        U_prev = U
+        X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
+        # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
+        out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1)
+        S = out.S.view(T, N, L, K).to(dtype)
+        # 6. Q_prev, Q = Q, Q + S
+        Q_prev, Q = _where(active, Q, Q_prev), _where(active, Q + S, Q)
+        if not track:
+            continue
+        counts += active.to(torch.int64) if active is not None else 1
+        if m == params.x_iters - 1:
+            break
+        raised = torch.zeros_like(flags) if tol == 0 else (_rel_change(U, U_prev) < tol)
+        if active is not None:
+            raised &= active
+        flags = _stop_flags(flags, raised, topo)
+        active = ~flags if frozen is None else ~(flags | frozen)
+        if not bool(active.any()):
+            break
+    if not track:
+        counts.fill_(params.x_iters)
+    state.X, state.U, state.P, state.Q, state.Q_prev, state.g = X, U, P, Q, Q_prev, g
+    return {
+        "iters": counts,
+        "primal": torch.linalg.matrix_norm(X - U).square().sum(-1).sqrt(),
+        "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),
+    }
+
+
+def y_step(problem: Problem, state: SolverState, params: SolverParams):
+    """Y-step: ``y_iters`` local ADMM iterations, no communication (eqs. 12-14, lines 19-23).
+
+    Updates ``state`` in place; returns iteration counts and residuals like :func:`x_step`.
+    """
+    Z, topo = problem.Z, problem.topology
+    T, N = Z.shape[:2]
+    K, eta, tol = params.rank, params.eta, params.tol
+    frozen = state.frozen
+    track = tol > 0 or frozen is not None
+    X, Y, V, R = state.X, state.Y, state.V, state.R
+    eye = torch.eye(K, dtype=X.dtype, device=X.device)
+    chol = torch.linalg.cholesky(X.mT @ X + eta * eye)  # fixed during the Y-step
+    XtZ = X.mT @ Z
+    flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
+    active = None if frozen is None else ~frozen
+    counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    V_prev = V
+    for k in range(params.y_iters):
+        Y_new = torch.clamp(V + R, min=0)  # eq. 12
+        V_new = torch.cholesky_solve(XtZ + eta * (Y_new - R), chol)  # eq. 13
+        R_new = R - (Y_new - V_new)  # eq. 14
+        V_prev = V
+        Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
+        if not track:
+            continue
+        counts += active.to(torch.int64) if active is not None else 1
+        if k == params.y_iters - 1:
+            break
+        raised = torch.zeros_like(flags) if tol == 0 else (_rel_change(V, V_prev) < tol)
+        if active is not None:
+            raised &= active
+        flags = _stop_flags(flags, raised, topo)
+        active = ~flags if frozen is None else ~(flags | frozen)
+        if not bool(active.any()):
+            break
+    if not track:
+        counts.fill_(params.y_iters)
+    state.Y, state.V, state.R = Y, V, R
+    return {
+        "iters": counts,
+        "primal": torch.linalg.matrix_norm(Y - V).square().sum(-1).sqrt(),
+        "dual": eta * torch.linalg.matrix_norm(V - V_prev).square().sum(-1).sqrt(),
+    }
+
+
+def _check_finite(problem, state, bcd_iter, per_agent_nmse):
+    bad = ~torch.isfinite(per_agent_nmse)
+    for name in ("U", "Y"):
+        t = getattr(state, name)
+        bad |= ~torch.isfinite(t).flatten(2).all(-1)
+    if bool(bad.any()):
+        where = torch.nonzero(bad).tolist()
+        agents = sorted({a for _, a in where})
+        trials = sorted({t for t, _ in where})
+        raise NumericalError(
+            f"NaN or Inf in the iterates at BCD iteration {bcd_iter}: agents {agents}"
+            + (f" in trials {trials}" if problem.Z.shape[0] > 1 else "")
+            + "; check the data scale, mu/eta and the penalty caps"
+        )
+
+
+def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
+            sampler: PenaltySampler | None = None, callback=None, history: dict | None = None):
+    """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems.
+
+    Parameters
+    ----------
+    problem : Problem
+    params : SolverParams
+    exchange : Exchange
+        Already bound to ``problem.topology``.
+    state, sampler : optional
+        To resume: the state and penalty sampler of a previous run.
+    callback : callable, optional
+        Called as ``callback(info: IterationInfo)`` after every BCD iteration; returning
+        ``True`` stops the run after that iteration.
+    history : dict, optional
+        Metric history to append to (when resuming).
+
+    Returns
+    -------
+    state : SolverState
+    history : dict of lists
+        Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``objective``,
+        ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual``; floats for ``time_x``,
+        ``time_y``, ``time_metrics``; Tensors ``(T, N)`` for ``x_iters``, ``y_iters``.
+    info : dict
+        ``converged`` (bool; always False with ``tol == 0``), ``n_iter``.
+    """
+    Z = problem.Z
+    device = Z.device
+    T, N = Z.shape[:2]
+    if state is None:
+        state = init_state(problem, params.rank)
+    if sampler is None:
+        edges_per_trial = torch.bincount(
+            torch.div(problem.topology.src, N, rounding_mode="floor").cpu(), minlength=T
+        ).tolist()
+        sampler = PenaltySampler(
+            problem.caps.reshape(-1).to(device=device, dtype=torch.float64),
+            problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
+        )
+    history = history if history is not None else {}
+    z_norms = torch.linalg.matrix_norm(Z)
+    tol = params.tol
+    bflags = state.frozen if state.frozen is not None else torch.zeros((T, N), dtype=torch.bool, device=device)
+    converged = False
+    t_start = time.perf_counter()
+
+    def log(key, value):
+        history.setdefault(key, []).append(value)
+
+    for n in range(state.bcd_done, params.bcd_iters):
+        bcd_iter = n + 1
+        X_before = state.X
+        _sync(device)
+        t0 = time.perf_counter()
+        xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter)
+        _sync(device)
+        t1 = time.perf_counter()
+        yi = y_step(problem, state, params)
+        _sync(device)
+        t2 = time.perf_counter()
+        nm, per_agent = metrics.nmse(Z, state.X, state.Y, z_norms)
+        _check_finite(problem, state, bcd_iter, per_agent)
+        values = {
+            "nmse": nm,
+            "consensus": metrics.consensus_error(state.X),
+            "objective": metrics.objective(Z, state.X, state.Y),
+            "x_primal": xi["primal"],
+            "x_dual": xi["dual"],
+            "y_primal": yi["primal"],
+            "y_dual": yi["dual"],
+        }
+        values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
+        t3 = time.perf_counter()
+        for k, v in values.items():
+            log(k, v)
+        log("x_iters", xi["iters"].cpu())
+        log("y_iters", yi["iters"].cpu())
+        log("time_x", t1 - t0)
+        log("time_y", t2 - t1)
+        log("time_metrics", t3 - t2)
+        state.bcd_done = bcd_iter
+        if tol > 0:
+            raised = _rel_change(state.X, X_before) < tol
+            bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
+            state.frozen = bflags if bool(bflags.any()) else None
+        stop = False
+        if callback is not None:
+            stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state, time.perf_counter() - t_start)))
+        if tol > 0 and bool(bflags.all()):
+            converged = True
+            break
+        if stop:
+            break
+    if tol > 0 and not converged and state.bcd_done >= params.bcd_iters:
+        warnings.warn(
+            f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters}; "
+            "the factors of the last iteration are returned",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    return state, history, {"converged": converged, "n_iter": state.bcd_done, "sampler": sampler}
