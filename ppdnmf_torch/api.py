@@ -86,7 +86,7 @@ def _history_single(history: dict) -> dict:
 
 
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
-        bcd_iters=100, x_iters=30, y_iters=30, tol=0.0,
+        bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
         exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None) -> FitResult:
@@ -110,6 +110,10 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         Iteration caps.
     tol : float
         Relative-change tolerance of the Sec. II-C stopping rule; ``0`` runs the fixed counts.
+        The BCD loop checks both factors ``X_i`` and ``Y_i``; the ADMM loops check ``U_i``
+        and ``V_i``.
+    admm_tol : float, optional
+        Tolerance of the ADMM loops alone (default: ``tol``); ``0`` keeps fixed ADMM counts.
     exchange : {"plain", "quantized", "paillier"} or Exchange
     protocol : {"aggregated", "paper"}
     n_max : float
@@ -147,7 +151,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     caps = as_caps(g_max, N)
     finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
-                          y_iters=y_iters, tol=tol, penalty=penalty, consensus_form=consensus_form)
+                          y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form)
     exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          **(exchange_options or {}))
     problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)

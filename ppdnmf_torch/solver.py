@@ -67,6 +67,10 @@ class SolverParams:
     tol : float
         Relative-change tolerance of the stopping rule (Sec. II-C); ``0`` runs the
         fixed iteration counts.
+    admm_tol : float or None
+        Tolerance of the two ADMM loops; ``None`` uses ``tol``. ``admm_tol=0`` with
+        ``tol > 0`` runs fixed ADMM counts inside a BCD loop that stops on convergence
+        (inner loops cut short too early can keep the outer loop from settling).
     penalty : {"random", "fixed"}
     consensus_form : {"derived", "paper_literal"}
     """
@@ -80,6 +84,11 @@ class SolverParams:
     tol: float = 0.0
     penalty: str = "random"
     consensus_form: str = "derived"
+    admm_tol: float | None = None
+
+    @property
+    def inner_tol(self) -> float:
+        return self.tol if self.admm_tol is None else self.admm_tol
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
@@ -94,6 +103,10 @@ class SolverParams:
                 raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
         if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol >= 0):
             raise ConfigError(f"tol: must be a finite number >= 0, got {self.tol!r}")
+        if self.admm_tol is not None and not (
+            isinstance(self.admm_tol, (int, float)) and math.isfinite(self.admm_tol) and self.admm_tol >= 0
+        ):
+            raise ConfigError(f"admm_tol: must be None or a finite number >= 0, got {self.admm_tol!r}")
         if self.penalty not in PENALTY_MODES:
             raise ConfigError(f"penalty: unknown mode {self.penalty!r}; use one of {PENALTY_MODES}")
         if self.consensus_form not in CONSENSUS_FORMS:
@@ -225,7 +238,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     mu = params.mu
     dtype = state.U.dtype
     A = T * N
-    tol = params.tol
+    tol = params.inner_tol
     frozen = state.frozen
     track = tol > 0 or frozen is not None
 
@@ -291,7 +304,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     """
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
-    K, eta, tol = params.rank, params.eta, params.tol
+    K, eta, tol = params.rank, params.eta, params.inner_tol
     frozen = state.frozen
     track = tol > 0 or frozen is not None
     X, Y, V, R = state.X, state.Y, state.V, state.R
@@ -399,7 +412,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
 
     for n in range(state.bcd_done, params.bcd_iters):
         bcd_iter = n + 1
-        X_before = state.X
+        X_before, Y_before = state.X, state.Y
         _sync(device)
         t0 = time.perf_counter()
         xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter)
@@ -430,7 +443,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         log("time_metrics", t3 - t2)
         state.bcd_done = bcd_iter
         if tol > 0:
-            raised = _rel_change(state.X, X_before) < tol
+            # both factors: X alone can sit still while Y moves (e.g. the first iteration)
+            raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
             bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
             state.frozen = bflags if bool(bflags.any()) else None
         stop = False

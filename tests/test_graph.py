@@ -411,7 +411,7 @@ def test_block_diagonal():
         assert torch.equal(crow[k * n:(k + 1) * n + 1], g.crow + off)
         off += m
     # The block-diagonal sparse matrix has each trial's adjacency on its diagonal block.
-    big = torch.sparse_csr_tensor(crow, dst, torch.ones(src.numel(), dtype=torch.float64), size=(n * t, n * t)).to_dense()
+    big = torch.sparse_csr_tensor(crow, dst, torch.ones(src.numel(), dtype=torch.float64), size=(n * t, n * t), check_invariants=True).to_dense()
     for k, g in enumerate(graphs):
         assert torch.equal(big[k * n:(k + 1) * n, k * n:(k + 1) * n], g.to_dense())
     assert int(big.sum()) == sum(2 * g.n_edges for g in graphs)

@@ -17,6 +17,7 @@ All tensors here are flattened over trials and agents: ``A = T * N`` nodes,
 from __future__ import annotations
 
 import abc
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,11 @@ class Topology:
     def neighbour_matrix(self, values: torch.Tensor) -> torch.Tensor:
         """Sparse CSR matrix ``W (A, A)`` with ``W[i, j] = values[e]`` for edge ``e = i -> j``."""
         n = self.n_nodes
-        return torch.sparse_csr_tensor(self.crow, self.dst, values, size=(n, n))
+        # The structure is valid by construction, so invariant checks would only cost
+        # time; torch's one-time "beta" notice is not the caller's concern.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            return torch.sparse_csr_tensor(self.crow, self.dst, values, size=(n, n), check_invariants=False)
 
     def spread(self, flags: torch.Tensor) -> torch.Tensor:
         """One hop of flag propagation: ``flags | any(flags of neighbours)``, shape ``(A,)``."""
