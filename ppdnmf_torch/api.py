@@ -11,7 +11,7 @@ from .graph import Graph, complete
 from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
 from .solver import SolverParams, run_bcd
 
-__all__ = ["FitResult", "fit", "fit_centralized"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
 
 
 @dataclass
@@ -85,6 +85,34 @@ def _history_single(history: dict) -> dict:
     return out
 
 
+def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
+             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options):
+    check_rank(rank, L)
+    finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
+    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
+                          y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
+                          consensus_form=consensus_form)
+    exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
+                         **(exchange_options or {}))
+    return params, exch
+
+
+def _run(problem, params, exch, callback, *, single: bool, dtype, device):
+    exch.bind(problem.topology, dtype=dtype, device=device)
+
+    def cb(info):
+        if single:
+            info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
+        return callback(info)
+
+    try:
+        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None)
+        costs = exch.costs()
+    finally:
+        exch.close()
+    return state, history, info, costs
+
+
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
         exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
@@ -147,27 +175,13 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     graph = as_graph(adjacency)
     N = graph.n_agents
     blocks = check_data(as_blocks(Z, N, columns), negative)
-    check_rank(rank, blocks[0].shape[0])
     caps = as_caps(g_max, N)
-    finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
-    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
-                          y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form)
-    exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
-                         **(exchange_options or {}))
+    params, exch = _prepare(rank, blocks[0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
+                            x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
+                            consensus_form=consensus_form, exchange=exchange, protocol=protocol,
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options)
     problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
-    exch.bind(problem.topology, dtype=dtype, device=device)
-
-    def cb(info):
-        if callback is None:
-            return False
-        info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
-        return callback(info)
-
-    try:
-        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None)
-        costs = exch.costs()
-    finally:
-        exch.close()
+    state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device)
     counts = [b.shape[1] for b in blocks]
     return FitResult(
         X=state.X[0],
@@ -179,6 +193,118 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         n_iter=info["n_iter"],
         converged=info["converged"],
         costs=costs,
+    )
+
+
+@dataclass
+class TrialsResult:
+    """Result of :func:`fit_trials`: ``T`` independent problems solved as one batch.
+
+    Attributes
+    ----------
+    X : Tensor (T, N, L, K)
+    Y : Tensor (T, N, K, M_max)
+        Zero-padded; agent ``i`` of trial ``t`` owns ``Y[t, i, :, :columns[t][i]]``.
+    U : Tensor (T, N, L, K)
+    columns : list (T) of list (N) of int
+    history : dict
+        Per BCD iteration, arrays of shape ``(n_iter, T)`` (``(n_iter, T, N)`` for the
+        per-agent ADMM counts, ``(n_iter,)`` for the batch's step times).
+    graphs : list of Graph
+    seeds : list of int
+    n_iter : int
+    costs : dict
+    """
+
+    X: torch.Tensor
+    Y: torch.Tensor
+    U: torch.Tensor
+    columns: list
+    history: dict
+    graphs: list
+    seeds: list
+    n_iter: int
+    converged: bool
+    costs: dict = field(default_factory=dict)
+
+    @property
+    def n_trials(self) -> int:
+        return self.X.shape[0]
+
+    def trial_Y(self, t: int) -> list:
+        """Agent blocks ``Y_i (K, M_i)`` of trial ``t``."""
+        return [self.Y[t, i, :, :c] for i, c in enumerate(self.columns[t])]
+
+
+def _history_batched(history: dict) -> dict:
+    import numpy as np  # results for users are numpy arrays; the solver stays torch
+
+    out = {}
+    for k, vals in history.items():
+        if vals and isinstance(vals[0], torch.Tensor):
+            out[k] = torch.stack(vals).numpy()
+        else:
+            out[k] = np.asarray(vals, dtype=np.float64)
+    return out
+
+
+def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0,
+               bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
+               exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
+               penalty="random", consensus_form="derived", negative="error",
+               device="auto", dtype=torch.float64, callback=None, exchange_options=None) -> TrialsResult:
+    """Solve ``T`` independent PPDNMF problems as one batched computation.
+
+    Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
+    ``graphs[t]`` with ``seed=seeds[t]``: the trials share no random stream, and the
+    batch only stacks them along a leading trial dimension (the graphs become one
+    block-diagonal sparse matrix).
+
+    Parameters
+    ----------
+    block_lists : list (T) of list (N) of (L, M_i) blocks
+    graphs : list (T) of Graph or adjacency, each with N agents
+    rank : int
+    seeds : list (T) of int
+        Penalty seeds, one per trial.
+    g_max : float, (N,) or (T, N) caps
+    **kwargs
+        As in :func:`fit`. ``callback`` receives ``info.metrics`` as Tensors ``(T,)``.
+
+    Returns
+    -------
+    TrialsResult
+    """
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype)
+    T = len(block_lists)
+    if T < 1 or len(graphs) != T or len(seeds) != T:
+        raise ConfigError(
+            f"trials: got {T} data sets, {len(graphs)} graphs and {len(seeds)} seeds; need the same number >= 1"
+        )
+    graphs = [as_graph(g) for g in graphs]
+    N = graphs[0].n_agents
+    blocks = [check_data(as_blocks(b, N), negative) for b in block_lists]
+    caps_t = torch.as_tensor(g_max, dtype=torch.float64)
+    if caps_t.dim() == 2:
+        if tuple(caps_t.shape) != (T, N):
+            raise ConfigError(f"g_max: a 2-D cap array must have shape ({T}, {N}), got {tuple(caps_t.shape)}")
+        caps = torch.stack([as_caps(row.tolist(), N) for row in caps_t])
+    else:
+        caps = as_caps(g_max if caps_t.dim() == 0 else caps_t.tolist(), N).expand(T, N)
+    params, exch = _prepare(rank, blocks[0][0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
+                            x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
+                            consensus_form=consensus_form, exchange=exchange, protocol=protocol,
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options)
+    problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device, rank=rank)
+    state, history, info, costs = _run(problem, params, exch, callback, single=False, dtype=dtype, device=device)
+    N = problem.n_agents
+    return TrialsResult(
+        X=state.X[:, :N], Y=state.Y[:, :N], U=state.U[:, :N],
+        columns=problem.counts[:, :N].cpu().tolist(),
+        history=_history_batched(history),
+        graphs=graphs, seeds=[int(s) for s in seeds],
+        n_iter=info["n_iter"], converged=info["converged"], costs=costs,
     )
 
 

@@ -8,8 +8,8 @@ import torch
 
 from ._utils import ConfigError, DataError
 from .exchange.base import Topology
-from .graph import Graph, block_diagonal, from_adjacency
-from .solver import Problem
+from .graph import Graph, from_adjacency
+from .solver import COLUMN_CHUNK, Problem
 
 __all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "NEGATIVE_MODES"]
 
@@ -131,7 +131,20 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     return blocks
 
 
-def build_problem(block_lists, graphs, caps, seeds, *, dtype, device) -> Problem:
+#: Per-trial blocks of a batch start on this byte boundary (see :func:`build_problem`).
+TRIAL_ALIGN_BYTES = 64
+
+
+def _aligned_agents(N: int, L: int, K: int, itemsize: int) -> int:
+    """Smallest ``N' >= N`` whose per-trial ``(N', L, K)`` and ``(N', K, K)`` blocks are whole
+    multiples of :data:`TRIAL_ALIGN_BYTES`."""
+    n = N
+    while (n * L * K * itemsize) % TRIAL_ALIGN_BYTES or (n * K * K * itemsize) % TRIAL_ALIGN_BYTES:
+        n += 1
+    return n
+
+
+def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None) -> Problem:
     """Stack ``T`` trials into one padded :class:`Problem`.
 
     Parameters
@@ -140,6 +153,17 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device) -> Problem
     graphs : list (T) of Graph, all with ``N`` agents
     caps : Tensor (T, N) float64
     seeds : list (T) of int
+    rank : int, optional
+        ``K``; with ``T > 1`` it sets the agent padding below.
+
+    Notes
+    -----
+    Small BLAS/LAPACK kernels (``X^T X``, the Cholesky solves) round differently
+    depending on the memory alignment of their operands. In a batch of ``T > 1``
+    trials, each trial's agents are padded with isolated dummy agents (``Z = 0``, no
+    edges, excluded from every metric and result) up to ``N'`` agents, so that every
+    trial starts on a 64-byte boundary exactly like a single run does. Trial ``t`` of a
+    batch then gives the same bits as the same problem run alone.
     """
     T = len(block_lists)
     N = graphs[0].n_agents
@@ -149,17 +173,33 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device) -> Problem
             raise DataError(f"trial {t}: {len(blocks)} blocks on a {g.n_agents}-agent graph; expected {N}")
         if any(b.shape[0] != L for b in blocks):
             raise DataError(f"trial {t}: blocks must all have L = {L} rows")
-    counts = torch.tensor([[b.shape[1] for b in blocks] for blocks in block_lists], dtype=torch.int64)
-    M_max = int(counts.max())
-    Z = torch.zeros((T, N, L, M_max), dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    Np = N if T == 1 or rank is None else _aligned_agents(N, L, rank, itemsize)
+    counts = torch.zeros((T, Np), dtype=torch.int64)
+    counts[:, :N] = torch.tensor([[b.shape[1] for b in blocks] for blocks in block_lists], dtype=torch.int64)
+    # padded to whole column chunks, so that reductions over columns round the same
+    # whatever the batch (see solver.column_gram)
+    M_max = -(-int(counts.max()) // COLUMN_CHUNK) * COLUMN_CHUNK
+    Z = torch.zeros((T, Np, L, M_max), dtype=dtype)
     for t, blocks in enumerate(block_lists):
         for i, b in enumerate(blocks):  # data layout only, once, before any iteration
             Z[t, i, :, : b.shape[1]] = b
-    src, dst, rev, crow = block_diagonal(graphs)
-    degree = torch.bincount(src, minlength=T * N)
-    topo = Topology(T, N, src, dst, rev, crow, degree).to(device)
+    srcs, dsts, revs, crows = [], [], [], [torch.zeros(1, dtype=torch.long)]
+    e_off = 0
+    for t, g in enumerate(graphs):
+        srcs.append(g.src + t * Np)
+        dsts.append(g.dst + t * Np)
+        revs.append(g.rev + e_off)
+        crow = torch.cat([g.crow[1:], g.crow[-1:].expand(Np - N)]) + e_off  # dummies have no edges
+        crows.append(crow)
+        e_off += g.src.numel()
+    src, dst, rev, crow = torch.cat(srcs), torch.cat(dsts), torch.cat(revs), torch.cat(crows)
+    degree = torch.bincount(src, minlength=T * Np)
+    topo = Topology(T, Np, src, dst, rev, crow, degree).to(device)
+    caps_p = torch.ones((T, Np), dtype=torch.float64)
+    caps_p[:, :N] = caps
     return Problem(Z=Z.to(device), counts=counts.to(device), topology=topo,
-                   caps=caps.to(device=device, dtype=torch.float64), seeds=[int(s) for s in seeds])
+                   caps=caps_p.to(device=device), seeds=[int(s) for s in seeds], n_agents=N)
 
 
 def check_rank(rank, L: int) -> int:

@@ -39,6 +39,8 @@ __all__ = [
     "run_bcd",
     "x_step",
     "y_step",
+    "column_gram",
+    "COLUMN_CHUNK",
 ]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
@@ -131,6 +133,9 @@ class Problem:
         Penalty caps ``g_i``.
     seeds : list of int
         One seed per trial (penalty streams).
+    n_agents : int, optional
+        The real agents: ``Z.shape[1]`` may hold isolated dummy agents after them
+        (alignment padding of batched trials); they are left out of every metric.
     """
 
     Z: torch.Tensor
@@ -138,6 +143,11 @@ class Problem:
     topology: Topology
     caps: torch.Tensor
     seeds: list
+    n_agents: int | None = None
+
+    def __post_init__(self):
+        if self.n_agents is None:
+            self.n_agents = self.Z.shape[1]
 
     @property
     def shape(self):
@@ -201,6 +211,41 @@ class IterationInfo:
     elapsed: float
 
 
+#: Width of the column chunks that reductions over the (padded) column axis run in.
+#: ``Problem`` pads ``M_max`` to a multiple of it.
+COLUMN_CHUNK = 64
+
+
+def column_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A @ B^T`` reduced over the column axis in fixed chunks of :data:`COLUMN_CHUNK`.
+
+    ``A (..., p, M)``, ``B (..., q, M)`` -> ``(..., p, q)``, ``M`` a multiple of the chunk.
+    A BLAS reduction's rounding depends on its length, so a plain ``A @ B^T`` over a
+    padded axis would round differently for different ``M_max``. Chunks of a fixed
+    width, added in order, make the result independent of how much zero padding
+    follows: a trial gives the same bits alone or inside any batch. This matters more
+    than usual here, because Algorithm 1's all-ones start is a symmetric saddle that
+    amplifies rounding differences (see ALGORITHM.md notes in the README).
+    """
+    M = A.shape[-1]
+    acc = bmm(A[..., :COLUMN_CHUNK], B[..., :COLUMN_CHUNK].mT)
+    for c in range(COLUMN_CHUNK, M, COLUMN_CHUNK):
+        acc = acc + bmm(A[..., c:c + COLUMN_CHUNK], B[..., c:c + COLUMN_CHUNK].mT)
+    return acc
+
+
+def bmm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """Batched ``A @ B`` that always takes the batched kernel.
+
+    ``torch.matmul`` folds a batch of one into a plain ``mm``, whose kernel rounds
+    differently from ``bmm``'s; going through ``bmm`` keeps one trial (or one agent)
+    bit-identical to the same trial inside a batch.
+    """
+    batch = A.shape[:-2]
+    out = torch.bmm(A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
+    return out.reshape(*batch, A.shape[-2], B.shape[-1])
+
+
 def _where(mask, new, old):
     """``new`` on active agents, ``old`` elsewhere; ``mask (T, N)`` or None (all active)."""
     if mask is None:
@@ -242,8 +287,8 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     frozen = state.frozen
     track = tol > 0 or frozen is not None
 
-    ZYt = Z @ state.Y.mT  # (T, N, L, K), fixed during the X-step
-    YYt = state.Y @ state.Y.mT  # (T, N, K, K)
+    ZYt = column_gram(Z, state.Y)  # (T, N, L, K), fixed during the X-step
+    YYt = column_gram(state.Y, state.Y)  # (T, N, K, K)
     eye = torch.eye(K, dtype=dtype, device=Z.device)
 
     flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
@@ -293,7 +338,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     return {
         "iters": counts,
         "primal": torch.linalg.matrix_norm(X - U).square().sum(-1).sqrt(),
-        "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),
+        "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),  # dummies add exact zeros
     }
 
 
@@ -309,8 +354,8 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     track = tol > 0 or frozen is not None
     X, Y, V, R = state.X, state.Y, state.V, state.R
     eye = torch.eye(K, dtype=X.dtype, device=X.device)
-    chol = torch.linalg.cholesky(X.mT @ X + eta * eye)  # fixed during the Y-step
-    XtZ = X.mT @ Z
+    chol = torch.linalg.cholesky(bmm(X.mT, X) + eta * eye)  # fixed during the Y-step
+    XtZ = bmm(X.mT, Z)
     flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
     active = None if frozen is None else ~frozen
     counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
@@ -346,7 +391,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
 def _check_finite(problem, state, bcd_iter, per_agent_nmse):
     bad = ~torch.isfinite(per_agent_nmse)
     for name in ("U", "Y"):
-        t = getattr(state, name)
+        t = getattr(state, name)[:, : problem.n_agents]
         bad |= ~torch.isfinite(t).flatten(2).all(-1)
     if bool(bad.any()):
         where = torch.nonzero(bad).tolist()
@@ -401,7 +446,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
         )
     history = history if history is not None else {}
-    z_norms = torch.linalg.matrix_norm(Z)
+    n_real = problem.n_agents
+    z_norms = torch.linalg.matrix_norm(Z[:, :n_real])
     tol = params.tol
     bflags = state.frozen if state.frozen is not None else torch.zeros((T, N), dtype=torch.bool, device=device)
     converged = False
@@ -421,12 +467,13 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         yi = y_step(problem, state, params)
         _sync(device)
         t2 = time.perf_counter()
-        nm, per_agent = metrics.nmse(Z, state.X, state.Y, z_norms)
+        Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
+        nm, per_agent = metrics.nmse(Zr, Xr, Yr, z_norms)
         _check_finite(problem, state, bcd_iter, per_agent)
         values = {
             "nmse": nm,
-            "consensus": metrics.consensus_error(state.X),
-            "objective": metrics.objective(Z, state.X, state.Y),
+            "consensus": metrics.consensus_error(Xr),
+            "objective": metrics.objective(Zr, Xr, Yr),
             "x_primal": xi["primal"],
             "x_dual": xi["dual"],
             "y_primal": yi["primal"],
@@ -436,8 +483,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         t3 = time.perf_counter()
         for k, v in values.items():
             log(k, v)
-        log("x_iters", xi["iters"].cpu())
-        log("y_iters", yi["iters"].cpu())
+        log("x_iters", xi["iters"][:, :n_real].cpu())
+        log("y_iters", yi["iters"][:, :n_real].cpu())
         log("time_x", t1 - t0)
         log("time_y", t2 - t1)
         log("time_metrics", t3 - t2)

@@ -126,6 +126,16 @@ class Exchange(abc.ABC):
         """Cumulative cost counters of the exchange (empty for kinds that cost nothing)."""
         return {}
 
+    def pop_iteration_costs(self) -> list:
+        """Per-ADMM-iteration cost dicts (``bcd_iter``, ``admm_iter`` and the counters of
+        that iteration) recorded since the last call; empty for kinds that cost nothing."""
+        return []
+
+    def bytes_per_edge(self) -> dict:
+        """Cumulative bytes sent over each directed edge, ``{"i->j": bytes}`` (trial-0 node
+        ids); kept out of :meth:`costs` so that it stays a flat dict of numbers."""
+        return {}
+
     def close(self) -> None:
         """Release resources (worker pools, keys)."""
 
