@@ -9,7 +9,8 @@ from ._utils import ConfigError, resolve_device, resolve_dtype
 from .exchange import Exchange, make_exchange
 from .graph import Graph, complete
 from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
-from .solver import SolverParams, run_bcd
+from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
+from .solver import SolverParams, make_sampler, restore_state, run_bcd
 
 __all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
 
@@ -97,7 +98,26 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
     return params, exch
 
 
-def _run(problem, params, exch, callback, *, single: bool, dtype, device):
+def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
+         checkpoint_every=0, resume_from=None):
+    fp = fingerprint(problem, params, exch)
+    state = sampler = history = None
+    if resume_from is not None:
+        payload = load_checkpoint(resume_from)
+        if payload["fingerprint"] != fp:
+            raise CheckpointError(
+                f"resume_from: checkpoint {payload['path']!r} belongs to a different run (data, graph, "
+                "seed, solver parameters or quantization differ)"
+            )
+        state = restore_state(payload, device)
+        if state.U.dtype != dtype:
+            raise CheckpointError(f"resume_from: checkpoint holds {state.U.dtype}, the run asks for {dtype}")
+        sampler = make_sampler(problem, params)
+        sampler.load_state_dict(payload["sampler"])
+        history = payload["history"]
+    checkpointer = None
+    if checkpoint_dir is not None:
+        checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every)
     exch.bind(problem.topology, dtype=dtype, device=device)
 
     def cb(info):
@@ -106,7 +126,9 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device):
         return callback(info)
 
     try:
-        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None)
+        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None, state=state,
+                                       sampler=sampler, history=history, checkpointer=checkpointer,
+                                       fingerprint=fp)
         costs = exch.costs()
     finally:
         exch.close()
@@ -117,7 +139,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
         exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
         penalty="random", consensus_form="derived", negative="error",
-        seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None) -> FitResult:
+        seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
+        checkpoint_dir=None, checkpoint_every=1, resume_from=None) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -165,6 +188,14 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         return True to stop.
     exchange_options : dict, optional
         Extra options of the Paillier exchange (e.g. ``workers``).
+    checkpoint_dir : str or Path, optional
+        Write crash-safe checkpoints there (every ``checkpoint_every`` BCD iterations, and
+        on Ctrl-C, which then raises :class:`~ppdnmf_torch.solver.RunInterrupted`).
+    checkpoint_every : int
+        BCD iterations between checkpoints (``0``: only on Ctrl-C).
+    resume_from : str or Path, optional
+        A checkpoint file, or a folder whose newest checkpoint is used. The run must be
+        the same (data, graph, seed, parameters); it continues bit for bit.
 
     Returns
     -------
@@ -181,7 +212,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options)
     problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
-    state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device)
+    state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device,
+                                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                                       resume_from=resume_from)
     counts = [b.shape[1] for b in blocks]
     return FitResult(
         X=state.X[0],

@@ -34,6 +34,9 @@ __all__ = [
     "IterationInfo",
     "ConvergenceWarning",
     "NumericalError",
+    "RunInterrupted",
+    "restore_state",
+    "make_sampler",
     "CONSENSUS_FORMS",
     "init_state",
     "run_bcd",
@@ -294,6 +297,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
     active = None if frozen is None else ~frozen
     counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
+    # on the device so the check costs no synchronization per iteration
+    first_bad = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
     sampler.begin_bcd_iteration()
     X, U, P, Q, Q_prev, g = state.X, state.U, state.P, state.Q, state.Q_prev, state.g
     for m in range(params.x_iters):
@@ -315,6 +321,8 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         P_new = P - (X_new - U_new)
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
+        nonfinite = ~torch.isfinite(U).flatten(2).all(-1)
+        first_bad = torch.where(nonfinite & (first_bad == 0), m + 1, first_bad)
         # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
         out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1)
         S = out.S.view(T, N, L, K).to(dtype)
@@ -339,6 +347,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         "iters": counts,
         "primal": torch.linalg.matrix_norm(X - U).square().sum(-1).sqrt(),
         "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),  # dummies add exact zeros
+        "first_bad": first_bad,
     }
 
 
@@ -388,24 +397,93 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     }
 
 
-def _check_finite(problem, state, bcd_iter, per_agent_nmse):
+def _check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):
+    """Raise :class:`NumericalError` naming the BCD/ADMM iteration and the agents hit."""
+    n = problem.n_agents
     bad = ~torch.isfinite(per_agent_nmse)
     for name in ("U", "Y"):
-        t = getattr(state, name)[:, : problem.n_agents]
+        t = getattr(state, name)[:, :n]
         bad |= ~torch.isfinite(t).flatten(2).all(-1)
     if bool(bad.any()):
         where = torch.nonzero(bad).tolist()
         agents = sorted({a for _, a in where})
         trials = sorted({t for t, _ in where})
+        fb = first_bad[:, :n][bad]
+        fb = fb[fb > 0]
+        step = (f"X-step ADMM iteration {int(fb.min())}" if fb.numel() else "Y-step")
         raise NumericalError(
-            f"NaN or Inf in the iterates at BCD iteration {bcd_iter}: agents {agents}"
+            f"NaN or Inf in the iterates at BCD iteration {bcd_iter}, {step}: agents {agents}"
             + (f" in trials {trials}" if problem.Z.shape[0] > 1 else "")
-            + "; check the data scale, mu/eta and the penalty caps"
+            + "; check the data scale, mu/eta and the penalty caps (checkpoints written so far are kept)"
         )
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: a checkpoint of the last completed BCD iteration was written.
+
+    Attributes
+    ----------
+    checkpoint : str or None
+        Path of the checkpoint written (None when the run had no checkpoint folder).
+    bcd_done : int
+    """
+
+    def __init__(self, checkpoint, bcd_done):
+        super().__init__(f"interrupted after BCD iteration {bcd_done}; checkpoint: {checkpoint}")
+        self.checkpoint = checkpoint
+        self.bcd_done = bcd_done
+
+
+def _good_point(state: SolverState, sampler, history: dict) -> dict:
+    """References to the last consistent state (tensors are replaced, never mutated)."""
+    return {
+        "tensors": state.tensors(),
+        "bcd_done": state.bcd_done,
+        "sampler": sampler.state_dict(),
+        "hist_len": {k: len(v) for k, v in history.items()},
+    }
+
+
+def _snapshot(good: dict, history: dict, fp: str) -> dict:
+    from .checkpoint import FORMAT_VERSION
+
+    hist = {}
+    for k, vals in history.items():
+        vals = vals[: good["hist_len"].get(k, 0)]
+        hist[k] = [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals]
+    return {
+        "format": FORMAT_VERSION,
+        "bcd_done": int(good["bcd_done"]),
+        "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
+        "sampler": good["sampler"],
+        "history": hist,
+        "fingerprint": fp,
+    }
+
+
+def restore_state(payload: dict, device) -> SolverState:
+    """A :class:`SolverState` from a checkpoint payload, on ``device``."""
+    t = {k: v.to(device) for k, v in payload["state"].items()}
+    frozen = t.pop("frozen", None)
+    return SolverState(**t, bcd_done=int(payload["bcd_done"]), frozen=frozen)
+
+
+def make_sampler(problem: Problem, params: SolverParams) -> PenaltySampler:
+    """The penalty sampler of a problem, seeded from its per-trial seeds."""
+    T, N = problem.Z.shape[:2]
+    device = problem.Z.device
+    edges_per_trial = torch.bincount(
+        torch.div(problem.topology.src, N, rounding_mode="floor").cpu(), minlength=T
+    ).tolist()
+    return PenaltySampler(
+        problem.caps.reshape(-1).to(device=device, dtype=torch.float64),
+        problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
+    )
+
+
 def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
-            sampler: PenaltySampler | None = None, callback=None, history: dict | None = None):
+            sampler: PenaltySampler | None = None, callback=None, history: dict | None = None,
+            checkpointer=None, fingerprint: str = ""):
     """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems.
 
     Parameters
@@ -421,6 +499,11 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         ``True`` stops the run after that iteration.
     history : dict, optional
         Metric history to append to (when resuming).
+    checkpointer : ppdnmf_torch.checkpoint.Checkpointer, optional
+        Writes a checkpoint on its schedule, and on Ctrl-C (then :class:`RunInterrupted`
+        is raised).
+    fingerprint : str
+        Stored in checkpoints to match them to this run.
 
     Returns
     -------
@@ -438,13 +521,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     if state is None:
         state = init_state(problem, params.rank)
     if sampler is None:
-        edges_per_trial = torch.bincount(
-            torch.div(problem.topology.src, N, rounding_mode="floor").cpu(), minlength=T
-        ).tolist()
-        sampler = PenaltySampler(
-            problem.caps.reshape(-1).to(device=device, dtype=torch.float64),
-            problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
-        )
+        sampler = make_sampler(problem, params)
     history = history if history is not None else {}
     n_real = problem.n_agents
     z_norms = torch.linalg.matrix_norm(Z[:, :n_real])
@@ -456,52 +533,62 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     def log(key, value):
         history.setdefault(key, []).append(value)
 
-    for n in range(state.bcd_done, params.bcd_iters):
-        bcd_iter = n + 1
-        X_before, Y_before = state.X, state.Y
-        _sync(device)
-        t0 = time.perf_counter()
-        xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter)
-        _sync(device)
-        t1 = time.perf_counter()
-        yi = y_step(problem, state, params)
-        _sync(device)
-        t2 = time.perf_counter()
-        Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
-        nm, per_agent = metrics.nmse(Zr, Xr, Yr, z_norms)
-        _check_finite(problem, state, bcd_iter, per_agent)
-        values = {
-            "nmse": nm,
-            "consensus": metrics.consensus_error(Xr),
-            "objective": metrics.objective(Zr, Xr, Yr),
-            "x_primal": xi["primal"],
-            "x_dual": xi["dual"],
-            "y_primal": yi["primal"],
-            "y_dual": yi["dual"],
-        }
-        values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
-        t3 = time.perf_counter()
-        for k, v in values.items():
-            log(k, v)
-        log("x_iters", xi["iters"][:, :n_real].cpu())
-        log("y_iters", yi["iters"][:, :n_real].cpu())
-        log("time_x", t1 - t0)
-        log("time_y", t2 - t1)
-        log("time_metrics", t3 - t2)
-        state.bcd_done = bcd_iter
-        if tol > 0:
-            # both factors: X alone can sit still while Y moves (e.g. the first iteration)
-            raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
-            bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
-            state.frozen = bflags if bool(bflags.any()) else None
-        stop = False
-        if callback is not None:
-            stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state, time.perf_counter() - t_start)))
-        if tol > 0 and bool(bflags.all()):
-            converged = True
-            break
-        if stop:
-            break
+    good = _good_point(state, sampler, history)
+    try:
+        for n in range(state.bcd_done, params.bcd_iters):
+            bcd_iter = n + 1
+            X_before, Y_before = state.X, state.Y
+            _sync(device)
+            t0 = time.perf_counter()
+            xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter)
+            _sync(device)
+            t1 = time.perf_counter()
+            yi = y_step(problem, state, params)
+            _sync(device)
+            t2 = time.perf_counter()
+            Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
+            nm, per_agent = metrics.nmse(Zr, Xr, Yr, z_norms)
+            _check_finite(problem, state, bcd_iter, per_agent, xi["first_bad"])
+            values = {
+                "nmse": nm,
+                "consensus": metrics.consensus_error(Xr),
+                "objective": metrics.objective(Zr, Xr, Yr),
+                "x_primal": xi["primal"],
+                "x_dual": xi["dual"],
+                "y_primal": yi["primal"],
+                "y_dual": yi["dual"],
+            }
+            values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
+            t3 = time.perf_counter()
+            for k, v in values.items():
+                log(k, v)
+            log("x_iters", xi["iters"][:, :n_real].cpu())
+            log("y_iters", yi["iters"][:, :n_real].cpu())
+            log("time_x", t1 - t0)
+            log("time_y", t2 - t1)
+            log("time_metrics", t3 - t2)
+            state.bcd_done = bcd_iter
+            if tol > 0:
+                # both factors: X alone can sit still while Y moves (e.g. the first iteration)
+                raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
+                bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
+                state.frozen = bflags if bool(bflags.any()) else None
+            good = _good_point(state, sampler, history)
+            if checkpointer is not None and checkpointer.due(bcd_iter):
+                checkpointer.write(_snapshot(good, history, fingerprint))
+            stop = False
+            if callback is not None:
+                stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state, time.perf_counter() - t_start)))
+            if tol > 0 and bool(bflags.all()):
+                converged = True
+                break
+            if stop:
+                break
+    except KeyboardInterrupt:
+        path = None
+        if checkpointer is not None:
+            path = checkpointer.write(_snapshot(good, history, fingerprint))
+        raise RunInterrupted(path, good["bcd_done"]) from None
     if tol > 0 and not converged and state.bcd_done >= params.bcd_iters:
         warnings.warn(
             f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters}; "

@@ -33,3 +33,24 @@ def cbcl_path():
     if not CBCL_PATH.exists():
         pytest.skip(f"CBCL data not found at {CBCL_PATH}")
     return CBCL_PATH
+
+
+@pytest.fixture(scope="session")
+def paillier_keypairs():
+    """``keys(bits, count)``: ``count`` distinct Paillier key pairs of ``bits`` bits, made once
+    per test session and reused (small keys only: tests, never a real run)."""
+    import phe
+
+    cache: dict = {}
+
+    def keys(bits: int, count: int):
+        have = cache.setdefault(bits, [])
+        seen = {pk.n for pk, _ in have}
+        while len(have) < count:
+            pk, sk = phe.generate_paillier_keypair(n_length=bits)
+            if pk.n not in seen:
+                seen.add(pk.n)
+                have.append((pk, sk))
+        return list(have[:count])
+
+    return keys

@@ -4,6 +4,10 @@
 * ``quantized``: the integer codec, emulated exactly on the device (:class:`QuantizedExchange`).
 * ``paillier``: the real protocol on the host with :mod:`phe` (:class:`~.paillier.PaillierExchange`),
   imported lazily so that the numerical core never imports ``phe``.
+
+Costs: every kind has ``costs()`` (a flat dict of numbers), ``pop_iteration_costs()``
+(per-ADMM-iteration dicts) and ``bytes_per_edge()``; ``paillier`` measures them,
+``quantized`` predicts them with ``cost_model=True`` (:mod:`.costmodel`).
 """
 from __future__ import annotations
 
@@ -24,10 +28,19 @@ __all__ = [
     "make_exchange",
     "EXCHANGE_KINDS",
     "PROTOCOLS",
+    "EXCHANGE_OPTIONS",
 ]
 
 EXCHANGE_KINDS = ("plain", "quantized", "paillier")
 PROTOCOLS = ("aggregated", "paper")
+
+
+#: options each kind accepts through ``make_exchange(**options)`` / ``fit(exchange_options=...)``
+EXCHANGE_OPTIONS = {
+    "plain": ("cost_model",),  # accepted and ignored: no integer protocol to cost
+    "quantized": ("cost_model",),
+    "paillier": ("cost_model", "keypairs"),
+}
 
 
 def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16, **options) -> Exchange:
@@ -38,6 +51,7 @@ def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=20
     kind : {"plain", "quantized", "paillier"}
     protocol : {"aggregated", "paper"}
         Message pattern of the Paillier stage (see ALGORITHM.md); the numbers are the same.
+        ``quantized`` counts the cost of this pattern when its cost model is on.
     n_max : float
         Quantization scale of the values (the paper's ``N_max``).
     key_bits : int
@@ -45,7 +59,10 @@ def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=20
     g_bits : int
         Penalties are scaled by ``2^g_bits`` before they become exponents.
     **options
-        Passed to the Paillier exchange (e.g. ``workers``).
+        ``cost_model`` (``quantized``, ``paillier``; bool or
+        :class:`~ppdnmf_torch.exchange.costmodel.PaillierOpCosts`): count the Paillier
+        operations and estimate their time (see :mod:`~ppdnmf_torch.exchange.costmodel`);
+        ``keypairs`` (``paillier``): pre-made key pairs, one per node (tests, benchmarks).
     """
     if isinstance(kind, Exchange):
         return kind
@@ -53,11 +70,17 @@ def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=20
         raise ConfigError(f"exchange: unknown kind {kind!r}; use one of {EXCHANGE_KINDS}")
     if protocol not in PROTOCOLS:
         raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {PROTOCOLS}")
+    unknown = sorted(set(options) - set(EXCHANGE_OPTIONS[kind]))
+    if unknown:
+        raise ConfigError(
+            f"exchange_options: {unknown} do not apply to exchange={kind!r}; "
+            f"it accepts {list(EXCHANGE_OPTIONS[kind])}"
+        )
     if kind == "plain":
         return PlainExchange()
     codec = IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits)
     if kind == "quantized":
-        return QuantizedExchange(codec)
+        return QuantizedExchange(codec, protocol=protocol, **options)
     from .paillier import PaillierExchange
 
     return PaillierExchange(codec, protocol=protocol, **options)

@@ -1,12 +1,31 @@
-"""``exchange="quantized"``: the integer protocol emulated exactly on the device (int64)."""
+"""``exchange="quantized"``: the integer protocol emulated exactly on the device (int64).
+
+With ``cost_model=True`` it also counts the Paillier operations and the traffic that the
+real stage (``exchange="paillier"``) would need for the chosen ``protocol``, with the
+formulas of :mod:`ppdnmf_torch.exchange.costmodel`, and turns them into estimated host
+seconds at the configured key size (:func:`~ppdnmf_torch.exchange.costmodel.calibrate`,
+measured once, lazily, the first time an estimate is asked for).
+"""
 from __future__ import annotations
 
 import torch
 
+from .._utils import ConfigError
 from .base import Exchange, ExchangeOutput
 from .codec import IntegerCodec
+from .costmodel import (
+    COUNT_KEYS,
+    CostLedger,
+    PaillierOpCosts,
+    calibrate,
+    estimate_seconds,
+    round_counts,
+    round_edge_bytes,
+)
 
-__all__ = ["QuantizedExchange", "integer_neighbour_sums"]
+__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "integer_penalty_sums"]
+
+_PROTOCOLS = ("aggregated", "paper")
 
 
 def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, src, dst, n_nodes: int):
@@ -23,11 +42,34 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, src, dst, n_nodes: 
     which ``index_add_`` accumulates (unlike floats): it is deterministic on every device.
     """
     S_int = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.int64, device=q.device)
-    rho_int = torch.zeros(n_nodes, dtype=torch.int64, device=q.device)
-    rho_int.index_add_(0, src, w)
+    rho_int = integer_penalty_sums(w, src, n_nodes)
     if src.numel():
         S_int.index_add_(0, src, w[:, None] * (q[dst] - q[src]))
     return S_int, rho_int
+
+
+def integer_penalty_sums(w: torch.Tensor, src, n_nodes: int) -> torch.Tensor:
+    """``rho_int_i = sum_j w_ij`` (int64, shape ``(A,)``)."""
+    rho_int = torch.zeros(n_nodes, dtype=torch.int64, device=w.device)
+    rho_int.index_add_(0, src, w)
+    return rho_int
+
+
+def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0):
+    """Quantize and range-check step 5's inputs, as every integer exchange kind does.
+
+    Returns ``(q (A, L*K), gamma (2E,), w (2E,))`` as int64 on ``U``'s device, with
+    ``w = gamma_ij gamma_ji``. Raises :class:`~ppdnmf_torch.exchange.codec.CodecRangeError`
+    (naming agent, iteration, value and limit) before anything is sent or encrypted.
+    """
+    q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
+    gamma = codec.encode_penalties(g)
+    w = codec.pair_weights(gamma, topology.rev)
+    codec.check_sums(
+        q, w, topology.src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
+        bcd_iter=bcd_iter, admm_iter=admm_iter,
+    )
+    return q, gamma, w
 
 
 class QuantizedExchange(Exchange):
@@ -38,35 +80,121 @@ class QuantizedExchange(Exchange):
     codec : IntegerCodec
         Shared with :class:`~ppdnmf_torch.exchange.paillier.PaillierExchange`; its limit is
         the one of the key size it stands in for.
+    protocol : {"aggregated", "paper"}
+        The message pattern whose cost the model counts (the numbers are the same).
+    cost_model : bool or PaillierOpCosts
+        ``False`` (default): no accounting, :meth:`costs` is empty. ``True``: count the
+        operations the real stage would perform and estimate their host time at
+        ``codec.key_bits`` (calibrated lazily on first use). A :class:`PaillierOpCosts`
+        uses those per-operation costs instead of measuring.
     """
 
     name = "quantized"
 
-    def __init__(self, codec: IntegerCodec):
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False):
         super().__init__()
+        if protocol not in _PROTOCOLS:
+            raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {_PROTOCOLS}")
+        if not isinstance(cost_model, (bool, PaillierOpCosts)):
+            raise ConfigError(f"cost_model: expected True, False or PaillierOpCosts, got {cost_model!r}")
         self.codec = codec
+        self.protocol = protocol
+        self.cost_model = cost_model is not False
+        self._op_costs = cost_model if isinstance(cost_model, PaillierOpCosts) else None
+        self._ledger = None
 
+    # -- lifecycle ---------------------------------------------------------------------
+    def bind(self, topology, *, dtype, device):
+        super().bind(topology, dtype=dtype, device=device)
+        if self.cost_model:
+            topo = self.topology
+            self._src = topo.src.cpu().tolist()
+            self._dst = topo.dst.cpu().tolist()
+            self._n_senders = int((topo.degree > 0).sum())
+            self._ledger = CostLedger(topo.n_agents, timers=False)
+            self._round_bytes = {}
+            self._last_gamma = None
+
+    # -- the exchange ------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
         topo = self.topology
-        w = self.codec.pair_weights(self.codec.encode_penalties(g), topo.rev)
-        rho_int = torch.zeros(topo.n_nodes, dtype=torch.int64, device=g.device)
-        rho_int.index_add_(0, topo.src, w)
+        gamma = self.codec.encode_penalties(g)
+        rho_int = integer_penalty_sums(self.codec.pair_weights(gamma, topo.rev), topo.src, topo.n_nodes)
+        if self._ledger is not None:
+            self._ledger.begin(bcd_iter, admm_iter)
+            if self.protocol == "aggregated":
+                self._count_round("penalty", 0)
+                self._last_gamma = gamma
         return self.codec.decode_rho(rho_int)
 
     def encode(self, U, g, *, bcd_iter=0, admm_iter=0):
         """Quantize and range-check: returns ``(q (A, L*K), w (2E,))`` as int64."""
-        topo = self.topology
-        q = self.codec.encode_values(U, n_agents=topo.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
-        w = self.codec.pair_weights(self.codec.encode_penalties(g), topo.rev)
-        self.codec.check_sums(
-            q, w, topo.src, topo.dst, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
-            bcd_iter=bcd_iter, admm_iter=admm_iter,
-        )
+        q, _, w = encode_inputs(self.codec, self.topology, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         return q, w
 
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
         topo = self.topology
-        q, w = self.encode(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         S_int, rho_int = integer_neighbour_sums(q, w, topo.src, topo.dst, topo.n_nodes)
+        if self._ledger is not None:
+            self._ledger.begin(bcd_iter, admm_iter)
+            if self.protocol == "aggregated":
+                # the real stage reuses step 1's rho_i when the penalties are the same,
+                # and runs the mini-round here otherwise
+                last = self._last_gamma
+                if last is None or not torch.equal(last, gamma):
+                    self._count_round("penalty", 0)
+                    self._last_gamma = gamma
+            self._count_round("exchange", int(q.shape[1]) if q.dim() > 1 else 1)
         S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype)
         return ExchangeOutput(S, rho)
+
+    # -- cost model --------------------------------------------------------------------
+    def _count_round(self, phase: str, lk: int) -> None:
+        led = self._ledger
+        led.add_counts(round_counts(self.protocol, phase, n_edges=len(self._src),
+                                    n_senders=self._n_senders, lk=lk))
+        key = (phase, lk)
+        if key not in self._round_bytes:
+            self._round_bytes[key] = round_edge_bytes(self.protocol, phase, self._src, self._dst,
+                                                      key_bits=self.codec.key_bits, lk=lk)
+        for a, b, nbytes in self._round_bytes[key]:
+            led.add_edge_bytes(a, b, nbytes)
+
+    @property
+    def op_costs(self) -> PaillierOpCosts:
+        """Per-operation seconds at ``codec.key_bits`` (measured on first access)."""
+        if self._op_costs is None:
+            self._op_costs = calibrate(self.codec.key_bits)
+        return self._op_costs
+
+    def costs(self) -> dict:
+        """Predicted counts of the real stage, and ``estimated_seconds`` (empty without the model).
+
+        Keys: :data:`~ppdnmf_torch.exchange.costmodel.COUNT_KEYS`, ``key_pairs``,
+        ``estimated_seconds`` (the operations, serial, on this host) and
+        ``estimated_seconds_keygen`` (one key pair per node, serial).
+        """
+        if self._ledger is None:
+            return {}
+        out = {k: self._ledger.total[k] for k in COUNT_KEYS}
+        out["key_pairs"] = self.topology.n_nodes
+        oc = self.op_costs
+        out["estimated_seconds"] = estimate_seconds(out, oc)
+        out["estimated_seconds_keygen"] = self.topology.n_nodes * oc.keygen
+        return out
+
+    def pop_iteration_costs(self) -> list:
+        """Per-ADMM-iteration predicted counts since the last call, with ``estimated_seconds``."""
+        if self._ledger is None:
+            return []
+        records = self._ledger.pop()
+        if records:
+            oc = self.op_costs
+            for rec in records:
+                rec["estimated_seconds"] = estimate_seconds(rec, oc)
+        return records
+
+    def bytes_per_edge(self) -> dict:
+        """Predicted bytes sent ``"i->j"`` (trial-0 node ids), cumulative."""
+        return {} if self._ledger is None else dict(self._ledger.edges)

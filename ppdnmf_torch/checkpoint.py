@@ -1,0 +1,154 @@
+"""Crash-safe checkpoints of a run, and resuming from them.
+
+A checkpoint holds everything the run needs to continue bit for bit: every state
+tensor, the penalty draws, every RNG state and the metric history so far, plus a
+fingerprint of the problem and the parameters so that a checkpoint is never resumed
+into a different run. It never holds key material: exchanges are rebuilt on resume
+(a resumed Paillier run makes new keys, and its numbers do not change, because the
+Paillier exchange is bit-identical to the emulated one).
+
+Writes are atomic: the file is written to a temporary name in the same folder,
+flushed to disk, then renamed over the final name, so a kill during a write leaves
+either the old checkpoint or the new one, never a torn file.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import tempfile
+from dataclasses import asdict
+
+import torch
+
+from ._utils import PPDNMFError
+
+__all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
+           "save_checkpoint"]
+
+FORMAT_VERSION = 1
+_PREFIX = "ckpt_bcd"
+
+
+class CheckpointError(PPDNMFError):
+    """A checkpoint is missing, unreadable, or belongs to a different run."""
+
+
+def fingerprint(problem, params, exchange=None) -> str:
+    """SHA-256 over the data, the graphs, the caps, the seeds, the solver parameters and
+    the exchange's arithmetic (``plain``, or the integer codec's ``n_max`` and ``g_bits``:
+    ``quantized`` and ``paillier`` compute the same numbers, so either resumes the other)."""
+    h = hashlib.sha256()
+    codec = getattr(exchange, "codec", None)
+    h.update(repr(("codec", None if codec is None else (float(codec.n_max), int(codec.g_bits)))).encode())
+    for t in (problem.Z, problem.counts, problem.topology.src, problem.topology.dst, problem.caps):
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.numpy().tobytes())
+    h.update(repr(list(problem.seeds)).encode())
+    h.update(repr(sorted(asdict(params).items())).encode())
+    return h.hexdigest()
+
+
+def save_checkpoint(path: str, payload: dict) -> str:
+    """Atomically write ``payload`` to ``path`` (temporary file, fsync, rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".pt", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def latest_checkpoint(path: str) -> str:
+    """The newest checkpoint file in folder ``path`` (or ``path`` itself if it is a file)."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise CheckpointError(f"resume_from: {path!r} is neither a checkpoint file nor a folder")
+    files = sorted(glob.glob(os.path.join(path, f"{_PREFIX}*.pt")))
+    if not files:
+        files = sorted(glob.glob(os.path.join(path, "checkpoints", f"{_PREFIX}*.pt")))
+    if not files:
+        raise CheckpointError(f"resume_from: no checkpoint ({_PREFIX}*.pt) in {path!r}")
+    return files[-1]
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load the newest checkpoint at ``path`` (file or folder) onto the CPU."""
+    file = latest_checkpoint(path)
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a torn or foreign file: say which and why
+        raise CheckpointError(f"resume_from: cannot read checkpoint {file!r}: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"resume_from: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
+    payload["path"] = file
+    return payload
+
+
+class Checkpointer:
+    """Writes a checkpoint every ``every`` BCD iterations into ``folder``.
+
+    Parameters
+    ----------
+    folder : str
+    every : int
+        ``0`` writes none on schedule (but :meth:`write` still works, e.g. on Ctrl-C).
+    keep : int
+        How many of the newest checkpoint files to keep.
+    """
+
+    def __init__(self, folder: str, every: int = 1, keep: int = 2):
+        if not isinstance(every, int) or every < 0:
+            raise CheckpointError(f"checkpoint_every: must be an integer >= 0, got {every!r}")
+        self.folder = folder
+        self.every = every
+        self.keep = max(1, int(keep))
+        self.written: list[str] = []
+
+    def due(self, bcd_done: int) -> bool:
+        return self.every > 0 and bcd_done % self.every == 0
+
+    def write(self, snapshot: dict) -> str:
+        """Write a snapshot (see :func:`snapshot`) and prune old files."""
+        name = os.path.join(self.folder, f"{_PREFIX}{snapshot['bcd_done']:06d}.pt")
+        save_checkpoint(name, snapshot)
+        self.written.append(name)
+        existing = sorted(glob.glob(os.path.join(self.folder, f"{_PREFIX}*.pt")))
+        for old in existing[: -self.keep]:
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
+        return name
+
+
+def snapshot(state, sampler, history: dict, fp: str) -> dict:
+    """A self-contained, CPU-resident copy of everything needed to resume.
+
+    Only tensors, numbers and strings: ``torch.load(weights_only=True)`` reads it.
+    """
+    tensors = {k: v.detach().to("cpu").clone() for k, v in state.tensors().items()}
+    hist = {}
+    for k, vals in history.items():
+        if vals and isinstance(vals[0], torch.Tensor):
+            hist[k] = [v.clone() for v in vals]
+        else:
+            hist[k] = [float(v) for v in vals]
+    return {
+        "format": FORMAT_VERSION,
+        "bcd_done": int(state.bcd_done),
+        "state": tensors,
+        "sampler": sampler.state_dict(),
+        "history": hist,
+        "fingerprint": fp,
+    }

@@ -1,0 +1,340 @@
+"""The exchange kinds without real keys: the integer codec, ``quantized`` vs ``plain``,
+range errors, and the cost model's counting (no ``phe`` keys here; see test_crypto.py)."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from ppdnmf_torch import fit
+from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.exchange import (
+    EXCHANGE_OPTIONS,
+    CodecRangeError,
+    IntegerCodec,
+    PlainExchange,
+    QuantizedExchange,
+    make_exchange,
+)
+from ppdnmf_torch.exchange.base import Topology
+from ppdnmf_torch.exchange.codec import INT64_LIMIT
+from ppdnmf_torch.exchange.costmodel import (
+    COUNT_KEYS,
+    CostLedger,
+    PaillierOpCosts,
+    ciphertext_nbytes,
+    estimate_seconds,
+    public_key_nbytes,
+    round_counts,
+    round_edge_bytes,
+)
+from ppdnmf_torch.graph import Graph, block_diagonal, ring
+
+CPU = torch.device("cpu")
+#: fixed per-operation costs, so that no test here measures anything
+FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
+                             homomorphic_addition=1e-6, scalar_multiplication=1e-5)
+
+
+def topology(graphs) -> Topology:
+    src, dst, rev, crow = block_diagonal(graphs)
+    T, N = len(graphs), graphs[0].n_agents
+    return Topology(T, N, src, dst, rev, crow, torch.bincount(src, minlength=T * N))
+
+
+def isolated_topology() -> Topology:
+    """3 nodes, one edge 0 - 1, node 2 without neighbours."""
+    t = torch.tensor
+    return Topology(1, 3, t([0, 1]), t([1, 0]), t([1, 0]), t([0, 1, 2, 2]), t([1, 1, 0]))
+
+
+PATH3 = Graph(3, [(0, 1), (1, 2)])
+CYCLE4 = ring(4)
+
+
+def bound(ex, topo, dtype=torch.float64, device=CPU):
+    ex.bind(topo, dtype=dtype, device=device)
+    return ex
+
+
+def random_inputs(topo, lk, seed, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    U = scale * torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
+    g = 0.5 + 0.5 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    return U, g
+
+
+# ----------------------------------------------------------------------------- codec
+def test_quantized_with_huge_n_max_matches_plain(device):
+    """Dyadic penalties are exact in the codec; then only the 1/n_max rounding of U remains."""
+    topo = topology([CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]).to(device)
+    gen = torch.Generator().manual_seed(3)
+    U = torch.rand((topo.n_nodes, 12), generator=gen, dtype=torch.float64).to(device)
+    g_bits = 16
+    g = (torch.randint(1, 1 << g_bits, (topo.n_directed_edges,), generator=gen).double() / (1 << g_bits)).to(device)
+    codec = IntegerCodec(n_max=1e9, g_bits=g_bits, key_bits=2048)
+    q = bound(QuantizedExchange(codec), topo, device=device).exchange(U, g)
+    p = bound(PlainExchange(), topo, device=device).exchange(U, g)
+    assert torch.equal(q.rho, p.rho)  # dyadic gamma: rho is exact
+    # |S_q - S_p| <= sum_j rho_ij (|dq_j| + |dq_i|) with |dq| <= 0.5 / n_max, plus float rounding
+    tol = float(p.rho.max()) * 1.0 / 1e9 + 1e-12
+    assert float((q.S - p.S).abs().max()) <= tol
+
+
+def test_quantized_close_to_plain_with_default_codec():
+    topo = topology([CYCLE4])
+    U, g = random_inputs(topo, 6, 0)
+    q = bound(QuantizedExchange(IntegerCodec()), topo).exchange(U, g)
+    p = bound(PlainExchange(), topo).exchange(U, g)
+    # gamma rounding: relative 2^-17 / 0.5 per factor; U rounding: 1e-6
+    assert torch.allclose(q.S, p.S, atol=1e-4, rtol=0)
+    assert torch.allclose(q.rho, p.rho, atol=1e-4, rtol=0)
+
+
+def test_decode_is_exact():
+    """``S = S_int / (n_max 4^s)`` is the correctly rounded float64 of the exact quotient."""
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=2048)
+    gen = torch.Generator().manual_seed(1)
+    S_int = torch.randint(-(1 << 52), 1 << 52, (5, 7), generator=gen, dtype=torch.int64)
+    rho_int = torch.randint(0, 1 << 40, (5,), generator=gen, dtype=torch.int64)
+    S, rho = codec.decode(S_int, rho_int)
+    div = Fraction(10**6) * (1 << 32)
+    for v, s in zip(S_int.flatten().tolist(), S.flatten().tolist()):
+        assert s == float(Fraction(v) / div)
+    for v, r in zip(rho_int.tolist(), rho.tolist()):
+        assert r == float(Fraction(v, 1 << 32))
+
+
+def test_negative_values_survive_the_codec():
+    codec = IntegerCodec(n_max=100.0, g_bits=4, key_bits=128)
+    U = torch.tensor([[-1.25, 0.5, -0.004], [2.0, -3.0, 0.0]], dtype=torch.float64)
+    q = codec.encode_values(U)
+    assert q.tolist() == [[-125, 50, 0], [200, -300, 0]]
+    n = (1 << 127) + 1  # any odd 128-bit modulus
+    assert [codec.from_residue(codec.to_residue(v, n), n) for v in q.flatten().tolist()] == q.flatten().tolist()
+
+
+@pytest.mark.parametrize("key_bits", [64, 66, 128, 512, 1024, 2048, 4096])
+def test_emulated_limit_is_the_limit_of_the_key_it_stands_in_for(key_bits):
+    """The codec's limit depends on the key size only, and fits every ``key_bits``-bit modulus."""
+    codec = IntegerCodec(key_bits=key_bits)
+    assert codec.limit == min(1 << (key_bits - 3), INT64_LIMIT)
+    smallest_n = (1 << (key_bits - 1)) + 1
+    assert codec.limit <= smallest_n // 3 - 1  # phe's max_int = n // 3 - 1
+    q = QuantizedExchange(codec)
+    assert q.codec.limit == codec.limit
+
+
+def test_from_residue_refuses_wrapped_values():
+    codec = IntegerCodec(key_bits=128)
+    n = (1 << 127) + 12345
+    assert codec.from_residue(codec.limit - 1, n) == codec.limit - 1
+    assert codec.from_residue(n - (codec.limit - 1), n) == -(codec.limit - 1)
+    for v in (codec.limit, -codec.limit, n // 2):
+        with pytest.raises(CodecRangeError):
+            codec.from_residue(v % n, n)
+
+
+def test_int64_overflow_guard():
+    """Values and neighbour sums at or above 2^62 raise, even when the key would allow more."""
+    codec = IntegerCodec(n_max=1.0, g_bits=16, key_bits=2048)
+    assert codec.limit == INT64_LIMIT
+    topo = topology([CYCLE4])
+    ex = bound(QuantizedExchange(codec), topo)
+    g = torch.full((topo.n_directed_edges,), 1.0, dtype=torch.float64)
+    U = torch.zeros((4, 3), dtype=torch.float64)
+    U[2, 1] = 2.0**62
+    with pytest.raises(CodecRangeError) as err:
+        ex.exchange(U, g, bcd_iter=3, admm_iter=7)
+    assert (err.value.agent, err.value.bcd_iter, err.value.admm_iter, err.value.limit) == (2, 3, 7, INT64_LIMIT)
+    # each |q| fits, but gamma_ij gamma_ji |q_j - q_i| = 2^32 * 2^31 does not
+    U[2, 1] = 2.0**31
+    with pytest.raises(CodecRangeError, match="neighbour sum bound"):
+        ex.exchange(U, g)
+    U[2, 1] = 2.0**27  # 2 neighbours * 2^32 * 2^27 = 2^60: fits
+    S = ex.exchange(U, g).S
+    assert float(S[2, 1]) == -2 * 2.0**27  # rho_ij = 1 with g = 1
+
+
+def test_range_error_names_agent_iteration_value_and_limit():
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=128)
+    topo = topology([CYCLE4, CYCLE4])  # node 6 = agent 2 of trial 1
+    ex = bound(QuantizedExchange(codec), topo)
+    U, g = random_inputs(topo, 4, 0)
+    U[6, 3] = -3e13  # |q| = 3e19 > 2^62
+    with pytest.raises(CodecRangeError) as err:
+        ex.exchange(U, g, bcd_iter=2, admm_iter=5)
+    e = err.value
+    assert (e.trial, e.agent, e.bcd_iter, e.admm_iter, e.limit) == (1, 2, 2, 5, 1 << 62)
+    assert e.value == 3 * 10**19
+    msg = str(e)
+    for part in ("agent 2", "trial 1", "BCD iteration 2", "ADMM iteration 5", str(1 << 62), "3e+19"):
+        assert part in msg
+    with pytest.raises(CodecRangeError):
+        ex.exchange(U.new_full(U.shape, float("nan")), g)
+
+
+def test_quantized_is_deterministic_and_rho_agrees():
+    topo = topology([CYCLE4])
+    ex = bound(QuantizedExchange(IntegerCodec(n_max=1e4, g_bits=10, key_bits=128)), topo)
+    U, g = random_inputs(topo, 5, 4)
+    a, b = ex.exchange(U, g), ex.exchange(U.clone(), g.clone())
+    assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
+    assert torch.equal(ex.penalty_sums(g), a.rho)
+
+
+# ------------------------------------------------------------------------ cost model
+def expected_counts(protocol, D, A1, P, with_penalty_round=True):
+    """The formulas of the costmodel docstring, written out once more, per ADMM iteration."""
+    if protocol == "paper":
+        return {"encryptions": (A1 + D) * P, "decryptions": D * P,
+                "homomorphic_additions": D * P, "scalar_multiplications": D * P}
+    pen = with_penalty_round
+    return {"encryptions": (A1 + D) * P + D * pen, "decryptions": A1 * P + A1 * pen,
+            "homomorphic_additions": (2 * D - A1) * P + (D - A1) * pen,
+            "scalar_multiplications": 2 * D * P + D * pen}
+
+
+def expected_bytes(protocol, D, P, key_bits):
+    C, B = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits)
+    return D * (2 * P * C + B) if protocol == "paper" else D * (2 * P * C + B + C)
+
+
+@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
+@pytest.mark.parametrize("graphs", [[PATH3], [CYCLE4], [CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]],
+                         ids=["path3", "cycle4", "two-trials"])
+def test_cost_model_counts_follow_the_formulas(protocol, graphs):
+    topo = topology(graphs)
+    P, key_bits = 6, 128
+    ex = bound(QuantizedExchange(IntegerCodec(key_bits=key_bits), protocol=protocol, cost_model=FAKE_COSTS), topo)
+    D, A1 = topo.n_directed_edges, topo.n_nodes
+    gen = torch.Generator().manual_seed(0)
+    n_iter = 3
+    for m in range(n_iter):
+        U = torch.rand((topo.n_nodes, P), generator=gen, dtype=torch.float64)
+        g = 0.1 + torch.rand(D, generator=gen, dtype=torch.float64)
+        ex.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
+        ex.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
+    per_iter = ex.pop_iteration_costs()
+    assert ex.pop_iteration_costs() == []
+    assert [(r["bcd_iter"], r["admm_iter"]) for r in per_iter] == [(1, m + 1) for m in range(n_iter)]
+    want = expected_counts(protocol, D, A1, P)
+    for rec in per_iter:
+        assert {k: rec[k] for k in want} == want
+        assert rec["ciphertext_bytes"] == expected_bytes(protocol, D, P, key_bits)
+        assert rec["estimated_seconds"] == pytest.approx(estimate_seconds(rec, FAKE_COSTS))
+    total = ex.costs()
+    assert {k: total[k] for k in want} == {k: n_iter * v for k, v in want.items()}
+    assert total["key_pairs"] == topo.n_nodes
+    assert total["estimated_seconds"] == pytest.approx(n_iter * per_iter[0]["estimated_seconds"])
+    assert total["estimated_seconds_keygen"] == pytest.approx(topo.n_nodes * FAKE_COSTS.keygen)
+    assert all(isinstance(v, (int, float)) for v in total.values())  # flat and numeric
+    # per-edge bytes: trial 0 only, both directions of each of its edges
+    edges = ex.bytes_per_edge()
+    N = topo.n_agents
+    trial0 = [(i, j) for i, j in zip(topo.src.tolist(), topo.dst.tolist()) if i < N]
+    assert set(edges) == {f"{i}->{j}" for i, j in trial0}
+    assert sum(edges.values()) == n_iter * expected_bytes(protocol, len(trial0), P, key_bits)
+
+
+def test_paper_counts_match_the_algorithm_page():
+    """ALGORITHM.md: N + 2E encryptions, 2E additions, scalar mults and decryptions of LK values."""
+    c = round_counts("paper", "exchange", n_edges=30, n_senders=10, lk=17689)
+    assert c == {"encryptions": 40 * 17689, "homomorphic_additions": 30 * 17689,
+                 "scalar_multiplications": 30 * 17689, "decryptions": 30 * 17689}
+    assert round_counts("paper", "penalty", n_edges=30, n_senders=10) == dict.fromkeys(c, 0)
+    agg = round_counts("aggregated", "exchange", n_edges=30, n_senders=10, lk=17689)
+    assert agg["decryptions"] == 10 * 17689 and agg["encryptions"] == c["encryptions"]
+
+
+def test_cost_model_with_an_isolated_node():
+    topo = isolated_topology()
+    for protocol in ("aggregated", "paper"):
+        ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), protocol=protocol, cost_model=FAKE_COSTS), topo)
+        U, g = random_inputs(topo, 4, 0)
+        ex.penalty_sums(g, admm_iter=1)
+        out = ex.exchange(U, g, admm_iter=1)
+        assert float(out.rho[2]) == 0.0 and bool((out.S[2] == 0).all())
+        (rec,) = ex.pop_iteration_costs()
+        want = expected_counts(protocol, 2, 2, 4)
+        assert {k: rec[k] for k in want} == want
+
+
+def test_aggregated_model_counts_a_penalty_round_when_step_1_was_skipped():
+    topo = topology([CYCLE4])
+    ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), cost_model=FAKE_COSTS), topo)
+    U, g = random_inputs(topo, 3, 0)
+    ex.exchange(U, g, admm_iter=1)  # no penalty_sums first: the mini-round runs in step 5
+    ex.penalty_sums(g, admm_iter=2)
+    ex.exchange(U, g, admm_iter=2)  # same penalties as step 1: reused
+    ex.penalty_sums(g, admm_iter=3)
+    ex.exchange(U, g * 0.5, admm_iter=3)  # different penalties: a second mini-round
+    recs = ex.pop_iteration_costs()
+    one = round_counts("aggregated", "penalty", n_edges=8, n_senders=4)["encryptions"]
+    base = round_counts("aggregated", "exchange", n_edges=8, n_senders=4, lk=3)["encryptions"]
+    assert [r["encryptions"] for r in recs] == [base + one, base + one, base + 2 * one]
+
+
+def test_cost_model_is_off_by_default_and_fit_leaves_it_off():
+    topo = topology([CYCLE4])
+    ex = bound(QuantizedExchange(IntegerCodec(key_bits=128)), topo)
+    U, g = random_inputs(topo, 3, 0)
+    ex.penalty_sums(g)
+    ex.exchange(U, g)
+    assert ex.costs() == {} and ex.pop_iteration_costs() == [] and ex.bytes_per_edge() == {}
+    Z = torch.rand(5, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    res = fit(Z, CYCLE4, 2, bcd_iters=1, x_iters=2, y_iters=2, exchange="quantized", key_bits=128)
+    assert res.costs == {}
+    res = fit(Z, CYCLE4, 2, bcd_iters=1, x_iters=2, y_iters=2, exchange="quantized", key_bits=128,
+              exchange_options={"cost_model": FAKE_COSTS})
+    want = expected_counts("aggregated", 8, 4, 5 * 2)
+    assert {k: res.costs[k] for k in want} == {k: 2 * v for k, v in want.items()}
+    assert res.costs["estimated_seconds"] > 0
+
+
+def test_plain_and_base_cost_defaults():
+    ex = bound(PlainExchange(), topology([CYCLE4]))
+    assert ex.costs() == {} and ex.pop_iteration_costs() == [] and ex.bytes_per_edge() == {}
+
+
+def test_make_exchange_options():
+    q = make_exchange("quantized", protocol="paper", key_bits=128, cost_model=True)
+    assert isinstance(q, QuantizedExchange) and q.protocol == "paper" and q.cost_model
+    assert isinstance(make_exchange("plain", cost_model=True), PlainExchange)
+    with pytest.raises(ConfigError, match="keypairs"):
+        make_exchange("quantized", keypairs=[])
+    with pytest.raises(ConfigError, match="workers"):
+        make_exchange("paillier", key_bits=2048, workers=4)
+    with pytest.raises(ConfigError, match="protocol"):
+        QuantizedExchange(IntegerCodec(), protocol="nope")
+    with pytest.raises(ConfigError, match="cost_model"):
+        QuantizedExchange(IntegerCodec(), cost_model="yes")
+    assert set(EXCHANGE_OPTIONS) == {"plain", "quantized", "paillier"}
+
+
+def test_edge_bytes_and_sizes():
+    assert ciphertext_nbytes(128) == 32 and public_key_nbytes(128) == 16
+    assert ciphertext_nbytes(2048) == 512 and public_key_nbytes(2048) == 256
+    assert ciphertext_nbytes(66) == 17 and public_key_nbytes(66) == 9
+    rows = round_edge_bytes("aggregated", "penalty", [0, 1], [1, 0], key_bits=128)
+    assert rows == [(0, 1, 16), (1, 0, 32), (1, 0, 16), (0, 1, 32)]
+    rows = round_edge_bytes("paper", "exchange", [0], [1], key_bits=128, lk=2)
+    assert rows == [(0, 1, 2 * 32 + 16), (1, 0, 2 * 32)]
+
+
+def test_ledger_records_and_pop():
+    led = CostLedger(2, timers=False)
+    led.add("encryptions", 5)  # outside any iteration: total only
+    led.begin(1, 1)
+    led.add("encryptions", 2)
+    led.begin(1, 1)  # same iteration: same record
+    led.add_edge_bytes(0, 1, 10)
+    led.add_edge_bytes(2, 3, 7)  # trial 1: total only
+    led.begin(1, 2)
+    led.add("decryptions", 1)
+    recs = led.pop()
+    assert [(r["encryptions"], r["ciphertext_bytes"], r["decryptions"]) for r in recs] == [(2, 17, 0), (0, 0, 1)]
+    assert led.total["encryptions"] == 7 and led.edges == {"0->1": 10}
+    assert led.pop() == []
+    assert set(COUNT_KEYS) <= set(recs[0])
