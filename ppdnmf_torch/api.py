@@ -39,7 +39,8 @@ class FitResult:
     converged : bool
         Whether the stopping rule stopped every agent (always False with ``tol=0``).
     costs : dict
-        The exchange's cost counters (empty for ``plain``).
+        The exchange's cost counters (empty for ``plain``): flat numbers, plus
+        ``bytes_per_edge`` ({"i->j": bytes}) and, when recorded, ``transcript``.
     """
 
     X: torch.Tensor
@@ -123,6 +124,10 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     def cb(info):
         if single:
             info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
+        # crypto costs of this BCD iteration, for loggers: cumulative, and one record per
+        # ADMM iteration since the last call
+        info.costs = exch.costs()
+        info.iteration_costs = exch.pop_iteration_costs()
         return callback(info)
 
     try:
@@ -130,6 +135,11 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
                                        sampler=sampler, history=history, checkpointer=checkpointer,
                                        fingerprint=fp)
         costs = exch.costs()
+        per_edge = exch.bytes_per_edge()
+        if per_edge:
+            costs = dict(costs, bytes_per_edge=per_edge)
+        if getattr(exch, "transcript", None) is not None:
+            costs = dict(costs, transcript=exch.transcript)
     finally:
         exch.close()
     return state, history, info, costs

@@ -212,6 +212,8 @@ class IterationInfo:
     metrics: dict
     state: SolverState
     elapsed: float
+    costs: dict = field(default_factory=dict)
+    iteration_costs: list = field(default_factory=list)
 
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.

@@ -39,7 +39,7 @@ PROTOCOLS = ("aggregated", "paper")
 EXCHANGE_OPTIONS = {
     "plain": ("cost_model",),  # accepted and ignored: no integer protocol to cost
     "quantized": ("cost_model",),
-    "paillier": ("cost_model", "keypairs"),
+    "paillier": ("cost_model", "keypairs", "record_transcript"),
 }
 
 

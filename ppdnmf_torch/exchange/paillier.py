@@ -57,6 +57,7 @@ can replace.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 import warnings
 
 import gmpy2
@@ -256,6 +257,18 @@ class _Agent:
         _refuse_pickle(self)
 
 
+@dataclass(frozen=True)
+class WireMessage:
+    """One message on a link, as an eavesdropper records it: ciphertexts and public keys only."""
+
+    bcd_iter: int
+    admm_iter: int
+    sender: int
+    receiver: int
+    kind: str
+    payload: tuple
+
+
 class PaillierExchange(Exchange):
     """The secure exchange with real Paillier encryption (:mod:`phe`), on the host.
 
@@ -274,11 +287,15 @@ class PaillierExchange(Exchange):
     cost_model : bool or PaillierOpCosts
         Also report ``estimated_seconds`` (the cost model's prediction for the counted
         operations) next to the measured times, to validate the model.
+    record_transcript : bool
+        Keep every message sent, as an eavesdropper on every link would see it
+        (:class:`WireMessage`; for the privacy audit and tests).
     """
 
     name = "paillier"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", keypairs=None, cost_model=False):
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", keypairs=None, cost_model=False,
+                 record_transcript: bool = False):
         super().__init__()
         if protocol not in _PROTOCOLS:
             raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {_PROTOCOLS}")
@@ -302,6 +319,9 @@ class PaillierExchange(Exchange):
         self._raw = RawPaillier(self._ledger)
         self._rho_cache = None
         self._closed = False
+        #: every message on the wire (ciphertexts and public keys only) when recording
+        self.transcript: list | None = [] if record_transcript else None
+        self._ledger_iter = (0, 0)
 
     # -- lifecycle ---------------------------------------------------------------------
     def bind(self, topology, *, dtype, device):
@@ -371,14 +391,19 @@ class PaillierExchange(Exchange):
         self._ledger.add("time_transfer", time.perf_counter() - t0)
         return out
 
-    def _send(self, sender: int, receiver: int, nbytes: int) -> None:
+    def _send(self, sender: int, receiver: int, nbytes: int, kind: str = "", payload=()) -> None:
+        """Account a message on the wire; with ``record_transcript`` keep what an eavesdropper sees."""
         self._ledger.add_edge_bytes(sender, receiver, nbytes)
+        if self.transcript is not None:
+            self.transcript.append(WireMessage(self._ledger_iter[0], self._ledger_iter[1], sender, receiver,
+                                               kind, tuple(int(v) for v in payload)))
 
     # -- step 1 ------------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
         """``rho_i``: handed by the simulation (``paper``) or an encrypted mini-round (``aggregated``)."""
         self._check_ready()
         self._ledger.begin(bcd_iter, admm_iter)
+        self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         gamma = self.codec.encode_penalties(g)
         if self.protocol == "paper":
@@ -394,9 +419,9 @@ class PaillierExchange(Exchange):
         acc = {}
         for e, (i, j) in enumerate(zip(self._src, self._dst)):
             pk = agents[i].public_key
-            self._send(i, j, _pk_nbytes(pk))  # i -> j: kp_i
+            self._send(i, j, _pk_nbytes(pk), "public_key", (pk.n,))  # i -> j: kp_i
             reply = raw.encrypt(pk, [gamma[self._rev[e]]])  # j: E_i(gamma_ji)
-            self._send(j, i, len(reply) * _ct_nbytes(pk))
+            self._send(j, i, len(reply) * _ct_nbytes(pk), "enc_penalty", reply)
             term = raw.scalar_mul(pk, reply, gamma[e])  # i: E_i(gamma_ij gamma_ji)
             acc[i] = term if i not in acc else raw.add(pk, acc[i], term)
         rho = [0] * self.topology.n_nodes
@@ -412,6 +437,7 @@ class PaillierExchange(Exchange):
         """``S_i`` and ``rho_i`` for every node, through the encrypted protocol."""
         self._check_ready()
         self._ledger.begin(bcd_iter, admm_iter)
+        self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         A = topo.n_nodes
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
@@ -453,9 +479,10 @@ class PaillierExchange(Exchange):
         decrypted = []
         for e, (i, j) in enumerate(zip(self._src, self._dst)):
             req = requests[i]
-            self._send(i, j, req.nbytes + _pk_nbytes(req.public_key))  # E_i(-q_i) and kp_i
+            self._send(i, j, req.nbytes + _pk_nbytes(req.public_key), "enc_neg_u_and_key",
+                       list(req.ciphertexts) + [req.public_key.n])  # E_i(-q_i) and kp_i
             reply = EncryptedVector(req.public_key, self._reply(req, qh[j], gh[self._rev[e]]))
-            self._send(j, i, reply.nbytes)
+            self._send(j, i, reply.nbytes, "enc_reply", reply.ciphertexts)
             # lines 15-16: i decrypts each neighbour's reply on its own
             decrypted.append(agents[i].decrypt(reply, bcd_iter=bcd_iter, admm_iter=admm_iter))
         # ... multiplies by its own gamma_ij and sums (exact int64: |each partial sum| <= B_i < limit)
@@ -475,9 +502,9 @@ class PaillierExchange(Exchange):
         for e, (i, j) in enumerate(zip(self._src, self._dst)):
             req = requests[i]
             pk = req.public_key
-            self._send(i, j, req.nbytes)  # E_i(-q_i); kp_i went with step 1
+            self._send(i, j, req.nbytes, "enc_neg_u", req.ciphertexts)  # E_i(-q_i); kp_i went with step 1
             reply = self._reply(req, qh[j], gh[self._rev[e]])
-            self._send(j, i, len(reply) * _ct_nbytes(pk))
+            self._send(j, i, len(reply) * _ct_nbytes(pk), "enc_reply", reply)
             term = raw.scalar_mul(pk, reply, gh[e])  # i raises the reply to its own gamma_ij
             acc[i] = term if i not in acc else raw.add(pk, acc[i], term)  # homomorphic sum
         A = self.topology.n_nodes
