@@ -99,6 +99,16 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
     return params, exch
 
 
+def _preflight(exch, blocks, caps, degree):
+    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts."""
+    codec = getattr(exch, "codec", None)
+    if codec is None:
+        return
+    zmax = max(float(b.abs().max()) for b in blocks)
+    codec.preflight(value_scale=zmax, g_max=float(torch.as_tensor(caps).max()),
+                    max_degree=int(degree.max()) if degree.numel() else 0)
+
+
 def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
          checkpoint_every=0, resume_from=None):
     fp = fingerprint(problem, params, exch)
@@ -221,6 +231,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options)
+    _preflight(exch, blocks, caps, graph.degree)
     problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
     state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device,
                                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
@@ -339,6 +350,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options)
+    for b, g, c in zip(blocks, graphs, caps):
+        _preflight(exch, b, c, g.degree)
     problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device, rank=rank)
     state, history, info, costs = _run(problem, params, exch, callback, single=False, dtype=dtype, device=device)
     N = problem.n_agents

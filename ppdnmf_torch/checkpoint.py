@@ -70,6 +70,7 @@ def save_checkpoint(path: str, payload: dict) -> str:
 
 def latest_checkpoint(path: str) -> str:
     """The newest checkpoint file in folder ``path`` (or ``path`` itself if it is a file)."""
+    path = os.fspath(path)
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):

@@ -317,7 +317,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         else:
             cons = rho * (U + 2.0 * Q - Q_prev)
         rhs = ZYt + mu * (X_new - P) + cons
-        chol = torch.linalg.cholesky(YYt + (mu + rho) * eye)
+        chol = torch.linalg.cholesky_ex(YYt + (mu + rho) * eye).L  # no sync; non-finite input shows up as NaN
         U_new = torch.cholesky_solve(rhs.mT, chol).mT
         # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
         P_new = P - (X_new - U_new)
@@ -365,7 +365,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     track = tol > 0 or frozen is not None
     X, Y, V, R = state.X, state.Y, state.V, state.R
     eye = torch.eye(K, dtype=X.dtype, device=X.device)
-    chol = torch.linalg.cholesky(bmm(X.mT, X) + eta * eye)  # fixed during the Y-step
+    chol = torch.linalg.cholesky_ex(bmm(X.mT, X) + eta * eye).L  # fixed during the Y-step
     XtZ = bmm(X.mT, Z)
     flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
     active = None if frozen is None else ~frozen

@@ -170,6 +170,37 @@ class IntegerCodec:
                 value=int(val), limit=self.limit,
             )
 
+    def preflight(self, *, value_scale: float, g_max: float, max_degree: int, headroom: float = 16.0) -> None:
+        """Fail before a run starts when the key is too small for ``n_max`` at this problem's scale.
+
+        The bound checked is the one :meth:`check_sums` enforces at every iteration,
+        ``2 * n_max * |U| * gamma_max^2 * d_max``, evaluated with ``|U|`` taken as
+        ``headroom * value_scale`` (``value_scale`` is the larger of 1, the all-ones start,
+        and the data's largest entry). Iterates that still outgrow the range later raise
+        :class:`CodecRangeError` at that iteration.
+
+        Raises
+        ------
+        ConfigError
+            Naming ``key_bits``, ``n_max`` and the smallest key size that would do.
+        """
+        if max_degree < 1:
+            return
+        gamma = round(float(g_max) * self.penalty_scale)
+        need = 2.0 * float(self.n_max) * headroom * max(1.0, float(value_scale)) * gamma * gamma * max_degree
+        if need >= self.limit:
+            bits_needed = math.ceil(math.log2(need)) + 3
+            if need >= INT64_LIMIT:
+                hint = (f"the int64 emulation holds 2^62 at most, so lower n_max (or g_bits); "
+                        f"n_max <= {self.n_max * self.limit / need:.3g} fits")
+            else:
+                hint = f"use key_bits >= {bits_needed} or lower n_max"
+            raise ConfigError(
+                f"key_bits/n_max: with n_max={self.n_max:g}, g_bits={self.g_bits} and penalty caps up to "
+                f"{g_max:g}, neighbour sums can reach about 2^{math.log2(need):.1f}, beyond the codec limit "
+                f"2^{self.limit.bit_length() - 1} of {self.key_bits}-bit keys; {hint}"
+            )
+
     # -- decoding (the one function every exchange kind goes through) -----------------
     def decode(self, S_int: torch.Tensor, rho_int: torch.Tensor, dtype=torch.float64):
         """``S = S_int / (n_max 4^s)`` and ``rho = rho_int / 4^s``.

@@ -1,0 +1,156 @@
+"""Checkpoints, resume, determinism and key hygiene at the Python API level."""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import ppdnmf_torch as pp
+from ppdnmf_torch import graph
+from ppdnmf_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ppdnmf_torch.solver import RunInterrupted
+
+from conftest import small_problem
+
+G = graph.random_connected(5, 2.4, seed=1)
+KW = dict(bcd_iters=6, x_iters=4, y_iters=4, device="cpu", seed=4)
+
+
+def _blocks():
+    return small_problem(counts=(3, 4, 2, 5, 3), seed=9)
+
+
+def _exchange_kw(kind, paillier_keypairs=None):
+    if kind == "plain":
+        return {}
+    kw = {"exchange": kind, "n_max": 1e5, "key_bits": 128}
+    if kind == "paillier":
+        kw["exchange_options"] = {"keypairs": paillier_keypairs(128, 5)}
+    return kw
+
+
+@pytest.mark.parametrize("kind", ["plain", "quantized", pytest.param("paillier", marks=pytest.mark.crypto)])
+def test_same_seed_same_bits(kind, paillier_keypairs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = pp.fit(_blocks(), G, 2, **KW, **_exchange_kw(kind, paillier_keypairs))
+        b = pp.fit(_blocks(), G, 2, **KW, **_exchange_kw(kind, paillier_keypairs))
+    assert torch.equal(a.X, b.X) and torch.equal(a.U, b.U)
+    assert all(torch.equal(x, y) for x, y in zip(a.Y, b.Y))
+    assert a.history["nmse"] == b.history["nmse"] and a.history["consensus"] == b.history["consensus"]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("kind", ["plain", "quantized"])
+def test_resume_is_bit_identical(tmp_path, every, kind):
+    full = pp.fit(_blocks(), G, 2, **KW, **_exchange_kw(kind))
+    stop_at = 3
+
+    def stop(info):
+        return info.iteration == stop_at
+
+    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, checkpoint_every=every, callback=stop, **KW,
+           **_exchange_kw(kind))
+    newest = load_checkpoint(str(tmp_path))
+    assert newest["bcd_done"] == (stop_at // every) * every
+    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **KW, **_exchange_kw(kind))
+    assert torch.equal(resumed.X, full.X)
+    assert all(torch.equal(x, y) for x, y in zip(resumed.Y, full.Y))
+    assert resumed.history["nmse"] == full.history["nmse"]
+    assert resumed.history["x_iters"] == full.history["x_iters"]
+
+
+@pytest.mark.crypto
+def test_paillier_run_resumes_with_new_keys_and_same_numbers(tmp_path, paillier_keypairs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = pp.fit(_blocks(), G, 2, **KW, **_exchange_kw("quantized"))
+        pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, callback=lambda i: i.iteration == 2, **KW,
+               exchange="paillier", n_max=1e5, key_bits=128)
+        resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **KW, exchange="paillier", n_max=1e5,
+                         key_bits=128)
+    assert torch.equal(resumed.X, full.X)
+    assert resumed.history["nmse"] == full.history["nmse"]
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, **KW)
+    with pytest.raises(CheckpointError, match="different run"):
+        pp.fit(_blocks(), G, 2, resume_from=tmp_path, **dict(KW, seed=5))
+    with pytest.raises(CheckpointError, match="different run"):
+        pp.fit(_blocks(), G, 2, resume_from=tmp_path, mu=0.2, **KW)
+    with pytest.raises(CheckpointError, match="neither a checkpoint file nor a folder"):
+        pp.fit(_blocks(), G, 2, resume_from=tmp_path / "missing", **KW)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        pp.fit(_blocks(), G, 2, resume_from=tmp_path / "empty", **KW)
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(tmp_path):
+    full = pp.fit(_blocks(), G, 2, **KW)
+
+    def interrupt(info):
+        if info.iteration == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(RunInterrupted) as err:
+        pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, checkpoint_every=0, callback=interrupt, **KW)
+    assert err.value.bcd_done == 4 and os.path.exists(err.value.checkpoint)
+    assert isinstance(err.value, KeyboardInterrupt)
+    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **KW)
+    assert torch.equal(resumed.X, full.X) and resumed.history["nmse"] == full.history["nmse"]
+
+
+def test_atomic_write_leaves_old_checkpoint_on_failure(tmp_path):
+    path = tmp_path / "ckpt_bcd000001.pt"
+    save_checkpoint(str(path), {"format": 1, "x": torch.ones(3)})
+    before = path.read_bytes()
+
+    class Boom:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(str(path), {"format": 1, "x": Boom()})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_torn_checkpoint_is_reported(tmp_path):
+    (tmp_path / "ckpt_bcd000002.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_nan_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(pp.NumericalError):
+        pp.fit(small_problem(counts=(3, 4, 3, 4)), graph.ring(4), 2, mu=1e-3, g_max=30.0, penalty="fixed",
+               bcd_iters=60, x_iters=30, y_iters=5, device="cpu", checkpoint_dir=tmp_path)
+    ck = load_checkpoint(str(tmp_path))
+    assert ck["bcd_done"] >= 1
+    assert all(torch.isfinite(v).all() for k, v in ck["state"].items() if v.is_floating_point())
+
+
+@pytest.mark.crypto
+def test_no_private_key_in_checkpoints_or_results(tmp_path, paillier_keypairs):
+    pairs = paillier_keypairs(128, 5)
+    secrets = set()
+    for _, sk in pairs:
+        secrets |= {str(sk.p), str(sk.q)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, **KW, exchange="paillier", n_max=1e5,
+                     key_bits=128, exchange_options={"keypairs": pairs})
+    torch.save({"X": res.X, "history": res.history}, tmp_path / "result.pt")
+    blob = pickle.dumps({k: v for k, v in res.costs.items()})
+    files = list(tmp_path.iterdir())
+    assert files
+    for f in files:
+        data = f.read_bytes()
+        for s in secrets:
+            assert s.encode() not in data, f"{f.name} holds a private key factor"
+    for s in secrets:
+        assert s.encode() not in blob

@@ -1,0 +1,128 @@
+"""Bad input gets a clear error naming the parameter and the problem, before any work starts."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ppdnmf_torch as pp
+from ppdnmf_torch import graph
+from ppdnmf_torch.exchange import CodecRangeError
+
+from conftest import small_problem
+
+RING4 = graph.ring(4)
+FAST = dict(bcd_iters=1, x_iters=1, y_iters=1, device="cpu")
+
+
+def _blocks():
+    return small_problem(counts=(3, 4, 3, 4))
+
+
+def _with(block_index, row, col, value):
+    b = [x.clone() for x in _blocks()]
+    b[block_index][row, col] = value
+    return b
+
+
+@pytest.mark.parametrize("value,match", [(math.nan, "NaN or Inf"), (math.inf, "NaN or Inf"),
+                                         (-math.inf, "NaN or Inf")])
+def test_nonfinite_data(value, match):
+    with pytest.raises(pp.DataError, match=match):
+        pp.fit(_with(2, 1, 0, value), RING4, 2, **FAST)
+
+
+def test_negative_data_refused_by_default_and_handled_on_request():
+    bad = _with(1, 0, 0, -0.5)
+    with pytest.raises(pp.DataError, match="negative"):
+        pp.fit(bad, RING4, 2, **FAST)
+    clipped = pp.fit(bad, RING4, 2, negative="clip", **FAST)
+    shifted = pp.fit(bad, RING4, 2, negative="shift", **FAST)
+    assert clipped.X.shape == shifted.X.shape == (4, 8, 2)
+    with pytest.raises(pp.ConfigError, match="negative"):
+        pp.fit(bad, RING4, 2, negative="sometimes", **FAST)
+
+
+@pytest.mark.parametrize("Z,kw,match", [
+    (torch.rand(3, 4, 5), {}, "2-D"),
+    (torch.rand(8, 14), {"columns": [3, 4, 3, 5]}, "sum to 15"),
+    (torch.rand(8, 14), {"columns": [3, 4, 7, 0]}, "no columns"),
+    (torch.rand(8, 14), {"columns": [7, 7]}, "2 counts"),
+    (torch.rand(8, 3), {}, "fewer than the 4 agents"),
+    ([torch.rand(8, 3)] * 3, {}, "3 blocks"),
+    ([torch.rand(8, 3), torch.rand(7, 3), torch.rand(8, 3), torch.rand(8, 3)], {}, "same L"),
+])
+def test_shapes_and_columns(Z, kw, match):
+    with pytest.raises(pp.DataError, match=match):
+        pp.fit(Z, RING4, 2, **kw, **FAST)
+
+
+@pytest.mark.parametrize("rank,match", [(0, "rank"), (9, "larger than L"), (2.5, "rank")])
+def test_rank(rank, match):
+    with pytest.raises(pp.ConfigError, match=match):
+        pp.fit(_blocks(), RING4, rank, **FAST)
+
+
+@pytest.mark.parametrize("adj,match", [
+    (np.ones((4, 3)), "square"),
+    (np.array([[0, 1, 0, 0], [0, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]]), "symmetric"),
+    (np.array([[1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]]), "self loop"),
+    (np.array([[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]), "disconnected"),
+])
+def test_bad_adjacency(adj, match):
+    with pytest.raises(pp.GraphError, match=match):
+        pp.fit(_blocks(), adj, 2, **FAST)
+
+
+def test_adjacency_agent_count_mismatch():
+    with pytest.raises(pp.DataError, match="4 blocks but the graph has 5 agents"):
+        pp.fit(_blocks(), graph.ring(5), 2, **FAST)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"mu": 0}, "mu"), ({"mu": -1.0}, "mu"), ({"eta": 0.0}, "eta"), ({"eta": math.nan}, "eta"),
+    ({"g_max": 0.0}, "g_max"), ({"g_max": [0.1, 0.1, -0.1, 0.1]}, "g_max"), ({"g_max": [0.1, 0.1]}, "g_max"),
+    ({"n_max": 0.5}, "n_max"), ({"bcd_iters": 0}, "bcd_iters"), ({"x_iters": 0}, "x_iters"),
+    ({"y_iters": -3}, "y_iters"), ({"tol": -1e-3}, "tol"), ({"exchange": "telepathy"}, "exchange"),
+    ({"protocol": "gossip"}, "protocol"), ({"device": "tpu"}, "device"), ({"dtype": "float16"}, "dtype"),
+    ({"penalty": "huge"}, "penalty"), ({"consensus_form": "other"}, "consensus_form"),
+])
+def test_bad_parameters(kw, match):
+    args = dict(FAST)
+    args.update(kw)
+    with pytest.raises(pp.ConfigError, match=match):
+        pp.fit(_blocks(), RING4, 2, **args)
+
+
+def test_key_too_small_for_n_max_fails_before_the_run():
+    calls = []
+    with pytest.raises(pp.ConfigError, match="key_bits/n_max"):
+        pp.fit(_blocks(), RING4, 2, exchange="quantized", n_max=1e14, key_bits=2048,
+               callback=lambda info: calls.append(info.iteration), **FAST)
+    assert calls == []  # no iteration ran
+
+
+def test_value_out_of_range_mid_run_names_agent_and_iteration():
+    # the settings pass the preflight, but a penalty far above mu on a bipartite ring makes
+    # the iterates diverge (see the README's note on the derived form) until they outgrow it
+    with pytest.raises(CodecRangeError) as err:
+        pp.fit(_blocks(), RING4, 2, exchange="quantized", n_max=1e6, g_bits=4, key_bits=128, mu=1e-3, g_max=30.0,
+               penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5, device="cpu")
+    msg = str(err.value)
+    assert "agent" in msg and "BCD iteration" in msg and "limit" in msg
+    assert err.value.limit == 2 ** 62
+
+
+def test_missing_cbcl_path(tmp_path):
+    missing = tmp_path / "nope.mat"
+    with pytest.raises(pp.DataError, match="nope.mat"):
+        pp.data.load_cbcl(missing)
+
+
+def test_nan_during_iterations_names_iterations_and_agents():
+    # a huge penalty on a bipartite ring makes the derived update diverge (see ALGORITHM notes)
+    with pytest.raises(pp.NumericalError, match=r"BCD iteration \d+.*agents \["):
+        pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5,
+               device="cpu")
