@@ -1,0 +1,102 @@
+"""The ``ppdnmf`` command (and ``python -m ppdnmf_torch``): a Hydra app over ``conf/``.
+
+Examples::
+
+    ppdnmf                                    # the paper's synthetic experiment
+    ppdnmf experiment=paper_cbcl              # the CBCL faces experiment
+    ppdnmf solver.bcd_iters=20 exchange=quantized exchange.n_max=1e4
+    ppdnmf -m seed=0,1,2                      # one run folder per seed
+    ppdnmf --cfg job                          # show the composed config
+
+Hydra is used here only: the composed ``DictConfig`` is converted once into the typed
+:class:`~ppdnmf_torch.config.RunConfig`, and :func:`ppdnmf_torch.runner.run` does the work.
+A user error (a bad config value, unreadable data, an invalid graph, a codec overflow)
+is reported as one ``ppdnmf: error: ...`` line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ._utils import ConfigError, PPDNMFError
+from .config import RunConfig, from_dict
+from .runner import format_summary, run
+
+__all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED"]
+
+#: ``conf/`` next to the package. Hydra's ``config_path="../conf"`` would be read as
+#: the top-level *package* ``conf`` when the app is imported as a module (``pkg://conf``),
+#: which only works from the repository root; an absolute path works from any directory.
+CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf"))
+
+#: exit status of a run stopped by a user error
+EXIT_USER_ERROR = 2
+#: exit status after Ctrl-C (128 + SIGINT)
+EXIT_INTERRUPTED = 130
+
+
+def _resolve_paths(d: dict) -> dict:
+    """Relative data and graph paths are taken from the directory ppdnmf was started in."""
+    for section in ("data", "graph"):
+        node = d.get(section)
+        if isinstance(node, dict) and isinstance(node.get("path"), str) and node["path"].strip():
+            node["path"] = os.path.normpath(to_absolute_path(os.path.expanduser(node["path"])))
+    return d
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Hydra's composed config -> validated :class:`RunConfig` (resolving interpolations once).
+
+    Raises
+    ------
+    ConfigError
+        For a missing mandatory value (``???``), an interpolation that does not resolve,
+        or a value :func:`ppdnmf_torch.config.from_dict` rejects.
+    """
+    try:
+        d = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "Missing mandatory value" in msg:
+            msg = "is required (set it on the command line, e.g. " + f"{key}=...)"
+        raise ConfigError(f"{key}: {msg}") from None
+    return from_dict(_resolve_paths(d))
+
+
+def _fail(exc: BaseException) -> None:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def _app(cfg: DictConfig):
+    try:
+        run_cfg = to_run_config(cfg)
+        out_dir = HydraConfig.get().runtime.output_dir
+        summary = run(run_cfg, out_dir)
+    except PPDNMFError as exc:
+        _fail(exc)
+    except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)
+        detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
+        print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    print(format_summary(summary), flush=True)
+    # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
+    return summary["nmse"]["distributed"]
+
+
+def main() -> None:
+    """Entry point of the ``ppdnmf`` console script."""
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The ``ppdnmf`` app end to end: CLI smoke runs, multirun, user errors, the runner, TensorBoard."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppdnmf_torch.config import from_dict
+from ppdnmf_torch.runner import run
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+TINY = ["solver.bcd_iters=3", "solver.x_iters=3", "solver.y_iters=3"]
+
+
+def _env():
+    env = dict(os.environ)
+    # tiny problems: one thread avoids OpenMP oversubscription on shared CI cores
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _cli(args, cwd, timeout=180):
+    return subprocess.run([sys.executable, "-m", "ppdnmf_torch", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _scalars(tb_dir: Path):
+    acc = event_accumulator.EventAccumulator(str(tb_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def _read_csv(path: Path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_cli_smoke_run(tmp_path):
+    run_dir = tmp_path / "run"
+    r = _cli([*TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "distributed" in r.stdout and "centralized" in r.stdout
+    assert "Traceback" not in r.stderr
+    # resolved config, Hydra's own copy
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    import yaml
+
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["solver"]["bcd_iters"] == 3 and saved["name"] == "paper_synthetic"
+    assert from_dict(saved).solver.x_iters == 3
+    # factors
+    f = torch.load(run_dir / "factors.pt", weights_only=True)
+    assert f["X"].shape == (10, 30, 5) and f["U"].shape == (10, 30, 5)
+    assert len(f["Y"]) == 10 and all(y.shape[0] == 5 for y in f["Y"])
+    assert [y.shape[1] for y in f["Y"]] == f["columns"].tolist() and int(f["columns"].sum()) == 200
+    assert all(4 <= c <= 40 for c in f["columns"].tolist())
+    assert f["edges"].shape == (15, 2)
+    assert f["centralized_X"].shape == (30, 5) and f["centralized_Y"].shape == (5, 200)
+    # history
+    rows = _read_csv(run_dir / "history.csv")
+    assert len(rows) == 3
+    for col in ("iteration", "nmse", "centralized_nmse", "consensus", "objective", "x_primal", "x_dual",
+                "y_primal", "y_dual", "time_x", "time_y"):
+        assert col in rows[0], col
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    hist = json.loads((run_dir / "history.json").read_text())
+    assert len(hist["distributed"]["nmse"]) == 3 and len(hist["centralized"]["nmse"]) == 3
+    assert float(rows[-1]["nmse"]) == pytest.approx(hist["distributed"]["nmse"][-1])
+    # summary
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["nmse"]["distributed"] == pytest.approx(float(rows[-1]["nmse"]))
+    assert summary["nmse"]["centralized"] == pytest.approx(float(rows[-1]["centralized_nmse"]))
+    assert summary["device"] == "cpu" or summary["device"].startswith("cuda")
+    assert summary["sizes"]["n_edges"] == 15 and summary["n_iter"]["distributed"] == 3
+    assert set(summary["wall_time"]) >= {"distributed", "centralized", "total"}
+    # TensorBoard
+    acc = _scalars(run_dir / "tb")
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("nmse/distributed", "nmse/centralized", "consensus", "objective", "admm/x_primal", "admm/x_dual",
+                "admm/y_primal", "admm/y_dual", "time/x_step", "time/y_step"):
+        assert tag in tags, tag
+        assert [e.step for e in acc.Scalars(tag)] == [1, 2, 3], tag
+    got = [e.value for e in acc.Scalars("nmse/distributed")]
+    assert got == pytest.approx([float(r["nmse"]) for r in rows], rel=1e-6)
+    assert list((run_dir / "tb" / "hparams").glob("events.out.tfevents.*"))
+
+
+def test_cli_multirun(tmp_path):
+    sweep = tmp_path / "multi"
+    r = _cli(["-m", "seed=0,1", *TINY, "solver.bcd_iters=2", "logger=none", "centralized=false",
+              f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "summary.json").exists())
+    assert [p.name for p in runs] == ["0", "1"]
+    s0, s1 = (json.loads((p / "summary.json").read_text()) for p in runs)
+    assert s0["nmse"]["centralized"] is None
+    assert s0["nmse"]["distributed"] != s1["nmse"]["distributed"]  # different seeds, different data
+    assert not (runs[0] / "tb").exists()
+
+
+def test_cli_bad_value_is_one_line_without_traceback(tmp_path):
+    r = _cli(["solver.mu=-1", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "mu" in lines[0] and lines[0].startswith("ppdnmf: error: solver.mu:")
+
+
+def test_cli_missing_data_file(tmp_path):
+    r = _cli(["data=npy", "data.path=missing.npy", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "data.path" in r.stderr and str(tmp_path / "missing.npy") in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("ppdnmf") is None, reason="the ppdnmf console script is not installed")
+def test_console_script_shows_config(tmp_path):
+    r = subprocess.run(["ppdnmf", "--cfg", "job", "experiment=paper_cbcl"], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "name: paper_cbcl" in r.stdout and "rank: 49" in r.stdout
+
+
+# --------------------------------------------------------------------------------------
+# The runner without Hydra
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_runner_csv_data_and_file_graph(tmp_path, one_thread):
+    gen = torch.Generator().manual_seed(0)
+    Z = torch.rand(12, 4, generator=gen, dtype=torch.float64) @ torch.rand(4, 40, generator=gen, dtype=torch.float64)
+    with open(tmp_path / "z.csv", "w") as fh:
+        fh.write("# a 12 x 40 matrix\n")
+        for row in Z.tolist():
+            fh.write(",".join(f"{v:.17g}" for v in row) + "\n")
+    (tmp_path / "edges.txt").write_text("# n_agents: 4\n0 1\n1 2\n2 3\n")
+    cfg = from_dict({
+        "n_agents": 4, "centralized": False, "progress": False,
+        "data": {"kind": "csv", "path": str(tmp_path / "z.csv"), "split": {"counts": [10, 5, 15, 10]}},
+        "graph": {"kind": "file", "path": str(tmp_path / "edges.txt")},
+        "solver": {"rank": 4, "bcd_iters": 2, "x_iters": 2, "y_iters": 2, "g_max": [0.1, 0.2, 0.3, 0.4]},
+        "exchange": {"kind": "quantized", "n_max": 1e4},
+        "logger": {"kind": "none"},
+    })
+    summary = run(cfg, tmp_path / "out")
+    out = tmp_path / "out"
+    assert summary["sizes"] == {"L": 12, "M": 40, "K": 4, "n_agents": 4, "n_edges": 3, "columns": [10, 5, 15, 10]}
+    assert summary["nmse"]["centralized"] is None and summary["exchange"]["kind"] == "quantized"
+    rows = _read_csv(out / "history.csv")
+    assert len(rows) == 2 and "centralized_nmse" not in rows[0]
+    assert not (out / "tb").exists()
+    f = torch.load(out / "factors.pt", weights_only=True)
+    assert f["edges"].tolist() == [[0, 1], [1, 2], [2, 3]]
+
+
+def test_runner_reports_split_errors_with_the_key(tmp_path):
+    from ppdnmf_torch._utils import ConfigError
+
+    z = tmp_path / "z.npy"
+    import numpy as np
+
+    np.save(z, np.ones((6, 8)))
+    cfg = from_dict({"data": {"kind": "npy", "path": str(z), "split": {"lo": 1, "hi": 2}}, "solver": {"rank": 2},
+                     "logger": {"kind": "none"}})
+    with pytest.raises(ConfigError, match=r"^data\.split\.M:"):
+        run(cfg, tmp_path / "out")
+
+
+@pytest.mark.crypto
+def test_runner_logs_predicted_crypto_costs(tmp_path, one_thread):
+    pytest.importorskip("phe")
+    cfg = from_dict({
+        "n_agents": 4, "centralized": False, "progress": False,
+        "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 20, "K": 2},
+        "graph": {"kind": "ring"},
+        "solver": {"rank": 2, "bcd_iters": 2, "x_iters": 2, "y_iters": 2},
+        "exchange": {"kind": "quantized", "n_max": 1e3, "key_bits": 256, "cost_model": True},
+    })
+    summary = run(cfg, tmp_path / "q")
+    assert summary["costs"]["encryptions"] > 0 and summary["costs"]["estimated_seconds"] > 0
+    if summary["bytes_per_edge"] is not None:  # bytes sent per directed edge, "i->j"
+        assert summary["bytes_per_edge"]["0->1"] > 0
+    rows = _read_csv(tmp_path / "q" / "history.csv")
+    assert len(rows) == 2 and float(rows[1]["crypto_encryptions"]) > float(rows[0]["crypto_encryptions"]) > 0
+    acc = _scalars(tmp_path / "q" / "tb")
+    tags = set(acc.Tags()["scalars"])
+    assert {"crypto/encryptions", "crypto/estimated_seconds", "crypto_admm/encryptions"} <= tags
+    assert [e.step for e in acc.Scalars("crypto_admm/encryptions")] == [1, 2, 3, 4]  # 2 BCD x 2 ADMM
+
+
+def test_tensorboard_crypto_costs_and_grid(tmp_path):
+    from ppdnmf_torch.tensorboard import TensorBoardLogger, column_images, make_grid
+
+    with TensorBoardLogger(tmp_path / "tb") as tb:
+        tb.log_costs({"encryptions": 10, "ciphertext_bytes": 2048.0, "backend": "phe", "ok": True}, step=1)
+        tb.log_iteration_costs([{"bcd_iter": 2, "admm_iter": 3, "encryptions": 5}], x_iters=30)
+    acc = _scalars(tmp_path / "tb")
+    tags = set(acc.Tags()["scalars"])
+    assert {"crypto/encryptions", "crypto/ciphertext_bytes", "crypto_admm/encryptions"} <= tags
+    assert not any("backend" in t or t.endswith("/ok") for t in tags)
+    assert [e.step for e in acc.Scalars("crypto_admm/encryptions")] == [33]
+    # Fortran order: pixel (r, c) of a column is entry r + h * c
+    v = torch.arange(6.0)[:, None]
+    img = column_images(v, (2, 3))[0]
+    assert img.tolist() == [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+    g = make_grid(torch.zeros(5, 2, 3), padding=1, scale=2)
+    assert g.shape == (1, 2 * (2 * 3 + 1), 2 * (3 * 4 + 1))
+
+
+def test_runner_cbcl_logs_image_grids(tmp_path, cbcl_path, one_thread):
+    cfg = from_dict({
+        "name": "paper_cbcl", "progress": False, "n_agents": 10,
+        "data": {"kind": "cbcl", "path": str(cbcl_path), "image_shape": [19, 19], "split": {"lo": 224, "hi": 245}},
+        "solver": {"rank": 49, "mu": 2.0, "eta": 2.0, "g_max": 0.05, "bcd_iters": 2, "x_iters": 2, "y_iters": 2},
+    })
+    summary = run(cfg, tmp_path / "cbcl")
+    assert summary["sizes"]["L"] == 361 and summary["sizes"]["M"] == 2429
+    assert all(224 <= c <= 245 for c in summary["sizes"]["columns"])
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "cbcl" / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    images = set(acc.Tags()["images"])
+    assert {"images/basis", "images/samples"} <= images
+    basis = acc.Images("images/basis")[-1]
+    assert (basis.width, basis.height) == (4 * (7 * 20 + 1), 4 * (7 * 20 + 1))  # 7 x 7 grid of 19x19, 4x
+    samples = acc.Images("images/samples")[-1]
+    # faces #1 and #2429: 2 columns; original, distributed and centralized rows
+    assert (samples.width, samples.height) == (4 * (2 * 20 + 1), 4 * (3 * 20 + 1))
