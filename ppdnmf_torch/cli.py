@@ -7,6 +7,7 @@ Examples::
     ppdnmf solver.bcd_iters=20 exchange=quantized exchange.n_max=1e4
     ppdnmf -m seed=0,1,2                      # one run folder per seed
     ppdnmf --cfg job                          # show the composed config
+    ppdnmf resume=outputs/<date>/<time>       # continue an interrupted run
 
 Hydra is used here only: the composed ``DictConfig`` is converted once into the typed
 :class:`~ppdnmf_torch.config.RunConfig`, and :func:`ppdnmf_torch.runner.run` does the work.
@@ -70,6 +71,18 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return from_dict(_resolve_paths(d))
 
 
+def _resume_target(run_dir: str):
+    """``resume=<run dir>``: that run's own config, its folder, and its checkpoints."""
+    folder = os.path.normpath(to_absolute_path(os.path.expanduser(run_dir)))
+    cfg_file = os.path.join(folder, "config.yaml")
+    if not os.path.isfile(cfg_file):
+        raise ConfigError(f"resume: {folder!r} is not a ppdnmf run folder (no config.yaml)")
+    with open(cfg_file, encoding="utf-8") as fh:
+        d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
+    d["resume"] = None
+    return from_dict(d), folder, os.path.join(folder, "checkpoints")
+
+
 def _fail(exc: BaseException) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
@@ -81,7 +94,10 @@ def _app(cfg: DictConfig):
     try:
         run_cfg = to_run_config(cfg)
         out_dir = HydraConfig.get().runtime.output_dir
-        summary = run(run_cfg, out_dir)
+        resume_from = None
+        if run_cfg.resume:
+            run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume)
+        summary = run(run_cfg, out_dir, resume_from=resume_from)
     except PPDNMFError as exc:
         _fail(exc)
     except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)

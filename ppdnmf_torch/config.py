@@ -207,6 +207,10 @@ class RunConfig:
     centralized: bool = True
     n_agents: int = _spec(10, ge=1)
     progress: bool = True
+    # crash-safe checkpoints in <run dir>/checkpoints every this many BCD iterations (0: only on Ctrl-C)
+    checkpoint_every: int = _spec(10, ge=0)
+    # a previous run's folder: continue it from its newest checkpoint (its own config is used)
+    resume: str | None = None
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
     solver: SolverConfig = field(default_factory=SolverConfig)

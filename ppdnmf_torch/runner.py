@@ -227,7 +227,7 @@ def _sample_columns(M: int, n: int) -> list[int]:
 # --------------------------------------------------------------------------------------
 
 
-def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None) -> dict:
+def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None, resume_from=None) -> dict:
     """Run one experiment and write its outputs into ``out_dir``.
 
     Parameters
@@ -240,6 +240,10 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None)
         Show tqdm progress bars on stderr (default ``cfg.progress``; never on a non-terminal).
     callback : callable, optional
         Extra ``callback(info)`` of the distributed fit, called after the logger's.
+    resume_from : str or os.PathLike, optional
+        Checkpoint file or folder of this same run to continue from (bit-identical to an
+        uninterrupted run). Checkpoints are written to ``out_dir/checkpoints`` every
+        ``cfg.checkpoint_every`` BCD iterations and on Ctrl-C.
 
     Returns
     -------
@@ -338,7 +342,9 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None)
 
         t0 = time.perf_counter()
         try:
-            result = fit(Z, graph, s.rank, columns=counts, g_max=s.g_max, exchange=exch, callback=cb, **common)
+            result = fit(Z, graph, s.rank, columns=counts, g_max=s.g_max, exchange=exch, callback=cb,
+                         checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
+                         resume_from=resume_from, **common)
         finally:
             if bar is not None:
                 bar.close()
