@@ -111,7 +111,8 @@ def _preflight(exch, blocks, caps, degree):
 
 def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
          checkpoint_every=0, resume_from=None):
-    fp = fingerprint(problem, params, exch)
+    # hashing the data costs a pass over it: only runs that write or read checkpoints need it
+    fp = fingerprint(problem, params, exch) if (checkpoint_dir is not None or resume_from is not None) else ""
     state = sampler = history = None
     if resume_from is not None:
         payload = load_checkpoint(resume_from)

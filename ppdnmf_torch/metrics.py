@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["residual_norms", "nmse", "consensus_error", "objective"]
+__all__ = ["residual_norms", "from_residuals", "nmse", "consensus_error", "objective"]
 
 
 def residual_norms(Z: torch.Tensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """Frobenius norms ``||Z_i - X_i Y_i||_F`` for every trial and agent, shape ``(T, N)``."""
-    return torch.linalg.matrix_norm(Z - X @ Y)
+    XY = torch.bmm(X.reshape(-1, *X.shape[-2:]), Y.reshape(-1, *Y.shape[-2:])).reshape(Z.shape)
+    return torch.linalg.matrix_norm(XY.sub_(Z))
+
+
+def from_residuals(res: torch.Tensor, z_norms: torch.Tensor):
+    """NMSE ``(T,)``, per-agent relative residuals ``(T, N)`` and objective ``(T,)`` from the
+    residual norms of :func:`residual_norms` (one pass over the data serves all three)."""
+    per_agent = res / z_norms
+    return per_agent.mean(dim=-1), per_agent, 0.5 * res.square().sum(dim=-1)
 
 
 def nmse(Z: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, z_norms: torch.Tensor | None = None):

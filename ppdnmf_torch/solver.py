@@ -325,17 +325,22 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         active_edges = None if active is None else active.reshape(-1)[topo.src]
         g = sampler.step(g, m, active_edges)
         rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
+        # The updates below are written as fused, in-place operations on fresh temporaries
+        # (never on state tensors, which checkpoints hold by reference): the iteration is
+        # memory bound, and every avoided pass over (T, N, L, K) counts.
         # 2. X_i = max(0, U_i + P_i)   (eq. 8)
-        X_new = torch.clamp(U + P, min=0)
-        # 3. U-update (eq. 9): consensus term in the derived or the printed form
+        X_new = torch.add(U, P).clamp_(min=0)
+        # 3. U-update (eq. 9): rhs = Z_i Y_i^T + mu (X_i - P_i) + consensus term, where the
+        #    consensus term is rho_i U_i + 2 Q_i - Q_prev_i (derived) or
+        #    rho_i (U_i + 2 Q_i - Q_prev_i) (as printed)
+        rhs = torch.add(ZYt, torch.sub(X_new, P), alpha=mu)
         if params.consensus_form == "derived":
-            cons = rho * U + 2.0 * Q - Q_prev
+            rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
         else:
-            cons = rho * (U + 2.0 * Q - Q_prev)
-        rhs = ZYt + mu * (X_new - P) + cons
+            rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0).sub_(Q_prev))
         U_new = bmm(rhs, _spd_inverse(YYt + (mu + rho) * eye))
         # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
-        P_new = P - (X_new - U_new)
+        P_new = torch.sub(P, X_new).add_(U_new)
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
         # NaN/Inf anywhere in U_i makes its sum non-finite: one small reduction per iteration
@@ -345,7 +350,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1)
         S = out.S.view(T, N, L, K).to(dtype)
         # 6. Q_prev, Q = Q, Q + S
-        Q_prev, Q = _where(active, Q, Q_prev), _where(active, Q + S, Q)
+        Q_prev, Q = _where(active, Q, Q_prev), _where(active, S.add_(Q), Q)
         if not track:
             continue
         counts += active.to(torch.int64) if active is not None else 1
@@ -388,9 +393,9 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
     V_prev = V
     for k in range(params.y_iters):
-        Y_new = torch.clamp(V + R, min=0)  # eq. 12
-        V_new = bmm(G_inv, XtZ + eta * (Y_new - R))  # eq. 13
-        R_new = R - (Y_new - V_new)  # eq. 14
+        Y_new = torch.add(V, R).clamp_(min=0)  # eq. 12
+        V_new = bmm(G_inv, torch.add(XtZ, torch.sub(Y_new, R), alpha=eta))  # eq. 13
+        R_new = torch.sub(R, Y_new).add_(V_new)  # eq. 14
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if not track:
@@ -565,12 +570,12 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             _sync(device)
             t2 = time.perf_counter()
             Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
-            nm, per_agent = metrics.nmse(Zr, Xr, Yr, z_norms)
+            nm, per_agent, obj = metrics.from_residuals(metrics.residual_norms(Zr, Xr, Yr), z_norms)
             _check_finite(problem, state, bcd_iter, per_agent, xi["first_bad"])
             values = {
                 "nmse": nm,
                 "consensus": metrics.consensus_error(Xr),
-                "objective": metrics.objective(Zr, Xr, Yr),
+                "objective": obj,
                 "x_primal": xi["primal"],
                 "x_dual": xi["dual"],
                 "y_primal": yi["primal"],

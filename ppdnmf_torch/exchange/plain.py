@@ -29,5 +29,5 @@ class PlainExchange(Exchange):
         if self.topology.n_directed_edges == 0:
             return ExchangeOutput(torch.zeros_like(U), rho)
         W = self.topology.neighbour_matrix(w.to(U.dtype))
-        S = W @ U - rho.to(U.dtype)[:, None] * U
+        S = (W @ U).addcmul_(rho.to(U.dtype)[:, None], U, value=-1.0)
         return ExchangeOutput(S, rho)

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Benchmark the batched solver against the plain per-agent loop reference (tests/reference.py).
+
+Everything runs in one process, side by side, and is reported as ratios:
+
+1. Seconds per ADMM iteration (one X-step plus one Y-step iteration, exchange
+   included) of the per-agent loop and of the batched solver, at N in {10, 100, 1000}
+   with the paper-synthetic (L=30, K=5, ~20 columns per agent) and CBCL (L=361, K=49,
+   ~243 columns per agent) sizes, on CPU and on CUDA when present.
+2. The bytes an iteration must move (every state tensor read and written once) and the
+   bandwidth this achieves, against a copy bandwidth measured in the same run: the
+   fraction of the memory roofline. Also at N=2000 with CBCL sizes.
+3. Batched trials: the full paper-synthetic 100-trial run (quantized exchange, all 100
+   BCD iterations of 30 + 30 ADMM iterations) against the reference looped over trials
+   (the loop is timed on a few trials and scaled, and says so).
+
+Usage::
+
+    python scripts/bench_solver.py                 # everything (several minutes on 2 cores)
+    python scripts/bench_solver.py --quick         # smaller sizes, a smoke run
+    python scripts/bench_solver.py --json out.json --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+
+import ppdnmf_torch as pp  # noqa: E402
+from ppdnmf_torch import graph as graph_mod  # noqa: E402
+from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
+
+from reference import reference_fit  # noqa: E402
+
+SIZES = {"synthetic": dict(L=30, K=5, cols=20), "cbcl": dict(L=361, K=49, cols=243)}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device, nbytes=1 << 30, repeats=5) -> float:
+    """Bytes per second of a large device copy (read + write counted)."""
+    n = nbytes // 8
+    a = torch.rand(n, dtype=torch.float64, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    return 2 * n * 8 / best
+
+
+def bytes_per_iteration(N, L, K, M_max, itemsize=8) -> int:
+    """Minimum traffic of one X + one Y ADMM iteration: every state tensor read and written once.
+
+    X-step: read U, P, Q, Q_prev, Z Y^T and the neighbours' U; write X, U, P, Q, Q_prev
+    (11 (L, K) tensors per agent). Y-step: read V, R, X^T Z; write Y, V, R (6 (K, M_max)
+    tensors per agent).
+    """
+    return itemsize * N * (11 * L * K + 6 * K * M_max)
+
+
+def problem(N, L, K, cols, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    counts = [cols + (i % 3) - 1 for i in range(N)]
+    blocks = [torch.rand((L, c), generator=gen, dtype=torch.float64) for c in counts]
+    return blocks, graph_mod.random_connected(N, 3.0 if N > 3 else 2.0, seed=seed)
+
+
+def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3):
+    kw = dict(bcd_iters=1, x_iters=iters, y_iters=iters, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05)
+    pp.fit(blocks, g, K, **dict(kw, x_iters=1, y_iters=1))  # warm-up (allocator, kernels)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        pp.fit(blocks, g, K, **kw)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best / iters
+
+
+def time_reference(blocks, g, K, iters):
+    t0 = time.perf_counter()
+    reference_fit(blocks, list(g.edges), K, bcd_iters=1, x_iters=iters, y_iters=iters, mu=1.0, eta=1.0, g_max=0.05)
+    return (time.perf_counter() - t0) / iters
+
+
+def bench_loop_vs_batched(device, Ns, quick):
+    rows = []
+    for name, sz in SIZES.items():
+        for N in Ns:
+            blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
+            iters_b = 5 if name == "cbcl" else 20
+            t_b = time_batched(blocks, g, sz["K"], iters_b, device)
+            ref_iters = 1 if (name == "cbcl" and N >= 1000) else 2
+            t_r = time_reference(blocks, g, sz["K"], ref_iters)
+            M_max = -(-max(b.shape[1] for b in blocks) // 64) * 64
+            nbytes = bytes_per_iteration(N, sz["L"], sz["K"], M_max)
+            rows.append({"sizes": name, "N": N, "loop_s_per_iter": t_r, "batched_s_per_iter": t_b,
+                         "speedup": t_r / t_b, "bytes_per_iter": nbytes, "achieved_GBps": nbytes / t_b / 1e9})
+            print(f"  {name:9s} N={N:5d}  loop {t_r:9.4f} s/it  batched {t_b:9.5f} s/it  "
+                  f"ratio {t_r / t_b:8.1f}x  {nbytes / t_b / 1e9:6.2f} GB/s", flush=True)
+    return rows
+
+
+def bench_roofline(device, N, copy_bw):
+    sz = SIZES["cbcl"]
+    blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
+    t_b = time_batched(blocks, g, sz["K"], 3, device, repeats=2)
+    M_max = -(-max(b.shape[1] for b in blocks) // 64) * 64
+    nbytes = bytes_per_iteration(N, sz["L"], sz["K"], M_max)
+    bw = nbytes / t_b
+    row = {"sizes": "cbcl", "N": N, "batched_s_per_iter": t_b, "bytes_per_iter": nbytes, "achieved_GBps": bw / 1e9,
+           "copy_GBps": copy_bw / 1e9, "fraction_of_copy": bw / copy_bw}
+    print(f"  cbcl N={N}: {t_b:.3f} s/it, {nbytes / 1e9:.2f} GB/it, {bw / 1e9:.2f} GB/s = "
+          f"{100 * bw / copy_bw:.1f}% of copy bandwidth ({copy_bw / 1e9:.2f} GB/s)", flush=True)
+    return row
+
+
+def bench_trials(device, trials, ref_trials, bcd_iters):
+    t0 = time.perf_counter()
+    res = run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
+                         centralized=False, device=device, bcd_iters=bcd_iters)
+    _sync(device)
+    t_batched = time.perf_counter() - t0
+    spec = PAPER_EXPERIMENTS["paper_synthetic"]
+    t0 = time.perf_counter()
+    for t in range(ref_trials):
+        blocks, g = make_trial(spec, t)
+        reference_fit(blocks, list(g.edges), 5, bcd_iters=bcd_iters, exchange="quantized", n_max=10**6, seed=t,
+                      mu=0.1, eta=1.0, g_max=0.033)
+    t_ref = (time.perf_counter() - t0) / ref_trials * trials
+    row = {"trials": trials, "bcd_iters": bcd_iters, "batched_s": t_batched, "loop_s_scaled": t_ref,
+           "loop_trials_timed": ref_trials, "speedup": t_ref / t_batched,
+           "final_nmse_mean": float(res.history["nmse"][-1].mean())}
+    print(f"  {trials} trials x {bcd_iters} BCD (quantized): batched {t_batched:.1f} s; loop "
+          f"{t_ref:.0f} s (timed on {ref_trials} trials, scaled); ratio {t_ref / t_batched:.0f}x; "
+          f"mean final NMSE {row['final_nmse_mean']:.4f}", flush=True)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
+    ap.add_argument("--ns", type=int, nargs="*", default=None, help="agent counts (default 10 100 1000)")
+    ap.add_argument("--roofline-n", type=int, default=2000)
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--ref-trials", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    device = pp.resolve_device(args.device)
+    Ns = args.ns or ([10, 100] if args.quick else [10, 100, 1000])
+    info = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    print(f"bench_solver on {info}", flush=True)
+    copy_bw = copy_bandwidth(device, nbytes=(1 << 28) if args.quick else (1 << 30))
+    print(f"copy bandwidth: {copy_bw / 1e9:.2f} GB/s", flush=True)
+    out = {"machine": info, "copy_GBps": copy_bw / 1e9}
+    print("per-agent loop vs batched, seconds per ADMM iteration (float64):", flush=True)
+    out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick)
+    print("memory roofline:", flush=True)
+    out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, copy_bw)
+    print("batched trials:", flush=True)
+    out["trials"] = bench_trials(device, 10 if args.quick else args.trials, 1 if args.quick else args.ref_trials,
+                                 10 if args.quick else 100)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()
