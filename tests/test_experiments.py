@@ -82,3 +82,26 @@ def test_paper_synthetic_100_trials():
     assert abs(dist - cent) <= 0.05 * cent
     low = run_experiment("paper_synthetic", trials=100, seed=0, exchange="quantized", n_max=10, centralized=False)
     assert low.history["consensus"][-1].mean() > res.history["consensus"][-1].mean()
+
+
+@pytest.mark.parametrize("name", ["paper_synthetic", "paper_cbcl"])
+def test_hydra_experiment_configs_match_the_python_presets(name):
+    """conf/experiment/*.yaml and PAPER_EXPERIMENTS carry the same paper parameters."""
+    from hydra import compose, initialize_config_dir
+
+    from ppdnmf_torch.cli import CONFIG_DIR, to_run_config
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        # the CBCL file need not exist: only the values are compared
+        extra = ["data.path=/nonexistent/x.mat"] if name == "paper_cbcl" else []
+        cfg = to_run_config(compose(config_name="config", overrides=[f"experiment={name}", *extra]))
+    spec = PAPER_EXPERIMENTS[name]
+    assert cfg.n_agents == spec["n_agents"]
+    assert cfg.graph.kind == spec["graph"]["kind"] and cfg.graph.avg_degree == spec["graph"]["avg_degree"]
+    assert cfg.data.kind == spec["data"]["kind"] and cfg.data.negative == spec["data"]["negative"]
+    assert (cfg.data.split.lo, cfg.data.split.hi) == (spec["columns"]["lo"], spec["columns"]["hi"])
+    for key, value in spec["solver"].items():
+        assert getattr(cfg.solver, key) == value, key
+    if spec["data"]["kind"] == "synthetic":
+        for key in ("L", "M", "K", "x_mean", "y_mean", "noise_var"):
+            assert getattr(cfg.data, key) == spec["data"][key], key
