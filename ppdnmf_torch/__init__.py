@@ -7,7 +7,8 @@
 """
 from . import data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .api import FitResult, fit, fit_centralized
+from .api import FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .experiments import ExperimentResult, run_experiment
 from .exchange import CodecRangeError
 from .solver import ConvergenceWarning, NumericalError
 
@@ -16,7 +17,11 @@ __version__ = "0.1.0"
 __all__ = [
     "fit",
     "fit_centralized",
+    "fit_trials",
+    "run_experiment",
     "FitResult",
+    "TrialsResult",
+    "ExperimentResult",
     "data",
     "graph",
     "metrics",
