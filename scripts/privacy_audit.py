@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Privacy audit of PPDNMF's secure exchange: eavesdropper and honest-but-curious neighbours.
+
+    python scripts/privacy_audit.py [--out DIR] [--bcd-iters 10] [--scenarios paper_synthetic star ...]
+
+Runs :func:`ppdnmf_torch.audit.run_audit` and writes, under ``<out>`` (default
+``outputs/privacy_audit/<timestamp>/``):
+
+* ``report.json``: every measured number (per scenario, protocol, attacker/target pair and
+  agent; the flags);
+* ``report.md``: the same as tables.
+
+Default: the paper's synthetic setup (``make_trial(PAPER_EXPERIMENTS["paper_synthetic"],
+seed)``: N = 10, average degree 3) with 10 BCD x 30 ADMM iterations, the same data on a
+star graph (9 degree-1 leaves), the paper's graph with private random caps, the paper's
+setup with 3 ADMM iterations (penalties still moving), and a real Paillier run (128-bit
+keys, 2 BCD x 3 ADMM iterations, both protocols) whose transcript is scanned for
+plaintexts. About a minute on two CPU cores. Exit status 0 whatever the findings (the
+audit measures; it does not gate), 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def parse_args(argv=None):
+    from ppdnmf_torch.audit import SCENARIOS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default outputs/privacy_audit/<timestamp>/)")
+    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    p.add_argument("--protocols", nargs="+", choices=("paper", "aggregated"), default=["paper", "aggregated"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bcd-iters", type=int, default=10)
+    p.add_argument("--x-iters", type=int, default=30)
+    p.add_argument("--y-iters", type=int, default=30)
+    p.add_argument("--n-max", type=float, default=1e6)
+    p.add_argument("--g-bits", type=int, default=16)
+    p.add_argument("--key-bits", type=int, default=128, help="Paillier key size (and the codec's range)")
+    p.add_argument("--no-paillier", action="store_true", help="skip the real Paillier transcript scan")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain-exchange eavesdropper runs")
+    p.add_argument("--paillier-bcd-iters", type=int, default=2)
+    p.add_argument("--paillier-x-iters", type=int, default=3)
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    for name in ("bcd_iters", "x_iters", "y_iters", "paillier_bcd_iters", "paillier_x_iters"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.paillier_bcd_iters < 2 and not args.no_paillier:
+        p.error("--paillier-bcd-iters must be >= 2: every U equals its all-ones start in BCD iteration 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from ppdnmf_torch.audit import format_markdown, run_audit
+
+    out = args.out or REPO_ROOT / "outputs" / "privacy_audit" / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    report = run_audit(
+        tuple(args.scenarios), seed=args.seed, bcd_iters=args.bcd_iters, x_iters=args.x_iters,
+        y_iters=args.y_iters, n_max=args.n_max, g_bits=args.g_bits, key_bits=args.key_bits,
+        protocols=tuple(args.protocols), paillier=not args.no_paillier, plain=not args.no_plain,
+        paillier_bcd_iters=args.paillier_bcd_iters, paillier_x_iters=args.paillier_x_iters, progress=say,
+    )
+    report["meta"]["command"] = " ".join(["python", "scripts/privacy_audit.py", *(argv or sys.argv[1:])])
+    (out / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
+    (out / "report.md").write_text(format_markdown(report))
+    if not args.quiet:
+        print()
+        for sname, sc in report["scenarios"].items():
+            for proto, pa in sc["protocols"].items():
+                sm = pa["summary"]
+                print(f"{sname:16s} {proto:10s} exact recovery {sm['exact_recovery_pairs']:2d}/"
+                      f"{sm['pairs_informative']:2d} pairs, beats baseline {sm['beats_baseline_pairs']:2d}; "
+                      f"median rel. error baseline {sm['baseline_rel_err_median']:.3g}, "
+                      f"best attack {sm['best_rel_err_median']:.3g}")
+        for proto, ev in report["eavesdropper_paillier"].items():
+            sc = ev["scan"]
+            print(f"paillier/{proto}: {sc['n_hits']} plaintexts on the wire out of {sc['n_plaintexts']} checked, "
+                  f"{sc['unobfuscated']} unobfuscated, {sc['repeated_ciphertexts']} repeated ciphertexts")
+        print(f"\nwrote {out / 'report.json'} and {out / 'report.md'} ({report['meta']['seconds']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
