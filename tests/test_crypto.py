@@ -283,17 +283,33 @@ def test_range_errors_are_identical(protocol, paillier_keypairs):
 
 # ------------------------------------------------------------------------------ costs
 def expected_counts(protocol, D, A1, P):
+    """Per ADMM iteration; ``P`` is the number of ciphertexts per message (values, unpacked)."""
     if protocol == "paper":
         return {"encryptions": (A1 + D) * P, "decryptions": D * P,
                 "homomorphic_additions": D * P, "scalar_multiplications": D * P}
-    return {"encryptions": (A1 + D) * P + D, "decryptions": A1 * (P + 1),
+    return {"encryptions": (A1 + D) * P + D, "decryptions": A1 * P + A1,
             "homomorphic_additions": (2 * D - A1) * P + D - A1, "scalar_multiplications": 2 * D * P + D}
 
 
+# (paillier options, quantized options, ciphertexts per 4-value message at 128 bits)
+COUNT_CASES = {
+    "naive": (dict(fast=False), dict(packing=False), 4),
+    "fast-unpacked": (dict(packing=False), dict(packing=False), 4),
+    "fast-packed": (dict(packing=True), dict(packing=True), 2),  # 2 slots of 63 bits at 128 bits
+}
+
+
+@pytest.mark.parametrize("case", list(COUNT_CASES))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_counters_match_formulas_and_cost_model(protocol, paillier_keypairs):
+def test_counters_match_formulas_and_cost_model(protocol, case, paillier_keypairs):
     topo = topology([CYCLE4, PATH4])
-    q, p = pair(topo, protocol, paillier_keypairs, cost_model=FAKE_COSTS)
+    popts, qopts, n_ct = COUNT_CASES[case]
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=128)
+    q = QuantizedExchange(codec, protocol=protocol, cost_model=FAKE_COSTS, **qopts)
+    p = PaillierExchange(codec, protocol=protocol, keypairs=paillier_keypairs(128, topo.n_nodes),
+                         cost_model=FAKE_COSTS, **popts)
+    for ex in (q, p):
+        ex.bind(topo, dtype=torch.float64, device=CPU)
     P, n_iter = 4, 3
     drive([q, p], topo, lk=P, n_iter=n_iter, seed=2)
     p.exchange(torch.rand(8, P, dtype=torch.float64), torch.full((14,), 0.7, dtype=torch.float64),
@@ -302,7 +318,7 @@ def test_counters_match_formulas_and_cost_model(protocol, paillier_keypairs):
                bcd_iter=2, admm_iter=1)
     rq, rp = q.pop_iteration_costs(), p.pop_iteration_costs()
     assert len(rq) == len(rp) == n_iter + 1
-    want = expected_counts(protocol, 14, 8, P)
+    want = expected_counts(protocol, 14, 8, n_ct)
     for a, b in zip(rq, rp):
         for k in COUNT_KEYS + ("bcd_iter", "admm_iter"):
             assert a[k] == b[k], k

@@ -305,7 +305,7 @@ def test_make_exchange_options():
     with pytest.raises(ConfigError, match="keypairs"):
         make_exchange("quantized", keypairs=[])
     with pytest.raises(ConfigError, match="workers"):
-        make_exchange("paillier", key_bits=2048, workers=4)
+        make_exchange("quantized", key_bits=2048, workers=4)
     with pytest.raises(ConfigError, match="protocol"):
         QuantizedExchange(IntegerCodec(), protocol="nope")
     with pytest.raises(ConfigError, match="cost_model"):

@@ -35,11 +35,15 @@ EXCHANGE_KINDS = ("plain", "quantized", "paillier")
 PROTOCOLS = ("aggregated", "paper")
 
 
-#: options each kind accepts through ``make_exchange(**options)`` / ``fit(exchange_options=...)``
+#: options each kind accepts through ``make_exchange(**options)`` / ``fit(exchange_options=...)``;
+#: ``packing`` / ``slot_bits`` (quantized: counts of the packed protocol) and the fast host
+#: path's ``fast``, ``packing``, ``slot_bits``, ``precompute``, ``djn``, ``djn_exponent_bits``,
+#: ``workers`` (paillier) are documented on :class:`~.paillier.PaillierExchange`
 EXCHANGE_OPTIONS = {
     "plain": ("cost_model",),  # accepted and ignored: no integer protocol to cost
-    "quantized": ("cost_model",),
-    "paillier": ("cost_model", "keypairs", "record_transcript"),
+    "quantized": ("cost_model", "packing", "slot_bits"),
+    "paillier": ("cost_model", "keypairs", "record_transcript", "fast", "packing", "slot_bits", "precompute",
+                 "djn", "djn_exponent_bits", "workers"),
 }
 
 

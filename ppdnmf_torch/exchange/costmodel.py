@@ -46,6 +46,23 @@ exponent instead of the ``k``-bit exponent of an encryption).
 Public keys travel with the first message of every iteration, as the paper prints it
 (a real deployment would send them once); they are counted in ``ciphertext_bytes``.
 Key generation (one key pair per node) happens once, in ``bind``.
+
+Packing
+-------
+With slot packing (:mod:`~ppdnmf_torch.exchange.packing`, ``packing=True``: ``S`` values
+per plaintext, 2 at 128 bits, 8 at 512, 16 at 1024, 32 at 2048) a message of ``P`` values
+is ``ceil(P / S)`` ciphertexts, and every count and byte of the exchange phase above holds
+with ``P`` replaced by ``ceil(P / S)`` (``slots=S`` in :func:`round_counts` and
+:func:`round_edge_bytes`). The penalty mini-round carries one value per message and is
+never packed. ``exchange="quantized"`` predicts the packed counts with ``packing=True``
+(its default is the unpacked protocol, whose counts the formulas above give; the real
+stage packs by default). Precomputed, CRT or DJN obfuscators and the worker pool change
+what an operation costs, not how many there are: each fresh obfuscator applied is one
+encryption, each ciphertext product one homomorphic addition, each ``powmod`` by a penalty
+one scalar multiplication.
+
+The timing model (:func:`calibrate`, :func:`estimate_seconds`) prices every operation at
+the naive serial cost (``r^n mod n^2`` per encryption), an upper bound for the fast paths.
 """
 from __future__ import annotations
 
@@ -62,6 +79,7 @@ __all__ = [
     "estimate_seconds",
     "round_counts",
     "round_edge_bytes",
+    "ciphertexts_per_message",
     "ciphertext_nbytes",
     "public_key_nbytes",
 ]
@@ -85,7 +103,12 @@ def public_key_nbytes(key_bits: int) -> int:
     return (int(key_bits) + 7) // 8
 
 
-def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk: int = 0) -> dict:
+def ciphertexts_per_message(lk: int, slots: int = 1) -> int:
+    """Ciphertexts that carry ``lk`` values with ``slots`` values per plaintext: ``ceil(lk / slots)``."""
+    return -(-int(lk) // max(1, int(slots)))
+
+
+def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk: int = 0, slots: int = 1) -> dict:
     """Operation counts of one round (see the module docstring).
 
     Parameters
@@ -99,8 +122,12 @@ def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk:
         ``A'``, nodes with at least one neighbour.
     lk : int
         ``P``, entries per message (exchange phase).
+    slots : int
+        Values per plaintext (packing, :mod:`~ppdnmf_torch.exchange.packing`): a message of
+        ``P`` values is ``ceil(P / slots)`` ciphertexts, and every count of the exchange
+        phase scales with that instead of ``P``. The penalty phase is never packed.
     """
-    D, A1, P = int(n_edges), int(n_senders), int(lk)
+    D, A1, P = int(n_edges), int(n_senders), ciphertexts_per_message(lk, slots)
     zero = {"encryptions": 0, "decryptions": 0, "homomorphic_additions": 0, "scalar_multiplications": 0}
     if D == 0:
         return zero
@@ -115,13 +142,14 @@ def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk:
             "scalar_multiplications": 2 * D * P}
 
 
-def round_edge_bytes(protocol: str, phase: str, src, dst, *, key_bits: int, lk: int = 0) -> list:
+def round_edge_bytes(protocol: str, phase: str, src, dst, *, key_bits: int, lk: int = 0, slots: int = 1) -> list:
     """Bytes sent over each directed edge in one round, as ``[(sender, receiver, bytes), ...]``.
 
     ``src, dst`` are Python sequences of the directed edges ``i -> j`` (``i`` the agent that
     asks, ``j`` the neighbour that answers); both directions of every message are listed.
+    A message of ``lk`` values is ``ceil(lk / slots)`` ciphertexts.
     """
-    C, B, P = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits), int(lk)
+    C, B, P = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits), ciphertexts_per_message(lk, slots)
     out = []
     if phase == "penalty":
         if protocol == "paper":

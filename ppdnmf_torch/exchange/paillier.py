@@ -48,11 +48,42 @@ stage actually performed (the tests check that the two agree).
 Per call, the quantized integers cross from the device to the host once (one ``.cpu()``
 of one int64 tensor) and the integer result goes back once (timed as ``time_transfer``).
 
-Raw arithmetic: the ciphertext arithmetic goes through :class:`RawPaillier`
-(``raw_encrypt``, ``raw_decrypt``, products mod ``n^2`` for homomorphic additions,
-``gmpy2.powmod`` for scalar multiplications by the nonnegative integer penalties),
-a small layer that a faster backend (packing, process pools, precomputed obfuscators)
-can replace.
+Two host paths, the same numbers
+--------------------------------
+``fast=False``, the naive path: one phe ``raw_encrypt`` (``r^n mod n^2``) per value, phe's
+``raw_decrypt`` per value, serial. The ciphertext arithmetic goes through
+:class:`RawPaillier` (products mod ``n^2`` for homomorphic additions, ``gmpy2.powmod`` for
+scalar multiplications by the nonnegative integer penalties).
+
+``fast=True`` (default): the same protocol on raw ``gmpy2.mpz`` ciphertexts, with
+
+* ``packing`` (default on, :mod:`.packing`): ``S`` values per plaintext (32 at 2048 bits),
+  slot width derived from the codec's range, offsets added at decoding, unpacked exactly;
+  a message of ``P`` values is ``ceil(P / S)`` ciphertexts, and every operation count drops
+  by that factor;
+* ``precompute`` (default on, :mod:`.obfuscation`, :mod:`.pool`): public-key obfuscators
+  made ahead of use by the worker pool (a stock per public key, refilled in the
+  background), and the key owner's own obfuscators made with its CRT factors inside its
+  agent (same distribution as ``r^n mod n^2``);
+* ``djn`` (default off): Damgard-Jurik-Nielsen short-exponent obfuscators with a
+  fixed-base table, under DJN's short-exponent assumption (:mod:`.obfuscation`);
+* ``workers`` (default ``os.cpu_count()`` from 1024-bit keys up): worker processes that
+  make public-key obfuscators; they receive public moduli only. Decryption, the owner's
+  CRT obfuscators, the homomorphic operations, packing and unpacking run in the agent's
+  (the caller's) process.
+
+On the fast path neighbour ``j``'s reply is ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji} rho_j``:
+``j``'s fresh obfuscator ``rho_j`` multiplies the result *after* the exponentiation (one
+encryption, one addition, one scalar multiplication per ciphertext, as on the naive
+path). On the naive path (lines 13-14 as printed) the reply's randomness is
+``(r_j r_i)^{n gamma_ji}``, which lies in the subgroup of ``gamma_ji``-th powers; agent ``i``,
+who knows the factorization, can test that membership and learn, for instance, the
+parity of ``gamma_ji``. The fast path's reply randomness is uniform and independent of
+``gamma_ji``. Both paths decrypt to the same integers.
+
+Both paths count the operations they perform (each fresh obfuscator applied is one
+encryption; with packing, counts are per ciphertext) and ``exchange="quantized"`` with
+``cost_model=True`` predicts the same counts for the same ``packing`` / ``slot_bits``.
 """
 from __future__ import annotations
 
@@ -68,6 +99,9 @@ from .._utils import ConfigError
 from .base import Exchange, ExchangeOutput
 from .codec import CodecRangeError, IntegerCodec
 from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calibrate, estimate_seconds
+from .obfuscation import PrivateCRT, default_djn_exponent_bits, djn_obfuscators
+from .packing import SlotDecodeError, SlotLayout, check_slot_sums, derive_layout, first_reply_overflow
+from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
 from .quantized import encode_inputs, integer_penalty_sums
 
 __all__ = [
@@ -136,7 +170,9 @@ class EncryptedVector:
 class RawPaillier:
     """Vector operations on raw Paillier ciphertexts (``gmpy2.mpz``), counted and timed.
 
-    The one layer a faster backend replaces. ``ledger`` (a
+    The naive path's layer (phe's ``raw_encrypt`` / ``raw_decrypt`` per value); the fast
+    path (``fast=True``) works on ``mpz`` vectors directly, with obfuscators from
+    :mod:`.obfuscation` and :mod:`.pool`. ``ledger`` (a
     :class:`~ppdnmf_torch.exchange.costmodel.CostLedger` or None) receives the counts
     and the times.
     """
@@ -186,22 +222,43 @@ class RawPaillier:
         return out
 
 
+def _decrypt_range_error(agent, bcd_iter, admm_iter, value, limit) -> CodecRangeError:
+    """The error an agent raises when a decrypted value does not fit the codec's range."""
+    return CodecRangeError(
+        f"codec range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
+        f"ADMM iteration {admm_iter}: decrypted value magnitude {value} does not fit the "
+        f"codec limit {limit} (2^{limit.bit_length() - 1}); the plaintext wrapped "
+        "modulo n or was not encrypted under this agent's key",
+        trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
+        value=value, limit=limit,
+    )
+
+
 class _Agent:
     """One party of the protocol: node ``node`` (agent ``agent`` of trial ``trial``).
 
-    Holds its private key; the only way to use it is :meth:`decrypt`, and only for
-    messages under the agent's own public key. Everything else is public.
+    Holds its private key; the only ways to use it are :meth:`decrypt` /
+    :meth:`decrypt_packed` (only for messages under the agent's own public key) and
+    :meth:`own_obfuscators` (the owner's CRT obfuscators for its own encryptions, which
+    never leave the agent). Everything else is public.
     """
 
-    __slots__ = ("node", "trial", "agent", "public_key", "_codec", "_raw", "__private_key")
+    __slots__ = ("node", "trial", "agent", "public_key", "n", "nsquare", "_codec", "_raw", "_own_mode",
+                 "_djn_bits", "__private_key", "__crt")
 
     def __init__(self, node: int, n_agents: int, public_key, private_key, codec: IntegerCodec, raw: RawPaillier):
         self.node = int(node)
         self.trial, self.agent = divmod(self.node, max(1, int(n_agents)))
         self.public_key = public_key
+        #: ``n`` and ``n^2`` as ``mpz`` (public)
+        self.n = gmpy2.mpz(public_key.n)
+        self.nsquare = self.n * self.n
         self._codec = codec
         self._raw = raw
+        self._own_mode = None
+        self._djn_bits = None
         self.__private_key = private_key
+        self.__crt = None
 
     @property
     def key_bits(self) -> int:
@@ -224,24 +281,75 @@ class _Agent:
             If a decrypted value lies outside the codec's range (it wrapped modulo ``n``, or
             the ciphertext was not made under this key).
         """
-        if message.public_key != self.public_key:
-            raise KeyMismatchError(
-                f"agent {self.agent} (trial {self.trial}) cannot decrypt a message encrypted under "
-                "another agent's public key"
-            )
+        self._check_key(message)
         residues = self._raw.decrypt(self.__private_key, message.ciphertexts)
         n = self.public_key.n
         codec = self._codec
         try:
             return [codec.from_residue(r, n) for r in residues]
         except CodecRangeError as exc:
+            raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, exc.limit) from None
+
+    # -- the fast path -----------------------------------------------------------------
+    def _check_key(self, message: EncryptedVector) -> None:
+        if message.public_key != self.public_key:
+            raise KeyMismatchError(
+                f"agent {self.agent} (trial {self.trial}) cannot decrypt a message encrypted under "
+                "another agent's public key"
+            )
+
+    def _enable_fast(self, *, own_mode, djn_bits=None) -> None:
+        """Fast path: ``mpz`` CRT decryption; the owner's obfuscators from ``own_mode``.
+
+        ``own_mode``: ``"djn"`` (fixed-base DJN table of the public key), ``"crt"`` (CRT with
+        the agent's own factors) or None (the caller supplies public-key obfuscators).
+        """
+        self.__crt = PrivateCRT(self.__private_key)
+        self._own_mode = own_mode
+        self._djn_bits = djn_bits
+
+    def own_obfuscators(self, count: int):
+        """Obfuscators for the agent's own encryptions, or None when the caller must supply them."""
+        mode = self._own_mode
+        if mode == "crt":
+            return self.__crt.obfuscators(count)
+        if mode == "djn":
+            return djn_obfuscators(self.n, count, self._djn_bits)
+        return None
+
+    def decrypt_residues(self, message: EncryptedVector) -> list:
+        """Residues ``0 <= m < n`` of a message under this agent's key (``mpz`` CRT decryption)."""
+        self._check_key(message)
+        crt = self.__crt
+        if crt is None:
+            return [self.__private_key.raw_decrypt(int(c)) for c in message.ciphertexts]
+        return crt.decrypt(message.ciphertexts)
+
+    def decrypt_packed(self, message: EncryptedVector, layout: SlotLayout, count: int, *, bcd_iter: int = 0,
+                       admm_iter: int = 0) -> list:
+        """The ``count`` signed slot values of a packed message under this agent's key.
+
+        Raises
+        ------
+        KeyMismatchError
+            If the message is under another public key.
+        CodecRangeError
+            If a plaintext does not decode (a slot outgrew its range, the plaintext wrapped
+            modulo ``n``, or the ciphertext was not made under this key).
+        """
+        residues = self.decrypt_residues(message)
+        try:
+            return layout.unpack(residues, self.n, count)
+        except SlotDecodeError as exc:
+            if layout.slots == 1:
+                raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, layout.limit) from None
             raise CodecRangeError(
                 f"codec range: agent {self.agent} (trial {self.trial}) at BCD iteration {bcd_iter}, "
-                f"ADMM iteration {admm_iter}: decrypted value magnitude {exc.value} does not fit the "
-                f"codec limit {exc.limit} (2^{exc.limit.bit_length() - 1}); the plaintext wrapped "
-                "modulo n or was not encrypted under this agent's key",
+                f"ADMM iteration {admm_iter}: {exc}; a slot outgrew its limit {layout.limit} "
+                f"(2^{layout.limit.bit_length() - 1}), the plaintext wrapped modulo n, or it was not "
+                "encrypted under this agent's key",
                 trial=self.trial, agent=self.agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
-                value=exc.value, limit=exc.limit,
+                value=exc.value, limit=layout.limit,
             ) from None
 
     def __repr__(self) -> str:
@@ -290,13 +398,56 @@ class PaillierExchange(Exchange):
     record_transcript : bool
         Keep every message sent, as an eavesdropper on every link would see it
         (:class:`WireMessage`; for the privacy audit and tests).
+    fast : bool
+        ``True`` (default): the fast host path below (raw ``mpz`` arithmetic plus the
+        switches that follow). ``False``: the naive per-value path (one phe ``raw_encrypt``
+        per value, serial), kept for comparison; the switches below are then ignored.
+    packing : bool
+        Several values per plaintext (:mod:`.packing`; default True). Encryptions,
+        decryptions, homomorphic operations and bytes of a message drop from ``P`` to
+        ``ceil(P / S)`` with ``S`` slots per plaintext (32 at 2048 bits).
+    slot_bits : int, optional
+        Narrower slots than the codec's range needs (more per plaintext); values must then
+        fit ``2^(slot_bits - 1)`` and a value that does not raises ``CodecRangeError`` before
+        anything is encrypted. Default: derived from the codec's limit.
+    precompute : bool
+        Obfuscators ahead of use (default True): with a worker pool, a stock per public key
+        refilled in the background; and the key owner makes the obfuscators of its own
+        encryptions with its CRT factors ``p, q`` (same distribution, ~3.4x cheaper at 2048
+        bits), inside its agent.
+    djn : bool
+        Damgard-Jurik-Nielsen short-exponent obfuscators ``h_s^x`` with a fixed-base table
+        (default False). Faster (~50x per obfuscator at 2048 bits) under an extra
+        assumption: DCR stays hard with short random exponents in the subgroup generated
+        by ``h_s`` (DJN 2010); see :mod:`.obfuscation`.
+    djn_exponent_bits : int, optional
+        Bits of the DJN exponent ``x`` (default ``2 x`` the modulus' security level:
+        224 at 2048 bits; IPCL and HEU use ``key_bits / 2``).
+    workers : int, optional
+        Worker processes for the public-key work (obfuscators for every key). Default
+        ``os.cpu_count()`` for keys of at least 1024 bits and in-process below, where a task
+        costs less than shipping it; ``0`` or ``1``: in-process. Workers only ever receive
+        public moduli ``n`` (:mod:`.pool`); decryption and the owner's CRT obfuscators stay
+        in the agent's process.
+    pool_audit : callable, optional
+        Called with the pickled arguments of every task sent to a worker (tests).
     """
 
     name = "paillier"
 
     def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", keypairs=None, cost_model=False,
-                 record_transcript: bool = False):
+                 record_transcript: bool = False, fast: bool = True, packing: bool = True, slot_bits=None,
+                 precompute: bool = True, djn: bool = False, djn_exponent_bits=None, workers=None,
+                 pool_audit=None):
         super().__init__()
+        for name, val in (("fast", fast), ("packing", packing), ("precompute", precompute), ("djn", djn)):
+            if not isinstance(val, bool):
+                raise ConfigError(f"{name}: expected True or False, got {val!r}")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+            raise ConfigError(f"workers: expected None or an integer >= 0, got {workers!r}")
+        if djn_exponent_bits is not None and (isinstance(djn_exponent_bits, bool)
+                                              or not isinstance(djn_exponent_bits, int) or djn_exponent_bits < 16):
+            raise ConfigError(f"djn_exponent_bits: expected None or an integer >= 16, got {djn_exponent_bits!r}")
         if protocol not in _PROTOCOLS:
             raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {_PROTOCOLS}")
         kb = codec.key_bits
@@ -312,6 +463,18 @@ class PaillierExchange(Exchange):
             )
         self.codec = codec
         self.protocol = protocol
+        self.fast = fast
+        self.packing = packing and fast
+        self.precompute = precompute
+        self.djn = djn
+        self.djn_exponent_bits = (djn_exponent_bits or default_djn_exponent_bits(kb)) if djn else None
+        #: the slot layout of the fast path (one slot per plaintext without packing)
+        self.layout = derive_layout(codec, packing=self.packing, slot_bits=slot_bits) if fast else None
+        self._layout1 = derive_layout(codec, packing=False)
+        self.workers = resolve_workers(workers, kb) if fast else 0
+        self._pool_audit = pool_audit
+        self._pool = None
+        self._supply = None
         self._cost_model = cost_model
         self._pending_keys = list(keypairs) if keypairs is not None else None
         self._agents: tuple = ()
@@ -359,9 +522,68 @@ class PaillierExchange(Exchange):
             self._ledger.add("time_keygen", time.perf_counter() - t0)
         del pending
         self._agents = tuple(agents)
+        if self.fast:
+            self._setup_fast()
+
+    def _setup_fast(self) -> None:
+        """Owner obfuscators per agent, and the supply of public-key obfuscators (pool, stock)."""
+        self._stop_pool()
+        own = "djn" if self.djn else ("crt" if self.precompute else None)
+        for ag in self._agents:
+            ag._enable_fast(own_mode=own, djn_bits=self.djn_exponent_bits)
+        deg = [0] * self.topology.n_nodes
+        for i in self._src:
+            deg[i] += 1
+        self._deg = deg
+        moduli = {i: self._agents[i].n for i in self._senders}
+        pool = None
+        if self.workers and moduli:
+            try:
+                pool = WorkerPool(self.workers, audit=self._pool_audit)
+            except Exception as exc:  # pragma: no cover - a host without working subprocesses
+                warnings.warn(f"PaillierExchange: the worker pool did not start ({exc!r}); working in-process",
+                              RuntimeWarning, stacklevel=3)
+                self.workers = 0
+        self._pool = pool
+        self._supply = ObfuscatorSupply(moduli, djn_bits=self.djn_exponent_bits, pool=pool,
+                                        stock={} if self.precompute else None)
+        self._stock_lk = None
+        self._plan_stock(0)
+
+    def _plan_stock(self, lk: int) -> None:
+        """Stock mode: keep two ADMM iterations' public obfuscators ready per key, for ``P = lk``.
+
+        Per iteration, key ``i`` needs ``d_i ceil(P / S)`` for its neighbours' replies and, in
+        the aggregated protocol, ``d_i`` for the penalty mini-round. Before the first exchange
+        (``lk = 0``) only the mini-round's are planned.
+        """
+        sup = self._supply
+        if sup is None or self._stock_lk == lk:
+            return
+        self._stock_lk = lk
+        C = self.layout.n_ciphertexts(lk)
+        pen = self.protocol == "aggregated"
+        per_iter = {i: self._deg[i] * C + (self._deg[i] if pen else 0) for i in sup.moduli}
+        total = sum(per_iter.values())
+        # a few tasks per worker and iteration: ~1 for cheap DJN obfuscators, ~4 otherwise
+        tasks = max(1, self.workers) * (1 if self.djn else 4)
+        sup.chunk = max(1, -(-total // tasks))
+        if sup.targets is not None:
+            sup.targets = {i: 2 * c for i, c in per_iter.items()}
+            sup.refill()
+
+    def _stop_pool(self) -> None:
+        if self._supply is not None:
+            self._supply.close()
+            self._supply = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def close(self) -> None:
-        """Drop every agent and with it every private key; the exchange cannot be used again."""
+        """Drop every agent and with it every private key; stop the worker pool. The exchange
+        cannot be used again."""
+        self._stop_pool()
         self._agents = ()
         self._pending_keys = None
         self._rho_cache = None
@@ -414,6 +636,11 @@ class PaillierExchange(Exchange):
         return self.codec.decode_rho(rho_int)
 
     def _penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
+        if self.fast:
+            return self._fast_penalty_round(gamma, bcd_iter, admm_iter)
+        return self._naive_penalty_round(gamma, bcd_iter, admm_iter)
+
+    def _naive_penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
         """Aggregated mini-round: every ``i`` obtains ``rho_int_i = sum_j gamma_ij gamma_ji``."""
         agents, raw = self._agents, self._raw
         acc = {}
@@ -442,11 +669,15 @@ class PaillierExchange(Exchange):
         A = topo.n_nodes
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         P = int(q.shape[1])
+        if self.fast:
+            self._check_slots(q, gamma, w, bcd_iter, admm_iter)  # before anything is encrypted
+            self._plan_stock(P)
         host = self._to_host(torch.cat([q.reshape(-1), gamma]))  # the one device -> host transfer
         qh = [host[a * P:(a + 1) * P] for a in range(A)]
         gh = host[A * P:]
         if self.protocol == "paper":
-            S_int = self._paper_round(qh, gh, P, bcd_iter, admm_iter)
+            rnd = self._fast_paper_round if self.fast else self._paper_round
+            S_int = rnd(qh, gh, P, bcd_iter, admm_iter)
             rho_int = integer_penalty_sums(w, topo.src, A)  # handed by the simulation
         else:
             cache = self._rho_cache
@@ -454,7 +685,8 @@ class PaillierExchange(Exchange):
                 rho_int = cache[1]
             else:
                 rho_int = self._penalty_round(gh, bcd_iter, admm_iter)
-            S_int = self._aggregated_round(qh, gh, P, bcd_iter, admm_iter)
+            rnd = self._fast_aggregated_round if self.fast else self._aggregated_round
+            S_int = rnd(qh, gh, P, bcd_iter, admm_iter)
         S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype)
         return ExchangeOutput(S, rho)
 
@@ -514,6 +746,206 @@ class PaillierExchange(Exchange):
                                                         bcd_iter=bcd_iter, admm_iter=admm_iter)
         return self._to_device(flat, (A, P))
 
+    # -- step 5, fast path --------------------------------------------------------------
+    def _check_slots(self, q, gamma, w, bcd_iter, admm_iter) -> None:
+        """Range checks of the fast path that the codec's own checks do not already cover.
+
+        Aggregated: every decrypted slot is ``S_int`` with ``|S_int| <= B_i``; the codec
+        checked ``B_i < limit``, so only slots narrower than the codec's range need a check.
+        Paper: every reply is decrypted on its own; its slots ``gamma_ji (q_j - q_i)`` must fit
+        (the naive path finds out at decryption, with the same error; packed slots cannot
+        wait for that, since an overflowing slot would corrupt its neighbour).
+        """
+        topo, lay, codec = self.topology, self.layout, self.codec
+        lim = min(lay.limit, codec.limit)
+        if self.protocol == "aggregated":
+            if lim < codec.limit:
+                check_slot_sums(lay, q, w, topo.src, topo.dst, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
+                                bcd_iter=bcd_iter, admm_iter=admm_iter)
+            return
+        hit = first_reply_overflow(q, gamma, topo.src, topo.dst, topo.rev, lim)
+        if hit is None:
+            return
+        e, value = hit
+        agent = self._agents[self._src[e]]
+        if value >= codec.limit:
+            raise _decrypt_range_error(agent, bcd_iter, admm_iter, value, codec.limit)
+        raise CodecRangeError(
+            f"packing range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
+            f"ADMM iteration {admm_iter}: the reply of agent {self._dst[e] % max(1, topo.n_agents)} holds "
+            f"gamma_ji |q_j - q_i| = {value}, which does not fit the slot limit {lim} "
+            f"(2^{lim.bit_length() - 1}) of {lay.slot_bits}-bit slots; raise slot_bits (or leave it unset), "
+            "or lower n_max",
+            trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=value, limit=lim,
+        )
+
+    def _fast_penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
+        """The aggregated mini-round on the fast path (one value per message: never packed)."""
+        agents, led = self._agents, self._ledger
+        t0 = time.perf_counter()
+        obf = self._supply.take({i: self._deg[i] for i in self._senders})
+        self._supply.refill()
+        led.add("time_encrypt", time.perf_counter() - t0)
+        acc = {}
+        for e, (i, j) in enumerate(zip(self._src, self._dst)):
+            ag = agents[i]
+            n, nsq = ag.n, ag.nsquare
+            self._send(i, j, _pk_nbytes(ag.public_key), "public_key", (ag.public_key.n,))  # i -> j: kp_i
+            t0 = time.perf_counter()
+            reply = (1 + n * (gamma[self._rev[e]] % n)) * obf[i].pop() % nsq  # j: E_i(gamma_ji)
+            t1 = time.perf_counter()
+            led.add("encryptions", 1)
+            led.add("time_encrypt", t1 - t0)
+            self._send(j, i, _ct_nbytes(ag.public_key), "enc_penalty", (reply,))
+            term = gmpy2.powmod(reply, self._exponent(gamma[e]), nsq)  # i: E_i(gamma_ij gamma_ji)
+            led.add("scalar_multiplications", 1)
+            if i in acc:
+                acc[i] = acc[i] * term % nsq
+                led.add("homomorphic_additions", 1)
+            else:
+                acc[i] = term
+            led.add("time_homomorphic", time.perf_counter() - t1)
+        rho = [0] * self.topology.n_nodes
+        lay1 = self._layout1
+        for i, c in acc.items():
+            ag = agents[i]
+            t0 = time.perf_counter()
+            rho[i] = ag.decrypt_packed(EncryptedVector(ag.public_key, [c]), lay1, 1,
+                                       bcd_iter=bcd_iter, admm_iter=admm_iter)[0]
+            led.add("decryptions", 1)
+            led.add("time_decrypt", time.perf_counter() - t0)
+        rho_int = self._to_device(rho, (self.topology.n_nodes,))
+        self._rho_cache = (list(gamma), rho_int)
+        return rho_int
+
+    @staticmethod
+    def _exponent(k: int):
+        if k < 0:
+            raise ValueError("scalar multiplication needs a nonnegative integer exponent")
+        return gmpy2.mpz(k)
+
+    def _fast_requests(self, qh: list, C: int):
+        """Lines 10-11, packed: every agent with neighbours encrypts ``-q_i`` under its own key.
+
+        Also fetches the public-key obfuscators of this round's replies (``d_i C`` per key
+        ``i``), and returns them with the requests.
+        """
+        agents, led, lay = self._agents, self._ledger, self.layout
+        t0 = time.perf_counter()
+        own = {i: agents[i].own_obfuscators(C) for i in self._senders}
+        demand = {i: self._deg[i] * C + (C if own[i] is None else 0) for i in self._senders}
+        obf = self._supply.take(demand)
+        self._supply.refill()
+        requests = {}
+        for i in self._senders:
+            ag = agents[i]
+            n, nsq = ag.n, ag.nsquare
+            mine = own[i]
+            if mine is None:
+                mine, obf[i] = obf[i][:C], obf[i][C:]
+            cts = [(1 + n * m) * r % nsq for m, r in zip(lay.pack([-v for v in qh[i]], n), mine)]
+            requests[i] = EncryptedVector(ag.public_key, cts)
+        led.add("encryptions", C * len(self._senders))
+        led.add("time_encrypt", time.perf_counter() - t0)
+        return requests, obf
+
+    def _fast_reply(self, request: EncryptedVector, packed_qj: list, gamma_ji: int, obfuscators: list) -> list:
+        """Lines 13-14 at neighbour ``j``, packed: ``E_i(gamma_ji (q_j - q_i))``, freshly obfuscated.
+
+        ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji}`` (a plaintext addition and a scalar
+        multiplication) times a fresh obfuscator of ``j``'s: one encryption, one addition
+        and one scalar multiplication per ciphertext, as on the naive path. The fresh
+        obfuscator comes *after* the exponentiation, so the reply's randomness is
+        independent of ``gamma_ji`` (on the naive path it is ``(r_j r_i)^{n gamma_ji}``, whose
+        subgroup membership, which ``i`` can test with its factors, depends on ``gamma_ji``).
+        """
+        led = self._ledger
+        t0 = time.perf_counter()
+        n = gmpy2.mpz(request.public_key.n)
+        nsq = n * n
+        k = self._exponent(gamma_ji)
+        out = [gmpy2.powmod((1 + n * (m % n)) * c % nsq, k, nsq) * r % nsq
+               for m, c, r in zip(packed_qj, request.ciphertexts, obfuscators)]
+        c = len(out)
+        led.add("encryptions", c)
+        led.add("homomorphic_additions", c)
+        led.add("scalar_multiplications", c)
+        led.add("time_homomorphic", time.perf_counter() - t0)
+        return out
+
+    def _fast_paper_round(self, qh, gh, P, bcd_iter, admm_iter) -> torch.Tensor:
+        agents, lay, led = self._agents, self.layout, self._ledger
+        A = self.topology.n_nodes
+        D = len(self._src)
+        if D == 0:
+            return self._to_device([0] * (A * P), (A, P))
+        C = lay.n_ciphertexts(P)
+        requests, obf = self._fast_requests(qh, C)
+        packed = {j: lay.pack_signed(qh[j]) for j in set(self._dst)}
+        used = dict.fromkeys(obf, 0)
+        decrypted = []
+        for e, (i, j) in enumerate(zip(self._src, self._dst)):
+            req = requests[i]
+            self._send(i, j, req.nbytes + _pk_nbytes(req.public_key), "enc_neg_u_and_key",
+                       list(req.ciphertexts) + [req.public_key.n])  # E_i(-q_i) and kp_i
+            u = used[i]
+            reply = EncryptedVector(req.public_key, self._fast_reply(req, packed[j], gh[self._rev[e]],
+                                                                     obf[i][u:u + C]))
+            used[i] = u + C
+            self._send(j, i, reply.nbytes, "enc_reply", reply.ciphertexts)
+            # lines 15-16: i decrypts each neighbour's reply on its own
+            t0 = time.perf_counter()
+            decrypted.append(agents[i].decrypt_packed(reply, lay, P, bcd_iter=bcd_iter, admm_iter=admm_iter))
+            led.add("decryptions", C)
+            led.add("time_decrypt", time.perf_counter() - t0)
+        d = torch.tensor(decrypted, dtype=torch.int64).reshape(D, P)
+        gamma_ij = torch.tensor(gh, dtype=torch.int64)
+        src = torch.tensor(self._src, dtype=torch.int64)
+        S_int = torch.zeros((A, P), dtype=torch.int64).index_add_(0, src, gamma_ij[:, None] * d)
+        t0 = time.perf_counter()
+        out = S_int.to(self.device)
+        led.add("time_transfer", time.perf_counter() - t0)
+        return out
+
+    def _fast_aggregated_round(self, qh, gh, P, bcd_iter, admm_iter) -> torch.Tensor:
+        agents, lay, led = self._agents, self.layout, self._ledger
+        A = self.topology.n_nodes
+        C = lay.n_ciphertexts(P)
+        flat = [0] * (A * P)
+        if not self._src:
+            return self._to_device(flat, (A, P))
+        requests, obf = self._fast_requests(qh, C)
+        packed = {j: lay.pack_signed(qh[j]) for j in set(self._dst)}
+        used = dict.fromkeys(obf, 0)
+        acc = {}
+        for e, (i, j) in enumerate(zip(self._src, self._dst)):
+            req = requests[i]
+            self._send(i, j, req.nbytes, "enc_neg_u", req.ciphertexts)  # E_i(-q_i); kp_i went with step 1
+            u = used[i]
+            reply = self._fast_reply(req, packed[j], gh[self._rev[e]], obf[i][u:u + C])
+            used[i] = u + C
+            self._send(j, i, len(reply) * _ct_nbytes(req.public_key), "enc_reply", reply)
+            # i raises the reply to its own gamma_ij and multiplies (homomorphic sum)
+            t0 = time.perf_counter()
+            nsq = agents[i].nsquare
+            k = self._exponent(gh[e])
+            term = [gmpy2.powmod(c, k, nsq) for c in reply]
+            led.add("scalar_multiplications", C)
+            if i in acc:
+                acc[i] = [a * b % nsq for a, b in zip(acc[i], term)]
+                led.add("homomorphic_additions", C)
+            else:
+                acc[i] = term
+            led.add("time_homomorphic", time.perf_counter() - t0)
+        for i, cts in acc.items():
+            ag = agents[i]
+            t0 = time.perf_counter()
+            flat[i * P:(i + 1) * P] = ag.decrypt_packed(EncryptedVector(ag.public_key, cts), lay, P,
+                                                        bcd_iter=bcd_iter, admm_iter=admm_iter)
+            led.add("decryptions", C)
+            led.add("time_decrypt", time.perf_counter() - t0)
+        return self._to_device(flat, (A, P))
+
     # -- costs -------------------------------------------------------------------------
     def _estimates(self):
         cm = self._cost_model
@@ -550,8 +982,14 @@ class PaillierExchange(Exchange):
 
     # -- no key material out ----------------------------------------------------------
     def __repr__(self) -> str:
+        if self.fast:
+            lay = self.layout
+            path = (f", fast: {lay.slots} slot{'s' if lay.slots != 1 else ''} x {lay.slot_bits} bits"
+                    f"{', precompute' if self.precompute else ''}{', djn' if self.djn else ''}, workers={self.workers}")
+        else:
+            path = ", naive"
         return (f"PaillierExchange(protocol={self.protocol!r}, key_bits={self.codec.key_bits}, "
-                f"n_max={self.codec.n_max:g}, g_bits={self.codec.g_bits}, agents={len(self._agents)}"
+                f"n_max={self.codec.n_max:g}, g_bits={self.codec.g_bits}, agents={len(self._agents)}{path}"
                 f"{', closed' if self._closed else ''})")
 
     def __reduce_ex__(self, protocol):

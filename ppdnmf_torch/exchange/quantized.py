@@ -22,6 +22,7 @@ from .costmodel import (
     round_counts,
     round_edge_bytes,
 )
+from .packing import derive_layout
 
 __all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "integer_penalty_sums"]
 
@@ -87,16 +88,29 @@ class QuantizedExchange(Exchange):
         operations the real stage would perform and estimate their host time at
         ``codec.key_bits`` (calibrated lazily on first use). A :class:`PaillierOpCosts`
         uses those per-operation costs instead of measuring.
+    packing : bool
+        Count the operations of the packed protocol (``S`` values per plaintext,
+        :mod:`~ppdnmf_torch.exchange.packing`), as ``exchange="paillier"`` with
+        ``packing=True`` (its default) performs them. Default False: the unpacked
+        protocol (the paper's counts; ``exchange="paillier"`` with ``fast=False`` or
+        ``packing=False``). Changes the counts only, never the numbers.
+    slot_bits : int, optional
+        As for ``exchange="paillier"``: narrower slots (counts only; with ``packing``).
     """
 
     name = "quantized"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False):
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False, packing: bool = False,
+                 slot_bits=None):
         super().__init__()
         if protocol not in _PROTOCOLS:
             raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {_PROTOCOLS}")
         if not isinstance(cost_model, (bool, PaillierOpCosts)):
             raise ConfigError(f"cost_model: expected True, False or PaillierOpCosts, got {cost_model!r}")
+        if not isinstance(packing, bool):
+            raise ConfigError(f"packing: expected True or False, got {packing!r}")
+        #: values per plaintext whose counts the cost model predicts (1: unpacked)
+        self.slots = derive_layout(codec, packing=packing, slot_bits=slot_bits).slots
         self.codec = codec
         self.protocol = protocol
         self.cost_model = cost_model is not False
@@ -153,11 +167,11 @@ class QuantizedExchange(Exchange):
     def _count_round(self, phase: str, lk: int) -> None:
         led = self._ledger
         led.add_counts(round_counts(self.protocol, phase, n_edges=len(self._src),
-                                    n_senders=self._n_senders, lk=lk))
+                                    n_senders=self._n_senders, lk=lk, slots=self.slots))
         key = (phase, lk)
         if key not in self._round_bytes:
             self._round_bytes[key] = round_edge_bytes(self.protocol, phase, self._src, self._dst,
-                                                      key_bits=self.codec.key_bits, lk=lk)
+                                                      key_bits=self.codec.key_bits, lk=lk, slots=self.slots)
         for a, b, nbytes in self._round_bytes[key]:
             led.add_edge_bytes(a, b, nbytes)
 

@@ -1,0 +1,320 @@
+#!/usr/bin/env python
+"""Benchmark the Paillier host stage: the naive per-value path against each fast path.
+
+    python scripts/bench_crypto.py [--bits 128 1024 2048] [--protocol aggregated] [--json out.json]
+
+Measures, in one run and with the same keys for every configuration,
+
+* **seconds per ADMM iteration** of the secure exchange (step 1's penalty mini-round plus
+  step 5's exchange) on the paper-synthetic graph: ``N = 10`` agents, 15 edges (30
+  directed), ``L K = 150`` values per message;
+* **values securely exchanged per second over one directed edge**: two agents, one
+  edge, ``L K = 150``; ``2 x 150`` values per iteration over the two directed edges.
+
+Configurations (``exchange_options`` of ``exchange="paillier"``):
+
+==========  ===================================================================
+naive       ``fast=False``: one phe ``raw_encrypt`` per value, serial (the baseline)
+raw         ``fast=True`` with every switch off: raw ``mpz`` arithmetic only
+packing     slot packing alone (32 values per plaintext at 2048 bits)
+crt         ``precompute`` alone, in-process: the owner's CRT obfuscators
+djn         DJN short-exponent obfuscators alone (fixed-base table)
+pool        the worker pool alone (``os.cpu_count()`` processes), no stock
+default     the defaults: packing + precompute (stock refilled by the pool) + pool
+all         the defaults + ``djn=True``
+==========  ===================================================================
+
+Every iteration of every configuration is checked against ``exchange="quantized"``:
+``S`` and ``rho`` must be bit-identical.
+
+Unpacked configurations at 1024 and 2048 bits cost seconds to minutes per iteration at
+``L K = 150`` (the naive path about a minute at 2048 bits on 2 cores). To keep the
+default run within a few minutes they are measured with a small ``L K`` (``--small-lk``)
+and extrapolated per value: the exchange round's time is scaled by ``150 / small_lk``
+(every operation of an unpacked round is per value), the penalty round is measured as
+is. Extrapolated entries are marked ``*``. Packed configurations are always measured at
+``L K = 150``.
+
+The summary estimates one full paper-synthetic trial (100 BCD x 30 ADMM = 3,000 ADMM
+iterations) at the largest key size, for ``default`` and ``all``, from the measured
+seconds per iteration (plus key generation for the 10 agents), and the speedup of the
+Paillier stage over the naive path. It then runs a real paper-synthetic fit end to end
+(trial 0's data, column split and graph; ``--fit-bcd`` BCD iterations of 30 ADMM
+iterations, fresh keys, ``--fit-configs``, default ``all``), checks ``X`` and ``Y`` bit for
+bit against ``exchange="quantized"``, and extrapolates its seconds per ADMM iteration to
+the 3,000 of a full trial.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+
+import torch
+
+CONFIGS = {
+    "naive": dict(fast=False),
+    "raw": dict(packing=False, precompute=False, djn=False, workers=0),
+    "packing": dict(packing=True, precompute=False, djn=False, workers=0),
+    "crt": dict(packing=False, precompute=True, djn=False, workers=0),
+    "djn": dict(packing=False, precompute=False, djn=True, workers=0),
+    "pool": dict(packing=False, precompute=False, djn=False, workers=None),
+    "default": dict(packing=True, precompute=True, djn=False, workers=None),
+    "all": dict(packing=True, precompute=True, djn=True, workers=None),
+}
+PACKED = {"packing", "default", "all"}
+LK = 150
+TRIAL_ITERS = 3000  # 100 BCD x 30 ADMM iterations (the paper's setting)
+
+
+def _topology(graph):
+    from ppdnmf_torch.exchange.base import Topology
+    from ppdnmf_torch.graph import block_diagonal
+
+    src, dst, rev, crow = block_diagonal([graph])
+    N = graph.n_agents
+    return Topology(1, N, src, dst, rev, crow, torch.bincount(src, minlength=N))
+
+
+def _keys(bits, count):
+    import phe
+
+    t0 = time.perf_counter()
+    out, seen = [], set()
+    while len(out) < count:
+        pk, sk = phe.generate_paillier_keypair(n_length=bits)
+        if pk.n not in seen:
+            seen.add(pk.n)
+            out.append((pk, sk))
+    return out, time.perf_counter() - t0
+
+
+def _measure(topo, keys, bits, opts, *, protocol, lk, iters, max_seconds, seed=0):
+    """Time ``iters`` iterations after one warm-up: returns per-iteration (penalty, exchange) seconds."""
+    from ppdnmf_torch.exchange import IntegerCodec, QuantizedExchange
+    from ppdnmf_torch.exchange.paillier import PaillierExchange
+
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=bits)
+    workers = opts.get("workers", 0)
+    opts = dict(opts, workers=os.cpu_count() if workers is None else workers) if "workers" in opts else opts
+    ex = PaillierExchange(codec, protocol=protocol, keypairs=keys[:topo.n_nodes], **opts)
+    ref = QuantizedExchange(codec, protocol=protocol)
+    cpu = torch.device("cpu")
+    t0 = time.perf_counter()
+    ex.bind(topo, dtype=torch.float64, device=cpu)
+    t_bind = time.perf_counter() - t0
+    ref.bind(topo, dtype=torch.float64, device=cpu)
+    gen = torch.Generator().manual_seed(seed)
+    D = topo.n_directed_edges
+    g = torch.zeros(D, dtype=torch.float64)
+    pen, exc = [], []
+    identical = True
+    start = time.perf_counter()
+    for m in range(iters + 1):
+        g = g + (0.033 - g) * torch.rand(D, generator=gen, dtype=torch.float64)  # the paper's caps
+        U = torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
+        t0 = time.perf_counter()
+        rho = ex.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
+        t1 = time.perf_counter()
+        out = ex.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
+        t2 = time.perf_counter()
+        want = ref.exchange(U, g)
+        identical &= torch.equal(out.S, want.S) and torch.equal(out.rho, want.rho) and torch.equal(rho, want.rho)
+        if m > 0:  # the first iteration warms up (stock fill, DJN tables)
+            pen.append(t1 - t0)
+            exc.append(t2 - t1)
+            if time.perf_counter() - start > max_seconds:
+                break
+    costs = ex.costs()
+    ex.close()
+    if not identical:
+        raise SystemExit(f"bench_crypto: {opts} gave different bits from exchange='quantized'")
+    n = len(pen)
+    return {"penalty_s": sum(pen) / n, "exchange_s": sum(exc) / n, "iters": n, "bind_s": t_bind,
+            "encryptions_per_iter": costs["encryptions"] / (n + 1), "decryptions_per_iter": costs["decryptions"] / (n + 1),
+            "slots": (ex.layout.slots if ex.layout is not None else 1)}
+
+
+def bench(bits_list, protocol, small_lk, iters, max_seconds, graph_seed, log):
+    from ppdnmf_torch.graph import Graph, random_connected
+
+    paper_graph = random_connected(10, 3.0, seed=graph_seed)
+    topo_paper = _topology(paper_graph)
+    topo_edge = _topology(Graph(2, [(0, 1)]))
+    rows = []
+    keygen = {}
+    for bits in bits_list:
+        keys, t_keys = _keys(bits, 10)
+        keygen[bits] = t_keys
+        log(f"[{bits} bits] 10 key pairs in {t_keys:.1f} s")
+        for name, opts in CONFIGS.items():
+            for where, topo in (("paper", topo_paper), ("edge", topo_edge)):
+                extrap = bits >= 1024 and name not in PACKED
+                lk = small_lk.get(bits, 8) if extrap else LK
+                t0 = time.perf_counter()
+                r = _measure(topo, keys, bits, opts, protocol=protocol, lk=lk, iters=iters, max_seconds=max_seconds)
+                ex_s = r["exchange_s"] * (LK / lk)
+                s_iter = r["penalty_s"] + ex_s
+                values = topo.n_directed_edges * LK
+                row = dict(bits=bits, config=name, graph=where, protocol=protocol, measured_lk=lk,
+                           extrapolated=extrap, seconds_per_iter=s_iter, penalty_s=r["penalty_s"],
+                           exchange_s=ex_s, values_per_s=values / s_iter,
+                           values_per_s_per_edge=LK / s_iter, iters=r["iters"], bind_s=r["bind_s"],
+                           slots=r["slots"], encryptions_per_iter=r["encryptions_per_iter"] * (LK / lk if extrap else 1),
+                           bit_identical=True)
+                rows.append(row)
+                log(f"  {name:8s} {where:5s} lk={lk:3d} {'*' if extrap else ' '} {s_iter:10.4f} s/iter "
+                    f"({r['iters']} timed, {time.perf_counter() - t0:.1f} s)")
+    return rows, keygen
+
+
+def fit_check(bits, bcd_iters, configs, protocol, log):
+    """A real paper-synthetic fit (trial 0: data, column split, graph) with ``bcd_iters`` BCD
+    iterations of 30 ADMM iterations, fresh ``bits``-bit keys (timed), per configuration;
+    checked bit for bit against ``exchange="quantized"``. Returns one row per configuration."""
+    from ppdnmf_torch import fit
+    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial
+
+    spec = PAPER_EXPERIMENTS["paper_synthetic"]
+    blocks, graph = make_trial(spec, seed=0)
+    sol = dict(spec["solver"], bcd_iters=bcd_iters)
+    kw = dict(mu=sol["mu"], eta=sol["eta"], g_max=sol["g_max"], bcd_iters=bcd_iters, x_iters=sol["x_iters"],
+              y_iters=sol["y_iters"], key_bits=bits, n_max=1e6, protocol=protocol, negative="allow", seed=0,
+              device="cpu")
+    ref = fit(blocks, graph, sol["rank"], exchange="quantized", **kw)
+    rows = []
+    for name in configs:
+        opts = dict(CONFIGS[name])
+        if opts.get("workers", 0) is None:
+            opts["workers"] = os.cpu_count()
+        t0 = time.perf_counter()
+        res = fit(blocks, graph, sol["rank"], exchange="paillier", exchange_options=opts, **kw)
+        wall = time.perf_counter() - t0
+        same = torch.equal(res.X, ref.X) and all(torch.equal(a, b) for a, b in zip(res.Y, ref.Y))
+        if not same:
+            raise SystemExit(f"bench_crypto: the {name} fit differs from exchange='quantized'")
+        admm = bcd_iters * sol["x_iters"]
+        keygen = res.costs.get("time_keygen", 0.0)
+        per_admm = (wall - keygen) / admm
+        rows.append(dict(bits=bits, config=name, bcd_iters=bcd_iters, admm_iters=admm, wall_s=wall, keygen_s=keygen,
+                         seconds_per_admm_iter=per_admm, trial_minutes=(per_admm * TRIAL_ITERS + keygen) / 60,
+                         encryptions=res.costs["encryptions"], decryptions=res.costs["decryptions"],
+                         bit_identical=True))
+        log(f"  fit {name:8s} {bits} bits: {bcd_iters} BCD x {sol['x_iters']} ADMM in {wall:.1f} s "
+            f"(keygen {keygen:.1f} s) -> {per_admm:.3f} s per ADMM iteration")
+    return rows
+
+
+def _fmt_s(v):
+    return f"{v:9.3f}" if v >= 0.1 else f"{v * 1e3:7.1f}ms"
+
+
+def table(rows, bits_list):
+    out = []
+    cfgs = list(CONFIGS)
+    by = {(r["bits"], r["config"], r["graph"]): r for r in rows}
+    head = "config  " + "".join(f"| {b:>5} bits: s/iter  x naive " for b in bits_list)
+    out.append("Seconds per ADMM iteration, paper-synthetic graph (N=10, 15 edges, LK=150), penalty + exchange round")
+    out.append(head)
+    out.append("-" * len(head))
+    for c in cfgs:
+        cells = []
+        for b in bits_list:
+            r, n = by[(b, c, "paper")], by[(b, "naive", "paper")]
+            mark = "*" if r["extrapolated"] else " "
+            cells.append(f"| {_fmt_s(r['seconds_per_iter'])}{mark} {n['seconds_per_iter'] / r['seconds_per_iter']:9.1f}x ")
+        out.append(f"{c:8s}" + "".join(cells))
+    out.append("")
+    out.append("Values securely exchanged per second over one directed edge (2 agents, LK=150 per message)")
+    head = "config  " + "".join(f"| {b:>5} bits: values/s x naive " for b in bits_list)
+    out.append(head)
+    out.append("-" * len(head))
+    for c in cfgs:
+        cells = []
+        for b in bits_list:
+            r, n = by[(b, c, "edge")], by[(b, "naive", "edge")]
+            mark = "*" if r["extrapolated"] else " "
+            cells.append(f"| {r['values_per_s_per_edge']:10.0f}{mark} {r['values_per_s_per_edge'] / n['values_per_s_per_edge']:8.1f}x ")
+        out.append(f"{c:8s}" + "".join(cells))
+    out.append("(* measured with a small LK and extrapolated per value; see the script's docstring)")
+    return "\n".join(out)
+
+
+def estimate(rows, keygen, bits):
+    by = {(r["config"], r["graph"]): r for r in rows if r["bits"] == bits}
+    naive = by[("naive", "paper")]["seconds_per_iter"]
+    out = {"key_bits": bits, "admm_iterations": TRIAL_ITERS, "keygen_s": keygen[bits],
+           "naive_seconds_per_iter": naive, "naive_trial_hours": naive * TRIAL_ITERS / 3600}
+    for c in ("default", "all"):
+        s = by[(c, "paper")]["seconds_per_iter"]
+        out[f"{c}_seconds_per_iter"] = s
+        out[f"{c}_trial_minutes"] = (s * TRIAL_ITERS + keygen[bits]) / 60
+        out[f"{c}_speedup"] = naive / s
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bits", type=int, nargs="+", default=[128, 1024, 2048])
+    ap.add_argument("--protocol", default="aggregated", choices=["aggregated", "paper"])
+    ap.add_argument("--iters", type=int, default=4, help="timed iterations per configuration (after one warm-up)")
+    ap.add_argument("--max-seconds", type=float, default=10.0, help="stop timing a configuration after this long")
+    ap.add_argument("--small-lk", type=int, nargs=2, action="append", metavar=("BITS", "LK"),
+                    help="LK for the extrapolated (unpacked) configurations at BITS (default: 1024 -> 10, "
+                         "2048 -> 4, others 8)")
+    ap.add_argument("--graph-seed", type=int, default=0)
+    ap.add_argument("--fit-bcd", type=int, default=2,
+                    help="BCD iterations of the end-to-end paper-synthetic fit at the largest key size "
+                         "(0: skip)")
+    ap.add_argument("--fit-configs", nargs="+", default=["all"], choices=list(CONFIGS),
+                    help="configurations of the end-to-end fit")
+    ap.add_argument("--json", metavar="PATH", help="also write every row and the estimate as JSON")
+    args = ap.parse_args(argv)
+    small = {1024: 10, 2048: 4}
+    for b, lk in args.small_lk or []:
+        small[b] = lk
+    warnings.filterwarnings("ignore", category=UserWarning, message=r"key_bits=\d+: Paillier keys shorter")
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
+    t0 = time.perf_counter()
+    rows, keygen = bench(args.bits, args.protocol, small, args.iters, args.max_seconds, args.graph_seed, log)
+    fits = fit_check(max(args.bits), args.fit_bcd, args.fit_configs, args.protocol, log) if args.fit_bcd > 0 else []
+    wall = time.perf_counter() - t0
+    load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
+    big = max(args.bits)
+    est = estimate(rows, keygen, big)
+    print(f"Paillier host stage, protocol={args.protocol}, phe + gmpy2, {os.cpu_count()} CPU cores "
+          f"({platform.machine()}), load average {load0[0]:.1f} -> {load1[0]:.1f}" if load0 else "")
+    print(table(rows, args.bits))
+    print()
+    print(f"Estimate at {big} bits, one full paper-synthetic trial ({TRIAL_ITERS} ADMM iterations, exchange stage "
+          f"only, plus {keygen[big]:.1f} s of key generation):")
+    print(f"  naive   {est['naive_seconds_per_iter']:8.3f} s/iter -> {est['naive_trial_hours']:8.1f} hours")
+    for c in ("default", "all"):
+        print(f"  {c:7s} {est[f'{c}_seconds_per_iter']:8.3f} s/iter -> {est[f'{c}_trial_minutes']:8.1f} minutes "
+              f"({est[f'{c}_speedup']:.0f}x the naive path)")
+    for f in fits:
+        print(f"  end-to-end fit ({f['config']}): {f['bcd_iters']} BCD x 30 ADMM iterations of the paper-synthetic "
+              f"trial in {f['wall_s']:.1f} s with fresh keys ({f['keygen_s']:.1f} s keygen) -> "
+              f"{f['seconds_per_admm_iter']:.3f} s per ADMM iteration -> {f['trial_minutes']:.1f} minutes for "
+              f"{TRIAL_ITERS} (X-step, Y-step and exchange; X, Y bit-identical to quantized)")
+    print(f"All S and rho bit-identical to exchange='quantized'. Bench wall time {wall:.0f} s.")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
+                                   "python": platform.python_version(), "loadavg_start": load0,
+                                   "loadavg_end": load1},
+                       "protocol": args.protocol, "lk": LK, "rows": rows, "keygen_s": keygen,
+                       "estimate": est, "fits": fits, "wall_s": wall}, fh, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
