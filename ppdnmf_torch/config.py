@@ -163,21 +163,34 @@ class ExchangeConfig:
     n_max: float = _spec(1e6, ge=1)
     key_bits: int = _spec(2048, ge=16)
     g_bits: int = _spec(16, ge=0, le=30)
-    workers: int | None = _spec(None, ge=1)
+    workers: int | None = _spec(None, ge=0)
     cost_model: bool = False
+    # fast Paillier paths (bit-identical to quantized): several values per plaintext,
+    # precomputed / CRT obfuscators, and the optional Damgard-Jurik-Nielsen short-exponent
+    # obfuscator (a different hardness assumption; see exchange/obfuscation.py)
+    fast: bool = True
+    packing: bool = True
+    precompute: bool = True
+    djn: bool = False
 
     def options(self) -> dict:
         """Extra options of :func:`~ppdnmf_torch.exchange.make_exchange` for this kind.
 
         ``cost_model`` (``quantized``: predict the Paillier stage's operation counts and
         time; ``paillier``: add the model's estimate to the measured costs) is passed for
-        the integer kinds; ``workers`` when set.
+        the integer kinds; ``packing`` too, so that the quantized model counts what the
+        real, packing stage would do; the fast-path switches and ``workers`` (``null``:
+        one per core from 1024-bit keys up) for ``paillier``.
         """
         opts = {}
         if self.cost_model and self.kind != "plain":
             opts["cost_model"] = True
-        if self.workers is not None:
-            opts["workers"] = self.workers
+        if self.kind == "quantized":
+            opts["packing"] = self.packing
+        if self.kind == "paillier":
+            opts.update(fast=self.fast, packing=self.packing, precompute=self.precompute, djn=self.djn)
+            if self.workers is not None:
+                opts["workers"] = self.workers
         return opts
 
 

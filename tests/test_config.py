@@ -109,10 +109,14 @@ def test_crypto_exchange_defaults():
         rc = to_run_config(_compose([f"exchange={kind}"]))
         e = rc.exchange
         assert (e.kind, e.protocol, e.key_bits, e.n_max, e.g_bits) == (kind, "aggregated", 2048, 1e6, 16)
-    assert to_run_config(_compose(["exchange=quantized"])).exchange.options() == {"cost_model": True}
+    assert to_run_config(_compose(["exchange=quantized"])).exchange.options() == {"cost_model": True,
+                                                                                   "packing": True}
     assert to_run_config(_compose(["exchange=plain", "exchange.cost_model=true"])).exchange.options() == {}
-    rc = to_run_config(_compose(["exchange=paillier", "exchange.cost_model=true", "exchange.protocol=paper"]))
-    assert rc.exchange.options() == {"cost_model": True} and rc.exchange.protocol == "paper"
+    rc = to_run_config(_compose(["exchange=paillier", "exchange.cost_model=true", "exchange.protocol=paper",
+                                 "exchange.djn=true", "exchange.workers=2"]))
+    assert rc.exchange.options() == {"cost_model": True, "fast": True, "packing": True, "precompute": True,
+                                     "djn": True, "workers": 2}
+    assert rc.exchange.protocol == "paper"
 
 
 def test_workers_only_where_the_exchange_takes_them():
@@ -153,7 +157,7 @@ def test_command_line_groups_win_over_the_experiment():
         (["exchange.n_max=0.5"], "exchange.n_max"),
         (["exchange.key_bits=8"], "exchange.key_bits"),
         (["exchange.g_bits=31"], "exchange.g_bits"),
-        (["exchange=paillier", "exchange.workers=0"], "exchange.workers"),
+        (["exchange=paillier", "exchange.workers=-1"], "exchange.workers"),
         (["exchange=paillier", "exchange.key_bits=65"], "exchange.key_bits"),
         (["exchange.cost_model=1"], "exchange.cost_model"),
         (["data.kind=hdf5"], "data.kind"),
