@@ -54,12 +54,28 @@ to ``paillier``); what ``i`` sees per ADMM iteration ``m``:
 
   The direction of ``U_j - U_i`` is exact whatever the scale: the report gives the
   correlation of ``d_ij`` with ``U_j - U_i``.
-* ``protocol="aggregated"``: only ``S_int_i = sum_j gamma_ij gamma_ji (q_j - q_i)`` and
-  ``rho_int_i``. Attack ``nbr_mean``: ``(S_int_i + rho_int_i q_i) / rho_int_i`` is the
-  penalty-weighted mean of the neighbours' ``q_j``, taken as the guess for each of them;
-  with one neighbour it *is* ``q_j`` (exact recovery).
+* ``protocol="aggregated"``: every reply ``i`` receives is encrypted under ``i``'s *own*
+  public key, and ``i`` holds the private key. Two views are audited:
 
-The report's ``best_attack`` of a pair is the attack with the most exact recoveries, then
+  - **honest-but-curious** (the usual model: ``i`` follows the protocol but computes what
+    it likes on what it receives). Attack ``decrypt_each``: ``i`` decrypts each
+    neighbour's individual replies before multiplying them into the sums: ``E_i(gamma_ji)``
+    from the penalty round (step 1) gives ``gamma_ji``, ``E_i(gamma_ji (q_j - q_i))`` from
+    step 5 gives ``d_ij = gamma_ji (q_j - q_i)``, and ``q_j = q_i + d_ij / gamma_ji`` exactly
+    (whenever ``gamma_ji != 0``; a zero penalty makes the reply zero and carries nothing).
+    The plaintexts are computed from the recording (:attr:`Recording.penalty_replies`,
+    :attr:`Recording.replies`): decrypting under ``i``'s key yields exactly these integers,
+    which :func:`decrypt_individual_replies` checks on a real Paillier transcript with the
+    agents' private keys. So ``aggregated`` protects ``U_j`` from a curious neighbour no
+    better than ``paper``.
+  - **sums only** (``i`` decrypts only what the protocol tells it to: ``S_int_i = sum_j
+    gamma_ij gamma_ji (q_j - q_i)`` and ``rho_int_i``; a "semi-honest but non-inspecting"
+    agent). Attack ``nbr_mean``: ``(S_int_i + rho_int_i q_i) / rho_int_i`` is the
+    penalty-weighted mean of the neighbours' ``q_j``, taken as the guess for each of them;
+    with one neighbour it *is* ``q_j`` (exact recovery). Reported per pair under
+    ``"sums_only"`` (:data:`SUMS_ONLY_ATTACKS`), next to the honest-but-curious result.
+
+The report's ``best_attack`` of a pair (per view) is the attack with the most exact recoveries, then
 the lowest median error: an oracle choice among the attacks (for ``gcd`` the attacker can
 check its own result: the division ``d_ij / gamma`` must be exact), so it bounds what
 this set of attacks achieves. Every attack is compared with the trivial baseline
@@ -101,11 +117,14 @@ __all__ = [
     "eavesdropper_paillier",
     "paper_attacks",
     "aggregated_attacks",
+    "decrypt_individual_replies",
+    "decrypt_each_check",
     "neighbour_audit",
     "run_audit",
     "format_markdown",
     "SCENARIOS",
     "ATTACKS",
+    "SUMS_ONLY_ATTACKS",
     "SIGNIFICANT",
 ]
 
@@ -121,11 +140,14 @@ BEATS_BASELINE_RATIO = 0.5
 #: with ``U_j - U_i``
 DIRECTION_CORR = 0.999
 
-#: attacks per protocol (``baseline`` first)
+#: attacks per protocol (``baseline`` first): what an honest-but-curious agent can run
 ATTACKS = {
     "paper": ("baseline", "gcd", "rho_split", "smooth_ls"),
-    "aggregated": ("baseline", "nbr_mean"),
+    "aggregated": ("baseline", "decrypt_each", "nbr_mean"),
 }
+#: the attacks open to an agent that decrypts only what the protocol tells it to (under
+#: ``aggregated``: the two sums); reported as the pair's ``"sums_only"`` view
+SUMS_ONLY_ATTACKS = {"aggregated": ("nbr_mean",)}
 
 #: the scenarios :func:`run_audit` knows by name
 SCENARIOS = ("paper_synthetic", "star", "random_caps", "short_admm")
@@ -300,9 +322,19 @@ class Recording:
     @property
     def replies(self) -> np.ndarray:
         """``d_e = gamma_ji (q_j - q_i)`` for directed edge ``e = i -> j``: what ``i`` decrypts
-        from ``j`` under ``protocol="paper"``, ``(T, 2E, P)`` int64."""
+        from ``j`` under ``protocol="paper"``, and what it gets by decrypting ``j``'s step-5
+        reply on its own under ``protocol="aggregated"`` (the reply is under ``i``'s key),
+        ``(T, 2E, P)`` int64."""
         self._need_ints()
         return self.gamma[:, self.rev, None] * (self.q[:, self.dst] - self.q[:, self.src])
+
+    @property
+    def penalty_replies(self) -> np.ndarray:
+        """``gamma_ji`` for directed edge ``e = i -> j``: what ``i`` gets by decrypting ``j``'s
+        reply ``E_i(gamma_ji)`` of the penalty round (``protocol="aggregated"``, step 1) on its
+        own, ``(T, 2E)`` int64."""
+        self._need_ints()
+        return self.gamma[:, self.rev]
 
     @property
     def S_int(self) -> np.ndarray:
@@ -698,7 +730,15 @@ def paper_attacks(rec: Recording) -> dict:
 
 def aggregated_attacks(rec: Recording) -> dict:
     """Estimates ``U_hat (T, 2E, P)`` of ``U_j`` by ``i`` under ``protocol="aggregated"``;
-    keys :data:`ATTACKS`\\ ``["aggregated"]``."""
+    keys :data:`ATTACKS`\\ ``["aggregated"]``.
+
+    ``decrypt_each`` (honest-but-curious): ``i`` decrypts each reply under its own key,
+    ``gamma_ji`` (step 1) and ``d_ij = gamma_ji (q_j - q_i)`` (step 5), and divides:
+    ``q_j = q_i + d_ij / gamma_ji``, exact (``gamma_ji`` divides ``d_ij``); where
+    ``gamma_ji = 0`` the reply is zero and the guess stays ``q_i``.
+    ``nbr_mean`` (sums only): the penalty-weighted neighbourhood mean from ``S_int_i`` and
+    ``rho_int_i``.
+    """
     rec._need_ints()
     S = rec.S_int[:, rec.src]  # (T, 2E, P): i's view, repeated for each of its neighbours
     rho = rec.rho_int[:, rec.src][..., None]
@@ -707,7 +747,93 @@ def aggregated_attacks(rec: Recording) -> dict:
         # (S + rho q_i) / rho, computed as q_i + S / rho to stay far from int64 limits
         exact = (S % np.where(rho > 0, rho, 1) == 0)
         mean = np.where(exact, qi + S // np.where(rho > 0, rho, 1), qi + S / np.where(rho > 0, rho, 1))
-    return {"baseline": rec.U[:, rec.src], "nbr_mean": np.where(rho > 0, mean, qi) / rec.n_max}
+    gam = rec.penalty_replies  # (T, 2E): E_i(gamma_ji) decrypted
+    d = rec.replies  # (T, 2E, P): E_i(gamma_ji (q_j - q_i)) decrypted
+    pos = gam > 0
+    each = np.where(pos[..., None], qi + d // np.where(pos, gam, 1)[..., None], qi)
+    return {"baseline": rec.U[:, rec.src], "decrypt_each": each / rec.n_max,
+            "nbr_mean": np.where(rho > 0, mean, qi) / rec.n_max}
+
+
+def _signed(residue: int, n: int) -> int:
+    """The signed integer a residue mod ``n`` stands for (negatives are encrypted as ``v + n``)."""
+    r = int(residue) % n
+    return r - n if r > n // 2 else r
+
+
+def decrypt_individual_replies(rec: Recording, private_keys) -> dict:
+    """Decrypt every reply of a recorded ``paillier`` run on its own, as its receiver can.
+
+    Every ``enc_penalty`` (step 1, ``E_i(gamma_ji)``) and ``enc_reply`` (step 5,
+    ``E_i(gamma_ji (q_j - q_i))``) that neighbour ``j`` sends to ``i`` is under ``i``'s public
+    key; ``i`` holds the private key, so nothing stops it from decrypting each one before
+    it multiplies them into the sums. This function does exactly that with the agents'
+    private keys (a test or an audit that made the keys; :func:`record_fit` with
+    ``keypairs``), unpacking packed plaintexts with the recording's slot layout.
+
+    Parameters
+    ----------
+    rec : Recording
+        Of ``kind="paillier"`` (the transcript is recorded).
+    private_keys : sequence
+        One per node, in node order: ``phe`` private keys or ``(public, private)`` pairs.
+
+    Returns
+    -------
+    dict
+        ``penalty`` ``(T, 2E)`` int64 and ``reply`` ``(T, 2E, P)`` int64: the plaintexts per
+        recorded call and directed edge ``i -> j`` (what ``i`` decrypted from ``j``; 0 where
+        nothing was received), ``penalty_seen`` / ``reply_seen`` ``(T, 2E)`` bool (a message
+        was decrypted there), ``n_penalty_messages``, ``n_reply_messages`` and
+        ``n_ciphertexts`` decrypted. Under ``protocol="aggregated"`` these equal
+        :attr:`Recording.penalty_replies` and :attr:`Recording.replies`.
+    """
+    if rec.kind != "paillier":
+        raise ConfigError("decrypt_individual_replies: needs a recording of exchange='paillier'")
+    rec._need_ints()
+    by_n = {}
+    for k in private_keys:
+        sk = k[1] if isinstance(k, (tuple, list)) else k
+        by_n[int(sk.public_key.n)] = sk
+    missing = [i for i, n in enumerate(rec.moduli) if int(n) not in by_n]
+    if missing:
+        raise ConfigError(f"decrypt_individual_replies: no private key for nodes {missing}")
+    T, P = rec.n_calls, rec.q.shape[-1]
+    call = {(int(b), int(a)): t for t, (b, a) in enumerate(zip(rec.bcd, rec.admm))}
+    edge = {(int(i), int(j)): e for e, (i, j) in enumerate(zip(rec.src, rec.dst))}
+    E = len(rec.src)
+    penalty = np.zeros((T, E), dtype=np.int64)
+    reply = np.zeros((T, E, P), dtype=np.int64)
+    pen_seen = np.zeros((T, E), dtype=bool)
+    rep_seen = np.zeros((T, E), dtype=bool)
+    n_pen = n_rep = n_ct = 0
+    layout = rec.layout
+    for msg in rec.transcript:
+        if msg.kind not in ("enc_penalty", "enc_reply"):
+            continue
+        t = call.get((int(msg.bcd_iter), int(msg.admm_iter)))
+        if t is None:
+            continue
+        i, j = int(msg.receiver), int(msg.sender)  # j's reply to i, under i's key
+        e = edge[(i, j)]
+        n = int(rec.moduli[i])
+        sk = by_n[n]
+        residues = [sk.raw_decrypt(int(c)) for c in msg.payload]
+        n_ct += len(residues)
+        if msg.kind == "enc_penalty":
+            penalty[t, e] = _signed(residues[0], n)
+            pen_seen[t, e] = True
+            n_pen += 1
+        else:
+            if layout is not None:
+                vals = layout.unpack(residues, n, P)
+            else:
+                vals = [_signed(r, n) for r in residues]
+            reply[t, e] = vals
+            rep_seen[t, e] = True
+            n_rep += 1
+    return {"penalty": penalty, "reply": reply, "penalty_seen": pen_seen, "reply_seen": rep_seen,
+            "n_penalty_messages": n_pen, "n_reply_messages": n_rep, "n_ciphertexts": n_ct}
 
 
 def _rowcorr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -765,6 +891,7 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
         raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {tuple(ATTACKS)}")
     rec._need_ints()
     est = paper_attacks(rec) if protocol == "paper" else aggregated_attacks(rec)
+    sums_only = list(SUMS_ONLY_ATTACKS.get(protocol, ()))
     diff_q = rec.q[:, rec.dst] - rec.q[:, rec.src]
     info_all = (diff_q != 0).any(-1)  # (T, 2E)
     deg = rec.degree
@@ -784,14 +911,9 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
             continue
         for name in ATTACKS[protocol]:
             entry["attacks"][name] = _attack_metrics(est[name], rec, info, e)
-        base = entry["attacks"]["baseline"]
-        cands = [k for k in ATTACKS[protocol] if k != "baseline"]
-        best = min(cands, key=lambda k: (-(entry["attacks"][k]["exact_fraction"] or 0.0),
-                                         entry["attacks"][k]["rel_err_median"]))
-        b = entry["attacks"][best]
-        entry["best_attack"] = best
-        entry["advantage"] = (base["rel_err_median"] / b["rel_err_median"]
-                              if b["rel_err_median"] and b["rel_err_median"] > 0 else None)
+        verdict = _judge(entry["attacks"], [k for k in ATTACKS[protocol] if k != "baseline"])
+        entry["best_attack"] = verdict["best_attack"]
+        entry["advantage"] = verdict["advantage"]
         entry["quantization_rel_err_median"] = _nanstat(np.median, qerr[info, j])
         entry["penalty_saturated_fraction"] = float((rec.gamma[info, rec.rev[e]] == final_gamma[rec.rev[e]]).mean())
         if protocol == "paper":
@@ -800,12 +922,14 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
             entry["difference_direction_corr_median"] = _nanstat(np.median, dc)
             if entry["difference_direction_corr_min"] is not None and entry["difference_direction_corr_min"] >= DIRECTION_CORR:
                 entry["flags"].append("difference_direction_exact")
-        if (b["exact_fraction"] or 0.0) >= EXACT_FRACTION:
-            entry["flags"].append("exact_recovery")
-        if b["rel_err_median"] <= BEATS_BASELINE_RATIO * base["rel_err_median"]:
-            entry["flags"].append("beats_baseline")
+        entry["flags"] += verdict["flags"]
         if deg[i] == 1:
             entry["flags"].append("degree1_rho_reveals_penalty")
+        if sums_only:
+            so = _judge(entry["attacks"], sums_only)
+            if deg[i] == 1:
+                so["flags"].append("degree1_rho_reveals_penalty")
+            entry["sums_only"] = so
         pairs.append(entry)
     agents = []
     for a in range(rec.n_agents):
@@ -814,14 +938,15 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
         flags = sorted({f for p in mine for f in p["flags"]})
         if deg[a] == 1:
             flags = sorted(set(flags) | {"degree1"})
-        agents.append({
-            "agent": a, "degree": int(deg[a]), "neighbours": sorted(int(p["target"]) for p in mine),
-            "flags": flags,
-            "learns_exactly": sorted(p["target"] for p in mine if "exact_recovery" in p["flags"]),
-            "exposed_to": sorted(p["attacker"] for p in against if "exact_recovery" in p["flags"]),
-            "partially_exposed_to": sorted(p["attacker"] for p in against
-                                           if "beats_baseline" in p["flags"] and "exact_recovery" not in p["flags"]),
-        })
+        agent = {"agent": a, "degree": int(deg[a]), "neighbours": sorted(int(p["target"]) for p in mine),
+                 "flags": flags, **_exposure(mine, against, lambda p: p["flags"])}
+        if sums_only:
+            so_flags = sorted({f for p in mine if "sums_only" in p for f in p["sums_only"]["flags"]})
+            if deg[a] == 1:
+                so_flags = sorted(set(so_flags) | {"degree1"})
+            agent["sums_only"] = {"flags": so_flags,
+                                  **_exposure(mine, against, lambda p: p.get("sums_only", {}).get("flags", []))}
+        agents.append(agent)
     # curves over BCD iterations, averaged over pairs
     nb = int(rec.bcd.max())
     per_bcd = {"baseline": [], "best": []}
@@ -861,7 +986,44 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
     if protocol == "paper":
         summary["difference_direction_corr_min"] = _nanstat(
             np.min, [p["difference_direction_corr_min"] for p in scored])
-    return {"protocol": protocol, "pairs": pairs, "agents": agents, "per_bcd": per_bcd, "summary": summary}
+    if sums_only:
+        summary["sums_only_exact_recovery_pairs"] = sum("exact_recovery" in p["sums_only"]["flags"] for p in scored)
+        summary["sums_only_beats_baseline_pairs"] = sum("beats_baseline" in p["sums_only"]["flags"] for p in scored)
+        summary["sums_only_best_rel_err_median"] = _nanstat(
+            np.median, [p["attacks"][p["sums_only"]["best_attack"]]["rel_err_median"] for p in scored])
+    views = {"honest_but_curious": [k for k in ATTACKS[protocol] if k != "baseline"]}
+    if sums_only:
+        views["sums_only"] = sums_only
+    return {"protocol": protocol, "views": views, "pairs": pairs, "agents": agents, "per_bcd": per_bcd,
+            "summary": summary}
+
+
+def _judge(attacks: dict, cands) -> dict:
+    """The best of ``cands`` on one pair (most exact recoveries, then the lowest median
+    error), its advantage over the baseline and the flags ``exact_recovery`` /
+    ``beats_baseline``."""
+    base = attacks["baseline"]
+    best = min(cands, key=lambda k: (-(attacks[k]["exact_fraction"] or 0.0), attacks[k]["rel_err_median"]))
+    b = attacks[best]
+    flags = []
+    if (b["exact_fraction"] or 0.0) >= EXACT_FRACTION:
+        flags.append("exact_recovery")
+    if b["rel_err_median"] <= BEATS_BASELINE_RATIO * base["rel_err_median"]:
+        flags.append("beats_baseline")
+    return {"best_attack": best,
+            "advantage": (base["rel_err_median"] / b["rel_err_median"]
+                          if b["rel_err_median"] and b["rel_err_median"] > 0 else None),
+            "flags": flags}
+
+
+def _exposure(mine: list, against: list, flags_of) -> dict:
+    """Whom an agent learns exactly, and to whom it is exposed, from its pairs' flags."""
+    return {
+        "learns_exactly": sorted(p["target"] for p in mine if "exact_recovery" in flags_of(p)),
+        "exposed_to": sorted(p["attacker"] for p in against if "exact_recovery" in flags_of(p)),
+        "partially_exposed_to": sorted(p["attacker"] for p in against
+                                       if "beats_baseline" in flags_of(p) and "exact_recovery" not in flags_of(p)),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -921,7 +1083,10 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
     protocols : which neighbour views to audit.
     paillier : bool
         Also run the real Paillier protocol (both ``protocols``) on ``paillier_scenario``
-        with ``paillier_*_iters`` iterations and scan its transcript.
+        with ``paillier_*_iters`` iterations and scan its transcript. The audit makes the
+        agents' keys itself, and on the ``aggregated`` run it also decrypts every reply on
+        its own with its receiver's key (:func:`decrypt_each_check`: the ``decrypt_each``
+        attack on real ciphertexts).
     plain : bool
         Also run ``exchange="plain"`` per scenario for the plain eavesdropper.
     progress : callable(str), optional
@@ -986,11 +1151,17 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
             say(f"[paillier/{proto}] {key_bits}-bit keys, {paillier_bcd_iters} BCD x {paillier_x_iters} ADMM "
                 "iterations, transcript scan")
             t0 = time.perf_counter()
+            # the audit makes the keys, so that it can decrypt as each agent can
+            keys = _make_keypairs(key_bits, graph.n_agents)
             rec = record_fit(blocks, graph, rank, kind="paillier", protocol=proto, n_max=n_max, g_bits=g_bits,
                              key_bits=key_bits, g_max=g_max, bcd_iters=paillier_bcd_iters,
-                             x_iters=paillier_x_iters, y_iters=paillier_y_iters, negative="allow", seed=seed)
+                             x_iters=paillier_x_iters, y_iters=paillier_y_iters, negative="allow", seed=seed,
+                             keypairs=keys)
             ev = eavesdropper_paillier(rec)
             ev["scenario"] = paillier_scenario
+            if proto == "aggregated":
+                ev["decrypt_each"] = decrypt_each_check(rec, keys)
+            del keys
             ev["seconds"] = time.perf_counter() - t0
             report["eavesdropper_paillier"][proto] = ev
     report["flags"] = _collect_flags(report)
@@ -998,33 +1169,89 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
     return report
 
 
+def _make_keypairs(bits: int, count: int) -> list:
+    """``count`` Paillier key pairs with distinct moduli (the audit's own, small keys)."""
+    import phe
+
+    out, seen = [], set()
+    while len(out) < count:
+        pk, sk = phe.generate_paillier_keypair(n_length=bits)
+        if pk.n not in seen:
+            seen.add(pk.n)
+            out.append((pk, sk))
+    return out
+
+
+def decrypt_each_check(rec: Recording, private_keys) -> dict:
+    """The ``decrypt_each`` attack on a real ``aggregated`` Paillier run.
+
+    Decrypts every reply on its own with its receiver's key
+    (:func:`decrypt_individual_replies`), checks the plaintexts against the recording
+    (``gamma_ji`` and ``gamma_ji (q_j - q_i)``: the integers the neighbour audit models), and
+    recovers ``q_j = q_i + d_ij / gamma_ji`` from the decrypted values alone.
+
+    Returns ``{"penalty_messages", "reply_messages", "ciphertexts", "penalties_match",
+    "replies_match", "informative", "q_exact"}``: ``informative`` counts the (call, directed
+    edge) pairs with ``q_j != q_i`` and a reply received, ``q_exact`` those at which ``q_j``
+    came out bit for bit.
+    """
+    got = decrypt_individual_replies(rec, private_keys)
+    pen_seen, rep_seen = got["penalty_seen"], got["reply_seen"]
+    gam, d = got["penalty"], got["reply"]
+    qi, qj = rec.q[:, rec.src], rec.q[:, rec.dst]
+    pos = pen_seen & rep_seen & (gam > 0)
+    q_hat = np.where(pos[..., None], qi + d // np.where(pos, gam, 1)[..., None], qi)
+    info = rep_seen & (qj != qi).any(-1)
+    return {
+        "penalty_messages": got["n_penalty_messages"], "reply_messages": got["n_reply_messages"],
+        "ciphertexts": got["n_ciphertexts"],
+        "penalties_match": bool(pen_seen.any() and np.array_equal(gam[pen_seen], rec.penalty_replies[pen_seen])),
+        "replies_match": bool(rep_seen.any() and np.array_equal(d[rep_seen], rec.replies[rep_seen])),
+        "informative": int(info.sum()),
+        "q_exact": int((info & (q_hat == qj).all(-1)).sum()),
+    }
+
+
 def _collect_flags(report: dict) -> list:
+    """The report's flags. ``view``: ``honest_but_curious`` (the agent runs every attack on
+    everything it receives), ``sums_only`` (``aggregated``: the agent decrypts only the two
+    sums; such flags hold a fortiori for the honest-but-curious agent) or ``eavesdropper``.
+    The sums-only flags carry the prefix ``sums_only_`` (``degree1_rho_reveals_penalty``
+    excepted: it is about ``rho_i``, which every view sees)."""
     flags = []
     for sname, sc in report["scenarios"].items():
         for proto, pa in sc["protocols"].items():
+            sums_only = "sums_only" in pa.get("views", {})
             for a in pa["agents"]:
-                if a["learns_exactly"]:
-                    flags.append({"scenario": sname, "protocol": proto, "agent": a["agent"],
-                                  "flag": "learns_neighbour_U_exactly", "neighbours": a["learns_exactly"],
-                                  "degree": a["degree"]})
-                partial = [p["target"] for p in pa["pairs"] if p["attacker"] == a["agent"]
-                           and "beats_baseline" in p["flags"] and "exact_recovery" not in p["flags"]]
-                if partial:
-                    flags.append({"scenario": sname, "protocol": proto, "agent": a["agent"],
-                                  "flag": "beats_trivial_baseline", "neighbours": partial, "degree": a["degree"]})
+                views = [("honest_but_curious", "", a, lambda p: p["flags"])]
+                if sums_only:
+                    views.append(("sums_only", "sums_only_", a["sums_only"],
+                                  lambda p: p.get("sums_only", {}).get("flags", [])))
+                for view, prefix, ag, flags_of in views:
+                    if ag["learns_exactly"]:
+                        flags.append({"scenario": sname, "protocol": proto, "agent": a["agent"], "view": view,
+                                      "flag": prefix + "learns_neighbour_U_exactly",
+                                      "neighbours": ag["learns_exactly"], "degree": a["degree"]})
+                    partial = [p["target"] for p in pa["pairs"] if p["attacker"] == a["agent"]
+                               and "beats_baseline" in flags_of(p) and "exact_recovery" not in flags_of(p)]
+                    if partial:
+                        flags.append({"scenario": sname, "protocol": proto, "agent": a["agent"], "view": view,
+                                      "flag": prefix + "beats_trivial_baseline", "neighbours": partial,
+                                      "degree": a["degree"]})
                 if a["degree"] == 1:
                     flags.append({"scenario": sname, "protocol": proto, "agent": a["agent"],
+                                  "view": "sums_only" if sums_only else "honest_but_curious",
                                   "flag": "degree1_rho_reveals_penalty", "neighbours": a["neighbours"],
                                   "degree": 1})
         ev = sc.get("eavesdropper_plain")
         if ev and ev["all_recovered_exactly"]:
-            flags.append({"scenario": sname, "protocol": "plain", "agent": None,
+            flags.append({"scenario": sname, "protocol": "plain", "agent": None, "view": "eavesdropper",
                           "flag": "eavesdropper_reads_every_U", "neighbours": []})
     for proto, ev in report.get("eavesdropper_paillier", {}).items():
         for a in ev["agents"]:
             for f in a["flags"]:
                 flags.append({"scenario": ev["scenario"], "protocol": f"paillier/{proto}", "agent": a["agent"],
-                              "flag": f, "neighbours": []})
+                              "view": "eavesdropper", "flag": f, "neighbours": []})
     return flags
 
 
@@ -1055,16 +1282,19 @@ def format_markdown(report: dict) -> str:
     if not report["flags"]:
         lines.append("None.")
     else:
-        lines += ["Agent `i -> [j, ...]`: agent `i` is flagged about its neighbours `j`.", "",
-                  "| scenario | protocol | flag | agents |", "|---|---|---|---|"]
+        lines += ["Agent `i -> [j, ...]`: agent `i` is flagged about its neighbours `j`. View "
+                  "`honest_but_curious`: the agent runs every attack on everything it receives (under "
+                  "`aggregated` it decrypts each neighbour's reply, which is under its own key); `sums_only`: "
+                  "under `aggregated`, an agent that decrypts only the two sums the protocol asks for.", "",
+                  "| scenario | protocol | view | flag | agents |", "|---|---|---|---|---|"]
         groups: dict = {}
         for f in report["flags"]:
-            groups.setdefault((f["scenario"], f["protocol"], f["flag"]), []).append(f)
-        for (sname, proto, flag), fs in groups.items():
+            groups.setdefault((f["scenario"], f["protocol"], f.get("view", "-"), f["flag"]), []).append(f)
+        for (sname, proto, view, flag), fs in groups.items():
             who = "; ".join(
                 "all" if f["agent"] is None else
                 f"{f['agent']} -> {f['neighbours']}" if f.get("neighbours") else str(f["agent"]) for f in fs)
-            lines.append(f"| {sname} | {proto} | {flag} | {who} |")
+            lines.append(f"| {sname} | {proto} | {view} | {flag} | {who} |")
     lines.append("")
     lines += ["## Eavesdropper on every link", ""]
     for sname, sc in report["scenarios"].items():
@@ -1084,6 +1314,14 @@ def format_markdown(report: dict) -> str:
             f"{sc['n_forms']} forms (value, mod n_k, mod n_k^2): **{sc['n_hits']} found**; "
             f"{sc['unobfuscated']} unobfuscated ciphertexts; {sc['repeated_ciphertexts']} repeated "
             f"ciphertexts; chance-match bound {_fmt(sc['chance_match_bound'], '.1e')}.")
+        de = ev.get("decrypt_each")
+        if de:
+            lines.append(
+                f"  - `decrypt_each` on this real run: each agent decrypted its neighbours' "
+                f"{de['penalty_messages']} penalty replies and {de['reply_messages']} step-5 replies one by one "
+                f"with its own private key ({de['ciphertexts']} ciphertexts): penalties match `gamma_ji`: "
+                f"{de['penalties_match']}; replies match `gamma_ji (q_j - q_i)`: {de['replies_match']}; `q_j` "
+                f"recovered bit for bit at {de['q_exact']} of {de['informative']} informative (call, edge) pairs.")
     lines.append("")
     for sname, sc in report["scenarios"].items():
         g = sc["graph"]
@@ -1101,16 +1339,25 @@ def format_markdown(report: dict) -> str:
         for proto, pa in sc["protocols"].items():
             sm = pa["summary"]
             names = [k for k in ATTACKS[proto]]
+            so = "sums_only" in pa.get("views", {})
+            view = " (honest-but-curious: every attack)" if so else ""
             lines += [f"### Protocol `{proto}`", "",
                       f"{sm['exact_recovery_pairs']} of {sm['pairs_informative']} (attacker, target) pairs: exact "
-                      f"recovery; {sm['beats_baseline_pairs']} beat the baseline by 2x or more. Median relative "
+                      f"recovery{view}; {sm['beats_baseline_pairs']} beat the baseline by 2x or more. Median relative "
                       "error over pairs: " + ", ".join(f"{k} {_fmt(sm[f'{k}_rel_err_median'])}" for k in names)
                       + ".", ""]
+            if so:
+                lines += [f"Sums only (an agent that decrypts only `S_int_i` and `rho_int_i`; attacks "
+                          f"{', '.join(pa['views']['sums_only'])}): {sm['sums_only_exact_recovery_pairs']} of "
+                          f"{sm['pairs_informative']} pairs recovered exactly, {sm['sums_only_beats_baseline_pairs']} "
+                          f"beat the baseline by 2x or more; median relative error "
+                          f"{_fmt(sm['sums_only_best_rel_err_median'])}.", ""]
             if proto == "paper":
                 lines += [f"Direction of `U_j - U_i` from each decrypted message: minimum correlation "
                           f"{_fmt(sm['difference_direction_corr_min'], '.6f')}.", ""]
-            head = "| i -> j | deg i | " + " | ".join(names) + " | best | exact | advantage | flags |"
-            lines += [head, "|" + "---|" * (len(names) + 6)]
+            extra = " sums-only exact | sums-only flags |" if so else ""
+            head = "| i -> j | deg i | " + " | ".join(names) + " | best | exact | advantage | flags |" + extra
+            lines += [head, "|" + "---|" * (len(names) + 6 + (2 if so else 0))]
             for p in pa["pairs"]:
                 if not p.get("best_attack"):
                     continue
@@ -1119,13 +1366,23 @@ def format_markdown(report: dict) -> str:
                 row += [_fmt(at[k]["rel_err_median"]) for k in names]
                 row += [p["best_attack"], _fmt(at[p["best_attack"]]["exact_fraction"], ".2f"),
                         _fmt(p["advantage"], ".3g"), ", ".join(p["flags"]) or "-"]
+                if so:
+                    sp = p["sums_only"]
+                    row += [_fmt(at[sp["best_attack"]]["exact_fraction"], ".2f"), ", ".join(sp["flags"]) or "-"]
                 lines.append("| " + " | ".join(row) + " |")
+            extra = (" learns exactly (sums only) | exposed to (sums only, exact) | exposed to (sums only, "
+                     "partial) |") if so else ""
             lines += ["", "Per agent:", "", "| agent | degree | learns exactly | exposed to (exact) | "
-                      "exposed to (partial) | flags |", "|---|---|---|---|---|---|"]
+                      "exposed to (partial) | flags |" + extra, "|---|---|---|---|---|---|" + ("---|" * 3 if so else "")]
             for a in pa["agents"]:
-                lines.append(f"| {a['agent']} | {a['degree']} | {a['learns_exactly'] or '-'} | "
-                             f"{a['exposed_to'] or '-'} | {a['partially_exposed_to'] or '-'} | "
-                             f"{', '.join(a['flags']) or '-'} |")
+                row = (f"| {a['agent']} | {a['degree']} | {a['learns_exactly'] or '-'} | "
+                       f"{a['exposed_to'] or '-'} | {a['partially_exposed_to'] or '-'} | "
+                       f"{', '.join(a['flags']) or '-'} |")
+                if so:
+                    sa = a["sums_only"]
+                    row += (f" {sa['learns_exactly'] or '-'} | {sa['exposed_to'] or '-'} | "
+                            f"{sa['partially_exposed_to'] or '-'} |")
+                lines.append(row)
             pb = pa["per_bcd"]
             lines += ["", "Mean relative error over pairs, per BCD iteration:", "",
                       "| BCD | " + " | ".join(k for k in pb) + " |", "|---|" + "---|" * len(pb)]

@@ -1055,7 +1055,7 @@ def make_graph(kind: str, n_agents, seed: int = 0, **params) -> Graph:
     return random_geometric(n, params["radius"], seed=seed, max_tries=params.get("max_tries", 1000))
 
 
-def block_diagonal(graphs: Sequence[Graph]):
+def block_diagonal(graphs: Sequence[Graph], stride: int | None = None):
     """Directed-edge tensors of ``T`` graphs laid out as one block-diagonal graph.
 
     Trial ``t``'s agent ``i`` becomes node ``t * N + i``, so ``T`` independent
@@ -1066,6 +1066,9 @@ def block_diagonal(graphs: Sequence[Graph]):
     ----------
     graphs : sequence of Graph, length T >= 1
         All with the same ``n_agents``.
+    stride : int, optional
+        Nodes per trial block (default ``n_agents``); a larger stride appends isolated
+        nodes to every trial (the solver's alignment padding).
 
     Returns
     -------
@@ -1094,12 +1097,16 @@ def block_diagonal(graphs: Sequence[Graph]):
                 f"graphs: graph {t} has {g.n_agents} agents but graph 0 has {n}; "
                 "all trials must have the same number of agents"
             )
+    stride = n if stride is None else int(stride)
+    if stride < n:
+        raise GraphError(f"stride: {stride} is smaller than the {n} agents of a trial")
     srcs, dsts, revs, crows = [], [], [], [torch.zeros(1, dtype=torch.long)]
     e_off = 0
     for t, g in enumerate(graphs):
-        srcs.append(g.src + t * n)
-        dsts.append(g.dst + t * n)
+        srcs.append(g.src + t * stride)
+        dsts.append(g.dst + t * stride)
         revs.append(g.rev + e_off)
-        crows.append(g.crow[1:] + e_off)
+        # the isolated padding nodes repeat the trial's last row pointer: no edges
+        crows.append(torch.cat([g.crow[1:], g.crow[-1:].expand(stride - n)]) + e_off)
         e_off += g.src.numel()
     return torch.cat(srcs), torch.cat(dsts), torch.cat(revs), torch.cat(crows)

@@ -8,7 +8,7 @@ import torch
 
 from ._utils import ConfigError, DataError
 from .exchange.base import Topology
-from .graph import Graph, from_adjacency
+from .graph import Graph, block_diagonal, from_adjacency
 from .solver import COLUMN_CHUNK, Problem
 
 __all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "NEGATIVE_MODES"]
@@ -184,16 +184,7 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     for t, blocks in enumerate(block_lists):
         for i, b in enumerate(blocks):  # data layout only, once, before any iteration
             Z[t, i, :, : b.shape[1]] = b
-    srcs, dsts, revs, crows = [], [], [], [torch.zeros(1, dtype=torch.long)]
-    e_off = 0
-    for t, g in enumerate(graphs):
-        srcs.append(g.src + t * Np)
-        dsts.append(g.dst + t * Np)
-        revs.append(g.rev + e_off)
-        crow = torch.cat([g.crow[1:], g.crow[-1:].expand(Np - N)]) + e_off  # dummies have no edges
-        crows.append(crow)
-        e_off += g.src.numel()
-    src, dst, rev, crow = torch.cat(srcs), torch.cat(dsts), torch.cat(revs), torch.cat(crows)
+    src, dst, rev, crow = block_diagonal(graphs, stride=Np)  # dummies have no edges
     degree = torch.bincount(src, minlength=T * Np)
     topo = Topology(T, Np, src, dst, rev, crow, degree).to(device)
     caps_p = torch.ones((T, Np), dtype=torch.float64)

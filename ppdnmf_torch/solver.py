@@ -291,6 +291,38 @@ def _stop_flags(flags, raised, topology: Topology):
     return (topology.spread(flags.reshape(-1)).reshape(T, N)) | raised
 
 
+class _StopRule:
+    """Sec. II-C inside one ADMM loop: a converged agent raises a flag, the flag travels one
+    hop per iteration, and an agent stops once it has it; every agent stops at the cap.
+
+    With ``tol == 0`` and no agent frozen by the BCD-level rule nothing is tracked (the
+    fixed counts run, without a device synchronization per iteration).
+    """
+
+    def __init__(self, frozen, tol, n_iters, topology, shape, device):
+        self.frozen, self.tol, self.n_iters, self.topology = frozen, tol, n_iters, topology
+        self.track = tol > 0 or frozen is not None
+        self.flags = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.active = None if frozen is None else ~frozen
+        self.counts = torch.full(shape, n_iters, dtype=torch.int64, device=device)
+        if self.track:
+            self.counts.zero_()
+
+    def after(self, it: int, new, prev) -> bool:
+        """Book-keeping after iteration ``it`` (0-based); True when the loop must end."""
+        if not self.track:
+            return False
+        self.counts += self.active.to(torch.int64) if self.active is not None else 1
+        if it == self.n_iters - 1:
+            return True
+        raised = torch.zeros_like(self.flags) if self.tol == 0 else (_rel_change(new, prev) < self.tol)
+        if self.active is not None:
+            raised &= self.active
+        self.flags = _stop_flags(self.flags, raised, self.topology)
+        self.active = ~self.flags if self.frozen is None else ~(self.flags | self.frozen)
+        return not bool(self.active.any())
+
+
 def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange: Exchange,
            sampler: PenaltySampler, *, bcd_iter: int = 1):
     """X-step: ``x_iters`` ADMM iterations with secure consensus (eqs. 8-11, lines 4-17).
@@ -306,15 +338,13 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     A = T * N
     tol = params.inner_tol
     frozen = state.frozen
-    track = tol > 0 or frozen is not None
 
     ZYt = column_gram(Z, state.Y)  # (T, N, L, K), fixed during the X-step
     YYt = column_gram(state.Y, state.Y)  # (T, N, K, K)
     eye = torch.eye(K, dtype=dtype, device=Z.device)
 
-    flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
-    active = None if frozen is None else ~frozen
-    counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    stop = _StopRule(frozen, tol, params.x_iters, topo, (T, N), Z.device)
+    active = stop.active
     # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
     # on the device so the check costs no synchronization per iteration
     first_bad = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
@@ -351,23 +381,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         S = out.S.view(T, N, L, K).to(dtype)
         # 6. Q_prev, Q = Q, Q + S
         Q_prev, Q = _where(active, Q, Q_prev), _where(active, S.add_(Q), Q)
-        if not track:
-            continue
-        counts += active.to(torch.int64) if active is not None else 1
-        if m == params.x_iters - 1:
+        if stop.after(m, U, U_prev):
             break
-        raised = torch.zeros_like(flags) if tol == 0 else (_rel_change(U, U_prev) < tol)
-        if active is not None:
-            raised &= active
-        flags = _stop_flags(flags, raised, topo)
-        active = ~flags if frozen is None else ~(flags | frozen)
-        if not bool(active.any()):
-            break
-    if not track:
-        counts.fill_(params.x_iters)
+        active = stop.active
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = X, U, P, Q, Q_prev, g
     return {
-        "iters": counts,
+        "iters": stop.counts,
         "primal": torch.linalg.matrix_norm(X - U).square().sum(-1).sqrt(),
         "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),  # dummies add exact zeros
         "first_bad": first_bad,
@@ -383,14 +402,12 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     T, N = Z.shape[:2]
     K, eta, tol = params.rank, params.eta, params.inner_tol
     frozen = state.frozen
-    track = tol > 0 or frozen is not None
     X, Y, V, R = state.X, state.Y, state.V, state.R
     eye = torch.eye(K, dtype=X.dtype, device=X.device)
     G_inv = _spd_inverse(bmm(X.mT, X) + eta * eye)  # fixed during the Y-step
     XtZ = bmm(X.mT, Z)
-    flags = torch.zeros((T, N), dtype=torch.bool, device=Z.device)
-    active = None if frozen is None else ~frozen
-    counts = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
+    active = stop.active
     V_prev = V
     for k in range(params.y_iters):
         Y_new = torch.add(V, R).clamp_(min=0)  # eq. 12
@@ -398,23 +415,12 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
         R_new = torch.sub(R, Y_new).add_(V_new)  # eq. 14
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
-        if not track:
-            continue
-        counts += active.to(torch.int64) if active is not None else 1
-        if k == params.y_iters - 1:
+        if stop.after(k, V, V_prev):
             break
-        raised = torch.zeros_like(flags) if tol == 0 else (_rel_change(V, V_prev) < tol)
-        if active is not None:
-            raised &= active
-        flags = _stop_flags(flags, raised, topo)
-        active = ~flags if frozen is None else ~(flags | frozen)
-        if not bool(active.any()):
-            break
-    if not track:
-        counts.fill_(params.y_iters)
+        active = stop.active
     state.Y, state.V, state.R = Y, V, R
     return {
-        "iters": counts,
+        "iters": stop.counts,
         "primal": torch.linalg.matrix_norm(Y - V).square().sum(-1).sqrt(),
         "dual": eta * torch.linalg.matrix_norm(V - V_prev).square().sum(-1).sqrt(),
     }

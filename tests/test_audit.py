@@ -148,11 +148,63 @@ def test_packed_plaintexts_are_checked_too(protocol, paillier_keypairs):
     assert hit["n_hits"] == 1 and hit["hits"][0]["name"].startswith("packed_")
 
 
+@pytest.mark.crypto
+@pytest.mark.parametrize("path,bits,options", [
+    ("naive", 128, {"fast": False}),
+    ("fast", 128, {}),
+    ("packed", 512, {}),
+])
+def test_aggregated_replies_decrypt_individually_with_own_key(path, bits, options, paillier_keypairs):
+    """The decrypt_each attack on real ciphertexts: every reply of the aggregated protocol is
+    under its receiver's own key, so the receiver decrypts each one on its own and gets
+    gamma_ji (penalty round) and gamma_ji (q_j - q_i) (step 5), hence q_j exactly."""
+    keys = paillier_keypairs(bits, 3)
+    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", n_max=1e6,
+                           g_bits=16, key_bits=bits, keypairs=keys, paillier_options=options, **TINY)
+    if path == "packed" and getattr(rec.layout, "slots", 1) <= 1:
+        pytest.skip("this Paillier exchange does not pack values")
+    if path == "naive":
+        assert rec.layout is None
+    # the wire carries no plaintext: this is the receiver's view, not the eavesdropper's
+    assert audit.scan_transcript(rec.transcript, audit.protocol_plaintexts(rec), rec.moduli)["clean"]
+    got = audit.decrypt_individual_replies(rec, keys)
+    E = len(rec.src)
+    assert got["n_penalty_messages"] >= rec.n_calls * E and got["n_reply_messages"] == rec.n_calls * E
+    assert got["penalty_seen"].all() and got["reply_seen"].all()
+    assert np.array_equal(got["penalty"], rec.gamma[:, rec.rev])  # gamma_ji, exactly
+    assert np.array_equal(got["reply"], rec.replies)  # gamma_ji (q_j - q_i), exactly
+    q_hat = rec.q[:, rec.src] + got["reply"] // got["penalty"][..., None]
+    assert np.array_equal(q_hat, rec.q[:, rec.dst])  # every neighbour's q_j, every call
+    info = (rec.q[:, rec.dst] != rec.q[:, rec.src]).any(-1)
+    assert info.any()  # not only the all-ones start
+    chk = audit.decrypt_each_check(rec, keys)
+    assert chk["penalties_match"] and chk["replies_match"]
+    assert chk["q_exact"] == chk["informative"] == int(info.sum())
+    # the degree-2 agent 1 learns both neighbours, which its sums alone do not give
+    rep = audit.neighbour_audit(rec, "aggregated")
+    a1 = next(a for a in rep["agents"] if a["agent"] == 1)
+    assert a1["learns_exactly"] == [0, 2] and a1["sums_only"]["learns_exactly"] == []
+
+
+@pytest.mark.crypto
+def test_decrypt_individual_replies_needs_a_paillier_run_and_every_key(paillier_keypairs):
+    with pytest.raises(audit.ConfigError, match="exchange='paillier'"):
+        audit.decrypt_individual_replies(audit.record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", **TINY), [])
+    keys = paillier_keypairs(128, 3)
+    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", keypairs=keys, **TINY)
+    with pytest.raises(audit.ConfigError, match=r"nodes \[2\]"):
+        audit.decrypt_individual_replies(rec, keys[:2])
+    assert audit.decrypt_individual_replies(rec, [sk for _, sk in keys])["reply_seen"].all()
+
+
 # ---------------------------------------------------------------------------------------
 # (b) honest-but-curious neighbours
 # ---------------------------------------------------------------------------------------
-def test_degree1_agents_recover_neighbour_exactly_under_aggregated(star_rec):
+def test_sums_only_view_degree1_agents_recover_neighbour_exactly_under_aggregated(star_rec):
+    """An agent that decrypts only the two sums: exact for degree 1 (rho reveals the penalty),
+    the weighted neighbourhood mean otherwise."""
     rep = audit.neighbour_audit(star_rec, "aggregated")
+    assert rep["views"] == {"honest_but_curious": ["decrypt_each", "nbr_mean"], "sums_only": ["nbr_mean"]}
     leaves = [p for p in rep["pairs"] if p["attacker"] != 0]
     hub = [p for p in rep["pairs"] if p["attacker"] == 0]
     assert len(leaves) == 9 and len(hub) == 9
@@ -164,15 +216,49 @@ def test_degree1_agents_recover_neighbour_exactly_under_aggregated(star_rec):
         assert m["rel_err_median"] <= 2 * p["quantization_rel_err_median"] + 1e-12
         assert m["rel_err_max"] < 1e-5
         assert m["pearson_median"] > 0.999999
-        assert {"exact_recovery", "degree1_rho_reveals_penalty", "beats_baseline"} <= set(p["flags"])
-    for p in hub:  # the hub sees one weighted sum of nine leaves: no exact recovery
+        assert p["sums_only"]["best_attack"] == "nbr_mean"
+        assert {"exact_recovery", "degree1_rho_reveals_penalty", "beats_baseline"} <= set(p["sums_only"]["flags"])
+    for p in hub:  # the hub's sums hold one weighted sum of nine leaves: no exact recovery
         assert p["attacks"]["nbr_mean"]["exact_fraction"] < 0.5
-        assert "exact_recovery" not in p["flags"]
-    agents = {a["agent"]: a for a in rep["agents"]}
+        assert "exact_recovery" not in p["sums_only"]["flags"]
+    agents = {a["agent"]: a["sums_only"] for a in rep["agents"]}
     assert agents[0]["exposed_to"] == list(range(1, 10)) and agents[0]["learns_exactly"] == []
     for leaf in range(1, 10):
         assert agents[leaf]["learns_exactly"] == [0]
         assert "degree1" in agents[leaf]["flags"]
+    assert rep["summary"]["sums_only_exact_recovery_pairs"] == 9
+
+
+@pytest.mark.parametrize("which", ["star", "paper"])
+def test_decrypt_each_recovers_every_neighbour_under_aggregated(which, star_rec, paper_rec):
+    """Every reply is under the receiver's own key: decrypting each one on its own gives
+    gamma_ji and gamma_ji (q_j - q_i), hence q_j exactly, for every pair and every call,
+    whatever the degree (the hub of the star, the degree-5 agents of the paper's graph)."""
+    rec = star_rec if which == "star" else paper_rec
+    est = audit.aggregated_attacks(rec)
+    qj = rec.q[:, rec.dst]
+    gam = rec.penalty_replies
+    assert np.array_equal(gam, rec.gamma[:, rec.rev]) and (gam > 0).all()
+    assert np.array_equal(np.rint(est["decrypt_each"] * rec.n_max).astype(np.int64), qj)  # every call, every pair
+    # from the plaintexts alone: gamma_ji divides the reply exactly
+    d = rec.replies
+    assert (d % gam[..., None] == 0).all()
+    assert np.array_equal(rec.q[:, rec.src] + d // gam[..., None], qj)
+    rep = audit.neighbour_audit(rec, "aggregated")
+    assert rec.degree.max() >= 2
+    for p in rep["pairs"]:
+        m = p["attacks"]["decrypt_each"]
+        assert m["exact_fraction"] == 1.0
+        assert m["rel_err_median"] <= 2 * p["quantization_rel_err_median"] + 1e-12
+        assert p["best_attack"] == "decrypt_each"
+        assert {"exact_recovery", "beats_baseline"} <= set(p["flags"])
+    assert rep["summary"]["exact_recovery_pairs"] == len(rep["pairs"])
+    for a in rep["agents"]:
+        assert a["learns_exactly"] == a["neighbours"]  # every agent, every neighbour
+        assert sorted(a["exposed_to"]) == a["neighbours"]
+    # the sums-only view of the same run recovers only the degree-1 agents' neighbours
+    exact_so = {(p["attacker"], p["target"]) for p in rep["pairs"] if "exact_recovery" in p["sums_only"]["flags"]}
+    assert exact_so == {(int(i), int(j)) for i, j in zip(rec.src, rec.dst) if rec.degree[i] == 1}
 
 
 def test_paper_protocol_reveals_direction_and_gcd_recovers_U(paper_rec):
@@ -235,14 +321,23 @@ def test_report_fields_and_flags(tmp_path):
                 assert set(m) >= {"rel_err_median", "rel_err_early", "rel_err_final", "pearson_median",
                                   "exact_fraction", "per_bcd_rel_err"}
                 assert len(m["per_bcd_rel_err"]) == 2 and m["per_bcd_rel_err"][0] is None  # BCD 1: U = 1
+    assert all(set(p["sums_only"]) >= {"best_attack", "advantage", "flags"}
+               for p in sc["protocols"]["aggregated"]["pairs"])
+    assert all("sums_only" not in p for p in sc["protocols"]["paper"]["pairs"])
+    assert all(f["view"] in ("honest_but_curious", "sums_only", "eavesdropper") for f in rep["flags"])
     flagged = {(f["protocol"], f["agent"], f["flag"]) for f in rep["flags"]}
+    hub = next(f for f in rep["flags"] if f["protocol"] == "aggregated" and f["agent"] == 0
+               and f["flag"] == "learns_neighbour_U_exactly")
+    assert hub["view"] == "honest_but_curious" and hub["neighbours"] == list(range(1, 10))
     for leaf in range(1, 10):
-        assert ("aggregated", leaf, "learns_neighbour_U_exactly") in flagged
+        assert ("aggregated", leaf, "learns_neighbour_U_exactly") in flagged  # honest-but-curious
+        assert ("aggregated", leaf, "sums_only_learns_neighbour_U_exactly") in flagged
         assert ("aggregated", leaf, "degree1_rho_reveals_penalty") in flagged
-    assert ("aggregated", 0, "learns_neighbour_U_exactly") not in flagged
+    assert ("aggregated", 0, "sums_only_learns_neighbour_U_exactly") not in flagged
     assert ("plain", None, "eavesdropper_reads_every_U") in flagged
     md = audit.format_markdown(rep)
     assert "## Flags" in md and "degree1_rho_reveals_penalty" in md and "| 1 -> 0 |" in md
+    assert "| 0 -> 1 |" in md and "sums_only" in md and "decrypt_each" in md
 
 
 def test_script_writes_report(tmp_path):
@@ -253,7 +348,9 @@ def test_script_writes_report(tmp_path):
     assert mod.main(["--out", str(out), "--scenarios", "star", "--bcd-iters", "2", "--x-iters", "5",
                      "--y-iters", "5", "--no-paillier", "--no-plain", "--quiet"]) == 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["scenarios"]["star"]["protocols"]["aggregated"]["summary"]["exact_recovery_pairs"] == 9
+    sm = rep["scenarios"]["star"]["protocols"]["aggregated"]["summary"]
+    assert sm["exact_recovery_pairs"] == 18  # honest-but-curious: every pair (decrypt_each)
+    assert sm["sums_only_exact_recovery_pairs"] == 9  # sums only: the nine leaves
     assert (out / "report.md").read_text().startswith("# Privacy audit")
 
 
@@ -265,9 +362,13 @@ def test_default_audit_headline_numbers():
     for name in ("paper_synthetic", "random_caps", "short_admm"):
         s = rep["scenarios"][name]["protocols"]
         assert s["paper"]["summary"]["exact_recovery_pairs"] == 30
-        assert s["aggregated"]["summary"]["exact_recovery_pairs"] == 2  # agents 0 and 5 have degree 1
+        assert s["aggregated"]["summary"]["exact_recovery_pairs"] == 30  # decrypt_each
+        assert s["aggregated"]["summary"]["sums_only_exact_recovery_pairs"] == 2  # agents 0 and 5: degree 1
     star = rep["scenarios"]["star"]["protocols"]
     assert star["paper"]["summary"]["exact_recovery_pairs"] == 18
-    assert star["aggregated"]["summary"]["exact_recovery_pairs"] == 9
+    assert star["aggregated"]["summary"]["exact_recovery_pairs"] == 18
+    assert star["aggregated"]["summary"]["sums_only_exact_recovery_pairs"] == 9
     for ev in rep["eavesdropper_paillier"].values():
         assert ev["scan"]["clean"] and ev["scan"]["n_hits"] == 0
+    de = rep["eavesdropper_paillier"]["aggregated"]["decrypt_each"]
+    assert de["penalties_match"] and de["replies_match"] and de["q_exact"] == de["informative"] > 0

@@ -38,8 +38,12 @@ Message flows (``i`` an agent, ``j in N_i``; ``E_i`` encryption under ``kp_i``)
    ``rho_i`` is the one of step 1 (the mini-round runs again here only when the
    penalties differ from step 1's).
 
-Agent ``i`` learns ``S_i`` and ``rho_i`` and nothing per neighbour (with one neighbour,
-``rho_i`` still reveals that neighbour's penalty).
+If agent ``i`` decrypts only the two sums, it learns ``S_i`` and ``rho_i`` and nothing per
+neighbour (with one neighbour, ``rho_i`` still reveals that neighbour's penalty). But every
+reply is encrypted under ``i``'s own key: an honest-but-curious ``i`` that decrypts each
+reply learns ``gamma_ji`` and then ``q_j`` exactly, as in the ``paper`` protocol. Both
+protocols protect against eavesdroppers, not against curious neighbours (measured by
+:mod:`ppdnmf_torch.audit`; see docs/THREAT_MODEL.md).
 
 The operation counts and bytes of both protocols are derived in
 :mod:`ppdnmf_torch.exchange.costmodel`; :meth:`PaillierExchange.costs` reports what this
