@@ -338,3 +338,21 @@ def test_ledger_records_and_pop():
     assert led.total["encryptions"] == 7 and led.edges == {"0->1": 10}
     assert led.pop() == []
     assert set(COUNT_KEYS) <= set(recs[0])
+
+
+@pytest.mark.parametrize("scale", [10**6, 10**9])  # bound below and above 2^53
+def test_integer_neighbour_sums_fast_float_path_is_exact(scale):
+    """Below 2^53 the sums go through a float64 sparse matmul; above, through int64 gathers.
+    Both must give exactly the integers of the plain definition."""
+    from ppdnmf_torch import graph as graph_mod
+    from ppdnmf_torch.exchange.quantized import integer_neighbour_sums
+
+    g = graph_mod.random_connected(40, 4.0, seed=3)
+    gen = torch.Generator().manual_seed(scale % 97)
+    q = torch.randint(-scale, scale, (40, 37), generator=gen)
+    w = torch.randint(0, 5 * 10**6, (g.src.numel(),), generator=gen)
+    S, rho = integer_neighbour_sums(q, w, g.src, g.dst, 40)
+    expected = [[sum(int(w[e]) * (int(q[int(g.dst[e]), c]) - int(q[i, c]))
+                     for e in range(int(g.crow[i]), int(g.crow[i + 1]))) for c in range(37)] for i in range(40)]
+    assert S.dtype == torch.int64 and S.tolist() == expected
+    assert rho.tolist() == [sum(int(w[e]) for e in range(int(g.crow[i]), int(g.crow[i + 1]))) for i in range(40)]
