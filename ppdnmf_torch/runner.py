@@ -21,7 +21,6 @@ and only when asked for. :mod:`ppdnmf_torch.cli` prints the summary.
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import logging
 import math
@@ -118,8 +117,6 @@ def _solver_kwargs(cfg: RunConfig, device, dtype) -> dict:
               penalty=s.penalty, consensus_form=s.consensus_form, negative=cfg.data.negative,
               seed=cfg.seed, device=device, dtype=dtype)
     if s.admm_tol is not None:
-        if "admm_tol" not in inspect.signature(fit).parameters:
-            raise ConfigError("solver.admm_tol: not supported by this version of ppdnmf_torch.fit; leave it null")
         kw["admm_tol"] = s.admm_tol
     return kw
 
@@ -319,14 +316,10 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
         def cb(info):
             if tb is not None:
                 tb.callback(info)
-            # fit hands the exchange's costs to the callback (cumulative, and the records of
-            # this BCD iteration's ADMM iterations); ask the exchange where it does not
-            raw = getattr(info, "costs", None)
-            costs = _numeric(raw if raw is not None else exch.costs())
-            records = getattr(info, "iteration_costs", None)
-            if records is None:
-                pop = getattr(exch, "pop_iteration_costs", None)
-                records = pop() if pop is not None else []
+            # fit hands the exchange's costs to the callback: cumulative, and the records of
+            # this BCD iteration's ADMM iterations
+            costs = _numeric(info.costs)
+            records = info.iteration_costs
             crypto_rows.append(costs)
             if tb is not None:
                 if costs:
