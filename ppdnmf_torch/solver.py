@@ -261,10 +261,12 @@ def _spd_inverse(A: torch.Tensor) -> torch.Tensor:
     synchronize with the device; non-finite input shows up as NaN in the result and is
     caught by the solver's finiteness check.
     """
-    L, info = torch.linalg.cholesky_ex(A)
-    # a failed factorization (only non-finite input can fail here) becomes NaN, without a sync
-    L = torch.where((info != 0)[..., None, None], torch.full_like(L, float("nan")), L)
-    return torch.cholesky_inverse(L)
+    L = torch.linalg.cholesky_ex(A).L
+    try:
+        return torch.cholesky_inverse(L)
+    except RuntimeError:  # torch.linalg.LinAlgError: a factorization failed on non-finite input
+        # NaN carries the failure to the solver's finiteness check, which names the agents
+        return torch.full_like(A, float("nan"))
 
 
 def _where(mask, new, old):
@@ -347,7 +349,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     active = stop.active
     # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
     # on the device so the check costs no synchronization per iteration
-    first_bad = torch.zeros((T, N), dtype=torch.int64, device=Z.device)
+    # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; one
+    # reduction written into a preallocated buffer, inspected once after the loop
+    u_sums = torch.empty((params.x_iters, T, N), dtype=dtype, device=Z.device)
     sampler.begin_bcd_iteration()
     X, U, P, Q, Q_prev, g = state.X, state.U, state.P, state.Q, state.Q_prev, state.g
     for m in range(params.x_iters):
@@ -373,9 +377,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         P_new = torch.sub(P, X_new).add_(U_new)
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
-        # NaN/Inf anywhere in U_i makes its sum non-finite: one small reduction per iteration
-        nonfinite = ~torch.isfinite(U.sum(dim=(-2, -1)))
-        first_bad = torch.where(nonfinite & (first_bad == 0), m + 1, first_bad)
+        torch.sum(U, dim=(-2, -1), out=u_sums[m])
         # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
         out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1)
         S = out.S.view(T, N, L, K).to(dtype)
@@ -384,6 +386,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         if stop.after(m, U, U_prev):
             break
         active = stop.active
+    # first ADMM iteration (1-based) at which each agent's U stopped being finite, 0: never
+    bad = ~torch.isfinite(u_sums[: m + 1])
+    first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = X, U, P, Q, Q_prev, g
     return {
         "iters": stop.counts,
