@@ -204,10 +204,32 @@ PUBLIC_TASKS = {"obfuscators": worker_obfuscators, "ping": worker_ping}
 # --------------------------------------------------------------------------- private key
 def _refuse(obj):
     raise TypeError(f"{type(obj).__name__} holds Paillier private-key material and cannot be pickled, "
-                    "copied or serialized")
+                    "copied or serialized; checkpoint the solver state instead and regenerate keys on resume")
 
 
-class PrivateCRT:
+class HoldsPrivateKey:
+    """Mixin for objects that hold private-key material: pickling and copying are refused,
+    so a key can never leave its object through a checkpoint, a worker pool or a deep copy."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol):
+        _refuse(self)
+
+    def __reduce__(self):
+        _refuse(self)
+
+    def __getstate__(self):
+        _refuse(self)
+
+    def __copy__(self):
+        _refuse(self)
+
+    def __deepcopy__(self, memo):
+        _refuse(self)
+
+
+class PrivateCRT(HoldsPrivateKey):
     """The key owner's fast private operations, on ``mpz``: CRT decryption and CRT obfuscators.
 
     Built from a :class:`phe.PaillierPrivateKey` inside :class:`~.paillier._Agent` and kept
@@ -257,17 +279,3 @@ class PrivateCRT:
     def __repr__(self) -> str:
         return f"PrivateCRT({int(self._n).bit_length()}-bit key)"
 
-    def __reduce_ex__(self, protocol):
-        _refuse(self)
-
-    def __reduce__(self):
-        _refuse(self)
-
-    def __getstate__(self):
-        _refuse(self)
-
-    def __copy__(self):
-        _refuse(self)
-
-    def __deepcopy__(self, memo):
-        _refuse(self)

@@ -103,7 +103,7 @@ from .._utils import ConfigError
 from .base import Exchange, ExchangeOutput
 from .codec import CodecRangeError, IntegerCodec
 from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calibrate, estimate_seconds
-from .obfuscation import PrivateCRT, default_djn_exponent_bits, djn_obfuscators
+from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
 from .packing import SlotDecodeError, SlotLayout, check_slot_sums, derive_layout, first_reply_overflow
 from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
 from .quantized import encode_inputs, integer_penalty_sums
@@ -132,13 +132,6 @@ class InsecureKeyWarning(UserWarning):
 
 class KeyMismatchError(ValueError):
     """An agent was handed a message encrypted under another agent's public key."""
-
-
-def _refuse_pickle(obj):
-    raise TypeError(
-        f"{type(obj).__name__} holds Paillier private keys and cannot be pickled, copied or "
-        "serialized; checkpoint the solver state instead and regenerate keys on resume"
-    )
 
 
 def _ct_nbytes(public_key) -> int:
@@ -238,7 +231,7 @@ def _decrypt_range_error(agent, bcd_iter, admm_iter, value, limit) -> CodecRange
     )
 
 
-class _Agent:
+class _Agent(HoldsPrivateKey):
     """One party of the protocol: node ``node`` (agent ``agent`` of trial ``trial``).
 
     Holds its private key; the only ways to use it are :meth:`decrypt` /
@@ -359,15 +352,6 @@ class _Agent:
     def __repr__(self) -> str:
         return f"_Agent(node={self.node}, trial={self.trial}, agent={self.agent}, key_bits={self.key_bits})"
 
-    def __reduce_ex__(self, protocol):
-        _refuse_pickle(self)
-
-    def __reduce__(self):
-        _refuse_pickle(self)
-
-    def __getstate__(self):
-        _refuse_pickle(self)
-
 
 @dataclass(frozen=True)
 class WireMessage:
@@ -381,7 +365,7 @@ class WireMessage:
     payload: tuple
 
 
-class PaillierExchange(Exchange):
+class PaillierExchange(HoldsPrivateKey, Exchange):
     """The secure exchange with real Paillier encryption (:mod:`phe`), on the host.
 
     Parameters
@@ -995,12 +979,3 @@ class PaillierExchange(Exchange):
         return (f"PaillierExchange(protocol={self.protocol!r}, key_bits={self.codec.key_bits}, "
                 f"n_max={self.codec.n_max:g}, g_bits={self.codec.g_bits}, agents={len(self._agents)}{path}"
                 f"{', closed' if self._closed else ''})")
-
-    def __reduce_ex__(self, protocol):
-        _refuse_pickle(self)
-
-    def __reduce__(self):
-        _refuse_pickle(self)
-
-    def __getstate__(self):
-        _refuse_pickle(self)
