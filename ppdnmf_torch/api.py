@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._utils import ConfigError, resolve_device, resolve_dtype
-from .exchange import Exchange, make_exchange
+from .exchange import make_exchange
 from .graph import Graph, complete
 from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint

@@ -1,7 +1,6 @@
 """Shared fixtures: devices, small problems, and Paillier keys made once per session."""
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest

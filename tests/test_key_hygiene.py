@@ -5,7 +5,6 @@ import warnings
 
 import phe
 import pytest
-import torch
 
 from ppdnmf_torch.config import from_dict
 from ppdnmf_torch.exchange.paillier import InsecureKeyWarning, PaillierExchange
