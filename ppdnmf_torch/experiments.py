@@ -45,7 +45,7 @@ PAPER_EXPERIMENTS = {
 }
 
 _FIT_KEYS = {"rank", "mu", "eta", "g_max", "bcd_iters", "x_iters", "y_iters", "tol", "admm_tol", "exchange",
-             "protocol", "n_max", "key_bits", "g_bits", "penalty", "consensus_form", "exchange_options"}
+             "protocol", "n_max", "key_bits", "g_bits", "penalty", "consensus_form", "exchange_options", "fuse"}
 
 
 def make_trial(spec: dict, seed: int, Z=None):

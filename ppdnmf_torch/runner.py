@@ -114,7 +114,7 @@ def build_graph(cfg: RunConfig) -> Graph:
 def _solver_kwargs(cfg: RunConfig, device, dtype) -> dict:
     s = cfg.solver
     kw = dict(mu=s.mu, eta=s.eta, bcd_iters=s.bcd_iters, x_iters=s.x_iters, y_iters=s.y_iters, tol=s.tol,
-              penalty=s.penalty, consensus_form=s.consensus_form, negative=cfg.data.negative,
+              penalty=s.penalty, consensus_form=s.consensus_form, fuse=s.fuse, negative=cfg.data.negative,
               seed=cfg.seed, device=device, dtype=dtype)
     if s.admm_tol is not None:
         kw["admm_tol"] = s.admm_tol

@@ -78,6 +78,9 @@ class SolverParams:
         (inner loops cut short too early can keep the outer loop from settling).
     penalty : {"random", "fixed"}
     consensus_form : {"derived", "paper_literal"}
+    fuse : bool
+        Compile the elementwise chains of the ADMM iterations with ``torch.compile``
+        (faster at large sizes; a compilation per new shape; rounding differs slightly).
     """
 
     rank: int
@@ -90,6 +93,7 @@ class SolverParams:
     penalty: str = "random"
     consensus_form: str = "derived"
     admm_tol: float | None = None
+    fuse: bool = False
 
     @property
     def inner_tol(self) -> float:
@@ -293,6 +297,69 @@ def _stop_flags(flags, raised, topology: Topology):
     return (topology.spread(flags.reshape(-1)).reshape(T, N)) | raised
 
 
+def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool):
+    """Eq. 8 and the right-hand side of eq. 9.
+
+    ``X = max(0, U + P)``; ``rhs = Z Y^T + mu (X - P) + c`` with the consensus term
+    ``c = rho U + 2 Q - Q_prev`` (derived) or ``rho (U + 2 Q - Q_prev)`` (as printed).
+    Written as fused, in-place operations on fresh temporaries (never on state tensors,
+    which checkpoints hold by reference): the iteration is memory bound.
+    """
+    X_new = torch.add(U, P).clamp_(min=0)
+    rhs = torch.add(ZYt, torch.sub(X_new, P), alpha=mu)
+    if derived:
+        rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
+    else:
+        rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0).sub_(Q_prev))
+    return X_new, rhs
+
+
+def _y_pre(V, R, XtZ, eta: float):
+    """Eq. 12 and the right-hand side of eq. 13: ``Y = max(0, V + R)``, ``XtZ + eta (Y - R)``."""
+    Y_new = torch.add(V, R).clamp_(min=0)
+    return Y_new, torch.add(XtZ, torch.sub(Y_new, R), alpha=eta)
+
+
+def _step_post(P, X_new, U_new):
+    """Eqs. 10 and 14: the scaled dual update ``P - (X - U)``."""
+    return torch.sub(P, X_new).add_(U_new)
+
+
+class _Kernels:
+    def __init__(self, x_pre, y_pre, step_post):
+        self.x_pre, self.y_pre, self.step_post = x_pre, y_pre, step_post
+
+
+_EAGER = _Kernels(_x_pre, _y_pre, _step_post)
+_FUSED = None
+
+
+def _kernels(fuse: bool) -> _Kernels:
+    """The elementwise chains of an ADMM iteration: eager torch ops, or (``fuse=True``) the
+    same chains compiled by ``torch.compile`` into single-pass loops. Fusing cuts the
+    memory traffic of an iteration several-fold at large sizes; it costs a compilation
+    (seconds) per new shape, and rounds slightly differently (fused multiply-adds)."""
+    global _FUSED
+    if not fuse:
+        return _EAGER
+    if _FUSED is None:
+        def x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool):
+            X_new = torch.clamp(U + P, min=0)
+            if derived:
+                return X_new, ZYt + mu * (X_new - P) + rho * U + 2.0 * Q - Q_prev
+            return X_new, ZYt + mu * (X_new - P) + rho * (U + 2.0 * Q - Q_prev)
+
+        def y_pre(V, R, XtZ, eta: float):
+            Y_new = torch.clamp(V + R, min=0)
+            return Y_new, XtZ + eta * (Y_new - R)
+
+        def step_post(P, X_new, U_new):
+            return P - X_new + U_new
+
+        _FUSED = _Kernels(*(torch.compile(f, dynamic=False) for f in (x_pre, y_pre, step_post)))
+    return _FUSED
+
+
 class _StopRule:
     """Sec. II-C inside one ADMM loop: a converged agent raises a flag, the flag travels one
     hop per iteration, and an agent stops once it has it; every agent stops at the cap.
@@ -347,6 +414,8 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
 
     stop = _StopRule(frozen, tol, params.x_iters, topo, (T, N), Z.device)
     active = stop.active
+    kern = _kernels(params.fuse)
+    derived = params.consensus_form == "derived"
     # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
     # on the device so the check costs no synchronization per iteration
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; one
@@ -362,19 +431,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         # The updates below are written as fused, in-place operations on fresh temporaries
         # (never on state tensors, which checkpoints hold by reference): the iteration is
         # memory bound, and every avoided pass over (T, N, L, K) counts.
-        # 2. X_i = max(0, U_i + P_i)   (eq. 8)
-        X_new = torch.add(U, P).clamp_(min=0)
-        # 3. U-update (eq. 9): rhs = Z_i Y_i^T + mu (X_i - P_i) + consensus term, where the
-        #    consensus term is rho_i U_i + 2 Q_i - Q_prev_i (derived) or
-        #    rho_i (U_i + 2 Q_i - Q_prev_i) (as printed)
-        rhs = torch.add(ZYt, torch.sub(X_new, P), alpha=mu)
-        if params.consensus_form == "derived":
-            rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
-        else:
-            rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0).sub_(Q_prev))
+        # 2. X_i = max(0, U_i + P_i) (eq. 8), and the right-hand side of eq. 9
+        X_new, rhs = kern.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+        # 3. U-update (eq. 9)
         U_new = bmm(rhs, _spd_inverse(YYt + (mu + rho) * eye))
         # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
-        P_new = torch.sub(P, X_new).add_(U_new)
+        P_new = kern.step_post(P, X_new, U_new)
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
         torch.sum(U, dim=(-2, -1), out=u_sums[m])
@@ -413,11 +475,12 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     XtZ = bmm(X.mT, Z)
     stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
     active = stop.active
+    kern = _kernels(params.fuse)
     V_prev = V
     for k in range(params.y_iters):
-        Y_new = torch.add(V, R).clamp_(min=0)  # eq. 12
-        V_new = bmm(G_inv, torch.add(XtZ, torch.sub(Y_new, R), alpha=eta))  # eq. 13
-        R_new = torch.sub(R, Y_new).add_(V_new)  # eq. 14
+        Y_new, B = kern.y_pre(V, R, XtZ, eta)  # eq. 12, and the right-hand side of eq. 13
+        V_new = bmm(G_inv, B)  # eq. 13
+        R_new = kern.step_post(R, Y_new, V_new)  # eq. 14
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if stop.after(k, V, V_prev):

@@ -83,10 +83,13 @@ def problem(N, L, K, cols, seed=0):
     return blocks, graph_mod.random_connected(N, 3.0 if N > 3 else 2.0, seed=seed)
 
 
+FUSE = False  # --fuse: the batched solver compiles its elementwise chains (fit(..., fuse=True))
+
+
 def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3):
     """Marginal seconds per ADMM iteration: the difference between a run of ``1 + iters``
     and a run of 1 iteration (same setup, same once-per-BCD work), divided by ``iters``."""
-    kw = dict(bcd_iters=1, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05)
+    kw = dict(bcd_iters=1, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=FUSE)
 
     def best_of(n):
         best = float("inf")
@@ -143,7 +146,7 @@ def bench_roofline(device, N, copy_bw):
 def bench_trials(device, trials, ref_trials, bcd_iters):
     t0 = time.perf_counter()
     res = run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
-                         centralized=False, device=device, bcd_iters=bcd_iters)
+                         centralized=False, device=device, bcd_iters=bcd_iters, fuse=FUSE)
     _sync(device)
     t_batched = time.perf_counter() - t0
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
@@ -171,18 +174,23 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--ref-trials", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fuse", action="store_true", help="batched solver with fit(..., fuse=True)")
+    ap.add_argument("--skip-loop", action="store_true", help="roofline and trials only")
     args = ap.parse_args(argv)
+    global FUSE
+    FUSE = args.fuse
     device = pp.resolve_device(args.device)
     Ns = args.ns or ([10, 100] if args.quick else [10, 100, 1000])
-    info = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    info = {"device": str(device), "fuse": FUSE, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     print(f"bench_solver on {info}", flush=True)
     copy_bw = copy_bandwidth(device, nbytes=(1 << 28) if args.quick else (1 << 30))
     print(f"copy bandwidth: {copy_bw / 1e9:.2f} GB/s", flush=True)
     out = {"machine": info, "copy_GBps": copy_bw / 1e9}
-    print("per-agent loop vs batched, seconds per ADMM iteration (float64):", flush=True)
-    out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick)
+    if not args.skip_loop:
+        print("per-agent loop vs batched, seconds per ADMM iteration (float64):", flush=True)
+        out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick)
     print("memory roofline:", flush=True)
     out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, copy_bw)
     print("batched trials:", flush=True)

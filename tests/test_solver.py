@@ -30,7 +30,8 @@ def _fit_both(name, *, bcd_iters=2, **kw):
     n, edges = GRAPHS[name]
     blocks = small_problem(counts=COUNTS[n], seed=n)
     g = graph.Graph(n, edges)
-    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", **kw)
+    fuse = kw.pop("fuse", False)
+    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", fuse=fuse, **kw)
     ref = reference_fit(blocks, edges, 3, bcd_iters=bcd_iters, **kw)
     return r, ref
 
@@ -232,3 +233,12 @@ def test_callback_sees_every_iteration_and_can_stop():
     assert [s[0] for s in seen] == [1, 2, 3]
     assert r.n_iter == 3
     assert [s[1] for s in seen] == r.history["nmse"]
+
+
+@pytest.mark.parametrize("form", ["derived", "paper_literal"])
+def test_fused_kernels_match_the_reference(form):
+    """fuse=True compiles the elementwise chains (torch.compile); same algorithm, to rounding."""
+    r, ref = _fit_both("random6", penalty="random", consensus_form=form, x_iters=8, y_iters=8, seed=2, fuse=True)
+    for i in range(6):
+        assert _rel(r.X[i], ref["X"][i]) < 1e-10
+        assert _rel(r.Y[i], ref["Y"][i]) < 1e-10
