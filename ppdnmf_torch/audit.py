@@ -109,7 +109,6 @@ __all__ = [
     "recording_paillier_class",
     "make_recording_exchange",
     "record_fit",
-    "PlainWireMessage",
     "plain_transcript",
     "eavesdrop_plain",
     "protocol_plaintexts",
@@ -406,29 +405,19 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
 # ---------------------------------------------------------------------------------------
 # (a) the eavesdropper
 # ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PlainWireMessage:
-    """One message of the plain protocol: ``U_i`` (flattened) and ``g_{i->j}`` in the clear."""
-
-    bcd_iter: int
-    admm_iter: int
-    sender: int
-    receiver: int
-    kind: str
-    payload: tuple
-
-
 def plain_transcript(rec: Recording) -> list:
     """The wire of the plain protocol: every call, ``i -> j`` carries ``U_i`` and ``g_{i->j}``.
 
     ``exchange="plain"`` computes ``S_i`` in floating point from the neighbours' ``U_j``
     and penalties; deployed, that is one clear-text message per directed edge.
     """
+    from .exchange.paillier import WireMessage  # the same record for every protocol
+
     out = []
     for t in range(rec.n_calls):
         b, m = int(rec.bcd[t]), int(rec.admm[t])
         for e, (i, j) in enumerate(zip(rec.src.tolist(), rec.dst.tolist())):
-            out.append(PlainWireMessage(b, m, i, j, "plain_u_and_penalty",
+            out.append(WireMessage(b, m, i, j, "plain_u_and_penalty",
                                         tuple(rec.U[t, i].tolist()) + (float(rec.g[t, e]),)))
     return out
 
@@ -1171,15 +1160,9 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
 
 def _make_keypairs(bits: int, count: int) -> list:
     """``count`` Paillier key pairs with distinct moduli (the audit's own, small keys)."""
-    import phe
+    from .exchange.paillier import generate_keypairs
 
-    out, seen = [], set()
-    while len(out) < count:
-        pk, sk = phe.generate_paillier_keypair(n_length=bits)
-        if pk.n not in seen:
-            seen.add(pk.n)
-            out.append((pk, sk))
-    return out
+    return generate_keypairs(bits, count)
 
 
 def decrypt_each_check(rec: Recording, private_keys) -> dict:

@@ -81,15 +81,10 @@ def _topology(graph):
 
 
 def _keys(bits, count):
-    import phe
+    from ppdnmf_torch.exchange.paillier import generate_keypairs
 
     t0 = time.perf_counter()
-    out, seen = [], set()
-    while len(out) < count:
-        pk, sk = phe.generate_paillier_keypair(n_length=bits)
-        if pk.n not in seen:
-            seen.add(pk.n)
-            out.append((pk, sk))
+    out = generate_keypairs(bits, count)
     return out, time.perf_counter() - t0
 
 

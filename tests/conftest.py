@@ -38,18 +38,12 @@ def cbcl_path():
 def paillier_keypairs():
     """``keys(bits, count)``: ``count`` distinct Paillier key pairs of ``bits`` bits, made once
     per test session and reused (small keys only: tests, never a real run)."""
-    import phe
+    from ppdnmf_torch.exchange.paillier import generate_keypairs
 
     cache: dict = {}
 
     def keys(bits: int, count: int):
-        have = cache.setdefault(bits, [])
-        seen = {pk.n for pk, _ in have}
-        while len(have) < count:
-            pk, sk = phe.generate_paillier_keypair(n_length=bits)
-            if pk.n not in seen:
-                seen.add(pk.n)
-                have.append((pk, sk))
-        return list(have[:count])
+        cache[bits] = generate_keypairs(bits, count, cache.get(bits, ()))
+        return list(cache[bits][:count])
 
     return keys

@@ -110,6 +110,7 @@ from .quantized import encode_inputs, integer_penalty_sums
 
 __all__ = [
     "PaillierExchange",
+    "generate_keypairs",
     "InsecureKeyWarning",
     "KeyMismatchError",
     "EncryptedVector",
@@ -353,9 +354,27 @@ class _Agent(HoldsPrivateKey):
         return f"_Agent(node={self.node}, trial={self.trial}, agent={self.agent}, key_bits={self.key_bits})"
 
 
+def generate_keypairs(key_bits: int, count: int, existing=()) -> list:
+    """``existing`` plus new Paillier key pairs up to ``count``, all with distinct moduli.
+
+    For tests, benchmarks and the audit, which hand keys to an exchange through
+    ``keypairs=`` (a run's own keys are made inside :meth:`PaillierExchange.bind`).
+    """
+    out = list(existing)
+    seen = {pk.n for pk, _ in out}
+    while len(out) < count:
+        pk, sk = phe.generate_paillier_keypair(n_length=key_bits)
+        if pk.n not in seen:
+            seen.add(pk.n)
+            out.append((pk, sk))
+    return out
+
+
 @dataclass(frozen=True)
 class WireMessage:
-    """One message on a link, as an eavesdropper records it: ciphertexts and public keys only."""
+    """One message on a link, as an eavesdropper records it: for the Paillier protocols,
+    ciphertexts and public keys only (the audit also records the plain protocol's
+    messages, values in the clear, in this form)."""
 
     bcd_iter: int
     admm_iter: int
