@@ -44,6 +44,7 @@ __all__ = [
     "y_step",
     "column_gram",
     "COLUMN_CHUNK",
+    "Workspace",
 ]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
@@ -243,7 +244,7 @@ def column_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def bmm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def bmm(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Batched ``A @ B`` that always takes the batched kernel.
 
     ``torch.matmul`` folds a batch of one into a plain ``mm``, whose kernel rounds
@@ -251,8 +252,11 @@ def bmm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     bit-identical to the same trial inside a batch.
     """
     batch = A.shape[:-2]
-    out = torch.bmm(A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
-    return out.reshape(*batch, A.shape[-2], B.shape[-1])
+    A3, B3 = A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:])
+    if out is not None:  # a contiguous buffer of the result's shape
+        torch.bmm(A3, B3, out=out.view(-1, A.shape[-2], B.shape[-1]))
+        return out
+    return torch.bmm(A3, B3).reshape(*batch, A.shape[-2], B.shape[-1])
 
 
 def _spd_inverse(A: torch.Tensor) -> torch.Tensor:
@@ -297,40 +301,75 @@ def _stop_flags(flags, raised, topology: Topology):
     return (topology.spread(flags.reshape(-1)).reshape(T, N)) | raised
 
 
-def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool):
+class Workspace:
+    """Reusable output buffers of the ADMM updates, by name.
+
+    A large fresh tensor is page-faulted in on every allocation (glibc serves big blocks
+    with ``mmap`` and returns them on free), which on a CPU costs several times the
+    arithmetic of an elementwise update. The updates therefore write into buffers that
+    live for the whole run: :meth:`take` returns a buffer shaped like ``like`` that shares
+    no storage with the tensors in ``avoid`` (the values still needed), so the state
+    alternates between two buffers per variable. State tensors are overwritten by later
+    iterations: whoever keeps one across iterations (checkpoints, the BCD stopping rule)
+    copies it.
+    """
+
+    #: below this size (bytes of the tensor asked for) allocation is cheap (glibc keeps
+    #: small blocks), and :meth:`take` returns None: the operation allocates its output
+    MIN_BYTES = 1 << 20
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def take(self, name: str, like: torch.Tensor, avoid=()) -> torch.Tensor | None:
+        if like.numel() * like.element_size() < self.MIN_BYTES:
+            return None
+        bufs = self._bufs.setdefault(name, [])
+        if bufs and (bufs[0].shape != like.shape or bufs[0].dtype != like.dtype or bufs[0].device != like.device):
+            bufs.clear()
+        busy = {a.untyped_storage().data_ptr() for a in avoid}
+        for b in bufs:
+            if b.untyped_storage().data_ptr() not in busy:
+                return b
+        b = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        bufs.append(b)
+        return b
+
+
+def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_old):
     """Eq. 8 and the right-hand side of eq. 9.
 
     ``X = max(0, U + P)``; ``rhs = Z Y^T + mu (X - P) + c`` with the consensus term
     ``c = rho U + 2 Q - Q_prev`` (derived) or ``rho (U + 2 Q - Q_prev)`` (as printed).
-    Written as fused, in-place operations on fresh temporaries (never on state tensors,
-    which checkpoints hold by reference): the iteration is memory bound.
+    In-place operations on workspace buffers: the iteration is memory bound.
     """
-    X_new = torch.add(U, P).clamp_(min=0)
-    rhs = torch.add(ZYt, torch.sub(X_new, P), alpha=mu)
+    X_new = torch.add(U, P, out=ws.take("X", U, (X_old,))).clamp_(min=0)
+    rhs = torch.add(ZYt, torch.sub(X_new, P, out=ws.take("tmp_lk", U)), alpha=mu, out=ws.take("rhs", U))
     if derived:
         rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
     else:
-        rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0).sub_(Q_prev))
+        rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0, out=ws.take("tmp_lk", U)).sub_(Q_prev))
     return X_new, rhs
 
 
-def _y_pre(V, R, XtZ, eta: float):
+def _y_pre(V, R, XtZ, eta: float, ws: Workspace, Y_old):
     """Eq. 12 and the right-hand side of eq. 13: ``Y = max(0, V + R)``, ``XtZ + eta (Y - R)``."""
-    Y_new = torch.add(V, R).clamp_(min=0)
-    return Y_new, torch.add(XtZ, torch.sub(Y_new, R), alpha=eta)
+    Y_new = torch.add(V, R, out=ws.take("Y", V, (Y_old,))).clamp_(min=0)
+    B = torch.add(XtZ, torch.sub(Y_new, R, out=ws.take("tmp_km", V)), alpha=eta, out=ws.take("B", V))
+    return Y_new, B
 
 
-def _step_post(P, X_new, U_new):
+def _step_post(P, X_new, U_new, ws: Workspace, name: str):
     """Eqs. 10 and 14: the scaled dual update ``P - (X - U)``."""
-    return torch.sub(P, X_new).add_(U_new)
+    return torch.sub(P, X_new, out=ws.take(name, P, (P,))).add_(U_new)
 
 
 class _Kernels:
-    def __init__(self, x_pre, y_pre, step_post):
-        self.x_pre, self.y_pre, self.step_post = x_pre, y_pre, step_post
+    def __init__(self, x_pre, y_pre, step_post, buffered):
+        self.x_pre, self.y_pre, self.step_post, self.buffered = x_pre, y_pre, step_post, buffered
 
 
-_EAGER = _Kernels(_x_pre, _y_pre, _step_post)
+_EAGER = _Kernels(_x_pre, _y_pre, _step_post, True)
 _FUSED = None
 
 
@@ -356,7 +395,11 @@ def _kernels(fuse: bool) -> _Kernels:
         def step_post(P, X_new, U_new):
             return P - X_new + U_new
 
-        _FUSED = _Kernels(*(torch.compile(f, dynamic=False) for f in (x_pre, y_pre, step_post)))
+        cx, cy, cp = (torch.compile(f, dynamic=False) for f in (x_pre, y_pre, step_post))
+        # compiled kernels allocate their outputs; the workspace arguments are not used
+        _FUSED = _Kernels(lambda U, P, ZYt, Q, Qp, rho, mu, d, ws, X_old: cx(U, P, ZYt, Q, Qp, rho, mu, d),
+                          lambda V, R, XtZ, eta, ws, Y_old: cy(V, R, XtZ, eta),
+                          lambda P, X_new, U_new, ws, name: cp(P, X_new, U_new), False)
     return _FUSED
 
 
@@ -393,7 +436,7 @@ class _StopRule:
 
 
 def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange: Exchange,
-           sampler: PenaltySampler, *, bcd_iter: int = 1):
+           sampler: PenaltySampler, *, bcd_iter: int = 1, ws: Workspace | None = None):
     """X-step: ``x_iters`` ADMM iterations with secure consensus (eqs. 8-11, lines 4-17).
 
     Updates ``state`` in place. Returns a dict with the iteration counts per agent
@@ -415,6 +458,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     stop = _StopRule(frozen, tol, params.x_iters, topo, (T, N), Z.device)
     active = stop.active
     kern = _kernels(params.fuse)
+    ws = ws if ws is not None else Workspace()
     derived = params.consensus_form == "derived"
     # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
     # on the device so the check costs no synchronization per iteration
@@ -428,15 +472,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         active_edges = None if active is None else active.reshape(-1)[topo.src]
         g = sampler.step(g, m, active_edges)
         rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
-        # The updates below are written as fused, in-place operations on fresh temporaries
-        # (never on state tensors, which checkpoints hold by reference): the iteration is
-        # memory bound, and every avoided pass over (T, N, L, K) counts.
         # 2. X_i = max(0, U_i + P_i) (eq. 8), and the right-hand side of eq. 9
-        X_new, rhs = kern.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+        X_new, rhs = kern.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
         # 3. U-update (eq. 9)
-        U_new = bmm(rhs, _spd_inverse(YYt + (mu + rho) * eye))
+        U_new = bmm(rhs, _spd_inverse(YYt + (mu + rho) * eye), out=ws.take("U", U, (U,)) if kern.buffered else None)
         # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
-        P_new = kern.step_post(P, X_new, U_new)
+        P_new = kern.step_post(P, X_new, U_new, ws, "P")
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
         torch.sum(U, dim=(-2, -1), out=u_sums[m])
@@ -460,7 +501,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     }
 
 
-def y_step(problem: Problem, state: SolverState, params: SolverParams):
+def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Workspace | None = None):
     """Y-step: ``y_iters`` local ADMM iterations, no communication (eqs. 12-14, lines 19-23).
 
     Updates ``state`` in place; returns iteration counts and residuals like :func:`x_step`.
@@ -476,11 +517,12 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams):
     stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
     active = stop.active
     kern = _kernels(params.fuse)
+    ws = ws if ws is not None else Workspace()
     V_prev = V
     for k in range(params.y_iters):
-        Y_new, B = kern.y_pre(V, R, XtZ, eta)  # eq. 12, and the right-hand side of eq. 13
-        V_new = bmm(G_inv, B)  # eq. 13
-        R_new = kern.step_post(R, Y_new, V_new)  # eq. 14
+        Y_new, B = kern.y_pre(V, R, XtZ, eta, ws, Y)  # eq. 12, and the right-hand side of eq. 13
+        V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)) if kern.buffered else None)  # eq. 13
+        R_new = kern.step_post(R, Y_new, V_new, ws, "R")  # eq. 14
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if stop.after(k, V, V_prev):
@@ -531,10 +573,11 @@ class RunInterrupted(KeyboardInterrupt):
         self.bcd_done = bcd_done
 
 
-def _good_point(state: SolverState, sampler, history: dict) -> dict:
-    """References to the last consistent state (tensors are replaced, never mutated)."""
+def _good_point(state: SolverState, sampler, history: dict, keep: bool = True) -> dict:
+    """The last consistent state: a copy of its tensors (``keep``; the workspace reuses the
+    state's buffers in later iterations), the RNG states and the history's length."""
     return {
-        "tensors": state.tensors(),
+        "tensors": {k: v.clone() for k, v in state.tensors().items()} if keep else {},
         "bcd_done": state.bcd_done,
         "sampler": sampler.state_dict(),
         "hist_len": {k: len(v) for k, v in history.items()},
@@ -630,17 +673,20 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     def log(key, value):
         history.setdefault(key, []).append(value)
 
-    good = _good_point(state, sampler, history)
+    ws = Workspace()
+    keep = checkpointer is not None  # only a checkpoint needs a copy of the last good state
+    good = _good_point(state, sampler, history, keep)
     try:
         for n in range(state.bcd_done, params.bcd_iters):
             bcd_iter = n + 1
-            X_before, Y_before = state.X, state.Y
+            # the workspace overwrites state buffers: the stopping rule keeps its own copy
+            X_before, Y_before = (state.X.clone(), state.Y.clone()) if tol > 0 else (None, None)
             _sync(device)
             t0 = time.perf_counter()
-            xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter)
+            xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter, ws=ws)
             _sync(device)
             t1 = time.perf_counter()
-            yi = y_step(problem, state, params)
+            yi = y_step(problem, state, params, ws=ws)
             _sync(device)
             t2 = time.perf_counter()
             Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
@@ -670,7 +716,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
                 bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
                 state.frozen = bflags if bool(bflags.any()) else None
-            good = _good_point(state, sampler, history)
+            good = _good_point(state, sampler, history, keep)
             if checkpointer is not None and checkpointer.due(bcd_iter):
                 checkpointer.write(_snapshot(good, history, fingerprint))
             stop = False

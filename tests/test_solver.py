@@ -242,3 +242,24 @@ def test_fused_kernels_match_the_reference(form):
     for i in range(6):
         assert _rel(r.X[i], ref["X"][i]) < 1e-10
         assert _rel(r.Y[i], ref["Y"][i]) < 1e-10
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-3), dict(exchange="quantized", n_max=1e5),
+                                dict(consensus_form="paper_literal", penalty="fixed")])
+def test_workspace_buffers_change_no_bits(monkeypatch, tmp_path, kw):
+    """Large problems write the updates into reused buffers (solver.Workspace); that must give
+    the same bits as fresh allocations, also when resuming from a checkpoint."""
+    from ppdnmf_torch.solver import Workspace
+
+    blocks = small_problem(counts=(3, 5, 4, 6))
+    g = graph.ring(4)
+    args = dict(bcd_iters=6, x_iters=5, y_iters=5, device="cpu", seed=1, **kw)
+    fresh = pp.fit(blocks, g, 3, **args)
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # buffers for every size
+    reused = pp.fit(blocks, g, 3, **args)
+    assert torch.equal(fresh.X, reused.X) and torch.equal(fresh.U, reused.U)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.Y, reused.Y))
+    assert fresh.history["nmse"] == reused.history["nmse"]
+    pp.fit(blocks, g, 3, checkpoint_dir=tmp_path, callback=lambda i: i.iteration == 3, **args)
+    resumed = pp.fit(blocks, g, 3, resume_from=tmp_path, **args)
+    assert torch.equal(resumed.X, fresh.X) and resumed.history["nmse"] == fresh.history["nmse"]
