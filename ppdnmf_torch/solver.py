@@ -460,10 +460,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     kern = _kernels(params.fuse)
     ws = ws if ws is not None else Workspace()
     derived = params.consensus_form == "derived"
-    # first ADMM iteration at which an agent's U stopped being finite (0: never); kept
-    # on the device so the check costs no synchronization per iteration
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; one
-    # reduction written into a preallocated buffer, inspected once after the loop
+    # reduction into a preallocated buffer, inspected once after the loop (no sync per
+    # iteration)
     u_sums = torch.empty((params.x_iters, T, N), dtype=dtype, device=Z.device)
     sampler.begin_bcd_iteration()
     X, U, P, Q, Q_prev, g = state.X, state.U, state.P, state.Q, state.Q_prev, state.g
