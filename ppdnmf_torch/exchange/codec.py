@@ -31,7 +31,7 @@ import torch
 
 from .._utils import ConfigError, PPDNMFError
 
-__all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT"]
+__all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT", "first_sum_over"]
 
 #: the emulation's int64 ceiling: partial sums stay below 2^62, far from 2^63 - 1
 INT64_LIMIT = 1 << 62
@@ -59,7 +59,26 @@ class CodecRangeError(PPDNMFError):
 
 
 def _flat_to_trial_agent(index: int, n_agents: int) -> tuple[int, int]:
-    return divmod(int(index), n_agents)
+    return divmod(int(index), max(1, int(n_agents)))
+
+
+def first_sum_over(limit: int, q, w, src, dst, *, n_nodes: int, n_agents: int = 1):
+    """The first node whose neighbour-sum bound ``B_i = sum_j w_ij |q_j - q_i|`` reaches ``limit``.
+
+    Float64 with a relative safety margin far above its rounding error. Returns ``None``
+    when every bound fits, else ``(trial, agent, bound)``.
+    """
+    exact = q.numel() == 0 or float(q.abs().max()) < 2.0**62  # int64 differences cannot overflow
+    diff = ((q[dst] - q[src]).to(torch.float64) if exact
+            else q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
+    bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
+    bound.index_add_(0, src, w.to(torch.float64).reshape(-1, *([1] * (q.dim() - 1))) * diff)
+    per_agent = bound.reshape(n_nodes, -1).amax(dim=1)
+    bad = ~(per_agent < limit * (1 - 1e-9))
+    if not bool(bad.any()):
+        return None
+    idx = int(torch.nonzero(bad)[0, 0])
+    return (*_flat_to_trial_agent(idx, n_agents), float(per_agent[idx]))
 
 
 @dataclass(frozen=True)
@@ -149,17 +168,9 @@ class IntegerCodec:
         crude = 2.0 * qmax * float(w.abs().max()) * float(deg.max())
         if crude < self.limit * (1 - 1e-9):
             return
-        # Exact enough: float64 bound with a relative safety margin far above its rounding error.
-        diff = (q[dst] - q[src]).to(torch.float64).abs() if qmax < 2.0**62 else (
-            q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
-        bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
-        bound.index_add_(0, src, w.to(torch.float64).reshape(-1, *([1] * (q.dim() - 1))) * diff)
-        per_agent = bound.reshape(n_nodes, -1).amax(dim=1)
-        bad = ~(per_agent < self.limit * (1 - 1e-9))
-        if bool(bad.any()):
-            idx = int(torch.nonzero(bad)[0, 0])
-            trial, agent = _flat_to_trial_agent(idx, n_agents)
-            val = float(per_agent[idx])
+        hit = first_sum_over(self.limit, q, w, src, dst, n_nodes=n_nodes, n_agents=n_agents)
+        if hit is not None:
+            trial, agent, val = hit
             raise CodecRangeError(
                 f"codec range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, "
                 f"ADMM iteration {admm_iter}: neighbour sum bound {val:.6g} "

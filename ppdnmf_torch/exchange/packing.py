@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from .._utils import ConfigError
-from .codec import CodecRangeError, IntegerCodec
+from .codec import CodecRangeError, IntegerCodec, first_sum_over
 
 __all__ = ["SlotLayout", "derive_layout", "PACKING_MARGIN_BITS", "SlotDecodeError",
            "check_slot_sums", "first_reply_overflow", "natural_slot_bits",
@@ -212,10 +212,6 @@ def derive_layout(codec: IntegerCodec, *, packing: bool = True, slot_bits=None,
     return SlotLayout(kb, w, S, margin_bits)
 
 
-def _where(idx: int, n_agents: int):
-    return divmod(int(idx), max(1, int(n_agents)))
-
-
 def check_slot_sums(layout: SlotLayout, q, w, src, dst, *, n_nodes, n_agents=1, bcd_iter=0, admm_iter=0) -> None:
     """Aggregated protocol with slots narrower than the codec needs: ``B_i < 2^(w - 1)``.
 
@@ -225,15 +221,9 @@ def check_slot_sums(layout: SlotLayout, q, w, src, dst, *, n_nodes, n_agents=1, 
     if src.numel() == 0:
         return
     lim = layout.limit
-    diff = (q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
-    bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
-    bound.index_add_(0, src, w.to(torch.float64).reshape(-1, *([1] * (q.dim() - 1))) * diff)
-    per_agent = bound.reshape(n_nodes, -1).amax(dim=1)
-    bad = ~(per_agent < lim * (1 - 1e-9))
-    if bool(bad.any()):
-        idx = int(torch.nonzero(bad)[0, 0])
-        trial, agent = _where(idx, n_agents)
-        val = float(per_agent[idx])
+    hit = first_sum_over(lim, q, w, src, dst, n_nodes=n_nodes, n_agents=n_agents)
+    if hit is not None:
+        trial, agent, val = hit
         raise CodecRangeError(
             f"packing range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, ADMM iteration "
             f"{admm_iter}: neighbour sum bound {val:.6g} (= sum_j gamma_ij gamma_ji |q_j - q_i|) does not fit "
