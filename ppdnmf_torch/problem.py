@@ -8,7 +8,7 @@ import torch
 
 from ._utils import ConfigError, DataError
 from .exchange.base import Topology
-from .graph import Graph, block_diagonal, from_adjacency
+from .graph import Graph, from_adjacency
 from .solver import COLUMN_CHUNK, Problem
 
 __all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "NEGATIVE_MODES"]
@@ -184,9 +184,7 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     for t, blocks in enumerate(block_lists):
         for i, b in enumerate(blocks):  # data layout only, once, before any iteration
             Z[t, i, :, : b.shape[1]] = b
-    src, dst, rev, crow = block_diagonal(graphs, stride=Np)  # dummies have no edges
-    degree = torch.bincount(src, minlength=T * Np)
-    topo = Topology(T, Np, src, dst, rev, crow, degree).to(device)
+    topo = Topology.from_graphs(graphs, stride=Np).to(device)  # dummies have no edges
     caps_p = torch.ones((T, Np), dtype=torch.float64)
     caps_p[:, :N] = caps
     return Problem(Z=Z.to(device), counts=counts.to(device), topology=topo,

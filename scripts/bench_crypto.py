@@ -73,11 +73,8 @@ TRIAL_ITERS = 3000  # 100 BCD x 30 ADMM iterations (the paper's setting)
 
 def _topology(graph):
     from ppdnmf_torch.exchange.base import Topology
-    from ppdnmf_torch.graph import block_diagonal
 
-    src, dst, rev, crow = block_diagonal([graph])
-    N = graph.n_agents
-    return Topology(1, N, src, dst, rev, crow, torch.bincount(src, minlength=N))
+    return Topology.from_graphs([graph])
 
 
 def _keys(bits, count):

@@ -23,7 +23,7 @@ from ppdnmf_torch.exchange.paillier import (
     KeyMismatchError,
     PaillierExchange,
 )
-from ppdnmf_torch.graph import Graph, block_diagonal, ring
+from ppdnmf_torch.graph import Graph, ring
 from ppdnmf_torch.problem import build_problem
 from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
 
@@ -42,9 +42,7 @@ FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decrypt
 
 
 def topology(graphs) -> Topology:
-    src, dst, rev, crow = block_diagonal(graphs)
-    T, N = len(graphs), graphs[0].n_agents
-    return Topology(T, N, src, dst, rev, crow, torch.bincount(src, minlength=T * N))
+    return Topology.from_graphs(graphs)
 
 
 def pair(topo, protocol, keys, key_bits=128, n_max=1e6, g_bits=16, **opts):

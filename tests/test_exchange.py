@@ -29,7 +29,7 @@ from ppdnmf_torch.exchange.costmodel import (
     round_counts,
     round_edge_bytes,
 )
-from ppdnmf_torch.graph import Graph, block_diagonal, ring
+from ppdnmf_torch.graph import Graph, ring
 
 CPU = torch.device("cpu")
 #: fixed per-operation costs, so that no test here measures anything
@@ -38,9 +38,7 @@ FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decrypt
 
 
 def topology(graphs) -> Topology:
-    src, dst, rev, crow = block_diagonal(graphs)
-    T, N = len(graphs), graphs[0].n_agents
-    return Topology(T, N, src, dst, rev, crow, torch.bincount(src, minlength=T * N))
+    return Topology.from_graphs(graphs)
 
 
 def isolated_topology() -> Topology:

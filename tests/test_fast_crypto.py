@@ -32,7 +32,7 @@ from ppdnmf_torch.exchange.obfuscation import (
 from ppdnmf_torch.exchange.packing import SlotDecodeError, derive_layout
 from ppdnmf_torch.exchange.paillier import PaillierExchange
 from ppdnmf_torch.exchange.pool import ObfuscatorSupply, WorkerPool, resolve_workers
-from ppdnmf_torch.graph import Graph, block_diagonal, ring
+from ppdnmf_torch.graph import Graph, ring
 
 pytestmark = [
     pytest.mark.crypto,
@@ -48,9 +48,7 @@ LK = 11  # not a multiple of the slot count: the last plaintext has unused slots
 
 
 def topology(graphs) -> Topology:
-    src, dst, rev, crow = block_diagonal(graphs)
-    T, N = len(graphs), graphs[0].n_agents
-    return Topology(T, N, src, dst, rev, crow, torch.bincount(src, minlength=T * N))
+    return Topology.from_graphs(graphs)
 
 
 def bound(ex, topo):

@@ -49,6 +49,20 @@ class Topology:
     crow: torch.Tensor
     degree: torch.Tensor
 
+    @classmethod
+    def from_graphs(cls, graphs, stride: int | None = None) -> "Topology":
+        """The topology of ``T`` trials' graphs (same ``N``), laid out block-diagonally.
+
+        ``stride`` nodes per trial (default ``N``): the extra ones are isolated padding.
+        """
+        from ..graph import block_diagonal
+
+        graphs = list(graphs)
+        n = graphs[0].n_agents if stride is None else int(stride)
+        src, dst, rev, crow = block_diagonal(graphs, stride=n)
+        T = len(graphs)
+        return cls(T, n, src, dst, rev, crow, torch.bincount(src, minlength=T * n))
+
     @property
     def n_nodes(self) -> int:
         return self.n_trials * self.n_agents
