@@ -130,7 +130,7 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     checkpointer = None
     if checkpoint_dir is not None:
         checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every)
-    exch.bind(problem.topology, dtype=dtype, device=device)
+    exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
 
     def cb(info):
         if single:

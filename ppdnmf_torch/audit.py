@@ -161,8 +161,8 @@ class _Recorder:
     def _init_records(self) -> None:
         self.records: list = []
 
-    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
-        out = super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
+        out = super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, out=out)
         rec = {"bcd": int(bcd_iter), "admm": int(admm_iter),
                "U": U.detach().to("cpu", torch.float64).clone(), "g": g.detach().to("cpu", torch.float64).clone()}
         codec = getattr(self, "codec", None)
@@ -207,8 +207,8 @@ def recording_paillier_class():
             self._init_records()
             self.moduli: list = []
 
-        def bind(self, topology, *, dtype, device):
-            super().bind(topology, dtype=dtype, device=device)
+        def bind(self, topology, *, dtype, device, fuse=False):
+            super().bind(topology, dtype=dtype, device=device, fuse=fuse)
             self.moduli = [int(a.public_key.n) for a in self.agents]
 
     return RecordingPaillierExchange

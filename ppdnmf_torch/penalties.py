@@ -51,6 +51,8 @@ class PenaltySampler:
         self.x_iters = int(x_iters)
         self.generators = [torch.Generator().manual_seed(derive_seed(s, "penalties")) for s in seeds]
         self._block = None
+        self._block_host = None
+        self._cap_host = self.cap_e.cpu()
 
     def initial(self) -> torch.Tensor:
         """``g^(0) = 0`` for every directed edge, float64 ``(2E,)``."""
@@ -64,7 +66,9 @@ class PenaltySampler:
             torch.rand((self.x_iters, e), generator=gen, dtype=torch.float64)
             for gen, e in zip(self.generators, self.edges_per_trial)
         ]
-        self._block = torch.cat(blocks, dim=1).to(self.cap_e.device)
+        host = torch.cat(blocks, dim=1)
+        self._block_host = host
+        self._block = host.to(self.cap_e.device)
 
     def step(self, g_prev: torch.Tensor, m: int, active_edges: torch.Tensor | None = None) -> torch.Tensor:
         """Penalties of ADMM iteration ``m`` (0-based) from the previous ones, ``(2E,)``.
@@ -77,6 +81,22 @@ class PenaltySampler:
         if active_edges is not None:
             g = torch.where(active_edges, g, g_prev)
         return g
+
+    def steps(self, g_prev: torch.Tensor, n: int) -> torch.Tensor:
+        """The penalties of ADMM iterations ``0 .. n-1`` at once, ``(n, 2E)``, when no agent stops.
+
+        Row ``m`` equals what :meth:`step` returns at iteration ``m`` (same operations,
+        same order, each correctly rounded): the recurrence runs on the host in float64,
+        and the block goes to the device in one transfer.
+        """
+        if self.mode == "fixed":
+            return self.cap_e.expand(n, -1).clone()
+        cap, u = self._cap_host, self._block_host
+        out = torch.empty((n, cap.shape[0]), dtype=torch.float64)
+        g = g_prev.detach().cpu()
+        for m in range(n):
+            g = torch.sub(cap, torch.sub(cap, g).mul_(u[m]), out=out[m])
+        return out.to(self.cap_e.device)
 
     # -- checkpoint support: RNG states, never anything secret -------------------------
     def state_dict(self) -> dict:

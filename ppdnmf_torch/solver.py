@@ -24,7 +24,7 @@ import torch
 
 from . import metrics
 from ._utils import ConfigError, PPDNMFError
-from .exchange.base import Exchange, Topology
+from .exchange.base import Exchange, Topology, ell_gather_sum
 from .penalties import PENALTY_MODES, PenaltySampler
 
 __all__ = [
@@ -277,6 +277,24 @@ def _spd_inverse(A: torch.Tensor) -> torch.Tensor:
         return torch.full_like(A, float("nan"))
 
 
+def _eigh_psd(A: torch.Tensor):
+    """Eigenvalues (clamped at 0) and eigenvectors of a batch of symmetric PSD ``(..., K, K)`` matrices.
+
+    The X-step's systems (eq. 9) differ across ADMM iterations only by the shift
+    ``mu + rho_i`` of the diagonal, so one decomposition per X-step serves them all:
+    ``(A + c I)^-1 = E diag(1 / (lam + c)) E^T``, a small batched product per
+    iteration instead of a factorization. ``A = Y Y^T`` is PSD; rounding can leave
+    eigenvalues of order ``-eps |A|``, which the clamp removes (``c >= mu > 0``).
+    Non-finite input gives NaN factors, caught by the solver's finiteness check.
+    """
+    try:
+        lam, E = torch.linalg.eigh(A)
+    except RuntimeError:  # torch.linalg.LinAlgError: no convergence on non-finite input
+        nan = torch.full_like(A, float("nan"))
+        return nan[..., 0], nan
+    return lam.clamp_(min=0), E
+
+
 def _where(mask, new, old):
     """``new`` on active agents, ``old`` elsewhere; ``mask (T, N)`` or None (all active)."""
     if mask is None:
@@ -335,6 +353,20 @@ class Workspace:
         bufs.append(b)
         return b
 
+    def take_padded(self, name: str, like: torch.Tensor, avoid=()) -> torch.Tensor:
+        """Like :meth:`take`, at any size, from buffers zeroed on creation: whoever writes
+        only part of one (the real columns) keeps the rest (the padding) zero."""
+        bufs = self._bufs.setdefault("padded:" + name, [])
+        if bufs and (bufs[0].shape != like.shape or bufs[0].dtype != like.dtype or bufs[0].device != like.device):
+            bufs.clear()
+        busy = {a.untyped_storage().data_ptr() for a in avoid}
+        for b in bufs:
+            if b.untyped_storage().data_ptr() not in busy:
+                return b
+        b = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+        bufs.append(b)
+        return b
+
 
 def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_old):
     """Eq. 8 and the right-hand side of eq. 9.
@@ -352,11 +384,24 @@ def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X
     return X_new, rhs
 
 
-def _y_pre(V, R, XtZ, eta: float, ws: Workspace, Y_old):
-    """Eq. 12 and the right-hand side of eq. 13: ``Y = max(0, V + R)``, ``XtZ + eta (Y - R)``."""
-    Y_new = torch.add(V, R, out=ws.take("Y", V, (Y_old,))).clamp_(min=0)
-    B = torch.add(XtZ, torch.sub(Y_new, R, out=ws.take("tmp_km", V)), alpha=eta, out=ws.take("B", V))
-    return Y_new, B
+def _y_iteration(V, R, XtZ, G_inv, eta: float, Mw: int, ws: Workspace, live):
+    """One Y-step ADMM iteration (eqs. 12-14) into zero-padded buffers, elementwise work on
+    the first ``Mw`` columns only. Returns ``Y, B, V, R`` (full width)."""
+    Yb, Bb = ws.take_padded("Y", V, live), ws.take_padded("B", V, live)
+    Vb, Rb = ws.take_padded("V", V, live), ws.take_padded("R", V, live)
+    Vn, Rn = V[..., :Mw], R[..., :Mw]
+    Yn = torch.add(Vn, Rn, out=Yb[..., :Mw]).clamp_(min=0)  # eq. 12
+    tmp = torch.sub(Yn, Rn, out=ws.take("tmp_km", Yn))
+    torch.add(XtZ[..., :Mw], tmp, alpha=eta, out=Bb[..., :Mw])
+    bmm(G_inv, Bb, out=Vb)  # eq. 13
+    torch.sub(Rn, Yn, out=Rb[..., :Mw]).add_(Vb[..., :Mw])  # eq. 14
+    return Yb, Bb, Vb, Rb
+
+
+def _u_update(rhs, E, Et, d, ws: Workspace, U_old):
+    """Eq. 9: ``rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs (E diag(d) E^T)``, ``d = 1 / (lam + mu + rho_i)``."""
+    Minv = bmm(torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E)), Et, out=ws.take("Minv", E))
+    return bmm(rhs, Minv, out=ws.take("U", rhs, (U_old,)))
 
 
 def _step_post(P, X_new, U_new, ws: Workspace, name: str):
@@ -364,42 +409,84 @@ def _step_post(P, X_new, U_new, ws: Workspace, name: str):
     return torch.sub(P, X_new, out=ws.take(name, P, (P,))).add_(U_new)
 
 
-class _Kernels:
-    def __init__(self, x_pre, y_pre, step_post, buffered):
-        self.x_pre, self.y_pre, self.step_post, self.buffered = x_pre, y_pre, step_post, buffered
+# -- fuse=True: the same iterations compiled by torch.compile ---------------------------
+# Small problems run a whole ADMM iteration as one compiled call (the call's fixed cost,
+# tens of microseconds, then buys the fusion of every elementwise chain around the
+# products). Large problems compile the elementwise chains alone, writing into the
+# workspace's buffers: a compiled graph would allocate its intermediates afresh, and a
+# fresh large tensor costs more to page in than the arithmetic on it.
+def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu: float, derived: bool):
+    X_new = torch.clamp(U + P, min=0)
+    c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
+    U_new = (ZYt + mu * (X_new - P) + c) @ ((E * d.unsqueeze(-2)) @ E.mT)
+    return X_new, U_new, P - X_new + U_new, U_new.sum((-2, -1))
 
 
-_EAGER = _Kernels(_x_pre, _y_pre, _step_post, True)
+def _fx_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, nbr, wv, mu: float, derived: bool):
+    """:func:`_fx_whole` and steps 5-6 with the exchange's padded neighbour operator."""
+    X_new, U_new, P_new, usum = _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived)
+    S = ell_gather_sum(U_new.reshape(nbr.shape[0], -1), nbr, wv)
+    return X_new, U_new, P_new, usum, S.view_as(Q) + Q
+
+
+def _fq_into(U, nbr, wv, Q, Q_out):
+    """Steps 5-6 with the exchange's padded neighbour operator: ``Q + S`` into ``Q_out``."""
+    Q_out.copy_(ell_gather_sum(U, nbr, wv) + Q)
+
+
+def _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, X_out, rhs_out):
+    X_new = torch.clamp(U + P, min=0)
+    c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
+    X_out.copy_(X_new)
+    rhs_out.copy_(ZYt + mu * (X_new - P) + c)
+
+
+def _fx_post_into(P, X_new, U_new, P_out, usum_out):
+    P_out.copy_(P - X_new + U_new)
+    usum_out.copy_(U_new.sum((-2, -1)))
+
+
+def _fy_whole(V, R, XtZ, G_inv, eta: float):
+    Y_new = torch.clamp(V + R, min=0)
+    V_new = G_inv @ (XtZ + eta * (Y_new - R))
+    return Y_new, V_new, R - Y_new + V_new
+
+
+def _fy_pre_into(V, R, XtZ, eta: float, Y_out, B_out):
+    Y_new = torch.clamp(V + R, min=0)
+    Y_out.copy_(Y_new)
+    B_out.copy_(XtZ + eta * (Y_new - R))
+
+
+def _fy_post_into(R, Y_new, V_new, R_out):
+    R_out.copy_(R - Y_new + V_new)
+
+
+class _Fused:
+    """The compiled iterations (compiled lazily, on first call, once per shape)."""
+
+    def __init__(self):
+        def c(f):
+            return torch.compile(f, dynamic=False)
+
+        self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
+        self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
+        self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
+
+
 _FUSED = None
 
 
-def _kernels(fuse: bool) -> _Kernels:
-    """The elementwise chains of an ADMM iteration: eager torch ops, or (``fuse=True``) the
-    same chains compiled by ``torch.compile`` into single-pass loops. Fusing cuts the
-    memory traffic of an iteration several-fold at large sizes; it costs a compilation
-    (seconds) per new shape, and rounds slightly differently (fused multiply-adds)."""
+def _fused(fuse: bool):
+    """None (eager torch ops), or the compiled iterations of ``fuse=True``: single-pass
+    loops over the elementwise chains, which cut the memory traffic (large problems) and
+    the number of calls (small ones) of an iteration; a compilation (seconds) per new
+    shape, and slightly different rounding (fused multiply-adds)."""
     global _FUSED
     if not fuse:
-        return _EAGER
+        return None
     if _FUSED is None:
-        def x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool):
-            X_new = torch.clamp(U + P, min=0)
-            if derived:
-                return X_new, ZYt + mu * (X_new - P) + rho * U + 2.0 * Q - Q_prev
-            return X_new, ZYt + mu * (X_new - P) + rho * (U + 2.0 * Q - Q_prev)
-
-        def y_pre(V, R, XtZ, eta: float):
-            Y_new = torch.clamp(V + R, min=0)
-            return Y_new, XtZ + eta * (Y_new - R)
-
-        def step_post(P, X_new, U_new):
-            return P - X_new + U_new
-
-        cx, cy, cp = (torch.compile(f, dynamic=False) for f in (x_pre, y_pre, step_post))
-        # compiled kernels allocate their outputs; the workspace arguments are not used
-        _FUSED = _Kernels(lambda U, P, ZYt, Q, Qp, rho, mu, d, ws, X_old: cx(U, P, ZYt, Q, Qp, rho, mu, d),
-                          lambda V, R, XtZ, eta, ws, Y_old: cy(V, R, XtZ, eta),
-                          lambda P, X_new, U_new, ws, name: cp(P, X_new, U_new), False)
+        _FUSED = _Fused()
     return _FUSED
 
 
@@ -452,13 +539,14 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     frozen = state.frozen
 
     ZYt = column_gram(Z, state.Y)  # (T, N, L, K), fixed during the X-step
-    YYt = column_gram(state.Y, state.Y)  # (T, N, K, K)
-    eye = torch.eye(K, dtype=dtype, device=Z.device)
+    lam, E = _eigh_psd(column_gram(state.Y, state.Y))  # Y Y^T = E diag(lam) E^T, (T, N, K), (T, N, K, K)
+    Et = E.mT.contiguous()
 
     stop = _StopRule(frozen, tol, params.x_iters, topo, (T, N), Z.device)
     active = stop.active
-    kern = _kernels(params.fuse)
+    fused = _fused(params.fuse)
     ws = ws if ws is not None else Workspace()
+    large = state.U.numel() * state.U.element_size() >= Workspace.MIN_BYTES
     derived = params.consensus_form == "derived"
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; one
     # reduction into a preallocated buffer, inspected once after the loop (no sync per
@@ -466,25 +554,70 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     u_sums = torch.empty((params.x_iters, T, N), dtype=dtype, device=Z.device)
     sampler.begin_bcd_iteration()
     X, U, P, Q, Q_prev, g = state.X, state.U, state.P, state.Q, state.Q_prev, state.g
+    # Without a stopping rule to track, the penalties of the whole X-step are known in
+    # advance: draw them, and (where the exchange allows) their sums rho_i and the
+    # spectral factors 1 / (lam + mu + rho_i) of eq. 9, in a few batched operations.
+    G_rows = rho_block = D_block = None
+    if not stop.track:
+        G = sampler.steps(g, params.x_iters)
+        rho_block = exchange.penalty_block(G, bcd_iter=bcd_iter)
+        G_rows = G.unbind(0)
+        if rho_block is not None:
+            rho_block = rho_block.to(dtype).view(params.x_iters, T, N, 1, 1)
+            D_block = torch.add(lam, rho_block[..., 0] + mu).reciprocal_()  # (x_iters, T, N, K)
     for m in range(params.x_iters):
         # 1. penalties of this iteration, and rho_i as the agent obtains it
-        active_edges = None if active is None else active.reshape(-1)[topo.src]
-        g = sampler.step(g, m, active_edges)
-        rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
-        # 2. X_i = max(0, U_i + P_i) (eq. 8), and the right-hand side of eq. 9
-        X_new, rhs = kern.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
-        # 3. U-update (eq. 9)
-        U_new = bmm(rhs, _spd_inverse(YYt + (mu + rho) * eye), out=ws.take("U", U, (U,)) if kern.buffered else None)
-        # 4. P_i = P_i - (X_i - U_i)   (eq. 10)
-        P_new = kern.step_post(P, X_new, U_new, ws, "P")
+        if G_rows is not None:
+            g = G_rows[m]
+        else:
+            active_edges = None if active is None else active.reshape(-1)[topo.src]
+            g = sampler.step(g, m, active_edges)
+        if rho_block is not None:
+            rho, d = rho_block[m], D_block[m]
+        else:
+            rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
+            d = torch.add(lam, rho[..., 0] + mu).reciprocal_()
+        # 2. X_i = max(0, U_i + P_i) (eq. 8), the right-hand side of eq. 9,
+        # 3. the U-update (eq. 9): rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs E diag(d) E^T,
+        # 4. P_i = P_i - (X_i - U_i) (eq. 10), and the sums of U_i (finiteness check)
+        usum, Q_new = u_sums[m], None
+        if fused is None:
+            X_new, rhs = _x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
+            U_new = _u_update(rhs, E, Et, d, ws, U)
+            P_new = _step_post(P, X_new, U_new, ws, "P")
+            usum = None
+        elif not large:
+            # steps 5-6 join the compiled graph when the exchange has a padded form (and no
+            # agent has stopped: a stopped agent's neighbours must see its old U)
+            op = exchange.neighbour_operator(g, dtype) if active is None else None
+            if op is None:
+                X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived)
+            else:
+                X_new, U_new, P_new, s_new, Q_new = fused.x_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, *op, mu,
+                                                                      derived)
+            usum.copy_(s_new)
+        else:
+            X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
+            fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs)
+            U_new = _u_update(rhs, E, Et, d, ws, U)
+            P_new = ws.take("P", P, (P,))
+            fused.x_post(P, X_new, U_new, P_new, usum)
+            op = exchange.neighbour_operator(g, dtype) if active is None else None
+            if op is not None:
+                Q_new = ws.take("S", U, (Q, Q_prev))
+                fused.q_into(U_new.view(A, L * K), *op, Q.view(A, L * K), Q_new.view(A, L * K))
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
-        torch.sum(U, dim=(-2, -1), out=u_sums[m])
+        if usum is None or active is not None:
+            torch.sum(U, dim=(-2, -1), out=u_sums[m])
         # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
-        out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1)
-        S = out.S.view(T, N, L, K).to(dtype)
+        if Q_new is None:
+            S_buf = ws.take("S", U, (Q, Q_prev))
+            out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1,
+                                    out=None if S_buf is None else S_buf.view(A, L * K))
+            Q_new = out.S.view(T, N, L, K).to(dtype).add_(Q)
         # 6. Q_prev, Q = Q, Q + S
-        Q_prev, Q = _where(active, Q, Q_prev), _where(active, S.add_(Q), Q)
+        Q_prev, Q = _where(active, Q, Q_prev), _where(active, Q_new, Q)
         if stop.after(m, U, U_prev):
             break
         active = stop.active
@@ -515,13 +648,26 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     XtZ = bmm(X.mT, Z)
     stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
     active = stop.active
-    kern = _kernels(params.fuse)
+    fused = _fused(params.fuse)
     ws = ws if ws is not None else Workspace()
+    large = V.numel() * V.element_size() >= Workspace.MIN_BYTES
     V_prev = V
+    # Eager: the elementwise updates touch the real columns only (the padding beyond the
+    # widest agent's M_i stays zero in buffers that were zeroed once); the product of
+    # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
+    Mw = int(problem.counts.max()) if fused is None else 0
     for k in range(params.y_iters):
-        Y_new, B = kern.y_pre(V, R, XtZ, eta, ws, Y)  # eq. 12, and the right-hand side of eq. 13
-        V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)) if kern.buffered else None)  # eq. 13
-        R_new = kern.step_post(R, Y_new, V_new, ws, "R")  # eq. 14
+        # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
+        if fused is None:
+            Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
+        elif not large:
+            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta)
+        else:
+            Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)
+            fused.y_pre(V, R, XtZ, eta, Y_new, B)
+            V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
+            R_new = ws.take("R", R, (R,))
+            fused.y_post(R, Y_new, V_new, R_new)
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if stop.after(k, V, V_prev):

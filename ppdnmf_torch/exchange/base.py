@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Topology", "Exchange", "ExchangeOutput"]
+__all__ = ["Topology", "Exchange", "ExchangeOutput", "ell_gather_sum"]
 
 
 @dataclass(frozen=True)
@@ -120,21 +120,53 @@ class Exchange(abc.ABC):
     def __init__(self) -> None:
         self.topology: Topology | None = None
 
-    def bind(self, topology: Topology, *, dtype: torch.dtype, device: torch.device) -> None:
-        """Attach the run's topology (moved to ``device``) before the first iteration."""
+    def bind(self, topology: Topology, *, dtype: torch.dtype, device: torch.device, fuse: bool = False) -> None:
+        """Attach the run's topology (moved to ``device``) before the first iteration.
+
+        ``fuse`` is the solver's ``fuse``: kinds with tensor kernels of their own may
+        compile them too (same numbers).
+        """
         self.topology = topology.to(device)
         self.dtype = dtype
         self.device = device
+        self.fuse = bool(fuse)
 
     @abc.abstractmethod
     def penalty_sums(self, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0) -> torch.Tensor:
         """``rho_i = sum_j g_{i->j} g_{j->i}`` as agent ``i`` obtains it, shape ``(A,)``."""
 
+    def penalty_block(self, G: torch.Tensor, *, bcd_iter: int = 0) -> torch.Tensor | None:
+        """``rho_i`` of several ADMM iterations at once, ``(n, A)`` from ``G (n, 2E)``, or None.
+
+        Kinds whose step 1 costs nothing (no protocol round) compute the penalty sums of a
+        whole X-step in one batched operation; the solver then passes the rows of ``G``
+        (views of it, in order) to :meth:`exchange`. Kinds that run step 1 as a round of
+        their own per iteration return None, and the solver calls :meth:`penalty_sums`.
+        The numbers are the same either way.
+        """
+        return None
+
+    def neighbour_operator(self, g: torch.Tensor, dtype: torch.dtype):
+        """Step 5 as a padded gather, for a solver that fuses it into its own compiled graph.
+
+        Returns ``(nbr, wv)``, LongTensor and ``dtype`` Tensor of shape ``(A, D)``, with
+        ``S_i = sum_k wv[i, k] U[nbr[i, k]]`` (terms in order ``k``), or None when this
+        kind has no such form: the integer kinds (quantization, range checks, cost
+        accounting or encryption happen in :meth:`exchange`), or a graph whose degrees
+        are too uneven to pad. A solver that uses it does not call :meth:`exchange`.
+        """
+        return None
+
     @abc.abstractmethod
     def exchange(
-        self, U: torch.Tensor, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0
+        self, U: torch.Tensor, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0,
+        out: torch.Tensor | None = None,
     ) -> ExchangeOutput:
-        """Step 5: ``S_i`` and ``rho_i`` for every agent from ``U (A, L*K)`` and ``g (2E,)``."""
+        """Step 5: ``S_i`` and ``rho_i`` for every agent from ``U (A, L*K)`` and ``g (2E,)``.
+
+        ``out`` is an optional ``(A, L*K)`` buffer of ``U``'s dtype that ``S`` may be
+        written into (the solver reuses buffers at large sizes); kinds may ignore it.
+        """
 
     def costs(self) -> dict:
         """Cumulative cost counters of the exchange (empty for kinds that cost nothing)."""
@@ -156,3 +188,15 @@ class Exchange(abc.ABC):
     def _pair_weights(self, g: torch.Tensor) -> torch.Tensor:
         """``rho_ij = g_{i->j} g_{j->i}`` per directed edge, float64, shape ``(2E,)``."""
         return g * g[self.topology.rev]
+
+
+def ell_gather_sum(U, nbr, wv):
+    """``S[i] = sum_k wv[i, k] U[nbr[i, k]]`` for ``U (A, C)``, terms added in slot order.
+
+    Written for ``torch.compile`` (one pass, the gathers fused); eager it would
+    materialize every gathered row.
+    """
+    acc = wv[:, 0:1] * U[nbr[:, 0]]
+    for k in range(1, nbr.shape[1]):
+        acc = acc + wv[:, k:k + 1] * U[nbr[:, k]]
+    return acc

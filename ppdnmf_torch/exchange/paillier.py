@@ -494,10 +494,10 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger_iter = (0, 0)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def bind(self, topology, *, dtype, device):
+    def bind(self, topology, *, dtype, device, fuse=False):
         if self._closed:
             raise RuntimeError("PaillierExchange: closed (its keys are gone); make a new exchange")
-        super().bind(topology, dtype=dtype, device=device)
+        super().bind(topology, dtype=dtype, device=device, fuse=fuse)
         topo = self.topology
         A = topo.n_nodes
         self._src = topo.src.cpu().tolist()
@@ -667,7 +667,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         return rho_int
 
     # -- step 5 ------------------------------------------------------------------------
-    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
+    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         """``S_i`` and ``rho_i`` for every node, through the encrypted protocol."""
         self._check_ready()
         self._ledger.begin(bcd_iter, admm_iter)

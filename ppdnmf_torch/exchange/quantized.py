@@ -144,8 +144,8 @@ class QuantizedExchange(Exchange):
         self._ledger = None
 
     # -- lifecycle ---------------------------------------------------------------------
-    def bind(self, topology, *, dtype, device):
-        super().bind(topology, dtype=dtype, device=device)
+    def bind(self, topology, *, dtype, device, fuse=False):
+        super().bind(topology, dtype=dtype, device=device, fuse=fuse)
         if self.cost_model:
             topo = self.topology
             self._src = topo.src.cpu().tolist()
@@ -172,7 +172,7 @@ class QuantizedExchange(Exchange):
         q, _, w = encode_inputs(self.codec, self.topology, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         return q, w
 
-    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
+    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         S_int, rho_int = integer_neighbour_sums(q, w, topo.src, topo.dst, topo.n_nodes)
