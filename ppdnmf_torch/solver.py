@@ -285,7 +285,8 @@ def _eigh_psd(A: torch.Tensor):
     ``(A + c I)^-1 = E diag(1 / (lam + c)) E^T``, a small batched product per
     iteration instead of a factorization. ``A = Y Y^T`` is PSD; rounding can leave
     eigenvalues of order ``-eps |A|``, which the clamp removes (``c >= mu > 0``).
-    Non-finite input gives NaN factors, caught by the solver's finiteness check.
+    Non-finite input gives non-finite factors (NaN eigenvalues, or NaN everywhere when
+    the decomposition fails), caught by the solver's finiteness check.
     """
     try:
         lam, E = torch.linalg.eigh(A)

@@ -1,0 +1,199 @@
+"""The solver's fast paths give the numbers of the plain paths they replace.
+
+* the X-step's penalty block (all ADMM iterations' penalties, rho_i and spectral factors
+  at once) against the per-iteration path the stopping rule uses: bit for bit;
+* the plain exchange's CSR product with the diagonal inside, and (``fuse=True``) its
+  compiled padded gather, against the edge formula and against each other;
+* the eager Y-step's narrow elementwise updates against full-width updates: bit for bit;
+* ``fuse=True`` (whole compiled iterations for small problems, compiled chains into
+  reused buffers for large ones) against the eager solver, to rounding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ppdnmf_torch as pp
+from ppdnmf_torch import graph
+from ppdnmf_torch.exchange import make_exchange
+from ppdnmf_torch.exchange.base import Topology
+from ppdnmf_torch.exchange.plain import PlainExchange
+from ppdnmf_torch.penalties import PenaltySampler
+from ppdnmf_torch.solver import Workspace, _eigh_psd, bmm
+
+from conftest import small_problem
+
+CPU = torch.device("cpu")
+
+
+def _topology(n=7, seed=3):
+    return Topology.from_graphs([graph.random_connected(n, 3.0, seed=seed)])
+
+
+@pytest.mark.parametrize("mode", ["random", "fixed"])
+def test_penalty_steps_equal_the_step_sequence(mode):
+    topo = _topology()
+    caps = torch.linspace(0.01, 0.05, topo.n_nodes, dtype=torch.float64)
+
+    def sampler():
+        s = PenaltySampler(caps, topo.src, [topo.n_directed_edges], [5], mode, 12)
+        s.begin_bcd_iteration()
+        return s
+
+    g0 = torch.rand(topo.n_directed_edges, dtype=torch.float64) * 0.01
+    block = sampler().steps(g0, 12)
+    s, g = sampler(), g0
+    for m in range(12):
+        g = s.step(g, m)
+        assert torch.equal(block[m], g)
+    assert bool((block[1:] >= block[:-1]).all())  # monotone draws
+
+
+def test_plain_penalty_block_equals_the_per_iteration_sums():
+    topo = _topology()
+    G = torch.rand((6, topo.n_directed_edges), dtype=torch.float64) * 0.05
+    U = torch.rand((topo.n_nodes, 12), dtype=torch.float64)
+    one = PlainExchange()
+    one.bind(topo, dtype=torch.float64, device=CPU)
+    blk = PlainExchange()
+    blk.bind(topo, dtype=torch.float64, device=CPU)
+    rho_block = blk.penalty_block(G)
+    for m, row in enumerate(G.unbind(0)):
+        g = row.clone()  # not a view of the block: the per-iteration path
+        assert torch.equal(rho_block[m], one.penalty_sums(g))
+        assert torch.equal(blk.exchange(U, row).S, one.exchange(U, g).S)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_plain_exchange_matches_the_edge_formula(monkeypatch, fuse):
+    monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
+    topo = _topology(9, seed=1)
+    ex = PlainExchange()
+    ex.bind(topo, dtype=torch.float64, device=CPU, fuse=fuse)
+    g = torch.rand(topo.n_directed_edges, dtype=torch.float64) * 0.05
+    U = torch.rand((topo.n_nodes, 20), dtype=torch.float64)
+    out = ex.exchange(U, g)
+    w = g * g[topo.rev]
+    expect = torch.zeros_like(U)
+    for e, (i, j) in enumerate(zip(topo.src.tolist(), topo.dst.tolist())):
+        expect[i] += w[e] * (U[j] - U[i])
+    assert torch.allclose(out.S, expect, rtol=0, atol=1e-15)
+    rho = torch.zeros(topo.n_nodes, dtype=torch.float64).index_add_(0, topo.src, w)
+    assert torch.equal(out.rho, rho)
+
+
+def test_compiled_gather_equals_the_csr_product(monkeypatch):
+    """The padded gather adds the CSR row's terms in the same order; padding adds exact zeros."""
+    monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
+    topo = _topology(12, seed=2)
+    csr, ell = PlainExchange(), PlainExchange()
+    csr.bind(topo, dtype=torch.float64, device=CPU)
+    ell.bind(topo, dtype=torch.float64, device=CPU, fuse=True)
+    assert csr.neighbour_operator(torch.zeros(topo.n_directed_edges, dtype=torch.float64), torch.float64) is None
+    g = torch.rand(topo.n_directed_edges, dtype=torch.float64) * 0.05
+    U = torch.rand((topo.n_nodes, 33), dtype=torch.float64)
+    assert torch.equal(ell.exchange(U, g).S, csr.exchange(U, g).S)
+    nbr, wv = ell.neighbour_operator(g, torch.float64)
+    assert nbr.shape == wv.shape == (topo.n_nodes, int(topo.degree.max()) + 1)
+
+
+def test_neighbour_operator_only_where_it_applies():
+    star = Topology.from_graphs([graph.star(40)])  # one row of 40 entries, 39 of 2: too uneven to pad
+    ex = PlainExchange()
+    ex.bind(star, dtype=torch.float64, device=CPU, fuse=True)
+    assert ex.neighbour_operator(torch.ones(star.n_directed_edges, dtype=torch.float64), torch.float64) is None
+    q = make_exchange("quantized")
+    q.bind(_topology(), dtype=torch.float64, device=CPU, fuse=True)
+    assert q.neighbour_operator(torch.ones(q.topology.n_directed_edges, dtype=torch.float64), torch.float64) is None
+
+
+@pytest.mark.parametrize("kind", ["plain", "quantized"])
+@pytest.mark.parametrize("penalty", ["random", "fixed"])
+@pytest.mark.parametrize("form", ["derived", "paper_literal"])
+def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form):
+    """Without a stopping rule the X-step precomputes its penalties, rho_i and spectral
+    factors; with one (a tolerance that never triggers) it runs the per-iteration path.
+    Same bits, from a state where no agent is stationary."""
+    from ppdnmf_torch.problem import build_problem
+    from ppdnmf_torch.solver import SolverParams, init_state, make_sampler, x_step
+
+    blocks = small_problem(counts=(3, 5, 4, 6, 2))
+    caps = torch.tensor([[0.01, 0.02, 0.03, 0.04, 0.05]], dtype=torch.float64)
+    prob = build_problem([blocks], [graph.random_connected(5, 3.0, seed=2)], caps, [3], dtype=torch.float64,
+                         device=CPU, rank=3)
+    out = []
+    for tol in (0.0, 1e-300):
+        params = SolverParams(rank=3, x_iters=6, tol=tol, penalty=penalty, consensus_form=form)
+        ex = make_exchange(kind, n_max=1e5)
+        ex.bind(prob.topology, dtype=torch.float64, device=CPU)
+        state = init_state(prob, 3)
+        gen = torch.Generator().manual_seed(0)
+        state.Y = torch.rand(state.Y.shape, generator=gen, dtype=torch.float64) * prob.column_mask()
+        state.P = 0.1 * torch.randn(state.P.shape, generator=gen, dtype=torch.float64)
+        sampler = make_sampler(prob, params)
+        for bcd_iter in (1, 2):
+            info = x_step(prob, state, params, ex, sampler, bcd_iter=bcd_iter)
+        assert int(info["iters"].min()) == 6  # nobody stopped
+        out.append(state)
+    for name in ("X", "U", "P", "Q", "Q_prev", "g"):
+        assert torch.equal(getattr(out[0], name), getattr(out[1], name)), name
+
+
+def test_narrow_y_updates_equal_full_width_updates():
+    """The eager Y-step updates only the real columns; the full-width iteration gives the same bits."""
+    from ppdnmf_torch.problem import build_problem
+    from ppdnmf_torch.solver import SolverParams, init_state, y_step
+
+    blocks = small_problem(L=6, counts=(2, 9, 4))
+    caps = torch.full((1, 3), 0.03, dtype=torch.float64)
+    prob = build_problem([blocks], [graph.ring(3)], caps, [0], dtype=torch.float64, device=CPU, rank=3)
+    state = init_state(prob, 3)
+    gen = torch.Generator().manual_seed(0)
+    state.X = torch.rand(state.X.shape, generator=gen, dtype=torch.float64)
+    mask = prob.column_mask()
+    state.V = torch.randn(state.V.shape, generator=gen, dtype=torch.float64) * mask
+    state.R = torch.randn(state.R.shape, generator=gen, dtype=torch.float64) * mask
+    V, R, X = state.V.clone(), state.R.clone(), state.X
+    params = SolverParams(rank=3, eta=0.7, y_iters=5)
+    y_step(prob, state, params)
+    from ppdnmf_torch.solver import _spd_inverse
+
+    G_inv = _spd_inverse(bmm(X.mT, X) + 0.7 * torch.eye(3, dtype=torch.float64))
+    XtZ = bmm(X.mT, prob.Z)
+    for _ in range(5):
+        Y = torch.add(V, R).clamp_(min=0)
+        B = torch.add(XtZ, torch.sub(Y, R), alpha=0.7)
+        V = bmm(G_inv, B)
+        R = torch.sub(R, Y).add_(V)
+    assert torch.equal(state.Y, Y) and torch.equal(state.V, V) and torch.equal(state.R, R)
+    assert not bool((state.Y * ~mask).any())  # the padding stays zero
+
+
+def test_eigen_factors_of_non_finite_input_are_not_finite():
+    A = torch.eye(3, dtype=torch.float64).repeat(2, 1, 1)
+    A[1, 0, 0] = float("nan")
+    lam, E = _eigh_psd(A)
+    Minv = bmm(E * (1.0 / (lam + 0.1)).unsqueeze(-2), E.mT)
+    assert bool(torch.isfinite(Minv[0]).all()) and not bool(torch.isfinite(Minv[1]).all())
+    lam, E = _eigh_psd(torch.eye(3, dtype=torch.float64).repeat(2, 1, 1) * 2)
+    assert torch.equal(lam, torch.full((2, 3), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
+@pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-4), dict(exchange="quantized", n_max=1e6),
+                                dict(consensus_form="paper_literal", penalty="fixed")])
+def test_fused_solver_agrees_with_eager(monkeypatch, large, kw):
+    """fuse=True: the same algorithm, to rounding (2 BCD iterations: the all-ones start is a
+    saddle that amplifies rounding differences ~100x per iteration)."""
+    if large:  # every size takes the buffered path, and the exchange its compiled gather
+        monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+        monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
+    blocks = small_problem(counts=(3, 5, 4, 6, 2))
+    g = graph.random_connected(5, 3.0, seed=2)
+    args = dict(bcd_iters=2, x_iters=8, y_iters=8, device="cpu", seed=1, g_max=0.04, **kw)
+    eager = pp.fit(blocks, g, 3, **args)
+    fused = pp.fit(blocks, g, 3, fuse=True, **args)
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
+    assert rel(fused.X, eager.X) < 1e-10 and rel(fused.U, eager.U) < 1e-10
+    assert max(rel(a, b) for a, b in zip(fused.Y, eager.Y)) < 1e-10
+    assert fused.history["nmse"] == pytest.approx(eager.history["nmse"], rel=1e-10)
