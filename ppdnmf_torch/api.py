@@ -218,9 +218,13 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         A checkpoint file, or a folder whose newest checkpoint is used. The run must be
         the same (data, graph, seed, parameters); it continues bit for bit.
     fuse : bool
-        Compile the elementwise chains of each ADMM iteration with ``torch.compile``:
-        several times less memory traffic at large sizes (many agents, CBCL-sized
-        blocks), at the cost of a compilation per shape; rounds slightly differently.
+        Run the ADMM iterations through ``torch.compile``: small problems run a whole
+        iteration (with the ``plain`` exchange's neighbour sum) as one compiled call,
+        large ones compile the elementwise chains into single passes over reused
+        buffers. Faster from about N = 100 synthetic-sized agents up (see the README's
+        Performance section), at the cost of a compilation per shape (seconds, once per
+        process); rounds slightly differently (fused multiply-adds). Needs a C++
+        compiler on CPU.
 
     Returns
     -------

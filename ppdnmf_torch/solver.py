@@ -10,6 +10,14 @@ Neighbour sums go through the exchange (:mod:`ppdnmf_torch.exchange`), which use
 sparse, ``rho``-weighted adjacency over the ``T * N`` nodes. There is no Python loop
 over agents, edges or trials: the loops are over BCD and ADMM iterations only.
 
+The systems of the U-update (eq. 9) differ across an X-step's ADMM iterations only by
+the diagonal shift ``mu + rho_i``: each X-step decomposes ``Y_i Y_i^T`` once (``eigh``)
+and every iteration applies ``E diag(1 / (lam + mu + rho_i)) E^T``, a small batched
+product instead of a factorization. Without a stopping rule to track, the penalties of
+a whole X-step (and, for the ``plain`` exchange, their sums ``rho_i``) are drawn up front
+in a few batched operations. Large problems write their updates into reused buffers
+(:class:`Workspace`); ``fuse=True`` runs the iterations through ``torch.compile``.
+
 Equation numbers refer to arXiv 2403.18326; the consensus term follows
 ``ALGORITHM.md`` ("derived" form by default).
 """
@@ -80,8 +88,8 @@ class SolverParams:
     penalty : {"random", "fixed"}
     consensus_form : {"derived", "paper_literal"}
     fuse : bool
-        Compile the elementwise chains of the ADMM iterations with ``torch.compile``
-        (faster at large sizes; a compilation per new shape; rounding differs slightly).
+        Run the ADMM iterations through ``torch.compile`` (see :func:`_fused`; a
+        compilation per new shape; rounding differs slightly).
     """
 
     rank: int
@@ -343,28 +351,22 @@ class Workspace:
     def take(self, name: str, like: torch.Tensor, avoid=()) -> torch.Tensor | None:
         if like.numel() * like.element_size() < self.MIN_BYTES:
             return None
-        bufs = self._bufs.setdefault(name, [])
-        if bufs and (bufs[0].shape != like.shape or bufs[0].dtype != like.dtype or bufs[0].device != like.device):
-            bufs.clear()
-        busy = {a.untyped_storage().data_ptr() for a in avoid}
-        for b in bufs:
-            if b.untyped_storage().data_ptr() not in busy:
-                return b
-        b = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-        bufs.append(b)
-        return b
+        return self._buffer(name, like, avoid, torch.empty)
 
     def take_padded(self, name: str, like: torch.Tensor, avoid=()) -> torch.Tensor:
         """Like :meth:`take`, at any size, from buffers zeroed on creation: whoever writes
         only part of one (the real columns) keeps the rest (the padding) zero."""
-        bufs = self._bufs.setdefault("padded:" + name, [])
+        return self._buffer("padded:" + name, like, avoid, torch.zeros)
+
+    def _buffer(self, key, like, avoid, make):
+        bufs = self._bufs.setdefault(key, [])
         if bufs and (bufs[0].shape != like.shape or bufs[0].dtype != like.dtype or bufs[0].device != like.device):
             bufs.clear()
         busy = {a.untyped_storage().data_ptr() for a in avoid}
         for b in bufs:
             if b.untyped_storage().data_ptr() not in busy:
                 return b
-        b = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+        b = make(like.shape, dtype=like.dtype, device=like.device)
         bufs.append(b)
         return b
 
@@ -447,6 +449,15 @@ def _fx_post_into(P, X_new, U_new, P_out, usum_out):
     usum_out.copy_(U_new.sum((-2, -1)))
 
 
+def _fx_pre_fold_into(U, P_old, X_old, ZYt, Q, Q_prev, rho, mu: float, derived: bool, P_out, X_out, rhs_out,
+                      usum_out):
+    """The previous iteration's eq. 10 (and U sums) in the pass of this iteration's eq. 8-9."""
+    P = P_old - X_old + U
+    _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_out, rhs_out)
+    P_out.copy_(P)
+    usum_out.copy_(U.sum((-2, -1)))
+
+
 def _fy_whole(V, R, XtZ, G_inv, eta: float):
     Y_new = torch.clamp(V + R, min=0)
     V_new = G_inv @ (XtZ + eta * (Y_new - R))
@@ -463,6 +474,13 @@ def _fy_post_into(R, Y_new, V_new, R_out):
     R_out.copy_(R - Y_new + V_new)
 
 
+def _fy_pre_fold_into(V, R_old, Y_old, XtZ, eta: float, R_out, Y_out, B_out):
+    """The previous iteration's eq. 14 in the pass of this iteration's eq. 12-13."""
+    R = R_old - Y_old + V
+    _fy_pre_into(V, R, XtZ, eta, Y_out, B_out)
+    R_out.copy_(R)
+
+
 class _Fused:
     """The compiled iterations (compiled lazily, on first call, once per shape)."""
 
@@ -473,6 +491,7 @@ class _Fused:
         self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
         self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
         self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
+        self.x_pre_fold, self.y_pre_fold = c(_fx_pre_fold_into), c(_fy_pre_fold_into)
 
 
 _FUSED = None
@@ -559,6 +578,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # advance: draw them, and (where the exchange allows) their sums rho_i and the
     # spectral factors 1 / (lam + mu + rho_i) of eq. 9, in a few batched operations.
     G_rows = rho_block = D_block = None
+    # fuse=True at large sizes, no stopping rule: each iteration's eq. 10 runs in the next
+    # iteration's first pass (one pass over the state less per iteration)
+    fold, P_old = fused is not None and large and not stop.track, None
     if not stop.track:
         G = sampler.steps(g, params.x_iters)
         rho_block = exchange.penalty_block(G, bcd_iter=bcd_iter)
@@ -599,10 +621,17 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             usum.copy_(s_new)
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
-            fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs)
+            if P_old is None:
+                fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs)
+            else:  # the previous iteration's eq. 10 and U sums, in the same pass
+                P = ws.take("P", P_old, (P_old,))
+                fused.x_pre_fold(U, P_old, X, ZYt, Q, Q_prev, rho, mu, derived, P, X_new, rhs, u_sums[m - 1])
             U_new = _u_update(rhs, E, Et, d, ws, U)
-            P_new = ws.take("P", P, (P,))
-            fused.x_post(P, X_new, U_new, P_new, usum)
+            if fold:  # eq. 10 waits for the next pass (or the end of the loop)
+                P_old, P_new = P, P
+            else:
+                P_new = ws.take("P", P, (P,))
+                fused.x_post(P, X_new, U_new, P_new, usum)
             op = exchange.neighbour_operator(g, dtype) if active is None else None
             if op is not None:
                 Q_new = ws.take("S", U, (Q, Q_prev))
@@ -622,6 +651,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         if stop.after(m, U, U_prev):
             break
         active = stop.active
+    if P_old is not None:  # the last iteration's eq. 10
+        P = ws.take("P", P_old, (P_old,))
+        fused.x_post(P_old, X, U, P, u_sums[m])
     # first ADMM iteration (1-based) at which each agent's U stopped being finite, 0: never
     bad = ~torch.isfinite(u_sums[: m + 1])
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
@@ -657,6 +689,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = int(problem.counts.max()) if fused is None else 0
+    fold, R_old = fused is not None and large and not stop.track, None  # as in the X-step
     for k in range(params.y_iters):
         # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
         if fused is None:
@@ -665,15 +698,25 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
             Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta)
         else:
             Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)
-            fused.y_pre(V, R, XtZ, eta, Y_new, B)
+            if R_old is None:
+                fused.y_pre(V, R, XtZ, eta, Y_new, B)
+            else:  # the previous iteration's eq. 14, in the same pass
+                R = ws.take("R", R_old, (R_old,))
+                fused.y_pre_fold(V, R_old, Y, XtZ, eta, R, Y_new, B)
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
-            R_new = ws.take("R", R, (R,))
-            fused.y_post(R, Y_new, V_new, R_new)
+            if fold:  # eq. 14 waits for the next pass (or the end of the loop)
+                R_old, R_new = R, R
+            else:
+                R_new = ws.take("R", R, (R,))
+                fused.y_post(R, Y_new, V_new, R_new)
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if stop.after(k, V, V_prev):
             break
         active = stop.active
+    if R_old is not None:  # the last iteration's eq. 14
+        R = ws.take("R", R_old, (R_old,))
+        fused.y_post(R_old, Y, V, R)
     state.Y, state.V, state.R = Y, V, R
     return {
         "iters": stop.counts,

@@ -4,12 +4,13 @@
 Everything runs in one process, side by side, and is reported as ratios:
 
 1. Seconds per ADMM iteration (one X-step plus one Y-step iteration, exchange
-   included) of the per-agent loop and of the batched solver, at N in {10, 100, 1000}
+   included) of the per-agent loop and of the batched solver, eager (``fit``'s default)
+   and compiled (``fit(..., fuse=True)``, timed after its compilation), at N in {10, 100, 1000}
    with the paper-synthetic (L=30, K=5, ~20 columns per agent) and CBCL (L=361, K=49,
    ~243 columns per agent) sizes, on CPU and on CUDA when present.
 2. The bytes an iteration must move (every state tensor read and written once) and the
-   bandwidth this achieves, against a copy bandwidth measured in the same run: the
-   fraction of the memory roofline. Also at N=2000 with CBCL sizes.
+   bandwidth this achieves, against the copy bandwidth measured right before and after
+   (the larger of the two): the fraction of the memory roofline, at N=2000 with CBCL sizes.
 3. Batched trials: the full paper-synthetic 100-trial run (quantized exchange, all 100
    BCD iterations of 30 + 30 ADMM iterations) against the reference looped over trials
    (the loop is timed on a few trials and scaled, and says so).
@@ -18,6 +19,7 @@ Usage::
 
     python scripts/bench_solver.py                 # everything (several minutes on 2 cores)
     python scripts/bench_solver.py --quick         # smaller sizes, a smoke run
+    python scripts/bench_solver.py --modes eager   # the default solver only (no compilation)
     python scripts/bench_solver.py --json out.json --device cuda
 """
 from __future__ import annotations
@@ -83,7 +85,8 @@ def problem(N, L, K, cols, seed=0):
     return blocks, graph_mod.random_connected(N, 3.0 if N > 3 else 2.0, seed=seed)
 
 
-FUSE = False  # --fuse: the batched solver compiles its elementwise chains (fit(..., fuse=True))
+FUSE = False  # set per measurement: the batched solver eager, or compiled (fit(..., fuse=True))
+MODES = ("eager", "fused")
 
 
 def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3):
@@ -114,44 +117,80 @@ def time_reference(blocks, g, K, iters):
     return (time.perf_counter() - t0) / iters
 
 
-def bench_loop_vs_batched(device, Ns, quick):
+def _batched_modes(blocks, g, K, iters, device, modes, **kw):
+    """``{mode: marginal seconds per iteration}`` for the eager and the compiled solver."""
+    global FUSE
+    out = {}
+    for mode in modes:
+        FUSE = mode == "fused"
+        out[mode] = time_batched(blocks, g, K, iters, device, **kw)
+    FUSE = False
+    return out
+
+
+def bench_loop_vs_batched(device, Ns, quick, modes):
     rows = []
     for name, sz in SIZES.items():
         for N in Ns:
             blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
             iters_b = 5 if name == "cbcl" else 20
-            t_b = time_batched(blocks, g, sz["K"], iters_b, device)
+            t_b = _batched_modes(blocks, g, sz["K"], iters_b, device, modes)
             ref_iters = 1 if (name == "cbcl" and N >= 1000) else 2
             t_r = time_reference(blocks, g, sz["K"], ref_iters)
             M_max = -(-max(b.shape[1] for b in blocks) // 64) * 64
             nbytes = bytes_per_iteration(N, sz["L"], sz["K"], M_max)
-            rows.append({"sizes": name, "N": N, "loop_s_per_iter": t_r, "batched_s_per_iter": t_b,
-                         "speedup": t_r / t_b, "bytes_per_iter": nbytes, "achieved_GBps": nbytes / t_b / 1e9})
-            print(f"  {name:9s} N={N:5d}  loop {t_r:9.4f} s/it  batched {t_b:9.5f} s/it  "
-                  f"ratio {t_r / t_b:8.1f}x  {nbytes / t_b / 1e9:6.2f} GB/s", flush=True)
+            row = {"sizes": name, "N": N, "loop_s_per_iter": t_r, "bytes_per_iter": nbytes}
+            text = f"  {name:9s} N={N:5d}  loop {t_r:9.4f} s/it"
+            for mode, t in t_b.items():
+                row[f"{mode}_s_per_iter"] = t
+                row[f"{mode}_speedup"] = t_r / t
+                text += f"  {mode} {t:9.5f} s/it = {t_r / t:6.1f}x"
+            rows.append(row)
+            print(text, flush=True)
     return rows
 
 
-def bench_roofline(device, N, copy_bw):
+def bench_roofline(device, N, modes):
+    """Seconds per iteration at CBCL sizes against the copy bandwidth measured right before
+    and right after (the fraction is against the larger: the conservative reading)."""
     sz = SIZES["cbcl"]
     blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
-    t_b = time_batched(blocks, g, sz["K"], 4, device, repeats=1)
+    bw_before = copy_bandwidth(device)
+    t_b = _batched_modes(blocks, g, sz["K"], 4, device, modes, repeats=1)
+    bw_after = copy_bandwidth(device)
+    copy_bw = max(bw_before, bw_after)
     M_max = -(-max(b.shape[1] for b in blocks) // 64) * 64
     nbytes = bytes_per_iteration(N, sz["L"], sz["K"], M_max)
-    bw = nbytes / t_b
-    row = {"sizes": "cbcl", "N": N, "batched_s_per_iter": t_b, "bytes_per_iter": nbytes, "achieved_GBps": bw / 1e9,
-           "copy_GBps": copy_bw / 1e9, "fraction_of_copy": bw / copy_bw}
-    print(f"  cbcl N={N}: {t_b:.3f} s/it, {nbytes / 1e9:.2f} GB/it, {bw / 1e9:.2f} GB/s = "
-          f"{100 * bw / copy_bw:.1f}% of copy bandwidth ({copy_bw / 1e9:.2f} GB/s)", flush=True)
+    row = {"sizes": "cbcl", "N": N, "bytes_per_iter": nbytes, "copy_GBps_before": bw_before / 1e9,
+           "copy_GBps_after": bw_after / 1e9, "copy_GBps": copy_bw / 1e9}
+    print(f"  cbcl N={N}: {nbytes / 1e9:.2f} GB per iteration; copy bandwidth {bw_before / 1e9:.2f} GB/s before, "
+          f"{bw_after / 1e9:.2f} GB/s after", flush=True)
+    for mode, t in t_b.items():
+        bw = nbytes / t
+        row[f"{mode}_s_per_iter"] = t
+        row[f"{mode}_GBps"] = bw / 1e9
+        row[f"{mode}_fraction_of_copy"] = bw / copy_bw
+        print(f"    {mode}: {t:.3f} s/it, {bw / 1e9:.2f} GB/s = {100 * bw / copy_bw:.1f}% of "
+              f"{copy_bw / 1e9:.2f} GB/s", flush=True)
     return row
 
 
-def bench_trials(device, trials, ref_trials, bcd_iters):
-    t0 = time.perf_counter()
-    res = run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
-                         centralized=False, device=device, bcd_iters=bcd_iters, fuse=FUSE)
-    _sync(device)
-    t_batched = time.perf_counter() - t0
+def bench_trials(device, trials, ref_trials, bcd_iters, modes):
+    global FUSE
+    row = {"trials": trials, "bcd_iters": bcd_iters}
+    for mode in modes:
+        FUSE = mode == "fused"
+        if FUSE:  # compile outside the timing (once per shape; a long run pays it once)
+            run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
+                           centralized=False, device=device, bcd_iters=1, fuse=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        res = run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
+                             centralized=False, device=device, bcd_iters=bcd_iters, fuse=FUSE)
+        _sync(device)
+        row[f"{mode}_s"] = time.perf_counter() - t0
+        row[f"{mode}_final_nmse_mean"] = float(res.history["nmse"][-1].mean())
+    FUSE = False
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     t0 = time.perf_counter()
     for t in range(ref_trials):
@@ -159,12 +198,14 @@ def bench_trials(device, trials, ref_trials, bcd_iters):
         reference_fit(blocks, list(g.edges), 5, bcd_iters=bcd_iters, exchange="quantized", n_max=10**6, seed=t,
                       mu=0.1, eta=1.0, g_max=0.033)
     t_ref = (time.perf_counter() - t0) / ref_trials * trials
-    row = {"trials": trials, "bcd_iters": bcd_iters, "batched_s": t_batched, "loop_s_scaled": t_ref,
-           "loop_trials_timed": ref_trials, "speedup": t_ref / t_batched,
-           "final_nmse_mean": float(res.history["nmse"][-1].mean())}
-    print(f"  {trials} trials x {bcd_iters} BCD (quantized): batched {t_batched:.1f} s; loop "
-          f"{t_ref:.0f} s (timed on {ref_trials} trials, scaled); ratio {t_ref / t_batched:.0f}x; "
-          f"mean final NMSE {row['final_nmse_mean']:.4f}", flush=True)
+    row.update({"loop_s_scaled": t_ref, "loop_trials_timed": ref_trials})
+    text = (f"  {trials} trials x {bcd_iters} BCD (quantized): loop {t_ref:.0f} s (timed on {ref_trials} trials, "
+            f"scaled)")
+    for mode in modes:
+        row[f"{mode}_speedup"] = t_ref / row[f"{mode}_s"]
+        text += (f"; {mode} {row[f'{mode}_s']:.1f} s = {t_ref / row[f'{mode}_s']:.0f}x "
+                 f"(mean final NMSE {row[f'{mode}_final_nmse_mean']:.4f})")
+    print(text, flush=True)
     return row
 
 
@@ -177,28 +218,25 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--ref-trials", type=int, default=2)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--fuse", action="store_true", help="batched solver with fit(..., fuse=True)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                    help="the batched solver eager (default fit) and/or compiled (fit(..., fuse=True))")
     ap.add_argument("--skip-loop", action="store_true", help="roofline and trials only")
     args = ap.parse_args(argv)
-    global FUSE
-    FUSE = args.fuse
     device = pp.resolve_device(args.device)
     Ns = args.ns or ([10, 100] if args.quick else [10, 100, 1000])
-    info = {"device": str(device), "fuse": FUSE, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "platform": platform.platform(),
+    info = {"device": str(device), "modes": args.modes, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     print(f"bench_solver on {info}", flush=True)
-    copy_bw = copy_bandwidth(device, nbytes=(1 << 28) if args.quick else (1 << 30))
-    print(f"copy bandwidth: {copy_bw / 1e9:.2f} GB/s", flush=True)
-    out = {"machine": info, "copy_GBps": copy_bw / 1e9}
+    out = {"machine": info}
     if not args.skip_loop:
         print("per-agent loop vs batched, seconds per ADMM iteration (float64):", flush=True)
-        out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick)
+        out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick, args.modes)
     print("memory roofline:", flush=True)
-    out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, copy_bw)
+    out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes)
     print("batched trials:", flush=True)
     out["trials"] = bench_trials(device, 10 if args.quick else args.trials, 1 if args.quick else args.ref_trials,
-                                 10 if args.quick else 100)
+                                 10 if args.quick else 100, args.modes)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=2)
