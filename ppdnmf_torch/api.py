@@ -7,6 +7,7 @@ import torch
 
 from ._utils import ConfigError, resolve_device, resolve_dtype
 from .exchange import make_exchange
+from .exchange.base import accepts_keyword
 from .graph import Graph, complete
 from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
@@ -130,7 +131,10 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     checkpointer = None
     if checkpoint_dir is not None:
         checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every)
-    exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
+    if accepts_keyword(exch.bind, "fuse"):
+        exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
+    else:  # an exchange written against the older interface
+        exch.bind(problem.topology, dtype=dtype, device=device)
 
     def cb(info):
         if single:
@@ -223,7 +227,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         large ones compile the elementwise chains into single passes over reused
         buffers. Faster from about N = 100 synthetic-sized agents up (see the README's
         Performance section), at the cost of a compilation per shape (seconds, once per
-        process); rounds slightly differently (fused multiply-adds). Needs a C++
+        process; past torch's limit of 8 recompilations of one function, it runs
+        uncompiled); rounds slightly differently (fused multiply-adds). Needs a C++
         compiler on CPU.
 
     Returns

@@ -26,7 +26,9 @@ from ._utils import PPDNMFError
 __all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
            "save_checkpoint"]
 
-FORMAT_VERSION = 1
+#: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
+#: format-1 checkpoint could no longer be continued bit for bit
+FORMAT_VERSION = 2
 _PREFIX = "ckpt_bcd"
 
 
@@ -90,8 +92,13 @@ def load_checkpoint(path: str) -> dict:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # a torn or foreign file: say which and why
         raise CheckpointError(f"resume_from: cannot read checkpoint {file!r}: {exc}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+    if not isinstance(payload, dict) or "format" not in payload:
         raise CheckpointError(f"resume_from: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
+    if payload["format"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"resume_from: {file!r} was written by another version of ppdnmf_torch (checkpoint format "
+            f"{payload['format']!r}, this version reads {FORMAT_VERSION}); its run cannot be continued bit for bit"
+        )
     payload["path"] = file
     return payload
 

@@ -32,7 +32,7 @@ import torch
 
 from . import metrics
 from ._utils import ConfigError, PPDNMFError
-from .exchange.base import Exchange, Topology, ell_gather_sum
+from .exchange.base import Exchange, Topology, accepts_keyword, ell_gather_sum
 from .penalties import PENALTY_MODES, PenaltySampler
 
 __all__ = [
@@ -217,7 +217,8 @@ class IterationInfo:
     """What the callback receives after every BCD iteration.
 
     ``metrics`` maps names to Tensors of shape ``(T,)`` (one value per trial);
-    ``state`` is the live solver state (do not modify it).
+    ``state`` is the live solver state (do not modify it; its tensors are reused buffers
+    that later iterations overwrite: copy what you keep).
     """
 
     iteration: int
@@ -418,14 +419,14 @@ def _step_post(P, X_new, U_new, ws: Workspace, name: str):
 # products). Large problems compile the elementwise chains alone, writing into the
 # workspace's buffers: a compiled graph would allocate its intermediates afresh, and a
 # fresh large tensor costs more to page in than the arithmetic on it.
-def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu: float, derived: bool):
+def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived: bool):
     X_new = torch.clamp(U + P, min=0)
     c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
     U_new = (ZYt + mu * (X_new - P) + c) @ ((E * d.unsqueeze(-2)) @ E.mT)
     return X_new, U_new, P - X_new + U_new, U_new.sum((-2, -1))
 
 
-def _fx_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, nbr, wv, mu: float, derived: bool):
+def _fx_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, nbr, wv, mu, derived: bool):
     """:func:`_fx_whole` and steps 5-6 with the exchange's padded neighbour operator."""
     X_new, U_new, P_new, usum = _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived)
     S = ell_gather_sum(U_new.reshape(nbr.shape[0], -1), nbr, wv)
@@ -437,7 +438,7 @@ def _fq_into(U, nbr, wv, Q, Q_out):
     Q_out.copy_(ell_gather_sum(U, nbr, wv) + Q)
 
 
-def _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, X_out, rhs_out):
+def _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, X_out, rhs_out):
     X_new = torch.clamp(U + P, min=0)
     c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
     X_out.copy_(X_new)
@@ -449,7 +450,7 @@ def _fx_post_into(P, X_new, U_new, P_out, usum_out):
     usum_out.copy_(U_new.sum((-2, -1)))
 
 
-def _fx_pre_fold_into(U, P_old, X_old, ZYt, Q, Q_prev, rho, mu: float, derived: bool, P_out, X_out, rhs_out,
+def _fx_pre_fold_into(U, P_old, X_old, ZYt, Q, Q_prev, rho, mu, derived: bool, P_out, X_out, rhs_out,
                       usum_out):
     """The previous iteration's eq. 10 (and U sums) in the pass of this iteration's eq. 8-9."""
     P = P_old - X_old + U
@@ -458,13 +459,13 @@ def _fx_pre_fold_into(U, P_old, X_old, ZYt, Q, Q_prev, rho, mu: float, derived: 
     usum_out.copy_(U.sum((-2, -1)))
 
 
-def _fy_whole(V, R, XtZ, G_inv, eta: float):
+def _fy_whole(V, R, XtZ, G_inv, eta):
     Y_new = torch.clamp(V + R, min=0)
     V_new = G_inv @ (XtZ + eta * (Y_new - R))
     return Y_new, V_new, R - Y_new + V_new
 
 
-def _fy_pre_into(V, R, XtZ, eta: float, Y_out, B_out):
+def _fy_pre_into(V, R, XtZ, eta, Y_out, B_out):
     Y_new = torch.clamp(V + R, min=0)
     Y_out.copy_(Y_new)
     B_out.copy_(XtZ + eta * (Y_new - R))
@@ -474,7 +475,7 @@ def _fy_post_into(R, Y_new, V_new, R_out):
     R_out.copy_(R - Y_new + V_new)
 
 
-def _fy_pre_fold_into(V, R_old, Y_old, XtZ, eta: float, R_out, Y_out, B_out):
+def _fy_pre_fold_into(V, R_old, Y_old, XtZ, eta, R_out, Y_out, B_out):
     """The previous iteration's eq. 14 in the pass of this iteration's eq. 12-13."""
     R = R_old - Y_old + V
     _fy_pre_into(V, R, XtZ, eta, Y_out, B_out)
@@ -501,7 +502,8 @@ def _fused(fuse: bool):
     """None (eager torch ops), or the compiled iterations of ``fuse=True``: single-pass
     loops over the elementwise chains, which cut the memory traffic (large problems) and
     the number of calls (small ones) of an iteration; a compilation (seconds) per new
-    shape, and slightly different rounding (fused multiply-adds)."""
+    shape (beyond torch's limit on recompilations of one function, 8 by default, torch
+    runs it uncompiled), and slightly different rounding (fused multiply-adds)."""
     global _FUSED
     if not fuse:
         return None
@@ -581,6 +583,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # fuse=True at large sizes, no stopping rule: each iteration's eq. 10 runs in the next
     # iteration's first pass (one pass over the state less per iteration)
     fold, P_old = fused is not None and large and not stop.track, None
+    pass_out = accepts_keyword(exchange.exchange, "out")
+    # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
+    mu_c = torch.tensor(mu, dtype=dtype, device=Z.device) if fused is not None else mu
     if not stop.track:
         G = sampler.steps(g, params.x_iters)
         rho_block = exchange.penalty_block(G, bcd_iter=bcd_iter)
@@ -614,18 +619,18 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             # agent has stopped: a stopped agent's neighbours must see its old U)
             op = exchange.neighbour_operator(g, dtype) if active is None else None
             if op is None:
-                X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived)
+                X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu_c, derived)
             else:
-                X_new, U_new, P_new, s_new, Q_new = fused.x_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, *op, mu,
+                X_new, U_new, P_new, s_new, Q_new = fused.x_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, *op, mu_c,
                                                                       derived)
             usum.copy_(s_new)
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
             if P_old is None:
-                fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs)
+                fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, X_new, rhs)
             else:  # the previous iteration's eq. 10 and U sums, in the same pass
                 P = ws.take("P", P_old, (P_old,))
-                fused.x_pre_fold(U, P_old, X, ZYt, Q, Q_prev, rho, mu, derived, P, X_new, rhs, u_sums[m - 1])
+                fused.x_pre_fold(U, P_old, X, ZYt, Q, Q_prev, rho, mu_c, derived, P, X_new, rhs, u_sums[m - 1])
             U_new = _u_update(rhs, E, Et, d, ws, U)
             if fold:  # eq. 10 waits for the next pass (or the end of the loop)
                 P_old, P_new = P, P
@@ -642,9 +647,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             torch.sum(U, dim=(-2, -1), out=u_sums[m])
         # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
         if Q_new is None:
-            S_buf = ws.take("S", U, (Q, Q_prev))
-            out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1,
-                                    out=None if S_buf is None else S_buf.view(A, L * K))
+            S_buf = ws.take("S", U, (Q, Q_prev)) if pass_out else None
+            kw = {} if S_buf is None else {"out": S_buf.view(A, L * K)}
+            out = exchange.exchange(U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=m + 1, **kw)
             Q_new = out.S.view(T, N, L, K).to(dtype).add_(Q)
         # 6. Q_prev, Q = Q, Q + S
         Q_prev, Q = _where(active, Q, Q_prev), _where(active, Q_new, Q)
@@ -690,19 +695,20 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = int(problem.counts.max()) if fused is None else 0
     fold, R_old = fused is not None and large and not stop.track, None  # as in the X-step
+    eta_c = torch.tensor(eta, dtype=X.dtype, device=X.device) if fused is not None else eta
     for k in range(params.y_iters):
         # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
         if fused is None:
             Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
         elif not large:
-            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta)
+            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c)
         else:
             Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)
             if R_old is None:
-                fused.y_pre(V, R, XtZ, eta, Y_new, B)
+                fused.y_pre(V, R, XtZ, eta_c, Y_new, B)
             else:  # the previous iteration's eq. 14, in the same pass
                 R = ws.take("R", R_old, (R_old,))
-                fused.y_pre_fold(V, R_old, Y, XtZ, eta, R, Y_new, B)
+                fused.y_pre_fold(V, R_old, Y, XtZ, eta_c, R, Y_new, B)
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
             if fold:  # eq. 14 waits for the next pass (or the end of the loop)
                 R_old, R_new = R, R

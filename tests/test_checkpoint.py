@@ -154,3 +154,11 @@ def test_no_private_key_in_checkpoints_or_results(tmp_path, paillier_keypairs):
             assert s.encode() not in data, f"{f.name} holds a private key factor"
     for s in secrets:
         assert s.encode() not in blob
+
+
+def test_checkpoint_of_another_format_is_refused_by_name(tmp_path):
+    from ppdnmf_torch.checkpoint import FORMAT_VERSION
+
+    save_checkpoint(str(tmp_path / "ckpt_bcd000001.pt"), {"format": FORMAT_VERSION - 1, "state": {}})
+    with pytest.raises(CheckpointError, match=f"checkpoint format {FORMAT_VERSION - 1}.*bit for bit"):
+        load_checkpoint(str(tmp_path))

@@ -197,3 +197,35 @@ def test_fused_solver_agrees_with_eager(monkeypatch, large, kw):
     assert rel(fused.X, eager.X) < 1e-10 and rel(fused.U, eager.U) < 1e-10
     assert max(rel(a, b) for a, b in zip(fused.Y, eager.Y)) < 1e-10
     assert fused.history["nmse"] == pytest.approx(eager.history["nmse"], rel=1e-10)
+
+
+def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
+    """A PlainExchange subclass that overrides step 5 (the audit's recorder) is called every
+    iteration: the solver's compiled shortcut around the exchange stays off for it."""
+    from ppdnmf_torch.audit import record_fit
+
+    blocks = small_problem(counts=(3, 5, 4, 6))
+    rec = record_fit(blocks, graph.ring(4), 3, kind="plain", bcd_iters=1, x_iters=4, y_iters=2, fuse=True)
+    assert len(rec.U) == 4
+
+
+class _OldStyleExchange(PlainExchange):
+    """An exchange written against the interface before ``out=`` and ``bind(fuse=)``."""
+
+    def bind(self, topology, *, dtype, device):
+        super().bind(topology, dtype=dtype, device=device)
+
+    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
+        return super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+
+
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_exchanges_written_against_the_older_interface_still_work(monkeypatch, large, fuse):
+    if large:
+        monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+    blocks = small_problem(counts=(3, 5, 4, 6))
+    args = dict(bcd_iters=2, x_iters=5, y_iters=5, device="cpu", seed=2, fuse=fuse)
+    old = pp.fit(blocks, graph.ring(4), 3, exchange=_OldStyleExchange(), **args)
+    new = pp.fit(blocks, graph.ring(4), 3, **args)
+    assert torch.allclose(old.X, new.X, rtol=1e-10, atol=0)

@@ -88,7 +88,15 @@ class PlainExchange(Exchange):
         self._cache = (g, self._values(w, rho), rho)
         return self._cache[1], rho
 
+    def _runs_own_steps(self) -> bool:
+        """False for a subclass that overrides step 1 or step 5 (a recorder, say): it gets
+        every per-iteration call, and the batched shortcuts stay off."""
+        cls = type(self)
+        return cls.exchange is PlainExchange.exchange and cls.penalty_sums is PlainExchange.penalty_sums
+
     def penalty_block(self, G, *, bcd_iter=0):
+        if not self._runs_own_steps():
+            return None
         topo = self.topology
         w = G * G[:, topo.rev]
         rho = torch.zeros((G.shape[0], topo.n_nodes), dtype=torch.float64, device=G.device)
@@ -106,7 +114,7 @@ class PlainExchange(Exchange):
         return wv.view(vals.shape[:-1] + (n, slots))
 
     def neighbour_operator(self, g, dtype):
-        if self._ell is None:
+        if self._ell is None or not self._runs_own_steps():
             return None
         blk = self._block
         if blk is not None and g._base is blk[0] and blk[3] is not None and blk[3].dtype == dtype:
