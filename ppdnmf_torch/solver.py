@@ -402,6 +402,11 @@ def _y_iteration(V, R, XtZ, G_inv, eta: float, Mw: int, ws: Workspace, live):
     return Yb, Bb, Vb, Rb
 
 
+def _spectral_factors(lam, rho, mu: float):
+    """``d = 1 / (lam + mu + rho_i)``, ``(..., T, N, K)`` from ``rho (..., T, N, 1, 1)``."""
+    return torch.add(lam, rho[..., 0] + mu).reciprocal_()
+
+
 def _u_update(rhs, E, Et, d, ws: Workspace, U_old):
     """Eq. 9: ``rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs (E diag(d) E^T)``, ``d = 1 / (lam + mu + rho_i)``."""
     Minv = bmm(torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E)), Et, out=ws.take("Minv", E))
@@ -592,7 +597,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         G_rows = G.unbind(0)
         if rho_block is not None:
             rho_block = rho_block.to(dtype).view(params.x_iters, T, N, 1, 1)
-            D_block = torch.add(lam, rho_block[..., 0] + mu).reciprocal_()  # (x_iters, T, N, K)
+            D_block = _spectral_factors(lam, rho_block, mu)  # (x_iters, T, N, K)
     for m in range(params.x_iters):
         # 1. penalties of this iteration, and rho_i as the agent obtains it
         if G_rows is not None:
@@ -604,20 +609,20 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             rho, d = rho_block[m], D_block[m]
         else:
             rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1).to(dtype).view(T, N, 1, 1)
-            d = torch.add(lam, rho[..., 0] + mu).reciprocal_()
+            d = _spectral_factors(lam, rho, mu)
         # 2. X_i = max(0, U_i + P_i) (eq. 8), the right-hand side of eq. 9,
         # 3. the U-update (eq. 9): rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs E diag(d) E^T,
         # 4. P_i = P_i - (X_i - U_i) (eq. 10), and the sums of U_i (finiteness check)
         usum, Q_new = u_sums[m], None
+        # steps 5-6 join the compiled code when the exchange has a padded form (and no agent
+        # has stopped: a stopped agent's neighbours must see its old U)
+        op = exchange.neighbour_operator(g, dtype) if fused is not None and active is None else None
         if fused is None:
             X_new, rhs = _x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
             U_new = _u_update(rhs, E, Et, d, ws, U)
             P_new = _step_post(P, X_new, U_new, ws, "P")
             usum = None
         elif not large:
-            # steps 5-6 join the compiled graph when the exchange has a padded form (and no
-            # agent has stopped: a stopped agent's neighbours must see its old U)
-            op = exchange.neighbour_operator(g, dtype) if active is None else None
             if op is None:
                 X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu_c, derived)
             else:
@@ -637,7 +642,6 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             else:
                 P_new = ws.take("P", P, (P,))
                 fused.x_post(P, X_new, U_new, P_new, usum)
-            op = exchange.neighbour_operator(g, dtype) if active is None else None
             if op is not None:
                 Q_new = ws.take("S", U, (Q, Q_prev))
                 fused.q_into(U_new.view(A, L * K), *op, Q.view(A, L * K), Q_new.view(A, L * K))

@@ -187,8 +187,8 @@ class Exchange(abc.ABC):
         """Release resources (worker pools, keys)."""
 
     def _pair_weights(self, g: torch.Tensor) -> torch.Tensor:
-        """``rho_ij = g_{i->j} g_{j->i}`` per directed edge, float64, shape ``(2E,)``."""
-        return g * g[self.topology.rev]
+        """``rho_ij = g_{i->j} g_{j->i}`` per directed edge, float64, shape ``(..., 2E)``."""
+        return g * g[..., self.topology.rev]
 
 
 def ell_gather_sum(U, nbr, wv):

@@ -74,17 +74,27 @@ class PlainExchange(Exchange):
         vals[..., self._diag_pos] = -rho
         return vals
 
+    def _block_row(self, g):
+        """Which row of this X-step's penalty block ``g`` is (a view of it), or None."""
+        blk = self._block
+        if blk is None or g._base is not blk[0]:
+            return None
+        return (g.storage_offset() - blk[0].storage_offset()) // blk[0].stride(0)
+
+    def _sums(self, w):
+        """``rho_i = sum_j rho_ij`` over the last dimension of ``w (..., 2E)``, edges added in order."""
+        rho = torch.zeros(w.shape[:-1] + (self.topology.n_nodes,), dtype=torch.float64, device=w.device)
+        return rho.index_add_(w.dim() - 1, self.topology.src, w)
+
     def _weights(self, g):
         """``(CSR values, rho_i per node)`` of the penalties ``g``; step 5 reuses step 1's."""
-        blk = self._block
-        if blk is not None and g._base is blk[0]:  # a row of this X-step's penalty block
-            m = (g.storage_offset() - blk[0].storage_offset()) // blk[0].stride(0)
-            return blk[1][m], blk[2][m]
+        m = self._block_row(g)
+        if m is not None:
+            return self._block[1][m], self._block[2][m]
         if self._cache[0] is g:
             return self._cache[1], self._cache[2]
         w = self._pair_weights(g)
-        rho = torch.zeros(self.topology.n_nodes, dtype=torch.float64, device=g.device)
-        rho.index_add_(0, self.topology.src, w)
+        rho = self._sums(w)
         self._cache = (g, self._values(w, rho), rho)
         return self._cache[1], rho
 
@@ -97,10 +107,8 @@ class PlainExchange(Exchange):
     def penalty_block(self, G, *, bcd_iter=0):
         if not self._runs_own_steps():
             return None
-        topo = self.topology
-        w = G * G[:, topo.rev]
-        rho = torch.zeros((G.shape[0], topo.n_nodes), dtype=torch.float64, device=G.device)
-        rho.index_add_(1, topo.src, w)  # per row, the same additions in the same order as above
+        w = self._pair_weights(G)
+        rho = self._sums(w)  # per row, the same additions in the same order as one row alone
         vals = self._values(w, rho)
         self._block = (G, vals, rho, None if self._ell is None else self._padded(vals, self.dtype))
         return rho
@@ -116,10 +124,9 @@ class PlainExchange(Exchange):
     def neighbour_operator(self, g, dtype):
         if self._ell is None or not self._runs_own_steps():
             return None
-        blk = self._block
-        if blk is not None and g._base is blk[0] and blk[3] is not None and blk[3].dtype == dtype:
-            m = (g.storage_offset() - blk[0].storage_offset()) // blk[0].stride(0)
-            return self._ell[0], blk[3][m]
+        m = self._block_row(g)
+        if m is not None and self._block[3].dtype == dtype:
+            return self._ell[0], self._block[3][m]
         return self._ell[0], self._padded(self._weights(g)[0], dtype)
 
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
