@@ -47,3 +47,33 @@ def paillier_keypairs():
         return list(cache[bits][:count])
 
     return keys
+
+
+# -- shared by the exchange tests (test_crypto.py, test_fast_crypto.py) ----------------
+def _graphs():
+    from ppdnmf_torch.graph import Graph, ring
+
+    return Graph(3, [(0, 1), (1, 2)]), Graph(4, [(0, 1), (1, 2), (2, 3)]), ring(4)
+
+
+PATH3, PATH4, CYCLE4 = _graphs()
+PROTOCOLS = ["aggregated", "paper"]
+
+
+def drive(exchanges, topo, lk, n_iter, seed, scale=1.0, skip_step1=()):
+    """ADMM-like iterations with monotone random penalties, the same inputs for every
+    exchange; iterations in ``skip_step1`` go without the penalty round of step 1.
+
+    Returns, per exchange, a list of ``(rho from step 1 or None, S, rho from step 5, U, g)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.zeros(topo.n_directed_edges, dtype=torch.float64)
+    outs = [[] for _ in exchanges]
+    for m in range(n_iter):
+        g = g + (1.0 - g) * torch.rand(g.shape, generator=gen, dtype=torch.float64)
+        U = scale * (2 * torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64) - 0.5)
+        for ex, out in zip(exchanges, outs):
+            rho = None if m in skip_step1 else ex.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
+            res = ex.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
+            out.append((rho, res.S, res.rho, U, g))
+    return outs

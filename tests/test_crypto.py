@@ -23,9 +23,10 @@ from ppdnmf_torch.exchange.paillier import (
     KeyMismatchError,
     PaillierExchange,
 )
-from ppdnmf_torch.graph import Graph, ring
 from ppdnmf_torch.problem import build_problem
 from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
+
+from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive
 
 pytestmark = [
     pytest.mark.crypto,
@@ -33,16 +34,8 @@ pytestmark = [
 ]
 
 CPU = torch.device("cpu")
-PATH3 = Graph(3, [(0, 1), (1, 2)])
-PATH4 = Graph(4, [(0, 1), (1, 2), (2, 3)])
-CYCLE4 = ring(4)
-PROTOCOLS = ["aggregated", "paper"]
 FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
                              homomorphic_addition=1e-6, scalar_multiplication=1e-5)
-
-
-def topology(graphs) -> Topology:
-    return Topology.from_graphs(graphs)
 
 
 def pair(topo, protocol, keys, key_bits=128, n_max=1e6, g_bits=16, **opts):
@@ -55,26 +48,11 @@ def pair(topo, protocol, keys, key_bits=128, n_max=1e6, g_bits=16, **opts):
     return q, p
 
 
-def drive(exchanges, topo, lk, n_iter, seed, scale=1.0):
-    """Several ADMM iterations with monotone random penalties; returns the outputs per exchange."""
-    gen = torch.Generator().manual_seed(seed)
-    g = torch.zeros(topo.n_directed_edges, dtype=torch.float64)
-    outs = [[] for _ in exchanges]
-    for m in range(n_iter):
-        g = g + (1.0 - g) * torch.rand(g.shape, generator=gen, dtype=torch.float64)
-        U = scale * (2 * torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64) - 0.5)
-        for ex, out in zip(exchanges, outs):
-            rho = ex.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
-            res = ex.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
-            out.append((rho, res.S, res.rho, U, g))
-    return outs
-
-
 # ---------------------------------------------------------------- protocol correctness
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("graph", [PATH3, CYCLE4], ids=["path3", "cycle4"])
 def test_protocol_matches_plain_within_quantization(graph, protocol, paillier_keypairs):
-    topo = topology([graph])
+    topo = Topology.from_graphs([graph])
     q, p = pair(topo, protocol, paillier_keypairs)
     plain = PlainExchange()
     plain.bind(topo, dtype=torch.float64, device=CPU)
@@ -94,7 +72,7 @@ def test_protocol_matches_plain_within_quantization(graph, protocol, paillier_ke
 @pytest.mark.parametrize("key_bits", [128, 512])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bit_identical_to_quantized(protocol, key_bits, paillier_keypairs):
-    topo = topology([CYCLE4, PATH4])  # two trials, different graphs
+    topo = Topology.from_graphs([CYCLE4, PATH4])  # two trials, different graphs
     q, p = pair(topo, protocol, paillier_keypairs, key_bits=key_bits)
     outs_q, outs_p = drive([q, p], topo, lk=5, n_iter=3, seed=key_bits)
     for a, b in zip(outs_q, outs_p):
@@ -103,7 +81,7 @@ def test_bit_identical_to_quantized(protocol, key_bits, paillier_keypairs):
 
 
 def test_float32_output_identical(paillier_keypairs):
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     q, p = pair(topo, "aggregated", paillier_keypairs)
     U = torch.rand((4, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float32)
     g = torch.full((8,), 0.3, dtype=torch.float64)
@@ -163,7 +141,7 @@ def test_multiple_trials_and_frozen_agents(protocol, paillier_keypairs):
 
 # ------------------------------------------------------------------------ key privacy
 def test_agent_cannot_decrypt_another_agents_message(paillier_keypairs):
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     _, p = pair(topo, "aggregated", paillier_keypairs)
     a0, a1 = p.agents[0], p.agents[1]
     msg = a0.encrypt([5, -7, 123456])
@@ -187,7 +165,7 @@ def test_agent_cannot_decrypt_another_agents_message(paillier_keypairs):
 
 
 def test_negative_values_round_trip(paillier_keypairs):
-    topo = topology([PATH3])
+    topo = Topology.from_graphs([PATH3])
     _, p = pair(topo, "paper", paillier_keypairs)
     agent = p.agents[2]
     lim = p.codec.limit
@@ -198,7 +176,7 @@ def test_negative_values_round_trip(paillier_keypairs):
 
 
 def test_pickling_copying_and_repr_show_no_keys(paillier_keypairs):
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     keys = paillier_keypairs(128, 4)
     ex = PaillierExchange(IntegerCodec(key_bits=128), keypairs=keys)
     ex.bind(topo, dtype=torch.float64, device=CPU)
@@ -233,7 +211,7 @@ def test_small_keys_warn_and_bad_sizes_raise():
 
 
 def test_keypair_validation(paillier_keypairs):
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     codec = IntegerCodec(key_bits=128)
     with pytest.raises(ConfigError, match="one per node"):
         PaillierExchange(codec, keypairs=paillier_keypairs(128, 3)).bind(topo, dtype=torch.float64, device=CPU)
@@ -245,7 +223,7 @@ def test_keypair_validation(paillier_keypairs):
 
 
 def test_close_drops_the_keys(paillier_keypairs):
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     _, p = pair(topo, "aggregated", paillier_keypairs)
     p.close()
     assert p.agents == ()
@@ -258,7 +236,7 @@ def test_close_drops_the_keys(paillier_keypairs):
 # ----------------------------------------------------------------------- range errors
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_range_errors_are_identical(protocol, paillier_keypairs):
-    topo = topology([CYCLE4, PATH4])
+    topo = Topology.from_graphs([CYCLE4, PATH4])
     q, p = pair(topo, protocol, paillier_keypairs, n_max=1e6, g_bits=16)
     gen = torch.Generator().manual_seed(0)
     U = torch.rand((8, 3), generator=gen, dtype=torch.float64)
@@ -300,7 +278,7 @@ COUNT_CASES = {
 @pytest.mark.parametrize("case", list(COUNT_CASES))
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_counters_match_formulas_and_cost_model(protocol, case, paillier_keypairs):
-    topo = topology([CYCLE4, PATH4])
+    topo = Topology.from_graphs([CYCLE4, PATH4])
     popts, qopts, n_ct = COUNT_CASES[case]
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=128)
     q = QuantizedExchange(codec, protocol=protocol, cost_model=FAKE_COSTS, **qopts)
