@@ -206,32 +206,29 @@ def _fmt_s(v):
 
 
 def table(rows, bits_list):
-    out = []
-    cfgs = list(CONFIGS)
     by = {(r["bits"], r["config"], r["graph"]): r for r in rows}
-    head = "config  " + "".join(f"| {b:>5} bits: s/iter  x naive " for b in bits_list)
-    out.append("Seconds per ADMM iteration, paper-synthetic graph (N=10, 15 edges, LK=150), penalty + exchange round")
-    out.append(head)
-    out.append("-" * len(head))
-    for c in cfgs:
-        cells = []
-        for b in bits_list:
-            r, n = by[(b, c, "paper")], by[(b, "naive", "paper")]
-            mark = "*" if r["extrapolated"] else " "
-            cells.append(f"| {_fmt_s(r['seconds_per_iter'])}{mark} {n['seconds_per_iter'] / r['seconds_per_iter']:9.1f}x ")
-        out.append(f"{c:8s}" + "".join(cells))
+
+    def section(title, graph, label, cell):
+        """One row per configuration, a ``cell(row, naive_row)`` per key size."""
+        head = "config  " + "".join(f"| {b:>5} bits: {label} x naive " for b in bits_list)
+        lines = [title, head, "-" * len(head)]
+        for c in CONFIGS:
+            cells = []
+            for b in bits_list:
+                r, n = by[(b, c, graph)], by[(b, "naive", graph)]
+                cells.append(cell(r, n, "*" if r["extrapolated"] else " "))
+            lines.append(f"{c:8s}" + "".join(cells))
+        return lines
+
+    out = section("Seconds per ADMM iteration, paper-synthetic graph (N=10, 15 edges, LK=150), penalty + exchange "
+                  "round", "paper", "s/iter ",
+                  lambda r, n, mark: (f"| {_fmt_s(r['seconds_per_iter'])}{mark} "
+                                      f"{n['seconds_per_iter'] / r['seconds_per_iter']:9.1f}x "))
     out.append("")
-    out.append("Values securely exchanged per second over one directed edge (2 agents, LK=150 per message)")
-    head = "config  " + "".join(f"| {b:>5} bits: values/s x naive " for b in bits_list)
-    out.append(head)
-    out.append("-" * len(head))
-    for c in cfgs:
-        cells = []
-        for b in bits_list:
-            r, n = by[(b, c, "edge")], by[(b, "naive", "edge")]
-            mark = "*" if r["extrapolated"] else " "
-            cells.append(f"| {r['values_per_s_per_edge']:10.0f}{mark} {r['values_per_s_per_edge'] / n['values_per_s_per_edge']:8.1f}x ")
-        out.append(f"{c:8s}" + "".join(cells))
+    out += section("Values securely exchanged per second over one directed edge (2 agents, LK=150 per message)",
+                   "edge", "values/s",
+                   lambda r, n, mark: (f"| {r['values_per_s_per_edge']:10.0f}{mark} "
+                                       f"{r['values_per_s_per_edge'] / n['values_per_s_per_edge']:8.1f}x "))
     out.append("(* measured with a small LK and extrapolated per value; see the script's docstring)")
     return "\n".join(out)
 
