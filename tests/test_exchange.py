@@ -37,10 +37,6 @@ FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decrypt
                              homomorphic_addition=1e-6, scalar_multiplication=1e-5)
 
 
-def topology(graphs) -> Topology:
-    return Topology.from_graphs(graphs)
-
-
 def isolated_topology() -> Topology:
     """3 nodes, one edge 0 - 1, node 2 without neighbours."""
     t = torch.tensor
@@ -66,7 +62,7 @@ def random_inputs(topo, lk, seed, scale=1.0):
 # ----------------------------------------------------------------------------- codec
 def test_quantized_with_huge_n_max_matches_plain(device):
     """Dyadic penalties are exact in the codec; then only the 1/n_max rounding of U remains."""
-    topo = topology([CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]).to(device)
+    topo = Topology.from_graphs([CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]).to(device)
     gen = torch.Generator().manual_seed(3)
     U = torch.rand((topo.n_nodes, 12), generator=gen, dtype=torch.float64).to(device)
     g_bits = 16
@@ -81,7 +77,7 @@ def test_quantized_with_huge_n_max_matches_plain(device):
 
 
 def test_quantized_close_to_plain_with_default_codec():
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     U, g = random_inputs(topo, 6, 0)
     q = bound(QuantizedExchange(IntegerCodec()), topo).exchange(U, g)
     p = bound(PlainExchange(), topo).exchange(U, g)
@@ -138,7 +134,7 @@ def test_int64_overflow_guard():
     """Values and neighbour sums at or above 2^62 raise, even when the key would allow more."""
     codec = IntegerCodec(n_max=1.0, g_bits=16, key_bits=2048)
     assert codec.limit == INT64_LIMIT
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     ex = bound(QuantizedExchange(codec), topo)
     g = torch.full((topo.n_directed_edges,), 1.0, dtype=torch.float64)
     U = torch.zeros((4, 3), dtype=torch.float64)
@@ -157,7 +153,7 @@ def test_int64_overflow_guard():
 
 def test_range_error_names_agent_iteration_value_and_limit():
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=128)
-    topo = topology([CYCLE4, CYCLE4])  # node 6 = agent 2 of trial 1
+    topo = Topology.from_graphs([CYCLE4, CYCLE4])  # node 6 = agent 2 of trial 1
     ex = bound(QuantizedExchange(codec), topo)
     U, g = random_inputs(topo, 4, 0)
     U[6, 3] = -3e13  # |q| = 3e19 > 2^62
@@ -174,7 +170,7 @@ def test_range_error_names_agent_iteration_value_and_limit():
 
 
 def test_quantized_is_deterministic_and_rho_agrees():
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     ex = bound(QuantizedExchange(IntegerCodec(n_max=1e4, g_bits=10, key_bits=128)), topo)
     U, g = random_inputs(topo, 5, 4)
     a, b = ex.exchange(U, g), ex.exchange(U.clone(), g.clone())
@@ -203,7 +199,7 @@ def expected_bytes(protocol, D, P, key_bits):
 @pytest.mark.parametrize("graphs", [[PATH3], [CYCLE4], [CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]],
                          ids=["path3", "cycle4", "two-trials"])
 def test_cost_model_counts_follow_the_formulas(protocol, graphs):
-    topo = topology(graphs)
+    topo = Topology.from_graphs(graphs)
     P, key_bits = 6, 128
     ex = bound(QuantizedExchange(IntegerCodec(key_bits=key_bits), protocol=protocol, cost_model=FAKE_COSTS), topo)
     D, A1 = topo.n_directed_edges, topo.n_nodes
@@ -260,7 +256,7 @@ def test_cost_model_with_an_isolated_node():
 
 
 def test_aggregated_model_counts_a_penalty_round_when_step_1_was_skipped():
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), cost_model=FAKE_COSTS), topo)
     U, g = random_inputs(topo, 3, 0)
     ex.exchange(U, g, admm_iter=1)  # no penalty_sums first: the mini-round runs in step 5
@@ -275,7 +271,7 @@ def test_aggregated_model_counts_a_penalty_round_when_step_1_was_skipped():
 
 
 def test_cost_model_is_off_by_default_and_fit_leaves_it_off():
-    topo = topology([CYCLE4])
+    topo = Topology.from_graphs([CYCLE4])
     ex = bound(QuantizedExchange(IntegerCodec(key_bits=128)), topo)
     U, g = random_inputs(topo, 3, 0)
     ex.penalty_sums(g)
@@ -292,7 +288,7 @@ def test_cost_model_is_off_by_default_and_fit_leaves_it_off():
 
 
 def test_plain_and_base_cost_defaults():
-    ex = bound(PlainExchange(), topology([CYCLE4]))
+    ex = bound(PlainExchange(), Topology.from_graphs([CYCLE4]))
     assert ex.costs() == {} and ex.pop_iteration_costs() == [] and ex.bytes_per_edge() == {}
 
 
@@ -349,7 +345,7 @@ def test_integer_neighbour_sums_fast_float_path_is_exact(scale):
     gen = torch.Generator().manual_seed(scale % 97)
     q = torch.randint(-scale, scale, (40, 37), generator=gen)
     w = torch.randint(0, 5 * 10**6, (g.src.numel(),), generator=gen)
-    S, rho = integer_neighbour_sums(q, w, g.src, g.dst, 40)
+    S, rho = integer_neighbour_sums(q, w, Topology.from_graphs([g]))
     expected = [[sum(int(w[e]) * (int(q[int(g.dst[e]), c]) - int(q[i, c]))
                      for e in range(int(g.crow[i]), int(g.crow[i + 1]))) for c in range(37)] for i in range(40)]
     assert S.dtype == torch.int64 and S.tolist() == expected

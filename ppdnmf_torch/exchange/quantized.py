@@ -8,8 +8,6 @@ measured once, lazily, the first time an estimate is asked for).
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .._utils import ConfigError
@@ -31,7 +29,7 @@ __all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "inte
 _PROTOCOLS = ("aggregated", "paper")
 
 
-def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, src, dst, n_nodes: int):
+def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology):
     """``S_int_i = sum_j w_ij (q_j - q_i)`` and ``rho_int_i = sum_j w_ij`` in exact int64.
 
     Parameters
@@ -39,24 +37,22 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, src, dst, n_nodes: 
     q : int64 Tensor (A, L*K)
     w : int64 Tensor (2E,)
         ``gamma_ij gamma_ji`` per directed edge ``i -> j``.
-    src, dst : LongTensor (2E,)
+    topology : Topology
+        The ``A`` nodes and their directed edges (CSR order).
 
     Integer addition is associative, so the result does not depend on the order in
     which ``index_add_`` accumulates (unlike floats): it is deterministic on every device.
     """
+    src, dst, n_nodes = topology.src, topology.dst, topology.n_nodes
     rho_int = integer_penalty_sums(w, src, n_nodes)
     if src.numel() and q.numel():
         # Exact in float64 while every partial sum is an integer below 2^53, which the
         # bound sum_j w_ij (|q_j| + |q_i|) <= 2 max|q| max(w) max(deg) guarantees: then a
         # sparse float matmul (no (2E, L*K) gather) gives the same integers in any order.
-        deg_max = int(torch.bincount(src, minlength=n_nodes).max())
-        bound = 2.0 * float(q.abs().max()) * float(w.abs().max()) * deg_max
+        bound = 2.0 * float(q.abs().max()) * float(w.abs().max()) * int(topology.degree.max())
         if bound < _FLOAT_EXACT:
             qf = q.to(torch.float64)
-            with warnings.catch_warnings():  # torch's one-time "beta" notice
-                warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-                W = torch.sparse_csr_tensor(_crow(src, n_nodes), dst, w.to(torch.float64),
-                                            size=(n_nodes, n_nodes), check_invariants=False)
+            W = topology.neighbour_matrix(w.to(torch.float64))
             S = (W @ qf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
             return S.to(torch.int64), rho_int
     S_int = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.int64, device=q.device)
@@ -67,12 +63,6 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, src, dst, n_nodes: 
 
 #: integers up to 2^53 are exact in float64
 _FLOAT_EXACT = float(2**53)
-
-
-def _crow(src, n_nodes):
-    """CSR row pointers of directed edges sorted by source (the Topology's order)."""
-    counts = torch.bincount(src, minlength=n_nodes)
-    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
 
 
 def integer_penalty_sums(w: torch.Tensor, src, n_nodes: int) -> torch.Tensor:
@@ -175,7 +165,7 @@ class QuantizedExchange(Exchange):
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-        S_int, rho_int = integer_neighbour_sums(q, w, topo.src, topo.dst, topo.n_nodes)
+        S_int, rho_int = integer_neighbour_sums(q, w, topo)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
             if self.protocol == "aggregated":
