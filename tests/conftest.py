@@ -60,6 +60,17 @@ PATH3, PATH4, CYCLE4 = _graphs()
 PROTOCOLS = ["aggregated", "paper"]
 
 
+def _fake_costs():
+    from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
+
+    return PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
+                           homomorphic_addition=1e-6, scalar_multiplication=1e-5)
+
+
+#: made-up per-operation costs, for cost-model tests that must not calibrate
+FAKE_COSTS = _fake_costs()
+
+
 def drive(exchanges, topo, lk, n_iter, seed, scale=1.0, skip_step1=()):
     """ADMM-like iterations with monotone random penalties, the same inputs for every
     exchange; iterations in ``skip_step1`` go without the penalty round of step 1.

@@ -16,7 +16,7 @@ from ppdnmf_torch import fit
 from ppdnmf_torch._utils import ConfigError
 from ppdnmf_torch.exchange import CodecRangeError, IntegerCodec, PlainExchange, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
-from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS, PaillierOpCosts, calibrate
+from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS, calibrate
 from ppdnmf_torch.exchange.paillier import (
     EncryptedVector,
     InsecureKeyWarning,
@@ -26,7 +26,7 @@ from ppdnmf_torch.exchange.paillier import (
 from ppdnmf_torch.problem import build_problem
 from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
 
-from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive
+from conftest import CYCLE4, FAKE_COSTS, PATH3, PATH4, PROTOCOLS, drive
 
 pytestmark = [
     pytest.mark.crypto,
@@ -34,8 +34,6 @@ pytestmark = [
 ]
 
 CPU = torch.device("cpu")
-FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
-                             homomorphic_addition=1e-6, scalar_multiplication=1e-5)
 
 
 def pair(topo, protocol, keys, key_bits=128, n_max=1e6, g_bits=16, **opts):

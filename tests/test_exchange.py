@@ -22,7 +22,6 @@ from ppdnmf_torch.exchange.codec import INT64_LIMIT
 from ppdnmf_torch.exchange.costmodel import (
     COUNT_KEYS,
     CostLedger,
-    PaillierOpCosts,
     ciphertext_nbytes,
     estimate_seconds,
     public_key_nbytes,
@@ -31,10 +30,10 @@ from ppdnmf_torch.exchange.costmodel import (
 )
 from ppdnmf_torch.graph import Graph, ring
 
+from conftest import FAKE_COSTS
+
 CPU = torch.device("cpu")
 #: fixed per-operation costs, so that no test here measures anything
-FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
-                             homomorphic_addition=1e-6, scalar_multiplication=1e-5)
 
 
 def isolated_topology() -> Topology:
