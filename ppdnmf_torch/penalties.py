@@ -59,16 +59,16 @@ class PenaltySampler:
         return torch.zeros_like(self.cap_e)
 
     def begin_bcd_iteration(self) -> None:
-        """Draw this BCD iteration's uniforms: one ``(x_iters, 2E_t)`` block per trial, one transfer."""
+        """Draw this BCD iteration's uniforms: one ``(x_iters, 2E_t)`` block per trial, on the host
+        (:meth:`steps` uses them there; :meth:`step` moves them to the device, once, on first use)."""
         if self.mode != "random":
             return
         blocks = [
             torch.rand((self.x_iters, e), generator=gen, dtype=torch.float64)
             for gen, e in zip(self.generators, self.edges_per_trial)
         ]
-        host = torch.cat(blocks, dim=1)
-        self._block_host = host
-        self._block = host.to(self.cap_e.device)
+        self._block_host = torch.cat(blocks, dim=1)
+        self._block = None
 
     def step(self, g_prev: torch.Tensor, m: int, active_edges: torch.Tensor | None = None) -> torch.Tensor:
         """Penalties of ADMM iteration ``m`` (0-based) from the previous ones, ``(2E,)``.
@@ -77,6 +77,8 @@ class PenaltySampler:
         """
         if self.mode == "fixed":
             return self.cap_e
+        if self._block is None:
+            self._block = self._block_host.to(self.cap_e.device)
         g = self.cap_e - self._block[m] * (self.cap_e - g_prev)
         if active_edges is not None:
             g = torch.where(active_edges, g, g_prev)

@@ -27,6 +27,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 import torch
 
@@ -169,6 +170,11 @@ class Problem:
     def shape(self):
         T, N, L, M = self.Z.shape
         return T, N, L, M
+
+    @cached_property
+    def width(self) -> int:
+        """Columns of the widest agent: the real part of the padded ``M_max``."""
+        return int(self.counts.max())
 
     def column_mask(self) -> torch.Tensor:
         """Bool ``(T, N, 1, M_max)``: True on real columns."""
@@ -697,7 +703,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # Eager: the elementwise updates touch the real columns only (the padding beyond the
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
-    Mw = int(problem.counts.max()) if fused is None else 0
+    Mw = problem.width if fused is None else 0
     fold, R_old = fused is not None and large and not stop.track, None  # as in the X-step
     eta_c = torch.tensor(eta, dtype=X.dtype, device=X.device) if fused is not None else eta
     for k in range(params.y_iters):
