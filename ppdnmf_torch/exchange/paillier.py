@@ -220,16 +220,20 @@ class RawPaillier:
         return out
 
 
-def _decrypt_range_error(agent, bcd_iter, admm_iter, value, limit) -> CodecRangeError:
-    """The error an agent raises when a decrypted value does not fit the codec's range."""
-    return CodecRangeError(
-        f"codec range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
-        f"ADMM iteration {admm_iter}: decrypted value magnitude {value} does not fit the "
-        f"codec limit {limit} (2^{limit.bit_length() - 1}); the plaintext wrapped "
-        "modulo n or was not encrypted under this agent's key",
-        trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
-        value=value, limit=limit,
-    )
+def _decrypt_range_error(agent, bcd_iter, admm_iter, value, limit, what=None) -> CodecRangeError:
+    """The error an agent raises when a decrypted value (or, ``what``, a packed slot) does not
+    fit the codec's range."""
+    where = (f"codec range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
+             f"ADMM iteration {admm_iter}: ")
+    bits = f"(2^{limit.bit_length() - 1})"
+    if what is None:
+        why = (f"decrypted value magnitude {value} does not fit the codec limit {limit} {bits}; the plaintext "
+               "wrapped modulo n or was not encrypted under this agent's key")
+    else:
+        why = (f"{what}; a slot outgrew its limit {limit} {bits}, the plaintext wrapped modulo n, or it was not "
+               "encrypted under this agent's key")
+    return CodecRangeError(where + why, trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter,
+                           admm_iter=admm_iter, value=value, limit=limit)
 
 
 class _Agent(HoldsPrivateKey):
@@ -341,14 +345,7 @@ class _Agent(HoldsPrivateKey):
         except SlotDecodeError as exc:
             if layout.slots == 1:
                 raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, layout.limit) from None
-            raise CodecRangeError(
-                f"codec range: agent {self.agent} (trial {self.trial}) at BCD iteration {bcd_iter}, "
-                f"ADMM iteration {admm_iter}: {exc}; a slot outgrew its limit {layout.limit} "
-                f"(2^{layout.limit.bit_length() - 1}), the plaintext wrapped modulo n, or it was not "
-                "encrypted under this agent's key",
-                trial=self.trial, agent=self.agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
-                value=exc.value, limit=layout.limit,
-            ) from None
+            raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, layout.limit, what=str(exc)) from None
 
     def __repr__(self) -> str:
         return f"_Agent(node={self.node}, trial={self.trial}, agent={self.agent}, key_bits={self.key_bits})"
