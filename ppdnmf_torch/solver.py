@@ -461,12 +461,33 @@ def _fx_post_into(P, X_new, U_new, P_out, usum_out):
     usum_out.copy_(U_new.sum((-2, -1)))
 
 
-def _fx_pre_fold_into(U, P_old, X_old, ZYt, Q, Q_prev, rho, mu, derived: bool, P_out, X_out, rhs_out,
-                      usum_out):
-    """The previous iteration's eq. 10 (and U sums) in the pass of this iteration's eq. 8-9."""
-    P = P_old - X_old + U
-    _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_out, rhs_out)
-    P_out.copy_(P)
+# Carried differences. Without a stopping rule, the large fused loop keeps
+# ``D = X - P_prev`` (eq. 8's X less the dual it was computed from) instead of X and P:
+# eq. 10 gives ``P = P_prev - X + U = U - D`` (bit for bit: ``a - b = -(b - a)`` in
+# IEEE arithmetic), so an iteration reads U and D and writes D, and X and P are
+# written once, by the last iteration. Two passes over the state fewer per iteration.
+def _fx_carry_first_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, X_out):
+    """The first iteration's eqs. 8-9 from ``P``: ``D = X - P`` and the right-hand side
+    (and ``X``, when ``X_out`` is given: the last iteration)."""
+    X_new = torch.clamp(U + P, min=0)
+    D = X_new - P
+    c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
+    rhs_out.copy_(ZYt + mu * D + c)
+    D_out.copy_(D)
+    if X_out is not None:
+        X_out.copy_(X_new)
+
+
+def _fx_carry_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out, X_out):
+    """The previous iteration's eq. 10 (``P = U - D``, in registers) and U sums, and this
+    iteration's eqs. 8-9, in one pass."""
+    _fx_carry_first_into(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived, D_out, rhs_out, X_out)
+    usum_out.copy_(U.sum((-2, -1)))
+
+
+def _fx_carry_last_into(U, D, P_out, usum_out):
+    """The last iteration's eq. 10 and U sums."""
+    P_out.copy_(U - D)
     usum_out.copy_(U.sum((-2, -1)))
 
 
@@ -486,11 +507,22 @@ def _fy_post_into(R, Y_new, V_new, R_out):
     R_out.copy_(R - Y_new + V_new)
 
 
-def _fy_pre_fold_into(V, R_old, Y_old, XtZ, eta, R_out, Y_out, B_out):
-    """The previous iteration's eq. 14 in the pass of this iteration's eq. 12-13."""
-    R = R_old - Y_old + V
-    _fy_pre_into(V, R, XtZ, eta, Y_out, B_out)
-    R_out.copy_(R)
+def _fy_carry_first_into(V, R, XtZ, eta, D_out, B_out, Y_out):
+    """As :func:`_fx_carry_first_into` for the Y-step: ``D = Y - R``, ``R = V - D`` (eq. 14)."""
+    Y_new = torch.clamp(V + R, min=0)
+    D = Y_new - R
+    B_out.copy_(XtZ + eta * D)
+    D_out.copy_(D)
+    if Y_out is not None:
+        Y_out.copy_(Y_new)
+
+
+def _fy_carry_into(V, D_old, XtZ, eta, D_out, B_out, Y_out):
+    _fy_carry_first_into(V, V - D_old, XtZ, eta, D_out, B_out, Y_out)
+
+
+def _fy_carry_last_into(V, D, R_out):
+    R_out.copy_(V - D)
 
 
 class _Fused:
@@ -503,7 +535,10 @@ class _Fused:
         self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
         self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
         self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
-        self.x_pre_fold, self.y_pre_fold = c(_fx_pre_fold_into), c(_fy_pre_fold_into)
+        self.x_carry_first, self.x_carry, self.x_carry_last = (
+            c(_fx_carry_first_into), c(_fx_carry_into), c(_fx_carry_last_into))
+        self.y_carry_first, self.y_carry, self.y_carry_last = (
+            c(_fy_carry_first_into), c(_fy_carry_into), c(_fy_carry_last_into))
 
 
 _FUSED = None
@@ -591,9 +626,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # advance: draw them, and (where the exchange allows) their sums rho_i and the
     # spectral factors 1 / (lam + mu + rho_i) of eq. 9, in a few batched operations.
     G_rows = rho_block = D_block = None
-    # fuse=True at large sizes, no stopping rule: each iteration's eq. 10 runs in the next
-    # iteration's first pass (one pass over the state less per iteration)
-    fold, P_old = fused is not None and large and not stop.track, None
+    # fuse=True at large sizes, no stopping rule: the loop carries D_c = X - P_prev (see
+    # _fx_carry_into); X and P are written by the last iteration
+    carry, D_c = fused is not None and large and not stop.track, None
     pass_out = accepts_keyword(exchange.exchange, "out")
     # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
     mu_c = torch.tensor(mu, dtype=dtype, device=Z.device) if fused is not None else mu
@@ -635,19 +670,22 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
                 X_new, U_new, P_new, s_new, Q_new = fused.x_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, *op, mu_c,
                                                                       derived)
             usum.copy_(s_new)
+        elif carry:
+            rhs, D_new = ws.take("rhs", U), ws.take("D_c", U, () if D_c is None else (D_c,))
+            X_new = ws.take("X", U, (X,)) if m == params.x_iters - 1 else None
+            if D_c is None:
+                fused.x_carry_first(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs, X_new)
+            else:
+                fused.x_carry(U, D_c, ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs, u_sums[m - 1], X_new)
+            D_c, X_new, P_new = D_new, X if X_new is None else X_new, P  # P: after the loop
+            U_new = _u_update(rhs, E, Et, d, ws, U)
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
-            if P_old is None:
-                fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, X_new, rhs)
-            else:  # the previous iteration's eq. 10 and U sums, in the same pass
-                P = ws.take("P", P_old, (P_old,))
-                fused.x_pre_fold(U, P_old, X, ZYt, Q, Q_prev, rho, mu_c, derived, P, X_new, rhs, u_sums[m - 1])
+            fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, X_new, rhs)
             U_new = _u_update(rhs, E, Et, d, ws, U)
-            if fold:  # eq. 10 waits for the next pass (or the end of the loop)
-                P_old, P_new = P, P
-            else:
-                P_new = ws.take("P", P, (P,))
-                fused.x_post(P, X_new, U_new, P_new, usum)
+            P_new = ws.take("P", P, (P,))
+            fused.x_post(P, X_new, U_new, P_new, usum)
+        if fused is not None and large:
             if op is not None:
                 Q_new = ws.take("S", U, (Q, Q_prev))
                 fused.q_into(U_new.view(A, L * K), *op, Q.view(A, L * K), Q_new.view(A, L * K))
@@ -666,9 +704,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         if stop.after(m, U, U_prev):
             break
         active = stop.active
-    if P_old is not None:  # the last iteration's eq. 10
-        P = ws.take("P", P_old, (P_old,))
-        fused.x_post(P_old, X, U, P, u_sums[m])
+    if D_c is not None:  # the last iteration's eq. 10
+        P = ws.take("P", P, (P,))
+        fused.x_carry_last(U, D_c, P, u_sums[m])
     # first ADMM iteration (1-based) at which each agent's U stopped being finite, 0: never
     bad = ~torch.isfinite(u_sums[: m + 1])
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
@@ -704,7 +742,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = problem.width if fused is None else 0
-    fold, R_old = fused is not None and large and not stop.track, None  # as in the X-step
+    carry, D_c = fused is not None and large and not stop.track, None  # as in the X-step: D_c = Y - R_prev
     eta_c = torch.tensor(eta, dtype=X.dtype, device=X.device) if fused is not None else eta
     for k in range(params.y_iters):
         # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
@@ -712,27 +750,29 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
             Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
         elif not large:
             Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c)
+        elif carry:
+            B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
+            Y_new = ws.take("Y", V, (Y,)) if k == params.y_iters - 1 else None
+            if D_c is None:
+                fused.y_carry_first(V, R, XtZ, eta_c, D_new, B, Y_new)
+            else:
+                fused.y_carry(V, D_c, XtZ, eta_c, D_new, B, Y_new)
+            D_c, Y_new, R_new = D_new, Y if Y_new is None else Y_new, R  # R: after the loop
+            V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
         else:
             Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)
-            if R_old is None:
-                fused.y_pre(V, R, XtZ, eta_c, Y_new, B)
-            else:  # the previous iteration's eq. 14, in the same pass
-                R = ws.take("R", R_old, (R_old,))
-                fused.y_pre_fold(V, R_old, Y, XtZ, eta_c, R, Y_new, B)
+            fused.y_pre(V, R, XtZ, eta_c, Y_new, B)
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
-            if fold:  # eq. 14 waits for the next pass (or the end of the loop)
-                R_old, R_new = R, R
-            else:
-                R_new = ws.take("R", R, (R,))
-                fused.y_post(R, Y_new, V_new, R_new)
+            R_new = ws.take("R", R, (R,))
+            fused.y_post(R, Y_new, V_new, R_new)
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
         if stop.after(k, V, V_prev):
             break
         active = stop.active
-    if R_old is not None:  # the last iteration's eq. 14
-        R = ws.take("R", R_old, (R_old,))
-        fused.y_post(R_old, Y, V, R)
+    if D_c is not None:  # the last iteration's eq. 14
+        R = ws.take("R", R, (R,))
+        fused.y_carry_last(V, D_c, R)
     state.Y, state.V, state.R = Y, V, R
     return {
         "iters": stop.counts,

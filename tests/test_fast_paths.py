@@ -181,7 +181,8 @@ def test_eigen_factors_of_non_finite_input_are_not_finite():
 
 @pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
 @pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-4), dict(exchange="quantized", n_max=1e6),
-                                dict(consensus_form="paper_literal", penalty="fixed")])
+                                dict(consensus_form="paper_literal", penalty="fixed"),
+                                dict(x_iters=1, y_iters=1)])
 def test_fused_solver_agrees_with_eager(monkeypatch, large, kw):
     """fuse=True: the same algorithm, to rounding (2 BCD iterations: the all-ones start is a
     saddle that amplifies rounding differences ~100x per iteration)."""
@@ -190,7 +191,8 @@ def test_fused_solver_agrees_with_eager(monkeypatch, large, kw):
         monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
     blocks = small_problem(counts=(3, 5, 4, 6, 2))
     g = graph.random_connected(5, 3.0, seed=2)
-    args = dict(bcd_iters=2, x_iters=8, y_iters=8, device="cpu", seed=1, g_max=0.04, **kw)
+    args = dict(bcd_iters=2, x_iters=8, y_iters=8, device="cpu", seed=1, g_max=0.04)
+    args.update(kw)
     eager = pp.fit(blocks, g, 3, **args)
     fused = pp.fit(blocks, g, 3, fuse=True, **args)
     rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
@@ -229,3 +231,63 @@ def test_exchanges_written_against_the_older_interface_still_work(monkeypatch, l
     old = pp.fit(blocks, graph.ring(4), 3, exchange=_OldStyleExchange(), **args)
     new = pp.fit(blocks, graph.ring(4), 3, **args)
     assert torch.allclose(old.X, new.X, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("derived", [True, False])
+@pytest.mark.parametrize("n_iters", [1, 2, 5])
+def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters):
+    """The large fused loop carries ``D = X - P_prev`` (``Y - R_prev``) instead of X and P
+    (Y and R): the same operations, so the same bits, X-step and Y-step (run uncompiled)."""
+    from ppdnmf_torch import solver as s
+
+    gen = torch.Generator().manual_seed(n_iters)
+    r = lambda *shape: torch.randn(shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    shape = (2, 3, 6, 4)
+    U0, P0, ZYt, Q, Q_prev, W = r(*shape), r(*shape), r(*shape), r(*shape), r(*shape), r(2, 3, 4, 4)
+    rho, mu = r(2, 3, 1, 1).abs(), torch.tensor(0.3, dtype=torch.float64)
+    out = lambda: torch.empty(shape, dtype=torch.float64)  # noqa: E731
+
+    # plain chains: eqs. 8-9, a stand-in for the U-update, eq. 10
+    U, P, sums = U0, P0, []
+    for _ in range(n_iters):
+        X, rhs, P_new, usum = out(), out(), out(), torch.empty(2, 3, dtype=torch.float64)
+        s._fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X, rhs)
+        U = rhs @ W
+        s._fx_post_into(P, X, U, P_new, usum)
+        P = P_new
+        sums.append(usum)
+    # carried differences
+    Uc, Dc, sums_c = U0, None, []
+    for m in range(n_iters):
+        D_new, rhs, Xc = out(), out(), (out() if m == n_iters - 1 else None)
+        if Dc is None:
+            s._fx_carry_first_into(Uc, P0, ZYt, Q, Q_prev, rho, mu, derived, D_new, rhs, Xc)
+        else:
+            sums_c.append(torch.empty(2, 3, dtype=torch.float64))
+            s._fx_carry_into(Uc, Dc, ZYt, Q, Q_prev, rho, mu, derived, D_new, rhs, sums_c[-1], Xc)
+        Dc, Uc = D_new, rhs @ W
+    Pc = out()
+    sums_c.append(torch.empty(2, 3, dtype=torch.float64))
+    s._fx_carry_last_into(Uc, Dc, Pc, sums_c[-1])
+    assert torch.equal(Uc, U) and torch.equal(Xc, X) and torch.equal(Pc, P)
+    assert all(torch.equal(a, b) for a, b in zip(sums_c, sums))
+
+    V0, R0, XtZ, eta = r(*shape), r(*shape), r(*shape), torch.tensor(0.7, dtype=torch.float64)
+    V, R = V0, R0
+    for _ in range(n_iters):
+        Y, B, R_new = out(), out(), out()
+        s._fy_pre_into(V, R, XtZ, eta, Y, B)
+        V = B @ W
+        s._fy_post_into(R, Y, V, R_new)
+        R = R_new
+    Vc, Dc = V0, None
+    for m in range(n_iters):
+        D_new, B, Yc = out(), out(), (out() if m == n_iters - 1 else None)
+        if Dc is None:
+            s._fy_carry_first_into(Vc, R0, XtZ, eta, D_new, B, Yc)
+        else:
+            s._fy_carry_into(Vc, Dc, XtZ, eta, D_new, B, Yc)
+        Dc, Vc = D_new, B @ W
+    Rc = out()
+    s._fy_carry_last_into(Vc, Dc, Rc)
+    assert torch.equal(Vc, V) and torch.equal(Yc, Y) and torch.equal(Rc, R)
