@@ -466,23 +466,47 @@ def _fx_post_into(P, X_new, U_new, P_out, usum_out):
 # eq. 10 gives ``P = P_prev - X + U = U - D`` (bit for bit: ``a - b = -(b - a)`` in
 # IEEE arithmetic), so an iteration reads U and D and writes D, and X and P are
 # written once, by the last iteration. Two passes over the state fewer per iteration.
-def _fx_carry_first_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, X_out):
-    """The first iteration's eqs. 8-9 from ``P``: ``D = X - P`` and the right-hand side
-    (and ``X``, when ``X_out`` is given: the last iteration)."""
+# The variants that also write X (the last iteration) are functions of their own: each
+# compiled function has its own budget of recompilations (one per shape).
+def _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool):
+    """Eqs. 8-9 from ``P``: ``X``, ``D = X - P`` and the right-hand side of eq. 9."""
     X_new = torch.clamp(U + P, min=0)
     D = X_new - P
     c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
-    rhs_out.copy_(ZYt + mu * D + c)
+    return X_new, D, ZYt + mu * D + c
+
+
+def _fx_carry_first_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out):
+    """The first iteration: ``D`` and the right-hand side from the state's ``P``."""
+    _, D, rhs = _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
     D_out.copy_(D)
-    if X_out is not None:
-        X_out.copy_(X_new)
+    rhs_out.copy_(rhs)
 
 
-def _fx_carry_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out, X_out):
+def _fx_carry_first_x_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, X_out):
+    """:func:`_fx_carry_first_into` that also writes ``X`` (a one-iteration loop)."""
+    X_new, D, rhs = _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+    D_out.copy_(D)
+    rhs_out.copy_(rhs)
+    X_out.copy_(X_new)
+
+
+def _fx_carry_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out):
     """The previous iteration's eq. 10 (``P = U - D``, in registers) and U sums, and this
     iteration's eqs. 8-9, in one pass."""
-    _fx_carry_first_into(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived, D_out, rhs_out, X_out)
+    _, D, rhs = _fx_carry_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
+    D_out.copy_(D)
+    rhs_out.copy_(rhs)
     usum_out.copy_(U.sum((-2, -1)))
+
+
+def _fx_carry_x_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out, X_out):
+    """:func:`_fx_carry_into` that also writes ``X`` (the last iteration)."""
+    X_new, D, rhs = _fx_carry_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
+    D_out.copy_(D)
+    rhs_out.copy_(rhs)
+    usum_out.copy_(U.sum((-2, -1)))
+    X_out.copy_(X_new)
 
 
 def _fx_carry_last_into(U, D, P_out, usum_out):
@@ -507,18 +531,38 @@ def _fy_post_into(R, Y_new, V_new, R_out):
     R_out.copy_(R - Y_new + V_new)
 
 
-def _fy_carry_first_into(V, R, XtZ, eta, D_out, B_out, Y_out):
-    """As :func:`_fx_carry_first_into` for the Y-step: ``D = Y - R``, ``R = V - D`` (eq. 14)."""
+def _fy_carry_body(V, R, XtZ, eta):
+    """As :func:`_fx_carry_body` for the Y-step: ``Y``, ``D = Y - R`` and the right-hand
+    side of eq. 13; eq. 14 is ``R = V - D``."""
     Y_new = torch.clamp(V + R, min=0)
     D = Y_new - R
-    B_out.copy_(XtZ + eta * D)
+    return Y_new, D, XtZ + eta * D
+
+
+def _fy_carry_first_into(V, R, XtZ, eta, D_out, B_out):
+    _, D, B = _fy_carry_body(V, R, XtZ, eta)
     D_out.copy_(D)
-    if Y_out is not None:
-        Y_out.copy_(Y_new)
+    B_out.copy_(B)
 
 
-def _fy_carry_into(V, D_old, XtZ, eta, D_out, B_out, Y_out):
-    _fy_carry_first_into(V, V - D_old, XtZ, eta, D_out, B_out, Y_out)
+def _fy_carry_first_y_into(V, R, XtZ, eta, D_out, B_out, Y_out):
+    Y_new, D, B = _fy_carry_body(V, R, XtZ, eta)
+    D_out.copy_(D)
+    B_out.copy_(B)
+    Y_out.copy_(Y_new)
+
+
+def _fy_carry_into(V, D_old, XtZ, eta, D_out, B_out):
+    _, D, B = _fy_carry_body(V, V - D_old, XtZ, eta)
+    D_out.copy_(D)
+    B_out.copy_(B)
+
+
+def _fy_carry_y_into(V, D_old, XtZ, eta, D_out, B_out, Y_out):
+    Y_new, D, B = _fy_carry_body(V, V - D_old, XtZ, eta)
+    D_out.copy_(D)
+    B_out.copy_(B)
+    Y_out.copy_(Y_new)
 
 
 def _fy_carry_last_into(V, D, R_out):
@@ -535,10 +579,10 @@ class _Fused:
         self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
         self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
         self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
-        self.x_carry_first, self.x_carry, self.x_carry_last = (
-            c(_fx_carry_first_into), c(_fx_carry_into), c(_fx_carry_last_into))
-        self.y_carry_first, self.y_carry, self.y_carry_last = (
-            c(_fy_carry_first_into), c(_fy_carry_into), c(_fy_carry_last_into))
+        self.x_carry_first, self.x_carry_first_x = c(_fx_carry_first_into), c(_fx_carry_first_x_into)
+        self.x_carry, self.x_carry_x, self.x_carry_last = c(_fx_carry_into), c(_fx_carry_x_into), c(_fx_carry_last_into)
+        self.y_carry_first, self.y_carry_first_y = c(_fy_carry_first_into), c(_fy_carry_first_y_into)
+        self.y_carry, self.y_carry_y, self.y_carry_last = c(_fy_carry_into), c(_fy_carry_y_into), c(_fy_carry_last_into)
 
 
 _FUSED = None
@@ -672,12 +716,20 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             usum.copy_(s_new)
         elif carry:
             rhs, D_new = ws.take("rhs", U), ws.take("D_c", U, () if D_c is None else (D_c,))
-            X_new = ws.take("X", U, (X,)) if m == params.x_iters - 1 else None
-            if D_c is None:
-                fused.x_carry_first(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs, X_new)
-            else:
-                fused.x_carry(U, D_c, ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs, u_sums[m - 1], X_new)
-            D_c, X_new, P_new = D_new, X if X_new is None else X_new, P  # P: after the loop
+            args = (ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs) + (() if D_c is None else (u_sums[m - 1],))
+            if m < params.x_iters - 1:
+                X_new = X
+                if D_c is None:
+                    fused.x_carry_first(U, P, *args)
+                else:
+                    fused.x_carry(U, D_c, *args)
+            else:  # the last iteration writes X
+                X_new = ws.take("X", U, (X,))
+                if D_c is None:
+                    fused.x_carry_first_x(U, P, *args, X_new)
+                else:
+                    fused.x_carry_x(U, D_c, *args, X_new)
+            D_c, P_new = D_new, P  # P: after the loop
             U_new = _u_update(rhs, E, Et, d, ws, U)
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
@@ -752,12 +804,20 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
             Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c)
         elif carry:
             B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
-            Y_new = ws.take("Y", V, (Y,)) if k == params.y_iters - 1 else None
-            if D_c is None:
-                fused.y_carry_first(V, R, XtZ, eta_c, D_new, B, Y_new)
-            else:
-                fused.y_carry(V, D_c, XtZ, eta_c, D_new, B, Y_new)
-            D_c, Y_new, R_new = D_new, Y if Y_new is None else Y_new, R  # R: after the loop
+            args = (XtZ, eta_c, D_new, B)
+            if k < params.y_iters - 1:
+                Y_new = Y
+                if D_c is None:
+                    fused.y_carry_first(V, R, *args)
+                else:
+                    fused.y_carry(V, D_c, *args)
+            else:  # the last iteration writes Y
+                Y_new = ws.take("Y", V, (Y,))
+                if D_c is None:
+                    fused.y_carry_first_y(V, R, *args, Y_new)
+                else:
+                    fused.y_carry_y(V, D_c, *args, Y_new)
+            D_c, R_new = D_new, R  # R: after the loop
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
         else:
             Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)

@@ -259,12 +259,16 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
     # carried differences
     Uc, Dc, sums_c = U0, None, []
     for m in range(n_iters):
-        D_new, rhs, Xc = out(), out(), (out() if m == n_iters - 1 else None)
-        if Dc is None:
-            s._fx_carry_first_into(Uc, P0, ZYt, Q, Q_prev, rho, mu, derived, D_new, rhs, Xc)
-        else:
+        D_new, rhs, last = out(), out(), m == n_iters - 1
+        args = (ZYt, Q, Q_prev, rho, mu, derived, D_new, rhs)
+        if Dc is not None:
             sums_c.append(torch.empty(2, 3, dtype=torch.float64))
-            s._fx_carry_into(Uc, Dc, ZYt, Q, Q_prev, rho, mu, derived, D_new, rhs, sums_c[-1], Xc)
+            args += (sums_c[-1],)
+        if last:
+            Xc = out()
+            (s._fx_carry_first_x_into if Dc is None else s._fx_carry_x_into)(Uc, P0 if Dc is None else Dc, *args, Xc)
+        else:
+            (s._fx_carry_first_into if Dc is None else s._fx_carry_into)(Uc, P0 if Dc is None else Dc, *args)
         Dc, Uc = D_new, rhs @ W
     Pc = out()
     sums_c.append(torch.empty(2, 3, dtype=torch.float64))
@@ -282,11 +286,13 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
         R = R_new
     Vc, Dc = V0, None
     for m in range(n_iters):
-        D_new, B, Yc = out(), out(), (out() if m == n_iters - 1 else None)
-        if Dc is None:
-            s._fy_carry_first_into(Vc, R0, XtZ, eta, D_new, B, Yc)
+        D_new, B = out(), out()
+        first = Dc is None
+        if m == n_iters - 1:
+            Yc = out()
+            (s._fy_carry_first_y_into if first else s._fy_carry_y_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B, Yc)
         else:
-            s._fy_carry_into(Vc, Dc, XtZ, eta, D_new, B, Yc)
+            (s._fy_carry_first_into if first else s._fy_carry_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B)
         Dc, Vc = D_new, B @ W
     Rc = out()
     s._fy_carry_last_into(Vc, Dc, Rc)
