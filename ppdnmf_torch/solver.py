@@ -569,6 +569,18 @@ def _fy_carry_last_into(V, D, R_out):
     R_out.copy_(V - D)
 
 
+def _carry_pass(kernels, primal, dual, D_c, args, last_out):
+    """One pass of a carried-difference loop: the first iteration starts from the state's
+    dual (``D_c`` None), later ones from ``D_c``; the last also writes ``last_out``."""
+    first, first_last, later, later_last = kernels
+    if last_out is None:
+        fn = first if D_c is None else later
+        fn(primal, dual if D_c is None else D_c, *args)
+    else:
+        fn = first_last if D_c is None else later_last
+        fn(primal, dual if D_c is None else D_c, *args, last_out)
+
+
 class _Fused:
     """The compiled iterations (compiled lazily, on first call, once per shape)."""
 
@@ -579,10 +591,12 @@ class _Fused:
         self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
         self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
         self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
-        self.x_carry_first, self.x_carry_first_x = c(_fx_carry_first_into), c(_fx_carry_first_x_into)
-        self.x_carry, self.x_carry_x, self.x_carry_last = c(_fx_carry_into), c(_fx_carry_x_into), c(_fx_carry_last_into)
-        self.y_carry_first, self.y_carry_first_y = c(_fy_carry_first_into), c(_fy_carry_first_y_into)
-        self.y_carry, self.y_carry_y, self.y_carry_last = c(_fy_carry_into), c(_fy_carry_y_into), c(_fy_carry_last_into)
+        # (first, first and last, later, last) passes of the carried-difference loops
+        self.x_carry = tuple(c(f) for f in (_fx_carry_first_into, _fx_carry_first_x_into, _fx_carry_into,
+                                            _fx_carry_x_into))
+        self.y_carry = tuple(c(f) for f in (_fy_carry_first_into, _fy_carry_first_y_into, _fy_carry_into,
+                                            _fy_carry_y_into))
+        self.x_carry_last, self.y_carry_last = c(_fx_carry_last_into), c(_fy_carry_last_into)
 
 
 _FUSED = None
@@ -717,19 +731,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         elif carry:
             rhs, D_new = ws.take("rhs", U), ws.take("D_c", U, () if D_c is None else (D_c,))
             args = (ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs) + (() if D_c is None else (u_sums[m - 1],))
-            if m < params.x_iters - 1:
-                X_new = X
-                if D_c is None:
-                    fused.x_carry_first(U, P, *args)
-                else:
-                    fused.x_carry(U, D_c, *args)
-            else:  # the last iteration writes X
-                X_new = ws.take("X", U, (X,))
-                if D_c is None:
-                    fused.x_carry_first_x(U, P, *args, X_new)
-                else:
-                    fused.x_carry_x(U, D_c, *args, X_new)
-            D_c, P_new = D_new, P  # P: after the loop
+            X_new = ws.take("X", U, (X,)) if m == params.x_iters - 1 else None  # the last iteration writes X
+            _carry_pass(fused.x_carry, U, P, D_c, args, X_new)
+            D_c, X_new, P_new = D_new, X if X_new is None else X_new, P  # P: after the loop
             U_new = _u_update(rhs, E, Et, d, ws, U)
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
@@ -805,19 +809,9 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
         elif carry:
             B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
             args = (XtZ, eta_c, D_new, B)
-            if k < params.y_iters - 1:
-                Y_new = Y
-                if D_c is None:
-                    fused.y_carry_first(V, R, *args)
-                else:
-                    fused.y_carry(V, D_c, *args)
-            else:  # the last iteration writes Y
-                Y_new = ws.take("Y", V, (Y,))
-                if D_c is None:
-                    fused.y_carry_first_y(V, R, *args, Y_new)
-                else:
-                    fused.y_carry_y(V, D_c, *args, Y_new)
-            D_c, R_new = D_new, R  # R: after the loop
+            Y_new = ws.take("Y", V, (Y,)) if k == params.y_iters - 1 else None  # the last iteration writes Y
+            _carry_pass(fused.y_carry, V, R, D_c, args, Y_new)
+            D_c, Y_new, R_new = D_new, Y if Y_new is None else Y_new, R  # R: after the loop
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
         else:
             Y_new, B = ws.take("Y", V, (Y,)), ws.take("B", V)
