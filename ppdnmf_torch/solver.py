@@ -591,7 +591,7 @@ class _Fused:
         self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
         self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
         self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
-        # (first, first and last, later, last) passes of the carried-difference loops
+        # the (first, first and last, later, later and last) passes of the carried-difference loops
         self.x_carry = tuple(c(f) for f in (_fx_carry_first_into, _fx_carry_first_x_into, _fx_carry_into,
                                             _fx_carry_x_into))
         self.y_carry = tuple(c(f) for f in (_fy_carry_first_into, _fy_carry_first_y_into, _fy_carry_into,
