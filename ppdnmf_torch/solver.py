@@ -236,6 +236,13 @@ class IterationInfo:
     iteration_costs: list = field(default_factory=list)
 
 
+#: Largest ``E diag(d) E^T`` block (bytes, all ADMM iterations of an X-step) that the eager
+#: solver computes ahead in one product; above it, one product per iteration.
+MINV_BLOCK_BYTES = 1 << 23
+#: torch multiplies batched ``(K, K)`` matrices with ``K ** 3`` below this with its own
+#: per-matrix kernel (bits independent of the batch); larger ones go to BLAS.
+SMALL_BMM = 400
+
 #: Width of the column chunks that reductions over the (padded) column axis run in.
 #: ``Problem`` pads ``M_max`` to a multiple of it.
 COLUMN_CHUNK = 64
@@ -413,9 +420,17 @@ def _spectral_factors(lam, rho, mu: float):
     return torch.add(lam, rho[..., 0] + mu).reciprocal_()
 
 
-def _u_update(rhs, E, Et, d, ws: Workspace, U_old):
-    """Eq. 9: ``rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs (E diag(d) E^T)``, ``d = 1 / (lam + mu + rho_i)``."""
-    Minv = bmm(torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E)), Et, out=ws.take("Minv", E))
+def _inverse_factors(E, Et, d, ws: Workspace):
+    """``E diag(d) E^T``: ``(..., T, N, K, K)`` for ``d (..., T, N, K)`` (one or several iterations)."""
+    Ed = torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E) if d.dim() == E.dim() - 1 else None)
+    return bmm(Ed, Et.expand_as(Ed), out=ws.take("Minv", E) if d.dim() == E.dim() - 1 else None)
+
+
+def _u_update(rhs, E, Et, d, ws: Workspace, U_old, Minv=None):
+    """Eq. 9: ``rhs (Y Y^T + (mu + rho_i) I)^-1 = rhs (E diag(d) E^T)``, ``d = 1 / (lam + mu + rho_i)``
+    (``Minv``: ``E diag(d) E^T`` computed ahead)."""
+    if Minv is None:
+        Minv = _inverse_factors(E, Et, d, ws)
     return bmm(rhs, Minv, out=ws.take("U", rhs, (U_old,)))
 
 
@@ -683,7 +698,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # Without a stopping rule to track, the penalties of the whole X-step are known in
     # advance: draw them, and (where the exchange allows) their sums rho_i and the
     # spectral factors 1 / (lam + mu + rho_i) of eq. 9, in a few batched operations.
-    G_rows = rho_block = D_block = None
+    G_rows = rho_block = D_block = Minv_block = None
     # fuse=True at large sizes, no stopping rule: the loop carries D_c = X - P_prev (see
     # _fx_carry_into); X and P are written by the last iteration
     carry, D_c = fused is not None and large and not stop.track, None
@@ -697,6 +712,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         if rho_block is not None:
             rho_block = rho_block.to(dtype).view(params.x_iters, T, N, 1, 1)
             D_block = _spectral_factors(lam, rho_block, mu)  # (x_iters, T, N, K)
+            small = K ** 3 < SMALL_BMM and D_block.numel() * K * D_block.element_size() <= MINV_BLOCK_BYTES
+            if fused is None and small:
+                # small K: one batched product for the X-step's E diag(d) E^T instead of a call
+                # per iteration (same bits: torch's small-matrix kernel multiplies each matrix
+                # alone, whatever the batch; BLAS batches round by batch size, tested)
+                Minv_block = _inverse_factors(E, Et, D_block, ws)
     for m in range(params.x_iters):
         # 1. penalties of this iteration, and rho_i as the agent obtains it
         if G_rows is not None:
@@ -718,7 +739,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         op = exchange.neighbour_operator(g, dtype) if fused is not None and active is None else None
         if fused is None:
             X_new, rhs = _x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
-            U_new = _u_update(rhs, E, Et, d, ws, U)
+            U_new = _u_update(rhs, E, Et, d, ws, U, None if Minv_block is None else Minv_block[m])
             P_new = _step_post(P, X_new, U_new, ws, "P")
             usum = None
         elif not large:

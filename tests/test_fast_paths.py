@@ -110,23 +110,25 @@ def test_neighbour_operator_only_where_it_applies():
 @pytest.mark.parametrize("kind", ["plain", "quantized"])
 @pytest.mark.parametrize("penalty", ["random", "fixed"])
 @pytest.mark.parametrize("form", ["derived", "paper_literal"])
-def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form):
-    """Without a stopping rule the X-step precomputes its penalties, rho_i and spectral
-    factors; with one (a tolerance that never triggers) it runs the per-iteration path.
-    Same bits, from a state where no agent is stationary."""
+@pytest.mark.parametrize("rank", [3, 9])
+def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
+    """Without a stopping rule the X-step precomputes its penalties, rho_i, spectral
+    factors and (small problems) every ``E diag(d) E^T``; with one (a tolerance that never
+    triggers) it runs the per-iteration path. Same bits, from a state where no agent is
+    stationary (rank 3 and 9: torch's small-matrix kernel and the BLAS one)."""
     from ppdnmf_torch.problem import build_problem
     from ppdnmf_torch.solver import SolverParams, init_state, make_sampler, x_step
 
     blocks = small_problem(counts=(3, 5, 4, 6, 2))
     caps = torch.tensor([[0.01, 0.02, 0.03, 0.04, 0.05]], dtype=torch.float64)
     prob = build_problem([blocks], [graph.random_connected(5, 3.0, seed=2)], caps, [3], dtype=torch.float64,
-                         device=CPU, rank=3)
+                         device=CPU, rank=rank)
     out = []
     for tol in (0.0, 1e-300):
-        params = SolverParams(rank=3, x_iters=6, tol=tol, penalty=penalty, consensus_form=form)
+        params = SolverParams(rank=rank, x_iters=6, tol=tol, penalty=penalty, consensus_form=form)
         ex = make_exchange(kind, n_max=1e5)
         ex.bind(prob.topology, dtype=torch.float64, device=CPU)
-        state = init_state(prob, 3)
+        state = init_state(prob, rank)
         gen = torch.Generator().manual_seed(0)
         state.Y = torch.rand(state.Y.shape, generator=gen, dtype=torch.float64) * prob.column_mask()
         state.P = 0.1 * torch.randn(state.P.shape, generator=gen, dtype=torch.float64)
