@@ -7,7 +7,9 @@ Everything runs in one process, side by side, and is reported as ratios:
    included) of the per-agent loop and of the batched solver, eager (``fit``'s default)
    and compiled (``fit(..., fuse=True)``, timed after its compilation), at N in {10, 100, 1000}
    with the paper-synthetic (L=30, K=5, ~20 columns per agent) and CBCL (L=361, K=49,
-   ~243 columns per agent) sizes, on CPU and on CUDA when present.
+   ~243 columns per agent) sizes, on CPU and on CUDA when present. Each side is a best of
+   3 runs (the loop of 2 iterations, 1 at CBCL N=1000; the batched solver's marginal cost,
+   see :func:`time_batched`).
 2. The bytes an iteration must move (every state tensor read and written once) and the
    bandwidth this achieves, against the copy bandwidth measured right before and after
    (the larger of the two): the fraction of the memory roofline, at N=2000 with CBCL sizes
