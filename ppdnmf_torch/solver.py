@@ -420,10 +420,13 @@ def _spectral_factors(lam, rho, mu: float):
     return torch.add(lam, rho[..., 0] + mu).reciprocal_()
 
 
-def _inverse_factors(E, Et, d, ws: Workspace):
-    """``E diag(d) E^T``: ``(..., T, N, K, K)`` for ``d (..., T, N, K)`` (one or several iterations)."""
-    Ed = torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E) if d.dim() == E.dim() - 1 else None)
-    return bmm(Ed, Et.expand_as(Ed), out=ws.take("Minv", E) if d.dim() == E.dim() - 1 else None)
+def _inverse_factors(E, Et, d, ws: Workspace | None = None):
+    """``E diag(d) E^T``: ``(..., T, N, K, K)`` for ``d (..., T, N, K)``: one iteration's (into
+    the workspace ``ws``), or, without ``ws``, several iterations' at once."""
+    if ws is None:
+        Ed = E * d.unsqueeze(-2)
+        return bmm(Ed, Et.expand_as(Ed))
+    return bmm(torch.mul(E, d.unsqueeze(-2), out=ws.take("Ed", E)), Et, out=ws.take("Minv", E))
 
 
 def _u_update(rhs, E, Et, d, ws: Workspace, U_old, Minv=None):
@@ -445,10 +448,17 @@ def _step_post(P, X_new, U_new, ws: Workspace, name: str):
 # products). Large problems compile the elementwise chains alone, writing into the
 # workspace's buffers: a compiled graph would allocate its intermediates afresh, and a
 # fresh large tensor costs more to page in than the arithmetic on it.
-def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived: bool):
+def _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool):
+    """Eqs. 8-9 from ``P``: ``X``, ``D = X - P`` and the right-hand side of eq. 9."""
     X_new = torch.clamp(U + P, min=0)
+    D = X_new - P
     c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
-    U_new = (ZYt + mu * (X_new - P) + c) @ ((E * d.unsqueeze(-2)) @ E.mT)
+    return X_new, D, ZYt + mu * D + c
+
+
+def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived: bool):
+    X_new, _, rhs = _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+    U_new = rhs @ ((E * d.unsqueeze(-2)) @ E.mT)
     return X_new, U_new, P - X_new + U_new, U_new.sum((-2, -1))
 
 
@@ -465,10 +475,9 @@ def _fq_into(U, nbr, wv, Q, Q_out):
 
 
 def _fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, X_out, rhs_out):
-    X_new = torch.clamp(U + P, min=0)
-    c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
+    X_new, _, rhs = _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
     X_out.copy_(X_new)
-    rhs_out.copy_(ZYt + mu * (X_new - P) + c)
+    rhs_out.copy_(rhs)
 
 
 def _fx_post_into(P, X_new, U_new, P_out, usum_out):
@@ -481,26 +490,19 @@ def _fx_post_into(P, X_new, U_new, P_out, usum_out):
 # eq. 10 gives ``P = P_prev - X + U = U - D`` (bit for bit: ``a - b = -(b - a)`` in
 # IEEE arithmetic), so an iteration reads U and D and writes D, and X and P are
 # written once, by the last iteration. Two passes over the state fewer per iteration.
-# The variants that also write X (the last iteration) are functions of their own: each
-# compiled function has its own budget of recompilations (one per shape).
-def _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool):
-    """Eqs. 8-9 from ``P``: ``X``, ``D = X - P`` and the right-hand side of eq. 9."""
-    X_new = torch.clamp(U + P, min=0)
-    D = X_new - P
-    c = rho * U + 2.0 * Q - Q_prev if derived else rho * (U + 2.0 * Q - Q_prev)
-    return X_new, D, ZYt + mu * D + c
-
-
+# The Y-step likewise: eq. 14 is ``R = V - D`` with ``D = Y - R_prev``. The variants that
+# also write X (Y), in the last iteration, are functions of their own: each compiled
+# function has its own budget of recompilations (one per shape).
 def _fx_carry_first_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out):
     """The first iteration: ``D`` and the right-hand side from the state's ``P``."""
-    _, D, rhs = _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+    _, D, rhs = _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
     D_out.copy_(D)
     rhs_out.copy_(rhs)
 
 
 def _fx_carry_first_x_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, X_out):
     """:func:`_fx_carry_first_into` that also writes ``X`` (a one-iteration loop)."""
-    X_new, D, rhs = _fx_carry_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
+    X_new, D, rhs = _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
     D_out.copy_(D)
     rhs_out.copy_(rhs)
     X_out.copy_(X_new)
@@ -509,7 +511,7 @@ def _fx_carry_first_x_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, 
 def _fx_carry_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out):
     """The previous iteration's eq. 10 (``P = U - D``, in registers) and U sums, and this
     iteration's eqs. 8-9, in one pass."""
-    _, D, rhs = _fx_carry_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
+    _, D, rhs = _fx_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
     D_out.copy_(D)
     rhs_out.copy_(rhs)
     usum_out.copy_(U.sum((-2, -1)))
@@ -517,7 +519,7 @@ def _fx_carry_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_
 
 def _fx_carry_x_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rhs_out, usum_out, X_out):
     """:func:`_fx_carry_into` that also writes ``X`` (the last iteration)."""
-    X_new, D, rhs = _fx_carry_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
+    X_new, D, rhs = _fx_body(U, U - D_old, ZYt, Q, Q_prev, rho, mu, derived)
     D_out.copy_(D)
     rhs_out.copy_(rhs)
     usum_out.copy_(U.sum((-2, -1)))
@@ -530,51 +532,50 @@ def _fx_carry_last_into(U, D, P_out, usum_out):
     usum_out.copy_(U.sum((-2, -1)))
 
 
-def _fy_whole(V, R, XtZ, G_inv, eta):
+def _fy_body(V, R, XtZ, eta):
+    """Eq. 12 and the right-hand side of eq. 13: ``Y``, ``D = Y - R`` and ``XtZ + eta D``."""
     Y_new = torch.clamp(V + R, min=0)
-    V_new = G_inv @ (XtZ + eta * (Y_new - R))
+    D = Y_new - R
+    return Y_new, D, XtZ + eta * D
+
+
+def _fy_whole(V, R, XtZ, G_inv, eta):
+    Y_new, _, B = _fy_body(V, R, XtZ, eta)
+    V_new = G_inv @ B
     return Y_new, V_new, R - Y_new + V_new
 
 
 def _fy_pre_into(V, R, XtZ, eta, Y_out, B_out):
-    Y_new = torch.clamp(V + R, min=0)
+    Y_new, _, B = _fy_body(V, R, XtZ, eta)
     Y_out.copy_(Y_new)
-    B_out.copy_(XtZ + eta * (Y_new - R))
+    B_out.copy_(B)
 
 
 def _fy_post_into(R, Y_new, V_new, R_out):
     R_out.copy_(R - Y_new + V_new)
 
 
-def _fy_carry_body(V, R, XtZ, eta):
-    """As :func:`_fx_carry_body` for the Y-step: ``Y``, ``D = Y - R`` and the right-hand
-    side of eq. 13; eq. 14 is ``R = V - D``."""
-    Y_new = torch.clamp(V + R, min=0)
-    D = Y_new - R
-    return Y_new, D, XtZ + eta * D
-
-
 def _fy_carry_first_into(V, R, XtZ, eta, D_out, B_out):
-    _, D, B = _fy_carry_body(V, R, XtZ, eta)
+    _, D, B = _fy_body(V, R, XtZ, eta)
     D_out.copy_(D)
     B_out.copy_(B)
 
 
 def _fy_carry_first_y_into(V, R, XtZ, eta, D_out, B_out, Y_out):
-    Y_new, D, B = _fy_carry_body(V, R, XtZ, eta)
+    Y_new, D, B = _fy_body(V, R, XtZ, eta)
     D_out.copy_(D)
     B_out.copy_(B)
     Y_out.copy_(Y_new)
 
 
 def _fy_carry_into(V, D_old, XtZ, eta, D_out, B_out):
-    _, D, B = _fy_carry_body(V, V - D_old, XtZ, eta)
+    _, D, B = _fy_body(V, V - D_old, XtZ, eta)
     D_out.copy_(D)
     B_out.copy_(B)
 
 
 def _fy_carry_y_into(V, D_old, XtZ, eta, D_out, B_out, Y_out):
-    Y_new, D, B = _fy_carry_body(V, V - D_old, XtZ, eta)
+    Y_new, D, B = _fy_body(V, V - D_old, XtZ, eta)
     D_out.copy_(D)
     B_out.copy_(B)
     Y_out.copy_(Y_new)
@@ -717,7 +718,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
                 # small K: one batched product for the X-step's E diag(d) E^T instead of a call
                 # per iteration (same bits: torch's small-matrix kernel multiplies each matrix
                 # alone, whatever the batch; BLAS batches round by batch size, tested)
-                Minv_block = _inverse_factors(E, Et, D_block, ws)
+                Minv_block = _inverse_factors(E, Et, D_block)
     for m in range(params.x_iters):
         # 1. penalties of this iteration, and rho_i as the agent obtains it
         if G_rows is not None:
