@@ -1,4 +1,4 @@
-"""Small shared helpers: device/dtype resolution, seed derivation, error types.
+"""Small shared helpers: device/dtype resolution, seed derivation, error types, sparse CSR matrices.
 
 Everything that turns a user's ``"auto" | "cpu" | "cuda"`` or dtype name into a
 torch object goes through this module, so the rules live in one place.
@@ -6,6 +6,7 @@ torch object goes through this module, so the rules live in one place.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 
@@ -17,6 +18,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "derive_seed",
+    "sparse_csr",
 ]
 
 
@@ -95,3 +97,14 @@ def derive_seed(seed: int, *labels) -> int:
     text = ":".join([str(int(seed))] + [str(x) for x in labels])
     digest = hashlib.sha256(text.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    """Sparse CSR ``(n, n)`` matrix from a structure that is valid by construction.
+
+    The invariant checks are skipped (they would only cost time), and torch's one-time
+    "beta" notice about sparse CSR tensors is not the caller's concern.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, values, size=(n, n), check_invariants=False)

@@ -17,7 +17,6 @@ import math
 import operator
 import os
 import random
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,7 +24,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ._utils import ConfigError, GraphError, derive_seed
+from ._utils import ConfigError, GraphError, derive_seed, sparse_csr
 
 __all__ = [
     "Graph",
@@ -317,17 +316,7 @@ class Graph:
                 )
             vals = vals.to(device=device if device is not None else vals.device, dtype=dtype)
         dev = vals.device
-        # The CSR structure is valid by construction, so the invariant checks
-        # are skipped, and torch's one-time "beta" notice is not the caller's concern.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(
-                self.crow.to(dev),
-                self.dst.to(dev),
-                vals,
-                size=(self.n_agents, self.n_agents),
-                check_invariants=False,
-            )
+        return sparse_csr(self.crow.to(dev), self.dst.to(dev), vals, self.n_agents)
 
     def to_dense(self, dtype=torch.float64) -> torch.Tensor:
         """Dense 0/1 adjacency matrix.

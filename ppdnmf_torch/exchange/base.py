@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import abc
 import inspect
-import warnings
 from dataclasses import dataclass
 
 import torch
+
+from .._utils import sparse_csr
 
 __all__ = ["Topology", "Exchange", "ExchangeOutput", "ell_gather_sum", "accepts_keyword"]
 
@@ -85,12 +86,7 @@ class Topology:
 
     def neighbour_matrix(self, values: torch.Tensor) -> torch.Tensor:
         """Sparse CSR matrix ``W (A, A)`` with ``W[i, j] = values[e]`` for edge ``e = i -> j``."""
-        n = self.n_nodes
-        # The structure is valid by construction, so invariant checks would only cost
-        # time; torch's one-time "beta" notice is not the caller's concern.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(self.crow, self.dst, values, size=(n, n), check_invariants=False)
+        return sparse_csr(self.crow, self.dst, values, self.n_nodes)
 
     def spread(self, flags: torch.Tensor) -> torch.Tensor:
         """One hop of flag propagation: ``flags | any(flags of neighbours)``, shape ``(A,)``."""

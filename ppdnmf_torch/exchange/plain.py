@@ -1,10 +1,10 @@
 """``exchange="plain"``: float arithmetic, no quantization, no encryption."""
 from __future__ import annotations
 
-import warnings
 
 import torch
 
+from .._utils import sparse_csr
 from .base import Exchange, ExchangeOutput, ell_gather_sum
 
 __all__ = ["PlainExchange"]
@@ -140,9 +140,7 @@ class PlainExchange(Exchange):
             S = out if out is not None else torch.empty_like(U)
             _ell_kernel()(U, nbr, wv, S)
             return ExchangeOutput(S, rho)
-        with warnings.catch_warnings():  # torch's one-time "beta" notice
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            W = torch.sparse_csr_tensor(self._crow, self._col, vals.to(U.dtype), size=(n, n), check_invariants=False)
+        W = sparse_csr(self._crow, self._col, vals.to(U.dtype), n)
         S = torch.mm(W, U) if out is None else torch.mm(W, U, out=out)
         return ExchangeOutput(S, rho)
 
