@@ -88,22 +88,21 @@ def problem(N, L, K, cols, seed=0):
     return blocks, graph_mod.random_connected(N, 3.0 if N > 3 else 2.0, seed=seed)
 
 
-FUSE = False  # set per measurement: the batched solver eager, or compiled (fit(..., fuse=True))
 MODES = ("eager", "fused")
 
 
-def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3):
+def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3, fuse=False):
     """Marginal seconds per ADMM iteration (one X- plus one Y-step iteration) in a running solver.
 
     Runs of 3 BCD iterations with ``iters`` and with ``2 * iters`` ADMM iterations per
     step. The first BCD iteration warms up (it allocates the solver's reusable buffers,
-    and compiles with ``--fuse``); of the others, the solver's own timers
+    and compiles with ``fuse``); of the others, the solver's own timers
     (``history["time_x"] + history["time_y"]``) give the fastest. The difference between
     the two run lengths (the once-per-BCD work cancels) divided by ``iters`` is the
     marginal cost; best of ``repeats`` runs of each length (NaN when the longer runs
     were not the slower: the machine's noise exceeded the difference).
     """
-    kw = dict(bcd_iters=3, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=FUSE)
+    kw = dict(bcd_iters=3, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=fuse)
 
     def best_of(n):
         best = float("inf")
@@ -131,13 +130,7 @@ def time_reference(blocks, g, K, iters, repeats=3):
 
 def _batched_modes(blocks, g, K, iters, device, modes, **kw):
     """``{mode: marginal seconds per iteration}`` for the eager and the compiled solver."""
-    global FUSE
-    out = {}
-    for mode in modes:
-        FUSE = mode == "fused"
-        out[mode] = time_batched(blocks, g, K, iters, device, **kw)
-    FUSE = False
-    return out
+    return {mode: time_batched(blocks, g, K, iters, device, fuse=mode == "fused", **kw) for mode in modes}
 
 
 def bench_loop_vs_batched(device, Ns, quick, modes):
@@ -193,21 +186,19 @@ def bench_roofline(device, N, modes, repeats=3, iters=8):
 
 
 def bench_trials(device, trials, ref_trials, bcd_iters, modes):
-    global FUSE
     row = {"trials": trials, "bcd_iters": bcd_iters}
     for mode in modes:
-        FUSE = mode == "fused"
-        if FUSE:  # compile outside the timing (once per shape; a long run pays it once)
+        fuse = mode == "fused"
+        if fuse:  # compile outside the timing (once per shape; a long run pays it once)
             run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
                            centralized=False, device=device, bcd_iters=1, fuse=True)
         _sync(device)
         t0 = time.perf_counter()
         res = run_experiment("paper_synthetic", trials=trials, seed=0, exchange="quantized", n_max=1e6,
-                             centralized=False, device=device, bcd_iters=bcd_iters, fuse=FUSE)
+                             centralized=False, device=device, bcd_iters=bcd_iters, fuse=fuse)
         _sync(device)
         row[f"{mode}_s"] = time.perf_counter() - t0
         row[f"{mode}_final_nmse_mean"] = float(res.history["nmse"][-1].mean())
-    FUSE = False
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     t0 = time.perf_counter()
     for t in range(ref_trials):
