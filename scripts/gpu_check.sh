@@ -1,18 +1,51 @@
 #!/usr/bin/env bash
-# One short call on a CUDA machine: both benchmarks and the GPU tests, results under $OUT (or outputs/gpu_check).
-# Usage: bash scripts/gpu_check.sh            (expects torch with CUDA and the package importable)
+# One short call on a CUDA machine: the GPU tests and both benchmarks, results under $OUT
+# (or outputs/gpu_check). Sized to end within 8 minutes: each step has its own time limit,
+# and a step that runs out leaves what it printed in its log.
+#
+#   bash scripts/gpu_check.sh                       # on a CUDA machine
+#   GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh   # dry run of the script here
+#
+# A machine without some of this package's dependencies (phe, gmpy2, hydra-core, omegaconf,
+# antlr4-python3-runtime) takes them as wheels from .whl/ (git-ignored), installed into
+# /tmp/site for the call; the README ("Performance", GPU) gives the download commands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-outputs/gpu_check}"
+dev="${GPU_CHECK_DEVICE:-cuda}"
+quick="${GPU_CHECK_QUICK:-0}"
+py="$(command -v python3 || command -v python)"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" | tee -a "$out/gpu.txt"
-# the gpu-marked tests (device fixture over cuda)
-timeout 300 python -m pytest -q -m "gpu" -p no:cacheprovider 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
-# solver: loop vs batched at N up to 10,000 agents, roofline at N = 2000 (CBCL sizes), 100 trials;
-# the eager solver only (fuse=True would compile a Triton kernel set per shape: minutes)
-timeout 420 python scripts/bench_solver.py --device cuda --ns 10 100 1000 10000 --roofline-n 2000 --trials 100 \
-    --ref-trials 1 --modes eager --json "$out/bench_solver_cuda.json" 2>&1 | tee "$out/bench_solver_cuda.txt"
-# the host-side Paillier stage (CPU cores of the GPU machine)
-timeout 300 python scripts/bench_crypto.py --json "$out/bench_crypto.json" 2>&1 | tee "$out/bench_crypto.txt"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$py" -c "import phe, gmpy2, hydra, omegaconf" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "gpu_check: installing the wheels in .whl/ failed" | tee "$out/gpu.txt"; exit 1; }
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+{
+    date -u
+    if [ "$dev" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
+    "$py" -c "import torch, os; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device', 'cpus', os.cpu_count())"
+} 2>&1 | tee "$out/gpu.txt"
+if [ "$quick" = 1 ]; then
+    ns=(10 100); trials=10; tests="tests/test_solver.py"
+    solver_extra=(--quick --skip-loop)
+    crypto=(--bits 128 --iters 1 --fit-bcd 0)
+else
+    ns=(10 100 1000 10000); trials=100; tests=""
+    solver_extra=(--roofline-n 2000 --ref-trials 1)
+    crypto=(--bits 128 1024 2048 --max-seconds 20 --fit-bcd 0)
+fi
+# 1. the tests on the device (the gpu-marked ones, and every device-parametrized test)
+if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi
+timeout 90 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
+# 2. the solver: loop vs batched at N up to 10,000 agents, the roofline at N = 2000 (CBCL
+# sizes), 100 trials; eager only (fuse=True compiles a Triton kernel set per shape: minutes)
+timeout 270 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
+    "${solver_extra[@]}" --json "$out/bench_solver.json" 2>&1 | tee "$out/bench_solver.txt"
+# 3. the host-side Paillier stage, on that machine's CPU cores (its worker pool uses them all)
+timeout 100 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
+    | tee "$out/bench_crypto.txt"
+echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"
