@@ -106,8 +106,11 @@ def _preflight(exch, blocks, caps, degree):
     if codec is None:
         return
     zmax = max(float(b.abs().max()) for b in blocks)
-    codec.preflight(value_scale=zmax, g_max=float(torch.as_tensor(caps).max()),
-                    max_degree=int(degree.max()) if degree.numel() else 0)
+    caps = torch.as_tensor(caps, dtype=torch.float64)
+    linked = caps[torch.as_tensor(degree) > 0]
+    codec.preflight(value_scale=zmax, g_max=float(caps.max()),
+                    max_degree=int(degree.max()) if degree.numel() else 0,
+                    g_min=float(linked.min()) if linked.numel() else None)
 
 
 def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
@@ -186,8 +189,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         Iteration caps.
     tol : float
         Relative-change tolerance of the Sec. II-C stopping rule; ``0`` runs the fixed counts.
-        The BCD loop checks both factors ``X_i`` and ``Y_i``; the ADMM loops check ``U_i``
-        and ``V_i``.
+        The BCD loop checks both factors ``X_i`` and ``Y_i``, from the second BCD iteration
+        on (after the first, with one ADMM iteration per step, both still equal their
+        start); the ADMM loops check ``U_i`` and ``V_i``.
     admm_tol : float, optional
         Tolerance of the ADMM loops alone (default: ``tol``); ``0`` keeps fixed ADMM counts.
     exchange : {"plain", "quantized", "paillier"} or Exchange

@@ -32,7 +32,7 @@ from functools import cached_property
 import torch
 
 from . import metrics
-from ._utils import ConfigError, PPDNMFError
+from ._utils import ConfigError, DataError, PPDNMFError
 from .exchange.base import Exchange, Topology, accepts_keyword, ell_gather_sum
 from .penalties import PENALTY_MODES, PenaltySampler
 
@@ -986,6 +986,17 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     history = history if history is not None else {}
     n_real = problem.n_agents
     z_norms = torch.linalg.matrix_norm(Z[:, :n_real])
+    if not bool((z_norms > 0).all()):
+        # the paper's NMSE divides by ||Z_i||: refuse before any work rather than fail on 0/0
+        where = torch.nonzero(z_norms == 0).tolist()
+        agents = sorted({a for _, a in where})
+        trials = sorted({t for t, _ in where})
+        raise DataError(
+            f"Z: the blocks of agents {agents}" + (f" in trials {trials}" if T > 1 else "")
+            + f" have Frobenius norm 0 in {Z.dtype} (all zeros, or entries too small to square); "
+            "the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: give every agent "
+            "some nonzero data, or rescale it"
+        )
     tol = params.tol
     bflags = state.frozen if state.frozen is not None else torch.zeros((T, N), dtype=torch.bool, device=device)
     converged = False
@@ -1032,8 +1043,10 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             log("time_y", t2 - t1)
             log("time_metrics", t3 - t2)
             state.bcd_done = bcd_iter
-            if tol > 0:
-                # both factors: X alone can sit still while Y moves (e.g. the first iteration)
+            if tol > 0 and bcd_iter > 1:
+                # both factors: X alone can sit still while Y moves. Not on the first BCD
+                # iteration: there the "previous iterate" is the start, which X = max(0, U + P)
+                # and Y = max(0, V + R) still equal after one ADMM iteration each
                 raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
                 bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
                 state.frozen = bflags if bool(bflags.any()) else None

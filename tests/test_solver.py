@@ -204,6 +204,26 @@ def test_stopping_rule_spreads_one_hop_per_iteration(make):
     assert stopped_early, "the tolerance never stopped an ADMM loop early; the test proves nothing"
 
 
+@pytest.mark.parametrize("penalty", ["random", "fixed"])
+def test_single_agent_runs_with_either_penalty_rule(penalty):
+    # no edges: the fixed rule's penalty block is empty; one agent gets rho_i = 0 either way
+    blocks = small_problem(counts=(9,), seed=1)
+    kw = dict(bcd_iters=3, x_iters=4, y_iters=4, device="cpu")
+    r = pp.fit_centralized(blocks[0], 3, penalty=penalty, **kw)
+    ref = pp.fit_centralized(blocks[0], 3, **kw)
+    assert torch.equal(r.X, ref.X) and torch.equal(r.Y[0], ref.Y[0])
+
+
+@pytest.mark.parametrize("iters", [1, 2])
+def test_bcd_rule_does_not_stop_on_the_start(iters):
+    # after one ADMM iteration per step, X = max(0, U + P) and Y = max(0, V + R) still
+    # equal their start: a relative change of 0 there is not convergence
+    blocks = small_problem()
+    r = pp.fit(blocks, graph.ring(4), 3, bcd_iters=4, x_iters=iters, y_iters=iters, tol=1e-3, device="cpu")
+    assert r.n_iter > 1
+    assert r.history["nmse"][-1] < 0.99
+
+
 def test_fixed_counts_with_zero_tol():
     blocks = small_problem()
     r = pp.fit(blocks, graph.ring(4), 3, bcd_iters=3, x_iters=4, y_iters=5, device="cpu")

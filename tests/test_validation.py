@@ -126,3 +126,37 @@ def test_nan_during_iterations_names_iterations_and_agents():
     with pytest.raises(pp.NumericalError, match=r"BCD iteration \d+.*agents \["):
         pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5,
                device="cpu")
+
+
+@pytest.mark.parametrize("scale,dtype", [(0.0, torch.float64), (1e-30, torch.float32)])
+def test_zero_norm_block_is_refused_naming_the_agent(scale, dtype):
+    # all zeros, or entries whose squares underflow in the run's dtype: the NMSE's
+    # ||Z_i|| would be 0; refused before any iteration (not a NumericalError at 0/0)
+    blocks = _blocks()
+    blocks[2] = blocks[2] * scale
+    calls = []
+    with pytest.raises(pp.DataError, match=r"agents \[2\].*Frobenius norm 0"):
+        pp.fit(blocks, RING4, 2, dtype=dtype, callback=lambda info: calls.append(info.iteration), **FAST)
+    assert calls == []
+
+
+def test_zero_norm_block_in_one_trial_names_the_trial():
+    good, bad = _blocks(), _blocks()
+    bad[0] = torch.zeros_like(bad[0])
+    with pytest.raises(pp.DataError, match=r"agents \[0\] in trials \[1\]"):
+        pp.fit_trials([good, bad], [RING4, RING4], 2, seeds=[0, 1], **FAST)
+
+
+@pytest.mark.parametrize("exchange", ["quantized", "paillier"])
+@pytest.mark.parametrize("g_bits,g_max", [(0, 0.033), (4, 0.01)])
+def test_penalty_cap_that_quantizes_to_zero_is_refused(exchange, g_bits, g_max):
+    # round(g_max 2^g_bits) = 0 would make every penalty 0: consensus silently off
+    with pytest.raises(pp.ConfigError, match=r"g_bits: .* quantizes to 0.*use g_bits >= \d+"):
+        pp.fit(_blocks(), RING4, 2, exchange=exchange, g_bits=g_bits, g_max=g_max, key_bits=128, **FAST)
+
+
+def test_smallest_linked_cap_is_the_one_checked():
+    caps = [0.033, 0.033, 0.001, 0.033]  # agent 2's cap: round(0.001 * 2^8) = 0
+    with pytest.raises(pp.ConfigError, match="cap 0.001 quantizes to 0"):
+        pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=8, g_max=caps, **FAST)
+    pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=16, g_max=caps, **FAST)  # 65.5 -> 66: runs

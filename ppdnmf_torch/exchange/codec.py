@@ -181,8 +181,10 @@ class IntegerCodec:
                 value=int(val), limit=self.limit,
             )
 
-    def preflight(self, *, value_scale: float, g_max: float, max_degree: int, headroom: float = 16.0) -> None:
-        """Fail before a run starts when the key is too small for ``n_max`` at this problem's scale.
+    def preflight(self, *, value_scale: float, g_max: float, max_degree: int, headroom: float = 16.0,
+                  g_min: float | None = None) -> None:
+        """Fail before a run starts when the key is too small for ``n_max`` at this problem's scale,
+        or when ``g_bits`` is too few for the penalty caps.
 
         The bound checked is the one :meth:`check_sums` enforces at every iteration,
         ``2 * n_max * |U| * gamma_max^2 * d_max``, evaluated with ``|U|`` taken as
@@ -190,13 +192,26 @@ class IntegerCodec:
         and the data's largest entry). Iterates that still outgrow the range later raise
         :class:`CodecRangeError` at that iteration.
 
+        ``g_min``, the smallest cap of an agent with neighbours, must quantize to at least 1:
+        a cap of ``round(2^g_bits g_min) = 0`` makes every penalty of that agent 0, which
+        silently switches its consensus off.
+
         Raises
         ------
         ConfigError
-            Naming ``key_bits``, ``n_max`` and the smallest key size that would do.
+            Naming ``key_bits``, ``n_max`` and the smallest key size that would do; or
+            ``g_bits`` and the smallest value that quantizes ``g_min`` to a nonzero integer.
         """
         if max_degree < 1:
             return
+        if g_min is not None and round(float(g_min) * self.penalty_scale) < 1:
+            bits = max(0, math.ceil(math.log2(1.0 / float(g_min)))) if g_min > 0 else None
+            hint = f"use g_bits >= {bits}" if bits is not None else "give every agent with neighbours a cap > 0"
+            raise ConfigError(
+                f"g_bits: with g_bits={self.g_bits}, the penalty cap {g_min:g} quantizes to 0 "
+                f"(round({g_min:g} * 2^{self.g_bits})), so that agent's penalties would all be 0 and "
+                f"its consensus switched off; {hint}"
+            )
         gamma = round(float(g_max) * self.penalty_scale)
         need = 2.0 * float(self.n_max) * headroom * max(1.0, float(value_scale)) * gamma * gamma * max_degree
         if need >= self.limit:

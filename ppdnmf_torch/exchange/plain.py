@@ -79,6 +79,8 @@ class PlainExchange(Exchange):
         blk = self._block
         if blk is None or g._base is not blk[0]:
             return None
+        if blk[0].numel() == 0:  # no edges: every row is the same empty draw (and has no stride)
+            return 0
         return (g.storage_offset() - blk[0].storage_offset()) // blk[0].stride(0)
 
     def _sums(self, w):
