@@ -31,7 +31,9 @@ class FitResult:
     history : dict of lists
         One entry per BCD iteration: ``nmse``, ``consensus``, ``objective``, ``x_primal``,
         ``x_dual``, ``y_primal``, ``y_dual``, ``time_x``, ``time_y`` (floats) and
-        ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts).
+        ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
+        counts costs, also ``crypto_<counter>`` (the cumulative values of :attr:`costs`'
+        numbers after each BCD iteration; a resumed run continues them).
     graph : Graph
     columns : list of int
         ``M_i`` per agent.
@@ -138,6 +140,8 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
     else:  # an exchange written against the older interface
         exch.bind(problem.topology, dtype=dtype, device=device)
+    if resume_from is not None and hasattr(exch, "load_cost_state"):
+        exch.load_cost_state(payload.get("exchange_costs", {}))  # cumulative over both segments
 
     def cb(info):
         if single:
@@ -281,7 +285,8 @@ class TrialsResult:
     columns : list (T) of list (N) of int
     history : dict
         Per BCD iteration, arrays of shape ``(n_iter, T)`` (``(n_iter, T, N)`` for the
-        per-agent ADMM counts, ``(n_iter,)`` for the batch's step times).
+        per-agent ADMM counts, ``(n_iter,)`` for the batch's step times and its
+        ``crypto_<counter>`` costs).
     graphs : list of Graph
     seeds : list of int
     n_iter : int

@@ -1,8 +1,8 @@
 """Crash-safe checkpoints of a run, and resuming from them.
 
 A checkpoint holds everything the run needs to continue bit for bit: every state
-tensor, the penalty draws, every RNG state and the metric history so far, plus a
-fingerprint of the problem and the parameters so that a checkpoint is never resumed
+tensor, the penalty draws, every RNG state, the metric history so far and the exchange's
+cumulative cost counters (plain numbers), plus a fingerprint of the problem and the parameters so that a checkpoint is never resumed
 into a different run. It never holds key material: exchanges are rebuilt on resume
 (a resumed Paillier run makes new keys, and its numbers do not change, because the
 Paillier exchange is bit-identical to the emulated one).
@@ -138,25 +138,3 @@ class Checkpointer:
             except OSError:
                 pass
         return name
-
-
-def snapshot(state, sampler, history: dict, fp: str) -> dict:
-    """A self-contained, CPU-resident copy of everything needed to resume.
-
-    Only tensors, numbers and strings: ``torch.load(weights_only=True)`` reads it.
-    """
-    tensors = {k: v.detach().to("cpu").clone() for k, v in state.tensors().items()}
-    hist = {}
-    for k, vals in history.items():
-        if vals and isinstance(vals[0], torch.Tensor):
-            hist[k] = [v.clone() for v in vals]
-        else:
-            hist[k] = [float(v) for v in vals]
-    return {
-        "format": FORMAT_VERSION,
-        "bcd_done": int(state.bcd_done),
-        "state": tensors,
-        "sampler": sampler.state_dict(),
-        "history": hist,
-        "fingerprint": fp,
-    }

@@ -79,8 +79,15 @@ def _resume_target(run_dir: str):
         raise ConfigError(f"resume: {folder!r} is not a ppdnmf run folder (no config.yaml)")
     with open(cfg_file, encoding="utf-8") as fh:
         d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
+    if os.path.isfile(os.path.join(folder, "summary.json")):
+        raise ConfigError(f"resume: {folder!r} holds a finished run (it has summary.json); nothing to resume, "
+                          "and its outputs are left as they are")
+    ckpt = os.path.join(folder, "checkpoints")
+    if not os.path.isdir(ckpt):
+        raise ConfigError(f"resume: {folder!r} has no checkpoints: the run stopped before writing one (during the "
+                          "centralized baseline, say); start it again")
     d["resume"] = None
-    return from_dict(d), folder, os.path.join(folder, "checkpoints")
+    return from_dict(d), folder, ckpt
 
 
 def _fail(exc: BaseException) -> None:

@@ -34,8 +34,9 @@ CBCL_SHAPE = (19, 19)
 _CBCL_PIXELS = CBCL_SHAPE[0] * CBCL_SHAPE[1]
 _CBCL_HINT = (
     "get the MIT-CBCL face database #1 (training set, 2429 faces) from "
-    "http://cbcl.mit.edu/software-datasets/FaceData2.html and pass data.path=<.mat file "
-    "with variable X (361 x 2429) or folder of 19x19 .pgm images>"
+    "http://cbcl.mit.edu/software-datasets/FaceData2.html and point to it (a .mat file with "
+    "variable X (361 x 2429), or a folder of 19x19 .pgm images): data.path=... on the command line, "
+    "data_path=... in run_experiment, or the environment variable PPDNMF_CBCL"
 )
 
 

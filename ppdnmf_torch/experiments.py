@@ -7,6 +7,7 @@ from one integer seed (trial ``t`` of a run with ``seed=s`` uses ``s + t``). Wit
 from __future__ import annotations
 
 import copy
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -184,7 +185,10 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
     seeds = [int(seed) + t for t in range(trials)]
     Z_fixed = None
     if spec["data"]["kind"] == "cbcl":
-        Z_fixed = data_mod.load_cbcl(spec["data"]["path"])
+        path = spec["data"]["path"]
+        if path == DEFAULT_CBCL_PATH:  # not given: the environment's, as the CLI's default does
+            path = os.environ.get("PPDNMF_CBCL", path)
+        Z_fixed = data_mod.load_cbcl(path)
     pairs = [make_trial(spec, s, Z_fixed) for s in seeds]
     block_lists = [p[0] for p in pairs]
     graphs = [p[1] for p in pairs]

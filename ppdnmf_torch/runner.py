@@ -36,6 +36,7 @@ from .api import FitResult, fit, fit_centralized
 from .config import RunConfig, to_dict
 from .exchange import make_exchange
 from .graph import Graph, make_graph
+from .solver import RunInterrupted
 
 __all__ = ["run", "load_data", "make_split", "build_graph", "format_summary"]
 
@@ -154,7 +155,11 @@ def _mean(v):
     return None
 
 
-def _history_rows(dist: FitResult, central: FitResult | None, crypto_rows: list[dict]) -> list[dict]:
+def _history_rows(dist: FitResult, central: FitResult | None) -> list[dict]:
+    """One row per BCD iteration: the metrics, per-agent means of the ADMM counts, the
+    centralized curve and the exchange's cumulative ``crypto_*`` costs (all in the history,
+    so a resumed run's rows cover the interrupted segment too)."""
+
     h = dist.history
     n = len(h.get("nmse", []))
     scalar_keys = [k for k, vals in h.items()
@@ -174,8 +179,6 @@ def _history_rows(dist: FitResult, central: FitResult | None, crypto_rows: list[
             for k in ("nmse", "objective"):
                 vals = ch.get(k, [])
                 row[f"centralized_{k}"] = float(vals[i]) if i < len(vals) else float("nan")
-        if i < len(crypto_rows):
-            row.update({f"crypto_{k}": v for k, v in crypto_rows[i].items()})
         rows.append(row)
     return rows
 
@@ -294,6 +297,13 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
             t0 = time.perf_counter()
             try:
                 central = fit_centralized(Z, s.rank, g_max=g_c, callback=cb_central, **common)
+            except RunInterrupted as exc:
+                # the baseline keeps no checkpoints: say so, rather than "checkpoint: None"
+                raise KeyboardInterrupt(
+                    f"during the centralized baseline (after its BCD iteration {exc.bcd_done}), before the "
+                    "distributed run started: there is nothing to resume; run again (centralized=false skips "
+                    "the baseline)"
+                ) from None
             finally:
                 if bar is not None:
                     bar.close()
@@ -309,7 +319,6 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
                                  g_bits=e.g_bits, **e.options())
         except ConfigError as exc:
             raise _prefixed(exc, "exchange") from None
-        crypto_rows: list[dict] = []
         bar = _progress_bar(show, s.bcd_iters, f"PPDNMF ({e.kind})")
         c_hist = central.history.get("nmse", []) if central is not None else []
 
@@ -320,7 +329,6 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
             # this BCD iteration's ADMM iterations
             costs = _numeric(info.costs)
             records = info.iteration_costs
-            crypto_rows.append(costs)
             if tb is not None:
                 if costs:
                     tb.log_costs(costs, info.iteration)
@@ -361,7 +369,7 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
             factors["centralized_X"] = central.X[0].detach().cpu()
             factors["centralized_Y"] = central.Y[0].detach().cpu()
         torch.save(factors, out / "factors.pt")
-        _write_csv(out / "history.csv", _history_rows(result, central, crypto_rows))
+        _write_csv(out / "history.csv", _history_rows(result, central))
         with open(out / "history.json", "w", encoding="utf-8") as fh:
             json.dump({"distributed": _plain(result.history),
                        "centralized": _plain(central.history) if central is not None else None}, fh)
@@ -449,7 +457,7 @@ def format_summary(summary: dict) -> str:
     ]
     costs = summary.get("costs") or {}
     if costs:
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in list(costs.items())[:8])
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in costs.items())
         lines.append(f"exchange costs: {shown}")
     lines.append(f"outputs: {summary['out_dir']}")
     return "\n".join(lines)

@@ -894,14 +894,16 @@ class RunInterrupted(KeyboardInterrupt):
         self.bcd_done = bcd_done
 
 
-def _good_point(state: SolverState, sampler, history: dict, keep: bool = True) -> dict:
+def _good_point(state: SolverState, sampler, history: dict, keep: bool = True, exchange=None) -> dict:
     """The last consistent state: a copy of its tensors (``keep``; the workspace reuses the
-    state's buffers in later iterations), the RNG states and the history's length."""
+    state's buffers in later iterations), the RNG states, the history's length and the
+    exchange's cumulative cost counters."""
     return {
         "tensors": {k: v.clone() for k, v in state.tensors().items()} if keep else {},
         "bcd_done": state.bcd_done,
         "sampler": sampler.state_dict(),
         "hist_len": {k: len(v) for k, v in history.items()},
+        "exchange_costs": exchange.cost_state() if keep and exchange is not None else {},
     }
 
 
@@ -918,6 +920,7 @@ def _snapshot(good: dict, history: dict, fp: str) -> dict:
         "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
         "sampler": good["sampler"],
         "history": hist,
+        "exchange_costs": good.get("exchange_costs", {}),
         "fingerprint": fp,
     }
 
@@ -1007,7 +1010,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
 
     ws = Workspace()
     keep = checkpointer is not None  # only a checkpoint needs a copy of the last good state
-    good = _good_point(state, sampler, history, keep)
+    good = _good_point(state, sampler, history, keep, exchange)
     try:
         for n in range(state.bcd_done, params.bcd_iters):
             bcd_iter = n + 1
@@ -1050,7 +1053,12 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 raised = torch.maximum(_rel_change(state.X, X_before), _rel_change(state.Y, Y_before)) < tol
                 bflags = _stop_flags(bflags, raised & ~bflags, problem.topology)
                 state.frozen = bflags if bool(bflags.any()) else None
-            good = _good_point(state, sampler, history, keep)
+            # the exchange's cumulative costs after this BCD iteration (crypto_<counter>), in
+            # the history so that a checkpoint carries them into a resumed run
+            for k, v in exchange.costs().items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    log(f"crypto_{k}", float(v))
+            good = _good_point(state, sampler, history, keep, exchange)
             if checkpointer is not None and checkpointer.due(bcd_iter):
                 checkpointer.write(_snapshot(good, history, fingerprint))
             stop = False

@@ -13,7 +13,7 @@ from ppdnmf_torch import graph
 from ppdnmf_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ppdnmf_torch.solver import RunInterrupted
 
-from conftest import small_problem
+from conftest import FAKE_COSTS, small_problem
 
 G = graph.random_connected(5, 2.4, seed=1)
 KW = dict(bcd_iters=6, x_iters=4, y_iters=4, device="cpu", seed=4)
@@ -74,6 +74,41 @@ def test_paillier_run_resumes_with_new_keys_and_same_numbers(tmp_path, paillier_
                          key_bits=128)
     assert torch.equal(resumed.X, full.X)
     assert resumed.history["nmse"] == full.history["nmse"]
+
+
+def _stop_at(n):
+    return lambda info: info.iteration == n
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_resumed_run_continues_the_cost_counters(tmp_path, every):
+    # cumulative counts, bytes (per edge too), the predicted seconds and the per-BCD
+    # crypto_* history cover both segments, as in one uninterrupted run
+    kw = dict(KW, **_exchange_kw("quantized"), exchange_options={"cost_model": FAKE_COSTS, "packing": True})
+    full = pp.fit(_blocks(), G, 2, **kw)
+    assert full.costs["encryptions"] > 0 and full.history["crypto_encryptions"][0] > 0
+    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, checkpoint_every=every, callback=_stop_at(3), **kw)
+    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **kw)
+    assert resumed.costs == full.costs
+    crypto = [k for k in full.history if k.startswith("crypto_")]
+    assert "crypto_ciphertext_bytes" in crypto and "crypto_estimated_seconds" in crypto
+    assert {k: resumed.history[k] for k in crypto} == {k: full.history[k] for k in crypto}
+
+
+@pytest.mark.crypto
+def test_resumed_paillier_run_continues_the_measured_counters(tmp_path, paillier_keypairs):
+    kw = dict(KW, exchange="paillier", n_max=1e5, key_bits=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = pp.fit(_blocks(), G, 2, **kw, exchange_options={"keypairs": paillier_keypairs(128, 5)})
+        pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, callback=_stop_at(2), **kw)
+        resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **kw)
+    counts = ("encryptions", "decryptions", "homomorphic_additions", "scalar_multiplications", "ciphertext_bytes")
+    assert {k: resumed.costs[k] for k in counts} == {k: full.costs[k] for k in counts}
+    assert resumed.costs["bytes_per_edge"] == full.costs["bytes_per_edge"]
+    assert resumed.history["crypto_encryptions"] == full.history["crypto_encryptions"]
+    # both segments' measured times: at least the interrupted segment's keys and work
+    assert resumed.costs["time_encrypt"] > resumed.history["crypto_time_encrypt"][1] > 0
 
 
 def test_resume_refuses_a_different_run(tmp_path):

@@ -242,3 +242,33 @@ def test_runner_cbcl_logs_image_grids(tmp_path, cbcl_path, one_thread):
     samples = acc.Images("images/samples")[-1]
     # faces #1 and #2429: 2 columns; original, distributed and centralized rows
     assert (samples.width, samples.height) == (4 * (2 * 20 + 1), 4 * (3 * 20 + 1))
+
+
+@pytest.mark.crypto
+def test_resumed_run_writes_the_whole_cost_history(tmp_path, one_thread):
+    # the crypto_* columns of history.csv and the summary's costs cover both segments
+    from ppdnmf_torch.solver import RunInterrupted
+
+    cfg = from_dict({
+        "n_agents": 4, "centralized": False, "progress": False, "checkpoint_every": 1,
+        "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 20, "K": 2},
+        "graph": {"kind": "ring"},
+        "solver": {"rank": 2, "bcd_iters": 5, "x_iters": 2, "y_iters": 2},
+        "exchange": {"kind": "quantized", "n_max": 1e3, "key_bits": 256, "cost_model": True},
+        "logger": {"kind": "none"},
+    })
+    full = run(cfg, tmp_path / "full")
+
+    def interrupt(info):
+        if info.iteration == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(RunInterrupted):
+        run(cfg, tmp_path / "part", callback=interrupt)
+    resumed = run(cfg, tmp_path / "part", resume_from=tmp_path / "part" / "checkpoints")
+    counts = ("encryptions", "decryptions", "ciphertext_bytes")
+    assert {k: resumed["costs"][k] for k in counts} == {k: full["costs"][k] for k in counts}
+    rows, ref = _read_csv(tmp_path / "part" / "history.csv"), _read_csv(tmp_path / "full" / "history.csv")
+    assert len(rows) == len(ref) == 5
+    for k in counts:
+        assert [r[f"crypto_{k}"] for r in rows] == [r[f"crypto_{k}"] for r in ref]

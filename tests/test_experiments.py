@@ -107,3 +107,14 @@ def test_hydra_experiment_configs_match_the_python_presets(name):
     if spec["data"]["kind"] == "synthetic":
         for key in ("L", "M", "K", "x_mean", "y_mean", "noise_var"):
             assert getattr(cfg.data, key) == spec["data"][key], key
+
+
+def test_cbcl_experiment_takes_the_path_from_the_environment(cbcl_path, tmp_path, monkeypatch):
+    # as the CLI's default does: PPDNMF_CBCL, whatever the working directory
+    monkeypatch.chdir(tmp_path)  # the relative default ../shared/... does not resolve from here
+    monkeypatch.setenv("PPDNMF_CBCL", str(cbcl_path))
+    res = run_experiment("paper_cbcl", trials=1, seed=0, centralized=False, bcd_iters=1, x_iters=1, y_iters=1)
+    assert res.history["nmse"].shape == (1, 1)
+    monkeypatch.setenv("PPDNMF_CBCL", str(tmp_path / "missing.mat"))
+    with pytest.raises(pp.DataError, match=r"missing\.mat.*data_path=.*PPDNMF_CBCL"):
+        run_experiment("paper_cbcl", trials=1, centralized=False, bcd_iters=1, x_iters=1, y_iters=1)

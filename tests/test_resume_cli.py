@@ -82,3 +82,33 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     r = subprocess.run(cmd, capture_output=True, timeout=120, **kw)
     assert r.returncode == 2
     assert b"resume" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd, kw = _cli([*ARGS[1:], "solver.bcd_iters=2", f"hydra.run.dir={run_dir}"], tmp_path)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, **kw)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    cmd, kw = _cli([f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'again'}"], tmp_path)
+    r = subprocess.run(cmd, capture_output=True, timeout=120, **kw)
+    assert r.returncode == 2 and b"finished run" in r.stderr and b"Traceback" not in r.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+def test_ctrl_c_in_the_centralized_baseline_says_there_is_nothing_to_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [a for a in ARGS if not a.startswith("centralized")] + ["solver.bcd_iters=100000", "centralized=true"]
+    cmd, kw = _cli([*args, f"hydra.run.dir={run_dir}"], tmp_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    deadline = time.monotonic() + 60
+    while not (run_dir / "config.yaml").exists():  # written before the baseline starts
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert b"centralized baseline" in err and b"nothing to resume" in err and b"checkpoint: None" not in err
+    cmd, kw = _cli([f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'again'}"], tmp_path)
+    r = subprocess.run(cmd, capture_output=True, timeout=120, **kw)
+    assert r.returncode == 2 and b"no checkpoints" in r.stderr

@@ -113,6 +113,8 @@ class Exchange(abc.ABC):
 
     #: name used in configs and logs
     name: str = "base"
+    #: the cumulative cost counters (a ``costmodel.CostLedger``) of kinds that count costs
+    _ledger = None
 
     def __init__(self) -> None:
         self.topology: Topology | None = None
@@ -178,6 +180,25 @@ class Exchange(abc.ABC):
         """Cumulative bytes sent over each directed edge, ``{"i->j": bytes}`` (trial-0 node
         ids); kept out of :meth:`costs` so that it stays a flat dict of numbers."""
         return {}
+
+    def cost_state(self) -> dict:
+        """The cumulative counters as plain numbers, for a checkpoint (no key material)."""
+        led = self._ledger
+        if led is None:
+            return {}
+        return {"total": dict(led.total), "edges": dict(led.edges)}
+
+    def load_cost_state(self, state: dict) -> None:
+        """Continue the counters of an interrupted run (after :meth:`bind`): they are added to
+        what this process has counted so far (a resumed ``paillier`` run's new keys, say)."""
+        led = self._ledger
+        if led is None or not state:
+            return
+        for k, v in state.get("total", {}).items():
+            if k in led.total:
+                led.total[k] += v
+        for k, v in state.get("edges", {}).items():
+            led.edges[k] = led.edges.get(k, 0) + v
 
     def close(self) -> None:
         """Release resources (worker pools, keys)."""
