@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from ._utils import ConfigError, DataError, GraphError, resolve_device, resolve_dtype
+from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
 from .api import FitResult, fit, fit_centralized
 from .config import RunConfig, to_dict
 from .exchange import make_exchange
@@ -97,6 +97,8 @@ def make_split(cfg: RunConfig, M: int) -> list[int]:
         if sum(s.counts) != M:
             raise ConfigError(f"data.split.counts: sum to {sum(s.counts)} but the data has M = {M} columns")
         return list(s.counts)
+    if M < N:
+        raise ConfigError(f"n_agents: {N} agents, but the data has only M = {M} columns (at least one each)")
     try:
         return data_mod.split_counts(M, N, lo=s.lo, hi=s.hi, seed=cfg.seed)
     except ConfigError as exc:
@@ -227,6 +229,31 @@ def _sample_columns(M: int, n: int) -> list[int]:
 # --------------------------------------------------------------------------------------
 
 
+#: errors raised by the Python API name its keywords; a config run names its keys
+_CONFIG_NAMES = {
+    "g_bits:": ("exchange.g_bits:", (("use g_bits >=", "use exchange.g_bits >="),)),
+    "key_bits/n_max:": ("exchange.key_bits/exchange.n_max:", (
+        ("use key_bits >=", "use exchange.key_bits >="), ("lower n_max", "lower exchange.n_max"),
+        ("; n_max <=", "; exchange.n_max <="))),
+    "Z:": ("data:", (("Pass negative='clip' or 'shift' (or 'allow' to factorize as is)",
+                      "Set data.negative=clip or shift (or allow to factorize as is)"),)),
+}
+
+
+def _config_names(exc: Exception) -> Exception:
+    """``exc`` with the API's names in its message replaced by the config's keys."""
+    msg = str(exc)
+    for head, (key, hints) in _CONFIG_NAMES.items():
+        if msg.startswith(head):
+            text = key + msg[len(head):]
+            for old, new in hints:
+                text = text.replace(old, new)
+            new_exc = type(exc)(text)
+            new_exc.__dict__.update(exc.__dict__)
+            return new_exc
+    return exc
+
+
 def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None, resume_from=None) -> dict:
     """Run one experiment and write its outputs into ``out_dir``.
 
@@ -254,8 +281,19 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
     ------
     PPDNMFError
         (ConfigError, DataError, GraphError, CodecRangeError, NumericalError) for bad
-        input or a failed run.
+        input or a failed run; messages name the config's keys (``exchange.g_bits``, not
+        the API's ``g_bits``).
     """
+    try:
+        return _run(cfg, out_dir, progress=progress, callback=callback, resume_from=resume_from)
+    except PPDNMFError as exc:
+        mapped = _config_names(exc)
+        if mapped is exc:
+            raise
+        raise mapped from None
+
+
+def _run(cfg: RunConfig, out_dir, *, progress, callback, resume_from) -> dict:
     t_start = time.perf_counter()
     cfg.validate()
     out = Path(out_dir)

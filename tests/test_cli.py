@@ -176,10 +176,10 @@ def test_runner_reports_split_errors_with_the_key(tmp_path):
     z = tmp_path / "z.npy"
     import numpy as np
 
-    np.save(z, np.ones((6, 8)))
+    np.save(z, np.ones((6, 30)))
     cfg = from_dict({"data": {"kind": "npy", "path": str(z), "split": {"lo": 1, "hi": 2}}, "solver": {"rank": 2},
                      "logger": {"kind": "none"}})
-    with pytest.raises(ConfigError, match=r"^data\.split\.M:"):
+    with pytest.raises(ConfigError, match=r"^data\.split\.hi: 10 agents x hi=2 = 20 columns is less than M=30"):
         run(cfg, tmp_path / "out")
 
 
@@ -272,3 +272,28 @@ def test_resumed_run_writes_the_whole_cost_history(tmp_path, one_thread):
     assert len(rows) == len(ref) == 5
     for k in counts:
         assert [r[f"crypto_{k}"] for r in rows] == [r[f"crypto_{k}"] for r in ref]
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"exchange": {"kind": "quantized", "g_bits": 0}}, r"^exchange\.g_bits: .*use exchange\.g_bits >= \d+"),
+    ({"exchange": {"kind": "quantized", "n_max": 1e14, "key_bits": 2048}},
+     r"^exchange\.key_bits/exchange\.n_max: .*exchange\.n_max"),
+    ({"negative": True}, r"^data: has \d+ negative entries.*Set data\.negative=clip"),
+    ({"n_agents": 9}, r"^n_agents: 9 agents, but the data has only M = 8 columns"),
+])
+def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):
+    # the API names its keywords (g_bits, negative='clip'); a config run names its keys
+    import numpy as np
+
+    from ppdnmf_torch._utils import PPDNMFError
+
+    Z = np.random.default_rng(0).random((6, 8))
+    if overrides.pop("negative", False):
+        Z[0, 0] = -1.0
+    np.save(tmp_path / "z.npy", Z)
+    d = {"n_agents": overrides.pop("n_agents", 4), "centralized": False, "progress": False,
+         "data": {"kind": "npy", "path": str(tmp_path / "z.npy")}, "graph": {"kind": "ring"},
+         "solver": {"rank": 2, "bcd_iters": 1, "x_iters": 1, "y_iters": 1}, "logger": {"kind": "none"}}
+    d.update(overrides)
+    with pytest.raises(PPDNMFError, match=match):
+        run(from_dict(d), tmp_path / "out")
