@@ -100,7 +100,9 @@ class PenaltySampler:
             g = torch.sub(cap, torch.sub(cap, g).mul_(u[m]), out=out[m])
         return out.to(self.cap_e.device)
 
-    # -- checkpoint support: RNG states, never anything secret -------------------------
+    # -- checkpoint support: the generators' states. No key material, but they fix every
+    # later penalty draw: a simulation's seeded draws (see the README's privacy section),
+    # which a deployment would take from each agent's own CSPRNG -------------------------
     def state_dict(self) -> dict:
         return {"generators": [gen.get_state() for gen in self.generators]}
 

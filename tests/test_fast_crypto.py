@@ -198,14 +198,21 @@ def test_reply_overflow_raises_identically_on_naive_and_fast_paths(paillier_keyp
     topo, g, U = _overflow_case()
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=512)
     keys = paillier_keypairs(512, 3)
-    q = bound(QuantizedExchange(codec, protocol="paper"), topo)
-    q.exchange(U, g, bcd_iter=2, admm_iter=3)  # fits the codec's checks
+    # the neighbour sums fit the codec (gamma_ij weighs the big reply by 0), one reply does
+    # not: quantized emulates the paper protocol's per-reply check, and every path refuses
+    # before anything is encrypted
     errs = []
+    q = bound(QuantizedExchange(codec, protocol="paper"), topo)
+    with pytest.raises(CodecRangeError, match="does not fit the codec limit") as err:
+        q.exchange(U, g, bcd_iter=2, admm_iter=3)
+    errs.append(err.value)
+    bound(QuantizedExchange(codec, protocol="aggregated"), topo).exchange(U, g)  # no per-reply decryption
     for opts in (dict(fast=False), dict(packing=False, workers=0), dict(packing=True, workers=0)):
         p = bound(PaillierExchange(codec, protocol="paper", keypairs=keys, **opts), topo)
         with pytest.raises(CodecRangeError, match="does not fit the codec limit") as err:
             p.exchange(U, g, bcd_iter=2, admm_iter=3)
         errs.append(err.value)
+        assert p.costs()["encryptions"] == 0
     for e in errs[1:]:
         assert str(e) == str(errs[0])
         assert (e.trial, e.agent, e.bcd_iter, e.admm_iter, e.value, e.limit) == \
@@ -226,6 +233,11 @@ def test_value_that_does_not_fit_a_narrow_slot_raises(protocol, paillier_keypair
         narrow.exchange(U, g, bcd_iter=1, admm_iter=2)
     assert err.value.limit == 1 << 29 and err.value.value >= 1 << 29 and err.value.admm_iter == 2
     assert narrow.costs()["encryptions"] == 0  # refused before anything was encrypted
+    # quantized with the same packing emulates the check: the same error
+    emul = bound(QuantizedExchange(codec, protocol=protocol, packing=True, slot_bits=30), topo)
+    with pytest.raises(CodecRangeError, match="slot limit") as err_q:
+        emul.exchange(U, g, bcd_iter=1, admm_iter=2)
+    assert str(err_q.value) == str(err.value) and err_q.value.value == err.value.value
     # wide enough narrow slots: same bits as quantized, fewer ciphertexts than the derived layout
     wide = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, slot_bits=56, workers=0), topo)
     q = bound(QuantizedExchange(codec, protocol=protocol), topo)
@@ -417,3 +429,35 @@ def test_options_and_defaults():
                 dict(djn_exponent_bits=8)):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             make_exchange("paillier", key_bits=2048, **bad)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_naive_reply_to_a_zero_penalty_is_obfuscated(protocol, paillier_keypairs):
+    # gamma_ji = 0 made [E(q_j) E(-q_i)]^0 the ciphertext 1 on the wire; the reply is now
+    # E(-q_i)^gamma E(gamma q_j): freshly randomized whatever gamma, same numbers
+    topo = Topology.from_graphs([PATH3])
+    codec = IntegerCodec(n_max=1e4, g_bits=8, key_bits=128)
+    U = torch.rand((3, 4), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    g = torch.tensor([0.5, 0.0, 0.7, 0.4], dtype=torch.float64)  # edge 1 -> 0 draws a zero penalty
+    naive = bound(PaillierExchange(codec, protocol=protocol, keypairs=paillier_keypairs(128, 3), fast=False,
+                                   record_transcript=True), topo)
+    q = bound(QuantizedExchange(codec, protocol=protocol), topo)
+    a, b = naive.exchange(U, g), q.exchange(U, g)
+    assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
+    replies = [c for msg in naive.transcript if msg.kind == "enc_reply" for c in msg.payload]
+    assert len(replies) == 4 * 4 and all(int(c) != 1 for c in replies)
+    assert len({int(c) for c in replies}) == len(replies)
+
+
+def test_short_djn_exponents_warn():
+    from ppdnmf_torch.exchange.paillier import InsecureKeyWarning
+
+    with pytest.warns(InsecureKeyWarning, match="djn_exponent_bits=64"):
+        ex = make_exchange("paillier", key_bits=2048, djn=True, djn_exponent_bits=64)
+    assert "djn (64-bit exponents)" in repr(ex)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_exchange("paillier", key_bits=2048, djn=True)  # the default, 224 bits: no warning
+        make_exchange("paillier", key_bits=2048, djn=True, djn_exponent_bits=1024)

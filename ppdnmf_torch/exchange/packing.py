@@ -34,8 +34,9 @@ gamma_ij gamma_ji |q_j - q_i| < limit``), and the paper protocol's per-reply val
 held to the same limit at decryption. The slot width follows from the codec's range:
 ``w = bits(limit) = log2(limit) + 1`` (63 bits for the int64-capped limit ``2^62``), and
 ``S = floor((key_bits - margin) / w)`` with ``margin = 2`` bits (``2^(key_bits - 2) <= n / 2``
-for a ``key_bits``-bit ``n``). At 2048 bits that is 32 slots, at 1024 bits 16, at 512
-bits 8, and at 128 bits 1 (the codec limit ``2^125`` leaves room for one slot).
+for a ``key_bits``-bit ``n``). The int64 emulation caps the codec's limit at ``2^62`` at every
+key size, so slots are 63 bits wide: at 2048 bits that is 32 slots, at 1024 bits 16, at 512
+bits 8, and at 128 bits 2.
 ``slot_bits`` may ask for narrower slots (more per plaintext); values must then fit
 ``2^(slot_bits - 1)``, checked before anything is encrypted, and a value that does not fit
 raises :class:`~ppdnmf_torch.exchange.codec.CodecRangeError` (packing never wraps
@@ -52,7 +53,7 @@ from .codec import CodecRangeError, IntegerCodec, first_sum_over
 
 __all__ = ["SlotLayout", "derive_layout", "PACKING_MARGIN_BITS", "SlotDecodeError",
            "check_slot_sums", "first_reply_overflow", "natural_slot_bits",
-           "slot_summary"]
+           "slot_summary", "decrypted_range_error", "check_protocol_range"]
 
 #: bits kept free above the slots: ``2^(key_bits - 2) <= n / 2`` for any ``key_bits``-bit ``n``
 PACKING_MARGIN_BITS = 2
@@ -257,6 +258,62 @@ def first_reply_overflow(q, gamma, src, dst, rev, limit: int):
             if v >= limit:
                 return e, v
     return None
+
+
+def decrypted_range_error(trial, agent, bcd_iter, admm_iter, value, limit, what=None) -> CodecRangeError:
+    """The error agent ``agent`` of trial ``trial`` raises when a decrypted value (or, ``what``,
+    a packed slot) does not fit the codec's range."""
+    where = (f"codec range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, "
+             f"ADMM iteration {admm_iter}: ")
+    bits = f"(2^{limit.bit_length() - 1})"
+    if what is None:
+        why = (f"decrypted value magnitude {value} does not fit the codec limit {limit} {bits}; the plaintext "
+               "wrapped modulo n or was not encrypted under this agent's key")
+    else:
+        why = (f"{what}; a slot outgrew its limit {limit} {bits}, the plaintext wrapped modulo n, or it was not "
+               "encrypted under this agent's key")
+    return CodecRangeError(where + why, trial=trial, agent=agent, bcd_iter=bcd_iter,
+                           admm_iter=admm_iter, value=value, limit=limit)
+
+
+def check_protocol_range(codec: IntegerCodec, layout, topology, protocol: str, q, gamma, w, *, bcd_iter=0,
+                         admm_iter=0) -> None:
+    """The range checks that the protocol's decryptions need beyond the codec's own sums.
+
+    Run before anything is encrypted, by every integer exchange kind (``quantized``
+    emulates them, so that it fails exactly where ``paillier`` would).
+
+    * ``protocol="aggregated"``: every decrypted slot is ``S_int`` with ``|S_int| <= B_i``;
+      the codec checked ``B_i < limit``, so only slots narrower than the codec's range
+      (``layout`` with a small ``slot_bits``) need a check.
+    * ``protocol="paper"``: every reply is decrypted on its own; its entries
+      ``gamma_ji (q_j - q_i)`` must fit, whatever ``gamma_ij`` (which the codec's sums weigh
+      them by) is.
+
+    ``layout`` is None for an unpacked exchange.
+    """
+    lim = codec.limit if layout is None else min(layout.limit, codec.limit)
+    if protocol == "aggregated":
+        if layout is not None and lim < codec.limit:
+            check_slot_sums(layout, q, w, topology.src, topology.dst, n_nodes=topology.n_nodes,
+                            n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        return
+    hit = first_reply_overflow(q, gamma, topology.src, topology.dst, topology.rev, lim)
+    if hit is None:
+        return
+    e, value = hit
+    n_agents = max(1, topology.n_agents)
+    trial, agent = divmod(int(topology.src[e]), n_agents)
+    if value >= codec.limit:
+        raise decrypted_range_error(trial, agent, bcd_iter, admm_iter, value, codec.limit)
+    raise CodecRangeError(
+        f"packing range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, "
+        f"ADMM iteration {admm_iter}: the reply of agent {int(topology.dst[e]) % n_agents} holds "
+        f"gamma_ji |q_j - q_i| = {value}, which does not fit the slot limit {lim} "
+        f"(2^{lim.bit_length() - 1}) of {layout.slot_bits}-bit slots; raise slot_bits (or leave it unset), "
+        "or lower n_max",
+        trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=value, limit=lim,
+    )
 
 
 def slot_summary(layout: SlotLayout, lk: int) -> str:

@@ -104,7 +104,7 @@ from .base import Exchange, ExchangeOutput
 from .codec import CodecRangeError, IntegerCodec
 from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calibrate, estimate_seconds
 from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
-from .packing import SlotDecodeError, SlotLayout, check_slot_sums, derive_layout, first_reply_overflow
+from .packing import SlotDecodeError, SlotLayout, check_protocol_range, decrypted_range_error, derive_layout
 from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
 from .quantized import encode_inputs, integer_penalty_sums
 
@@ -221,19 +221,8 @@ class RawPaillier:
 
 
 def _decrypt_range_error(agent, bcd_iter, admm_iter, value, limit, what=None) -> CodecRangeError:
-    """The error an agent raises when a decrypted value (or, ``what``, a packed slot) does not
-    fit the codec's range."""
-    where = (f"codec range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
-             f"ADMM iteration {admm_iter}: ")
-    bits = f"(2^{limit.bit_length() - 1})"
-    if what is None:
-        why = (f"decrypted value magnitude {value} does not fit the codec limit {limit} {bits}; the plaintext "
-               "wrapped modulo n or was not encrypted under this agent's key")
-    else:
-        why = (f"{what}; a slot outgrew its limit {limit} {bits}, the plaintext wrapped modulo n, or it was not "
-               "encrypted under this agent's key")
-    return CodecRangeError(where + why, trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter,
-                           admm_iter=admm_iter, value=value, limit=limit)
+    """:func:`~.packing.decrypted_range_error` for ``agent`` (an :class:`_Agent`)."""
+    return decrypted_range_error(agent.trial, agent.agent, bcd_iter, admm_iter, value, limit, what)
 
 
 class _Agent(HoldsPrivateKey):
@@ -426,7 +415,9 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         by ``h_s`` (DJN 2010); see :mod:`.obfuscation`.
     djn_exponent_bits : int, optional
         Bits of the DJN exponent ``x`` (default ``2 x`` the modulus' security level:
-        224 at 2048 bits; IPCL and HEU use ``key_bits / 2``).
+        224 at 2048 bits; IPCL and HEU use ``key_bits / 2``). Fewer bits than the default
+        warn (:class:`InsecureKeyWarning`): ``x`` falls to a baby-step giant-step search
+        in about ``2^(bits / 2)`` steps.
     workers : int, optional
         Worker processes for the public-key work (obfuscators for every key). Default
         ``os.cpu_count()`` for keys of at least 1024 bits and in-process below, where a task
@@ -472,6 +463,16 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self.precompute = precompute
         self.djn = djn
         self.djn_exponent_bits = (djn_exponent_bits or default_djn_exponent_bits(kb)) if djn else None
+        if djn and self.djn_exponent_bits < default_djn_exponent_bits(kb):
+            # a baby-step giant-step search finds an x of b bits in about 2^(b/2) steps, from
+            # the public h_s alone: it strips the obfuscator off every ciphertext
+            warnings.warn(
+                f"djn_exponent_bits={self.djn_exponent_bits}: DJN exponents shorter than "
+                f"{default_djn_exponent_bits(kb)} bits (2 x the {kb}-bit key's security level) let an "
+                f"eavesdropper recover them in about 2^{self.djn_exponent_bits // 2} steps and read every "
+                "ciphertext; for experiments only",
+                InsecureKeyWarning, stacklevel=3,
+            )
         #: the slot layout of the fast path (one slot per plaintext without packing)
         self.layout = derive_layout(codec, packing=self.packing, slot_bits=slot_bits) if fast else None
         self._layout1 = derive_layout(codec, packing=False)
@@ -673,8 +674,10 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         A = topo.n_nodes
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         P = int(q.shape[1])
+        # before anything is encrypted (the naive path too: it would find out at decryption)
+        check_protocol_range(self.codec, self.layout if self.fast else None, topo, self.protocol, q, gamma, w,
+                             bcd_iter=bcd_iter, admm_iter=admm_iter)
         if self.fast:
-            self._check_slots(q, gamma, w, bcd_iter, admm_iter)  # before anything is encrypted
             self._plan_stock(P)
         host = self._to_host(torch.cat([q.reshape(-1), gamma]))  # the one device -> host transfer
         qh = [host[a * P:(a + 1) * P] for a in range(A)]
@@ -699,11 +702,20 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         return {i: self._agents[i].encrypt([-v for v in qh[i]]) for i in self._senders}
 
     def _reply(self, request: EncryptedVector, q_j: list, gamma_ji: int) -> list:
-        """Lines 13-14 at neighbour ``j``: ``[E_i(q_j) E_i(-q_i)]^{gamma_ji}`` (public-key operations)."""
+        """Lines 13-14 at neighbour ``j``: ``E_i(gamma_ji (q_j - q_i))`` (public-key operations).
+
+        Computed as ``E_i(-q_i)^{gamma_ji} E_i(gamma_ji q_j)``. The paper writes
+        ``[E_i(q_j) E_i(-q_i)]^{gamma_ji}``: the same plaintext and the same operations (one
+        encryption, one addition, one scalar multiplication per value), but then the
+        reply's randomness ``(r_j r_i)^{n gamma_ji}`` depends on ``gamma_ji`` (whose subgroup
+        membership ``i`` can test with its factors), and for ``gamma_ji = 0`` the reply is the
+        ciphertext ``1`` for all to see. With the fresh encryption last, the randomness is
+        uniform whatever ``gamma_ji``, as on the fast path.
+        """
         raw, pk = self._raw, request.public_key
         n = pk.n
-        enc_qj = raw.encrypt(pk, [v % n for v in q_j])
-        return raw.scalar_mul(pk, raw.add(pk, enc_qj, request.ciphertexts), gamma_ji)
+        enc = raw.encrypt(pk, [gamma_ji * v % n for v in q_j])
+        return raw.add(pk, raw.scalar_mul(pk, request.ciphertexts, gamma_ji), enc)
 
     def _paper_round(self, qh, gh, P, bcd_iter, admm_iter) -> torch.Tensor:
         agents = self._agents
@@ -751,38 +763,6 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         return self._to_device(flat, (A, P))
 
     # -- step 5, fast path --------------------------------------------------------------
-    def _check_slots(self, q, gamma, w, bcd_iter, admm_iter) -> None:
-        """Range checks of the fast path that the codec's own checks do not already cover.
-
-        Aggregated: every decrypted slot is ``S_int`` with ``|S_int| <= B_i``; the codec
-        checked ``B_i < limit``, so only slots narrower than the codec's range need a check.
-        Paper: every reply is decrypted on its own; its slots ``gamma_ji (q_j - q_i)`` must fit
-        (the naive path finds out at decryption, with the same error; packed slots cannot
-        wait for that, since an overflowing slot would corrupt its neighbour).
-        """
-        topo, lay, codec = self.topology, self.layout, self.codec
-        lim = min(lay.limit, codec.limit)
-        if self.protocol == "aggregated":
-            if lim < codec.limit:
-                check_slot_sums(lay, q, w, topo.src, topo.dst, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
-                                bcd_iter=bcd_iter, admm_iter=admm_iter)
-            return
-        hit = first_reply_overflow(q, gamma, topo.src, topo.dst, topo.rev, lim)
-        if hit is None:
-            return
-        e, value = hit
-        agent = self._agents[self._src[e]]
-        if value >= codec.limit:
-            raise _decrypt_range_error(agent, bcd_iter, admm_iter, value, codec.limit)
-        raise CodecRangeError(
-            f"packing range: agent {agent.agent} (trial {agent.trial}) at BCD iteration {bcd_iter}, "
-            f"ADMM iteration {admm_iter}: the reply of agent {self._dst[e] % max(1, topo.n_agents)} holds "
-            f"gamma_ji |q_j - q_i| = {value}, which does not fit the slot limit {lim} "
-            f"(2^{lim.bit_length() - 1}) of {lay.slot_bits}-bit slots; raise slot_bits (or leave it unset), "
-            "or lower n_max",
-            trial=agent.trial, agent=agent.agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=value, limit=lim,
-        )
-
     def _fast_penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
         """The aggregated mini-round on the fast path (one value per message: never packed)."""
         agents, led = self._agents, self._ledger
@@ -989,7 +969,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         if self.fast:
             lay = self.layout
             path = (f", fast: {lay.slots} slot{'s' if lay.slots != 1 else ''} x {lay.slot_bits} bits"
-                    f"{', precompute' if self.precompute else ''}{', djn' if self.djn else ''}, workers={self.workers}")
+                    f"{', precompute' if self.precompute else ''}"
+                    f"{f', djn ({self.djn_exponent_bits}-bit exponents)' if self.djn else ''}, workers={self.workers}")
         else:
             path = ", naive"
         return (f"PaillierExchange(protocol={self.protocol!r}, key_bits={self.codec.key_bits}, "

@@ -22,7 +22,7 @@ from .costmodel import (
     round_counts,
     round_edge_bytes,
 )
-from .packing import derive_layout
+from .packing import check_protocol_range, derive_layout
 
 __all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "integer_penalty_sums"]
 
@@ -125,8 +125,11 @@ class QuantizedExchange(Exchange):
             raise ConfigError(f"cost_model: expected True, False or PaillierOpCosts, got {cost_model!r}")
         if not isinstance(packing, bool):
             raise ConfigError(f"packing: expected True or False, got {packing!r}")
+        layout = derive_layout(codec, packing=packing, slot_bits=slot_bits)
         #: values per plaintext whose counts the cost model predicts (1: unpacked)
-        self.slots = derive_layout(codec, packing=packing, slot_bits=slot_bits).slots
+        self.slots = layout.slots
+        # the range checks of exchange="paillier" with the same packing and slot_bits
+        self._layout = layout if packing else None
         self.codec = codec
         self.protocol = protocol
         self.cost_model = cost_model is not False
@@ -165,6 +168,8 @@ class QuantizedExchange(Exchange):
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        check_protocol_range(self.codec, self._layout, topo, self.protocol, q, gamma, w, bcd_iter=bcd_iter,
+                             admm_iter=admm_iter)
         S_int, rho_int = integer_neighbour_sums(q, w, topo)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
