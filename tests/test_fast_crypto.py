@@ -461,3 +461,27 @@ def test_short_djn_exponents_warn():
         warnings.simplefilter("error")
         make_exchange("paillier", key_bits=2048, djn=True)  # the default, 224 bits: no warning
         make_exchange("paillier", key_bits=2048, djn=True, djn_exponent_bits=1024)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("g_value,match", [(4.0, "do not fit 2\\^62"), (1.0, r"rho_i = sum_j gamma_ij gamma_ji")])
+def test_penalties_out_of_range_raise_before_anything_is_encrypted(protocol, g_value, match, paillier_keypairs):
+    # g_bits=30: g=4 gives gamma=2^32, whose products wrap int64 (quantized returned S=0
+    # silently); g=1 gives gamma_ij gamma_ji=2^60, and the star's centre sums four of them
+    from ppdnmf_torch import graph
+
+    topo = Topology.from_graphs([graph.star(5)])
+    codec = IntegerCodec(n_max=10, g_bits=30, key_bits=256)
+    U = torch.rand((5, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    g = torch.full((8,), g_value, dtype=torch.float64)
+    errs = []
+    exchanges = [bound(QuantizedExchange(codec, protocol=protocol), topo)]
+    exchanges += [bound(PaillierExchange(codec, protocol=protocol, keypairs=paillier_keypairs(256, 5), **o), topo)
+                  for o in (dict(fast=False), dict(workers=0))]
+    for ex in exchanges:
+        for step in (ex.penalty_sums, lambda g, **kw: ex.exchange(U, g, **kw)):
+            with pytest.raises(CodecRangeError, match=match) as err:
+                step(g, bcd_iter=1, admm_iter=2)
+            errs.append(str(err.value))
+        assert ex.costs().get("encryptions", 0) == 0
+    assert len(set(errs)) == 1

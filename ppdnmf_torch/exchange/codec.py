@@ -58,6 +58,10 @@ class CodecRangeError(PPDNMFError):
         self.value, self.limit = value, limit
 
 
+#: integer penalties stay below this, so that ``gamma_ij gamma_ji < 2^62`` holds in int64
+_GAMMA_LIMIT = float(2**31)
+
+
 def _flat_to_trial_agent(index: int, n_agents: int) -> tuple[int, int]:
     return divmod(int(index), max(1, int(n_agents)))
 
@@ -148,8 +152,45 @@ class IntegerCodec:
         return scaled.to(torch.int64)
 
     def encode_penalties(self, g: torch.Tensor) -> torch.Tensor:
-        """``gamma = round(2^s g)`` as int64, shape ``(2E,)``."""
-        return torch.round(g.to(torch.float64) * self.penalty_scale).to(torch.int64)
+        """``gamma = round(2^s g)`` as int64, shape ``(2E,)``.
+
+        Raises :class:`CodecRangeError` when a product ``gamma_ij gamma_ji`` could not be
+        held (``gamma >= 2^31``): int64 would wrap it silently.
+        """
+        scaled = torch.round(g.to(torch.float64) * self.penalty_scale)
+        if scaled.numel():
+            gmax = float(scaled.abs().max())
+            if not gmax < _GAMMA_LIMIT:
+                raise CodecRangeError(
+                    f"penalty range: a penalty quantizes to {gmax:.6g} (= g * 2^{self.g_bits}), and products "
+                    f"gamma_ij gamma_ji of such penalties do not fit 2^62; lower g_bits or the penalty caps",
+                    value=int(gmax) if math.isfinite(gmax) else 0, limit=int(_GAMMA_LIMIT),
+                )
+        return scaled.to(torch.int64)
+
+    def check_penalty_sums(self, w: torch.Tensor, src: torch.Tensor, *, n_nodes: int, n_agents: int = 1,
+                           bcd_iter: int = 0, admm_iter: int = 0) -> None:
+        """Raise :class:`CodecRangeError` if some ``rho_int_i = sum_j w_ij`` reaches the limit.
+
+        ``rho_int_i`` is decrypted (or emulated) as one value: beyond the limit it would wrap.
+        A float64 screen with a wide margin, exact Python integers for the suspects.
+        """
+        if w.numel() == 0:
+            return
+        approx = torch.zeros(n_nodes, dtype=torch.float64, device=w.device).index_add_(0, src, w.to(torch.float64))
+        if float(approx.max()) < self.limit * (1 - 1e-9):
+            return
+        wl, sl = w.tolist(), src.tolist()
+        for node in torch.nonzero(approx >= self.limit * (1 - 1e-9)).flatten().tolist():
+            val = sum(x for x, s in zip(wl, sl) if s == node)
+            if val >= self.limit:
+                trial, agent = _flat_to_trial_agent(node, n_agents)
+                raise CodecRangeError(
+                    f"penalty range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, ADMM iteration "
+                    f"{admm_iter}: rho_i = sum_j gamma_ij gamma_ji = {val} does not fit the codec limit "
+                    f"{self.limit} (2^{self.limit.bit_length() - 1}); lower g_bits or the penalty caps",
+                    trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=val, limit=self.limit,
+                )
 
     def pair_weights(self, gamma: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
         """``gamma_ij gamma_ji`` per directed edge (int64, shape ``(2E,)``)."""

@@ -633,9 +633,11 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         gamma = self.codec.encode_penalties(g)
+        w = self.codec.pair_weights(gamma, topo.rev)
+        self.codec.check_penalty_sums(w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents, bcd_iter=bcd_iter,
+                                      admm_iter=admm_iter)  # before anything is encrypted
         if self.protocol == "paper":
             # the simulation hands rho_i to agent i (see the module docstring)
-            w = self.codec.pair_weights(gamma, topo.rev)
             return self.codec.decode_rho(integer_penalty_sums(w, topo.src, topo.n_nodes))
         rho_int = self._penalty_round(self._to_host(gamma), bcd_iter, admm_iter)
         return self.codec.decode_rho(rho_int)

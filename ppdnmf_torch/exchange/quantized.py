@@ -82,6 +82,8 @@ def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=
     q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
     gamma = codec.encode_penalties(g)
     w = codec.pair_weights(gamma, topology.rev)
+    codec.check_penalty_sums(w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
+                             bcd_iter=bcd_iter, admm_iter=admm_iter)
     codec.check_sums(
         q, w, topology.src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
         bcd_iter=bcd_iter, admm_iter=admm_iter,
@@ -152,7 +154,10 @@ class QuantizedExchange(Exchange):
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
         topo = self.topology
         gamma = self.codec.encode_penalties(g)
-        rho_int = integer_penalty_sums(self.codec.pair_weights(gamma, topo.rev), topo.src, topo.n_nodes)
+        w = self.codec.pair_weights(gamma, topo.rev)
+        self.codec.check_penalty_sums(w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents, bcd_iter=bcd_iter,
+                                      admm_iter=admm_iter)
+        rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
             if self.protocol == "aggregated":
