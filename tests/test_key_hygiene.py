@@ -1,4 +1,5 @@
-"""No private key's p or q, as decimal text, appears in any file a run writes."""
+"""No private key's p, q or phi(n) appears in any file a run writes: as decimal or hex text,
+or as raw bytes (big- or little-endian, as pickle, torch.save and numpy store integers)."""
 from __future__ import annotations
 
 import warnings
@@ -28,10 +29,24 @@ def recorded_keys(monkeypatch):
 
 
 def _secrets(keys):
+    """Byte patterns of every key's p, q and phi(n)."""
     out = set()
     for sk in keys:
-        out |= {str(sk.p), str(sk.q), str(sk.p * sk.q - sk.p - sk.q + 1)}  # p, q and phi(n)
+        for v in (sk.p, sk.q, sk.p * sk.q - sk.p - sk.q + 1):
+            raw = v.to_bytes((v.bit_length() + 7) // 8, "big")
+            out |= {str(v).encode(), format(v, "x").encode(), format(v, "X").encode(), raw, raw[::-1]}
     return out
+
+
+def test_the_scan_finds_keys_stored_as_bytes(tmp_path):
+    # the scan itself: a pickled integer (binary, little-endian) and a hex dump are caught
+    import pickle
+
+    sk = phe.generate_paillier_keypair(n_length=128)[1]
+    pats = _secrets([sk])
+    for blob in (pickle.dumps(sk.p), pickle.dumps(sk.q, protocol=0), format(sk.q, "x").encode(),
+                 str(sk.p).encode()):
+        assert any(pat in blob for pat in pats)
 
 
 @pytest.mark.crypto
@@ -59,7 +74,7 @@ def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, protocol):
     for f in files:
         data = f.read_bytes()
         for s in secrets:
-            assert s.encode() not in data, f"{f} holds private key material"
+            assert s not in data, f"{f} holds private key material"
 
 
 @pytest.mark.crypto
@@ -70,3 +85,26 @@ def test_key_size_warning_and_default():
         warnings.simplefilter("error", InsecureKeyWarning)
         PaillierExchange(IntegerCodec(n_max=10))  # 2048 bits by default: no warning
     assert IntegerCodec().key_bits == 2048
+
+
+@pytest.mark.crypto
+@pytest.mark.parametrize("bad", ["junk", 0, "n_squared"])
+def test_malformed_ciphertext_leaves_no_secret_in_traceback_locals(bad):
+    # loggers and debuggers that show a traceback's locals must not find p or q there
+    from ppdnmf_torch.exchange.obfuscation import PrivateCRT
+
+    pk, sk = phe.generate_paillier_keypair(n_length=128)
+    crt = PrivateCRT(sk)
+    if bad == "n_squared":
+        bad = pk.nsquare
+    with pytest.raises((ValueError, TypeError)) as err:
+        crt.decrypt([bad])
+    secret = {int(sk.p), int(sk.q)}
+    tb = err.value.__traceback__
+    while tb is not None:
+        for name, value in tb.tb_frame.f_locals.items():
+            try:
+                assert int(value) not in secret, f"{name} holds a prime factor"
+            except (TypeError, ValueError):
+                pass
+        tb = tb.tb_next

@@ -249,11 +249,16 @@ class PrivateCRT(HoldsPrivateKey):
 
     def decrypt(self, ciphertexts) -> list:
         """Residues ``0 <= m < n`` (phe's CRT decryption, on ``mpz``)."""
+        # malformed input fails here, before any secret is a local of this frame (tracebacks
+        # that show locals, in loggers or debuggers, then hold none)
+        cts = [mpz(c) for c in ciphertexts]
+        nsq = self._nsq
+        if any(not 0 < c < nsq for c in cts):
+            raise ValueError("ciphertext outside (0, n^2): not a ciphertext of this key")
         p, q, psq, qsq, hp, hq, pinv = self._p, self._q, self._psq, self._qsq, self._hp, self._hq, self._pinv
         p1, q1 = p - 1, q - 1
         out = []
-        for c in ciphertexts:
-            c = mpz(c)
+        for c in cts:
             mp = (powmod(c, p1, psq) - 1) // p * hp % p
             mq = (powmod(c, q1, qsq) - 1) // q * hq % q
             out.append(int(mp + (mq - mp) * pinv % q * p))
