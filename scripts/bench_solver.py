@@ -164,7 +164,7 @@ def bench_loop_vs_batched(device, Ns, quick, modes):
             ref_iters = 1 if big else (2 if name == "cbcl" else 3)
             t_r = time_reference(blocks, g, sz["K"], ref_iters, repeats=2 if big else 3)
             nbytes = bytes_per_iteration(N, sz["L"], sz["K"], sum(b.shape[1] for b in blocks))
-            row = {"sizes": name, "N": N, "loop_s_per_iter": t_r, "bytes_per_iter": nbytes}
+            row = {"sizes": name, "N": N, "loop_s_per_iter": t_r, "loop_device": "cpu", "bytes_per_iter": nbytes}
             text = f"  {name:9s} N={N:5d}  loop {t_r:9.4f} s/it"
             for mode, t in t_b.items():
                 row[f"{mode}_s_per_iter"] = t
@@ -271,18 +271,26 @@ def main(argv=None):
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     print(f"bench_solver on {info}", flush=True)
     out = {"machine": info}
+
+    def save():
+        # after every section: a run stopped by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(_json_safe(out), fh, indent=2, allow_nan=False)
+
     if not args.skip_loop:
-        print("per-agent loop vs batched, seconds per ADMM iteration (float64):", flush=True)
+        print("per-agent loop vs batched, seconds per ADMM iteration (float64; the loop runs on the CPU):",
+              flush=True)
         out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick, args.modes)
+        save()
     print("memory roofline:", flush=True)
     out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes,
                                      1 if args.quick else args.roofline_repeats, 4 if args.quick else 8)
+    save()
     print("batched trials:", flush=True)
     out["trials"] = bench_trials(device, 10 if args.quick else args.trials, 1 if args.quick else args.ref_trials,
                                  10 if args.quick else 100, args.modes)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(_json_safe(out), fh, indent=2, allow_nan=False)
+    save()
     return out
 
 
