@@ -16,6 +16,7 @@ is reported as one ``ppdnmf: error: ...`` line on stderr and exit code 2.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -90,6 +91,15 @@ def _resume_target(run_dir: str):
     return from_dict(d), folder, ckpt
 
 
+def _to_log_files(text: str) -> None:
+    """The run's result lines into the log file Hydra keeps for the run (``ppdnmf.log``);
+    the console already got them from ``print``."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            for line in text.splitlines():
+                handler.handle(logging.LogRecord(__name__, logging.INFO, __file__, 0, line, None, None))
+
+
 def _fail(exc: BaseException) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
@@ -111,7 +121,9 @@ def _app(cfg: DictConfig):
         detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
         print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
-    print(format_summary(summary), flush=True)
+    text = format_summary(summary)
+    print(text, flush=True)
+    _to_log_files(text)
     # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
     return summary["nmse"]["distributed"]
 

@@ -49,6 +49,9 @@ def test_cli_smoke_run(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "distributed" in r.stdout and "centralized" in r.stdout
     assert "Traceback" not in r.stderr
+    log = (run_dir / "ppdnmf.log").read_text()
+    assert "data synthetic" in log and "final NMSE after 3 BCD iterations" in log and "outputs:" in log
+    assert r.stdout.count("final NMSE") == 1  # the log file only: not twice on the console
     # resolved config, Hydra's own copy
     assert (run_dir / "config.yaml").is_file()
     assert (run_dir / ".hydra" / "config.yaml").is_file()
