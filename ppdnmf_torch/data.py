@@ -355,7 +355,10 @@ def load_csv(path, dtype=torch.float64, delimiter=",") -> torch.Tensor:
     try:
         arr = np.loadtxt(p, delimiter=delimiter, ndmin=2, dtype=np.float64, comments="#")
     except ValueError as exc:
-        raise DataError(f"path: {p!r} is not a numeric matrix: {exc}") from None
+        # numpy's message ends with advice about its own keywords (usecols=...), which this
+        # loader does not take: keep the first sentence, which says what is wrong and where
+        why = str(exc).split("; use `usecols`")[0].split("\n")[0]
+        raise DataError(f"path: {p!r} is not a numeric matrix: {why}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"path: cannot read {p!r}: {exc}") from None
     return torch.from_numpy(_check_matrix(arr, repr(p))).to(dtype)

@@ -310,3 +310,11 @@ def test_split_columns():
         D.split_columns(Z, [10, 0])
     with pytest.raises(DataError, match="2-D"):
         D.split_columns(Z[0], [10])
+
+
+def test_ragged_csv_error_says_where_without_numpy_advice(tmp_path):
+    f = tmp_path / "z.csv"
+    f.write_text("1,2,3,4\n1,2,3\n")
+    with pytest.raises(DataError, match=r"columns changed from 4 to 3 at row 2$") as err:
+        D.load_csv(f)
+    assert "usecols" not in str(err.value)
