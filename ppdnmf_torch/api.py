@@ -1,6 +1,7 @@
 """The public entry point :func:`fit` and its result object."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -141,6 +142,11 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     else:  # an exchange written against the older interface
         exch.bind(problem.topology, dtype=dtype, device=device)
     if resume_from is not None and hasattr(exch, "load_cost_state"):
+        if "exchange_costs" not in payload and getattr(exch, "cost_state", dict)():
+            warnings.warn(
+                f"resume_from: checkpoint {payload['path']!r} predates the exchange's cost counters: the costs "
+                "of the resumed run count its own segment only", UserWarning, stacklevel=3,
+            )
         exch.load_cost_state(payload.get("exchange_costs", {}))  # cumulative over both segments
 
     def cb(info):

@@ -95,7 +95,7 @@ def _to_log_files(text: str) -> None:
     """The run's result lines into the log file Hydra keeps for the run (``ppdnmf.log``);
     the console already got them from ``print``."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        if isinstance(handler, logging.FileHandler) and handler.level <= logging.INFO:
             for line in text.splitlines():
                 handler.handle(logging.LogRecord(__name__, logging.INFO, __file__, 0, line, None, None))
 

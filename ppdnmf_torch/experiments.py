@@ -141,6 +141,7 @@ def _resolve_spec(name: str, overrides: dict) -> tuple[dict, dict]:
             spec["columns"] = None if value is None else {"lo": value[0], "hi": value[1]}
         elif key in ("data_path", "path"):
             spec["data"]["path"] = value
+            spec["data"]["path_given"] = True
         else:
             raise ConfigError(
                 f"{key}: not an option of run_experiment; use one of "
@@ -186,7 +187,7 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
     Z_fixed = None
     if spec["data"]["kind"] == "cbcl":
         path = spec["data"]["path"]
-        if path == DEFAULT_CBCL_PATH:  # not given: the environment's, as the CLI's default does
+        if not spec["data"].get("path_given"):  # not given: the environment's, as the CLI's default does
             path = os.environ.get("PPDNMF_CBCL", path)
         Z_fixed = data_mod.load_cbcl(path)
     pairs = [make_trial(spec, s, Z_fixed) for s in seeds]

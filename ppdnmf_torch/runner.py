@@ -35,6 +35,7 @@ from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_dev
 from .api import FitResult, fit, fit_centralized
 from .config import RunConfig, to_dict
 from .exchange import make_exchange
+from .exchange.costmodel import COUNT_KEYS
 from .graph import Graph, make_graph
 from .solver import RunInterrupted
 
@@ -161,18 +162,23 @@ def _history_rows(dist: FitResult, central: FitResult | None) -> list[dict]:
     """One row per BCD iteration: the metrics, per-agent means of the ADMM counts, the
     centralized curve and the exchange's cumulative ``crypto_*`` costs (all in the history,
     so a resumed run's rows cover the interrupted segment too)."""
-
     h = dist.history
     n = len(h.get("nmse", []))
+    # a crypto_* counter that one segment of a resumed run did not log (another exchange
+    # kind) is shorter: its missing rows stay empty rather than the column being dropped
     scalar_keys = [k for k, vals in h.items()
-                   if len(vals) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals)]
+                   if (len(vals) == n or (k.startswith("crypto_") and len(vals) < n))
+                   and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals)]
     list_keys = [k for k, vals in h.items() if k not in scalar_keys and len(vals) == n]
     ch = central.history if central is not None else {}
     rows = []
     for i in range(n):
         row = {"iteration": i + 1}
         for k in scalar_keys:
-            row[k] = float(h[k][i])
+            if i < len(h[k]):
+                v = float(h[k][i])
+                # counts stay integers in the CSV (the history holds floats: checkpoints do)
+                row[k] = int(v) if k.startswith("crypto_") and k[7:] in _COUNT_COLUMNS and v.is_integer() else v
         for k in list_keys:
             m = _mean(h[k][i])
             if m is not None:
@@ -229,12 +235,15 @@ def _sample_columns(M: int, n: int) -> list[int]:
 # --------------------------------------------------------------------------------------
 
 
+#: the exchange's counters written as integers in history.csv
+_COUNT_COLUMNS = COUNT_KEYS + ("key_pairs",)
+
 #: errors raised by the Python API name its keywords; a config run names its keys
 _CONFIG_NAMES = {
     "g_bits:": ("exchange.g_bits:", (("use g_bits >=", "use exchange.g_bits >="),)),
     "key_bits/n_max:": ("exchange.key_bits/exchange.n_max:", (
         ("use key_bits >=", "use exchange.key_bits >="), ("lower n_max", "lower exchange.n_max"),
-        ("; n_max <=", "; exchange.n_max <="))),
+        ("(or g_bits)", "(or exchange.g_bits)"), ("; n_max <=", "; exchange.n_max <="))),
     "Z:": ("data:", (("Pass negative='clip' or 'shift' (or 'allow' to factorize as is)",
                       "Set data.negative=clip or shift (or allow to factorize as is)"),)),
 }
@@ -290,7 +299,7 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
         mapped = _config_names(exc)
         if mapped is exc:
             raise
-        raise mapped from None
+        raise mapped.with_traceback(exc.__traceback__) from None
 
 
 def _run(cfg: RunConfig, out_dir, *, progress, callback, resume_from) -> dict:
@@ -298,6 +307,10 @@ def _run(cfg: RunConfig, out_dir, *, progress, callback, resume_from) -> dict:
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if resume_from is None:
+        # a fresh run in a used folder: the old run's summary would mark this one finished
+        # (the CLI refuses to resume a folder with a summary.json)
+        (out / "summary.json").unlink(missing_ok=True)
     _write_yaml(out / "config.yaml", to_dict(cfg))
     show = cfg.progress if progress is None else bool(progress)
 

@@ -24,6 +24,7 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import warnings
 from dataclasses import dataclass, field, fields
@@ -857,6 +858,18 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     }
 
 
+def _number(v):
+    """A cost counter as a float: Python and numpy numbers, one-element tensors; else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, torch.Tensor):
+        return float(v) if v.numel() == 1 else None
+    try:
+        return float(v) if isinstance(v, numbers.Real) else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):
     """Raise :class:`NumericalError` naming the BCD/ADMM iteration and the agents hit."""
     n = problem.n_agents
@@ -903,7 +916,7 @@ def _good_point(state: SolverState, sampler, history: dict, keep: bool = True, e
         "bcd_done": state.bcd_done,
         "sampler": sampler.state_dict(),
         "hist_len": {k: len(v) for k, v in history.items()},
-        "exchange_costs": exchange.cost_state() if keep and exchange is not None else {},
+        "exchange_costs": (getattr(exchange, "cost_state", dict)() if keep and exchange is not None else {}),
     }
 
 
@@ -1056,8 +1069,13 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             # the exchange's cumulative costs after this BCD iteration (crypto_<counter>), in
             # the history so that a checkpoint carries them into a resumed run
             for k, v in exchange.costs().items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    log(f"crypto_{k}", float(v))
+                v = _number(v)
+                if v is not None:
+                    vals = history.setdefault(f"crypto_{k}", [])
+                    # a counter the checkpoint's segment did not log (an older checkpoint, or
+                    # another exchange kind): NaN for its iterations, so rows stay aligned
+                    vals.extend([float("nan")] * (len(history["nmse"]) - 1 - len(vals)))
+                    vals.append(v)
             good = _good_point(state, sampler, history, keep, exchange)
             if checkpointer is not None and checkpointer.due(bcd_iter):
                 checkpointer.write(_snapshot(good, history, fingerprint))

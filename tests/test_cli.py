@@ -300,3 +300,29 @@ def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):
     d.update(overrides)
     with pytest.raises(PPDNMFError, match=match):
         run(from_dict(d), tmp_path / "out")
+
+
+def test_a_fresh_run_in_a_used_folder_can_be_resumed(tmp_path):
+    # the first run's summary.json must not mark the second, interrupted run as finished
+    from ppdnmf_torch.cli import _resume_target
+    from ppdnmf_torch.solver import RunInterrupted
+
+    d = {"n_agents": 4, "centralized": False, "progress": False, "checkpoint_every": 1,
+         "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 20, "K": 2}, "graph": {"kind": "ring"},
+         "solver": {"rank": 2, "bcd_iters": 2, "x_iters": 2, "y_iters": 2}, "logger": {"kind": "none"}}
+    out = tmp_path / "run"
+    run(from_dict(d), out)
+    assert (out / "summary.json").is_file()
+
+    def interrupt(info):
+        if info.iteration == 2:
+            raise KeyboardInterrupt
+
+    d["solver"]["bcd_iters"] = 6
+    with pytest.raises(RunInterrupted):
+        run(from_dict(d), out, callback=interrupt)
+    assert not (out / "summary.json").exists()
+    cfg, folder, ckpt = _resume_target(str(out))
+    assert cfg.solver.bcd_iters == 6
+    summary = run(cfg, folder, resume_from=ckpt)
+    assert summary["n_iter"]["distributed"] == 6

@@ -214,12 +214,11 @@ def test_single_agent_runs_with_either_penalty_rule(penalty):
     assert torch.equal(r.X, ref.X) and torch.equal(r.Y[0], ref.Y[0])
 
 
-@pytest.mark.parametrize("iters", [1, 2])
-def test_bcd_rule_does_not_stop_on_the_start(iters):
+def test_bcd_rule_does_not_stop_on_the_start():
     # after one ADMM iteration per step, X = max(0, U + P) and Y = max(0, V + R) still
     # equal their start: a relative change of 0 there is not convergence
     blocks = small_problem()
-    r = pp.fit(blocks, graph.ring(4), 3, bcd_iters=4, x_iters=iters, y_iters=iters, tol=1e-3, device="cpu")
+    r = pp.fit(blocks, graph.ring(4), 3, bcd_iters=4, x_iters=1, y_iters=1, tol=1e-3, device="cpu")
     assert r.n_iter > 1
     assert r.history["nmse"][-1] < 0.99
 

@@ -148,10 +148,12 @@ def test_zero_norm_block_in_one_trial_names_the_trial():
 
 
 @pytest.mark.parametrize("exchange", ["quantized", "paillier"])
-@pytest.mark.parametrize("g_bits,g_max", [(0, 0.033), (4, 0.01)])
-def test_penalty_cap_that_quantizes_to_zero_is_refused(exchange, g_bits, g_max):
-    # round(g_max 2^g_bits) = 0 would make every penalty 0: consensus silently off
-    with pytest.raises(pp.ConfigError, match=r"g_bits: .* quantizes to 0.*use g_bits >= \d+"):
+@pytest.mark.parametrize("g_bits,g_max,hint", [(0, 0.033, "use g_bits >= 4"), (4, 0.01, "use g_bits >= 6"),
+                                               (8, 1e-12, "no g_bits up to 30 holds it")])
+def test_penalty_cap_that_quantizes_to_zero_is_refused(exchange, g_bits, g_max, hint):
+    # round(g_max 2^g_bits) = 0 would make every penalty 0: consensus silently off; the
+    # hint names the smallest g_bits that works (round(0.033 * 16) = 1, round(0.01 * 64) = 1)
+    with pytest.raises(pp.ConfigError, match=r"g_bits: .* quantizes to 0.*" + hint):
         pp.fit(_blocks(), RING4, 2, exchange=exchange, g_bits=g_bits, g_max=g_max, key_bits=128, **FAST)
 
 

@@ -182,7 +182,12 @@ class Exchange(abc.ABC):
         return {}
 
     def cost_state(self) -> dict:
-        """The cumulative counters as plain numbers, for a checkpoint (no key material)."""
+        """The cumulative counters as plain numbers, for a checkpoint (no key material).
+
+        Kinds that keep a ``costmodel.CostLedger`` in ``_ledger`` get this for free; a
+        subclass that counts in its own attributes overrides this and
+        :meth:`load_cost_state`, or its counters restart when a run is resumed.
+        """
         led = self._ledger
         if led is None:
             return {}

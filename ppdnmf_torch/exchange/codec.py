@@ -58,6 +58,8 @@ class CodecRangeError(PPDNMFError):
         self.value, self.limit = value, limit
 
 
+#: the largest ``g_bits`` (penalty scale ``2^g_bits``) the codec takes
+MAX_G_BITS = 30
 #: integer penalties stay below this, so that ``gamma_ij gamma_ji < 2^62`` holds in int64
 _GAMMA_LIMIT = float(2**31)
 
@@ -107,8 +109,8 @@ class IntegerCodec:
     def __post_init__(self):
         if not (isinstance(self.n_max, (int, float)) and math.isfinite(self.n_max) and self.n_max >= 1):
             raise ConfigError(f"n_max: must be a finite number >= 1, got {self.n_max!r}")
-        if not isinstance(self.g_bits, int) or not 0 <= self.g_bits <= 30:
-            raise ConfigError(f"g_bits: must be an integer in [0, 30], got {self.g_bits!r}")
+        if not isinstance(self.g_bits, int) or not 0 <= self.g_bits <= MAX_G_BITS:
+            raise ConfigError(f"g_bits: must be an integer in [0, {MAX_G_BITS}], got {self.g_bits!r}")
         if not isinstance(self.key_bits, int) or self.key_bits < 16:
             raise ConfigError(f"key_bits: must be an integer >= 16, got {self.key_bits!r}")
 
@@ -152,43 +154,46 @@ class IntegerCodec:
         return scaled.to(torch.int64)
 
     def encode_penalties(self, g: torch.Tensor) -> torch.Tensor:
-        """``gamma = round(2^s g)`` as int64, shape ``(2E,)``.
+        """``gamma = round(2^s g)`` as int64, shape ``(2E,)`` (range: :meth:`check_penalty_sums`)."""
+        return torch.round(g.to(torch.float64) * self.penalty_scale).to(torch.int64)
 
-        Raises :class:`CodecRangeError` when a product ``gamma_ij gamma_ji`` could not be
-        held (``gamma >= 2^31``): int64 would wrap it silently.
+    def check_penalty_sums(self, gamma: torch.Tensor, w: torch.Tensor, src: torch.Tensor, *, n_nodes: int,
+                           n_agents: int = 1, bcd_iter: int = 0, admm_iter: int = 0) -> None:
+        """Raise :class:`CodecRangeError` if an integer penalty is too large for its products
+        ``w = gamma_ij gamma_ji`` (``gamma >= 2^31``: int64 would wrap them), or if some
+        ``rho_int_i = sum_j w_ij``, decrypted (or emulated) as one value, reaches the limit.
+
+        One host synchronization: a float64 screen with a wide margin, exact Python
+        integers for the suspects. ``fit`` refuses penalty caps that could fail this before
+        a run starts (:meth:`preflight`), so inside a run it only guards direct use.
         """
-        scaled = torch.round(g.to(torch.float64) * self.penalty_scale)
-        if scaled.numel():
-            gmax = float(scaled.abs().max())
-            if not gmax < _GAMMA_LIMIT:
-                raise CodecRangeError(
-                    f"penalty range: a penalty quantizes to {gmax:.6g} (= g * 2^{self.g_bits}), and products "
-                    f"gamma_ij gamma_ji of such penalties do not fit 2^62; lower g_bits or the penalty caps",
-                    value=int(gmax) if math.isfinite(gmax) else 0, limit=int(_GAMMA_LIMIT),
-                )
-        return scaled.to(torch.int64)
-
-    def check_penalty_sums(self, w: torch.Tensor, src: torch.Tensor, *, n_nodes: int, n_agents: int = 1,
-                           bcd_iter: int = 0, admm_iter: int = 0) -> None:
-        """Raise :class:`CodecRangeError` if some ``rho_int_i = sum_j w_ij`` reaches the limit.
-
-        ``rho_int_i`` is decrypted (or emulated) as one value: beyond the limit it would wrap.
-        A float64 screen with a wide margin, exact Python integers for the suspects.
-        """
-        if w.numel() == 0:
+        if gamma.numel() == 0:
             return
         approx = torch.zeros(n_nodes, dtype=torch.float64, device=w.device).index_add_(0, src, w.to(torch.float64))
-        if float(approx.max()) < self.limit * (1 - 1e-9):
+        gmax, rmax = torch.stack([gamma.abs().max().to(torch.float64), approx.max()]).tolist()
+        if gmax < _GAMMA_LIMIT and rmax < self.limit * (1 - 1e-9):
             return
+        where = "codec range: agent {} (trial {}) at BCD iteration {}, ADMM iteration {}: "
+        if not gmax < _GAMMA_LIMIT:
+            e = int(gamma.abs().argmax())
+            trial, agent = _flat_to_trial_agent(int(src[e]), n_agents)
+            raise CodecRangeError(
+                where.format(agent, trial, bcd_iter, admm_iter)
+                + f"a penalty quantizes to {int(gmax)} (= g * 2^{self.g_bits}), and products gamma_ij gamma_ji "
+                f"of such penalties do not fit 2^62; lower g_bits or the penalty caps",
+                trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=int(gmax),
+                limit=int(_GAMMA_LIMIT),
+            )
         wl, sl = w.tolist(), src.tolist()
         for node in torch.nonzero(approx >= self.limit * (1 - 1e-9)).flatten().tolist():
             val = sum(x for x, s in zip(wl, sl) if s == node)
             if val >= self.limit:
                 trial, agent = _flat_to_trial_agent(node, n_agents)
                 raise CodecRangeError(
-                    f"penalty range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, ADMM iteration "
-                    f"{admm_iter}: rho_i = sum_j gamma_ij gamma_ji = {val} does not fit the codec limit "
-                    f"{self.limit} (2^{self.limit.bit_length() - 1}); lower g_bits or the penalty caps",
+                    where.format(agent, trial, bcd_iter, admm_iter)
+                    + f"rho_i = sum_j gamma_ij gamma_ji = {val} does not fit the codec limit {self.limit} "
+                    f"(2^{self.limit.bit_length() - 1}) for {self.key_bits}-bit keys; lower g_bits or the penalty "
+                    "caps, or use larger keys",
                     trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=val, limit=self.limit,
                 )
 
@@ -246,8 +251,11 @@ class IntegerCodec:
         if max_degree < 1:
             return
         if g_min is not None and round(float(g_min) * self.penalty_scale) < 1:
-            bits = max(0, math.ceil(math.log2(1.0 / float(g_min)))) if g_min > 0 else None
-            hint = f"use g_bits >= {bits}" if bits is not None else "give every agent with neighbours a cap > 0"
+            # the smallest g_bits the codec takes whose round(g_min 2^b) is not 0 (round half
+            # to even, as torch.round does)
+            bits = next((b for b in range(MAX_G_BITS + 1) if round(float(g_min) * 2.0 ** b) >= 1), None)
+            hint = (f"use g_bits >= {bits}" if bits is not None
+                    else f"no g_bits up to {MAX_G_BITS} holds it: raise the caps")
             raise ConfigError(
                 f"g_bits: with g_bits={self.g_bits}, the penalty cap {g_min:g} quantizes to 0 "
                 f"(round({g_min:g} * 2^{self.g_bits})), so that agent's penalties would all be 0 and "

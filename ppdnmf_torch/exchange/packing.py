@@ -234,16 +234,19 @@ def check_slot_sums(layout: SlotLayout, q, w, src, dst, *, n_nodes, n_agents=1, 
         )
 
 
-def first_reply_overflow(q, gamma, src, dst, rev, limit: int):
+def first_reply_overflow(q, gamma, src, dst, rev, limit: int, edges=None):
     """Paper protocol: the first per-reply value ``|gamma_ji (q_j - q_i)| >= limit``.
 
     Replies are scanned in edge order (``e = i -> j``, CSR) and entries in order, as agent
-    ``i`` decrypts them. Returns ``(e, value)`` with the exact magnitude, or None.
-    A float64 screen with a wide margin runs first; exact Python integers decide.
+    ``i`` decrypts them; ``edges`` (ascending edge indices) restricts the scan to those.
+    Returns ``(e, value)`` with the exact magnitude, or None. A float64 screen with a wide
+    margin runs first; exact Python integers decide.
     """
     if src.numel() == 0:
         return None
     g_ji = gamma[rev]
+    if edges is not None:
+        g_ji, src, dst = g_ji[edges], src[edges], dst[edges]
     dq = q[dst].to(torch.float64) - q[src].to(torch.float64)
     approx = g_ji.to(torch.float64)[:, None] * dq.abs()
     if float(approx.max()) < limit * (1 - 1e-9):
@@ -251,12 +254,13 @@ def first_reply_overflow(q, gamma, src, dst, rev, limit: int):
     suspects = torch.nonzero((approx >= limit * (1 - 1e-9)).any(dim=1)).flatten().tolist()
     qh = q.tolist()
     gl, sl, dl = g_ji.tolist(), src.tolist(), dst.tolist()
+    index = list(range(len(sl))) if edges is None else edges.tolist()
     for e in suspects:
         qi, qj, g = qh[sl[e]], qh[dl[e]], gl[e]
         for a, b in zip(qj, qi):
             v = abs(g * (a - b))
             if v >= limit:
-                return e, v
+                return index[e], v
     return None
 
 
@@ -287,8 +291,8 @@ def check_protocol_range(codec: IntegerCodec, layout, topology, protocol: str, q
       the codec checked ``B_i < limit``, so only slots narrower than the codec's range
       (``layout`` with a small ``slot_bits``) need a check.
     * ``protocol="paper"``: every reply is decrypted on its own; its entries
-      ``gamma_ji (q_j - q_i)`` must fit, whatever ``gamma_ij`` (which the codec's sums weigh
-      them by) is.
+      ``gamma_ji (q_j - q_i)`` must fit. At the codec's full width only replies that agent
+      ``i`` weighs by ``gamma_ij = 0`` need a scan: the codec's sums bound the others.
 
     ``layout`` is None for an unpacked exchange.
     """
@@ -298,7 +302,14 @@ def check_protocol_range(codec: IntegerCodec, layout, topology, protocol: str, q
             check_slot_sums(layout, q, w, topology.src, topology.dst, n_nodes=topology.n_nodes,
                             n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
         return
-    hit = first_reply_overflow(q, gamma, topology.src, topology.dst, topology.rev, lim)
+    edges = None
+    if lim >= codec.limit:
+        # gamma_ji |q_j - q_i| <= w_ij |q_j - q_i| <= B_i < limit, which the codec's own sums
+        # checked, whenever gamma_ij >= 1: only the replies that agent i weighs by 0 can overflow
+        edges = torch.nonzero(gamma == 0).flatten()
+        if edges.numel() == 0:
+            return
+    hit = first_reply_overflow(q, gamma, topology.src, topology.dst, topology.rev, lim, edges=edges)
     if hit is None:
         return
     e, value = hit

@@ -634,7 +634,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         topo = self.topology
         gamma = self.codec.encode_penalties(g)
         w = self.codec.pair_weights(gamma, topo.rev)
-        self.codec.check_penalty_sums(w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents, bcd_iter=bcd_iter,
+        self.codec.check_penalty_sums(gamma, w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
+                                      bcd_iter=bcd_iter,
                                       admm_iter=admm_iter)  # before anything is encrypted
         if self.protocol == "paper":
             # the simulation hands rho_i to agent i (see the module docstring)

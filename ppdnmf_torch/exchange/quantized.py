@@ -82,7 +82,7 @@ def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=
     q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
     gamma = codec.encode_penalties(g)
     w = codec.pair_weights(gamma, topology.rev)
-    codec.check_penalty_sums(w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
+    codec.check_penalty_sums(gamma, w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
                              bcd_iter=bcd_iter, admm_iter=admm_iter)
     codec.check_sums(
         q, w, topology.src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
@@ -131,7 +131,7 @@ class QuantizedExchange(Exchange):
         #: values per plaintext whose counts the cost model predicts (1: unpacked)
         self.slots = layout.slots
         # the range checks of exchange="paillier" with the same packing and slot_bits
-        self._layout = layout if packing else None
+        self._layout = layout
         self.codec = codec
         self.protocol = protocol
         self.cost_model = cost_model is not False
@@ -155,7 +155,8 @@ class QuantizedExchange(Exchange):
         topo = self.topology
         gamma = self.codec.encode_penalties(g)
         w = self.codec.pair_weights(gamma, topo.rev)
-        self.codec.check_penalty_sums(w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents, bcd_iter=bcd_iter,
+        self.codec.check_penalty_sums(gamma, w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
+                                      bcd_iter=bcd_iter,
                                       admm_iter=admm_iter)
         rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
         if self._ledger is not None:
