@@ -349,3 +349,26 @@ def test_integer_neighbour_sums_fast_float_path_is_exact(scale):
                      for e in range(int(g.crow[i]), int(g.crow[i + 1]))) for c in range(37)] for i in range(40)]
     assert S.dtype == torch.int64 and S.tolist() == expected
     assert rho.tolist() == [sum(int(w[e]) for e in range(int(g.crow[i]), int(g.crow[i + 1]))) for i in range(40)]
+
+
+def test_quantized_step5_reuses_step1_penalty_encoding(monkeypatch):
+    # the same g in steps 1 and 5 of an iteration: encoded (and range-checked) once; same bits
+    codec = IntegerCodec(n_max=1e4, g_bits=16, key_bits=256)
+    topo = Topology.from_graphs([ring(5)])
+    ex = QuantizedExchange(codec)
+    ex.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
+    calls = []
+    real = IntegerCodec.encode_penalties
+    monkeypatch.setattr(IntegerCodec, "encode_penalties", lambda self, g: calls.append(g) or real(self, g))
+    gen = torch.Generator().manual_seed(0)
+    U = torch.rand((5, 6), generator=gen, dtype=torch.float64)
+    g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    ex.penalty_sums(g)
+    a = ex.exchange(U, g)
+    assert len(calls) == 1
+    ex.penalty_sums(g)
+    b = ex.exchange(U, g.clone())  # another tensor: encoded again
+    assert len(calls) == 3
+    assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
+    c = ex.exchange(U, g)  # no step 1 before it: encoded here
+    assert len(calls) == 4 and torch.equal(a.S, c.S)

@@ -106,7 +106,7 @@ from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calib
 from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
 from .packing import SlotDecodeError, SlotLayout, check_protocol_range, decrypted_range_error, derive_layout
 from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
-from .quantized import encode_inputs, integer_penalty_sums
+from .quantized import encode_inputs, encode_penalties, integer_penalty_sums
 
 __all__ = [
     "PaillierExchange",
@@ -632,11 +632,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger.begin(bcd_iter, admm_iter)
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
-        gamma = self.codec.encode_penalties(g)
-        w = self.codec.pair_weights(gamma, topo.rev)
-        self.codec.check_penalty_sums(gamma, w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
-                                      bcd_iter=bcd_iter,
-                                      admm_iter=admm_iter)  # before anything is encrypted
+        gamma, w = encode_penalties(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)  # checked
         if self.protocol == "paper":
             # the simulation hands rho_i to agent i (see the module docstring)
             return self.codec.decode_rho(integer_penalty_sums(w, topo.src, topo.n_nodes))

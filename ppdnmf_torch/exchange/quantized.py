@@ -24,7 +24,7 @@ from .costmodel import (
 )
 from .packing import check_protocol_range, derive_layout
 
-__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "integer_penalty_sums"]
+__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "encode_penalties", "integer_penalty_sums"]
 
 _PROTOCOLS = ("aggregated", "paper")
 
@@ -72,18 +72,28 @@ def integer_penalty_sums(w: torch.Tensor, src, n_nodes: int) -> torch.Tensor:
     return rho_int
 
 
-def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0):
+def encode_penalties(codec: IntegerCodec, topology, g, *, bcd_iter=0, admm_iter=0):
+    """``(gamma, w)``: the integer penalties and ``w = gamma_ij gamma_ji`` (int64, ``(2E,)``),
+    range-checked (:meth:`~ppdnmf_torch.exchange.codec.IntegerCodec.check_penalty_sums`)."""
+    gamma = codec.encode_penalties(g)
+    w = codec.pair_weights(gamma, topology.rev)
+    codec.check_penalty_sums(gamma, w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
+                             bcd_iter=bcd_iter, admm_iter=admm_iter)
+    return gamma, w
+
+
+def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0, penalties=None):
     """Quantize and range-check step 5's inputs, as every integer exchange kind does.
 
     Returns ``(q (A, L*K), gamma (2E,), w (2E,))`` as int64 on ``U``'s device, with
     ``w = gamma_ij gamma_ji``. Raises :class:`~ppdnmf_torch.exchange.codec.CodecRangeError`
     (naming agent, iteration, value and limit) before anything is sent or encrypted.
+    ``penalties``: ``(gamma, w)`` of ``g`` from :func:`encode_penalties` (step 1's), reused.
     """
     q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
-    gamma = codec.encode_penalties(g)
-    w = codec.pair_weights(gamma, topology.rev)
-    codec.check_penalty_sums(gamma, w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
-                             bcd_iter=bcd_iter, admm_iter=admm_iter)
+    if penalties is None:
+        penalties = encode_penalties(codec, topology, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+    gamma, w = penalties
     codec.check_sums(
         q, w, topology.src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
         bcd_iter=bcd_iter, admm_iter=admm_iter,
@@ -137,10 +147,12 @@ class QuantizedExchange(Exchange):
         self.cost_model = cost_model is not False
         self._op_costs = cost_model if isinstance(cost_model, PaillierOpCosts) else None
         self._ledger = None
+        self._step1 = None  # (g, gamma, w) of the last penalty_sums
 
     # -- lifecycle ---------------------------------------------------------------------
     def bind(self, topology, *, dtype, device, fuse=False):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)
+        self._step1 = None
         if self.cost_model:
             topo = self.topology
             self._src = topo.src.cpu().tolist()
@@ -153,11 +165,8 @@ class QuantizedExchange(Exchange):
     # -- the exchange ------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
         topo = self.topology
-        gamma = self.codec.encode_penalties(g)
-        w = self.codec.pair_weights(gamma, topo.rev)
-        self.codec.check_penalty_sums(gamma, w, topo.src, n_nodes=topo.n_nodes, n_agents=topo.n_agents,
-                                      bcd_iter=bcd_iter,
-                                      admm_iter=admm_iter)
+        gamma, w = encode_penalties(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        self._step1 = (g, gamma, w)  # step 5 of the same iteration gets the same g: reused there
         rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
@@ -173,7 +182,9 @@ class QuantizedExchange(Exchange):
 
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
-        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        step1, self._step1 = self._step1, None
+        pen = step1[1:] if step1 is not None and step1[0] is g else None
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, penalties=pen)
         check_protocol_range(self.codec, self._layout, topo, self.protocol, q, gamma, w, bcd_iter=bcd_iter,
                              admm_iter=admm_iter)
         S_int, rho_int = integer_neighbour_sums(q, w, topo)
