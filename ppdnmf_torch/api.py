@@ -359,8 +359,16 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
         at most 7 dummy agents per trial (for ``N = 10``: 16 agents computed); without it,
         trials agree with single runs only to rounding, which Algorithm 1's symmetric
         start amplifies over the BCD iterations.
-    **kwargs
-        As in :func:`fit`. ``callback`` receives ``info.metrics`` as Tensors ``(T,)``.
+
+    Other Parameters
+    ----------------
+    mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, exchange, protocol, n_max, key_bits
+        As in :func:`fit`.
+    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse
+        As in :func:`fit`. There is no ``columns`` (each trial's blocks are given) and no
+        checkpointing.
+    callback : callable, optional
+        As in :func:`fit`, with ``info.metrics`` as Tensors ``(T,)``.
 
     Returns
     -------

@@ -91,13 +91,26 @@ def _resume_target(run_dir: str):
     return from_dict(d), folder, ckpt
 
 
-def _to_log_files(text: str) -> None:
-    """The run's result lines into the log file Hydra keeps for the run (``ppdnmf.log``);
-    the console already got them from ``print``."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and handler.level <= logging.INFO:
+def _to_log_files(text: str, run_dir: str | None = None) -> None:
+    """The run's result lines into the log file Hydra keeps for this call (``ppdnmf.log``)
+    and, for a resumed run, into the resumed run's own ``ppdnmf.log``; the console already
+    got them from ``print``."""
+    handlers = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.FileHandler) and h.level <= logging.INFO]
+    extra = None
+    if run_dir is not None:
+        path = os.path.abspath(os.path.join(run_dir, "ppdnmf.log"))
+        if not any(os.path.abspath(h.baseFilename) == path for h in handlers):
+            extra = logging.FileHandler(path, encoding="utf-8")
+            if handlers:
+                extra.setFormatter(handlers[0].formatter)
+    try:
+        for handler in handlers + ([extra] if extra is not None else []):
             for line in text.splitlines():
                 handler.handle(logging.LogRecord(__name__, logging.INFO, __file__, 0, line, None, None))
+    finally:
+        if extra is not None:
+            extra.close()
 
 
 def _fail(exc: BaseException) -> None:
@@ -123,7 +136,7 @@ def _app(cfg: DictConfig):
         sys.exit(EXIT_INTERRUPTED)
     text = format_summary(summary)
     print(text, flush=True)
-    _to_log_files(text)
+    _to_log_files(text, out_dir if resume_from is not None else None)
     # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
     return summary["nmse"]["distributed"]
 

@@ -171,8 +171,12 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
     callback : callable, optional
         Receives the distributed run's :class:`~ppdnmf_torch.solver.IterationInfo`.
     **overrides
-        Any keyword of :func:`ppdnmf_torch.fit` (``exchange=``, ``n_max=``, ``bcd_iters=``,
-        ...), and ``n_agents``, ``avg_degree``, ``columns=(lo, hi)``, ``data_path``.
+        These keywords of :func:`ppdnmf_torch.fit`: ``rank``, ``mu``, ``eta``, ``g_max``,
+        ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``, ``exchange``,
+        ``protocol``, ``n_max``, ``key_bits``, ``g_bits``, ``penalty``, ``consensus_form``,
+        ``exchange_options``, ``fuse``; and ``n_agents``, ``avg_degree``, ``graph`` (a graph
+        spec dict, e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others
+        (``negative``, checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
 
     Returns
     -------

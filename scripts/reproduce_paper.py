@@ -18,7 +18,7 @@ The PNGs are also copied to ``docs/figures/`` (``--figures-dir``, ``--no-copy-fi
 
 Example (the run recorded in docs/RESULTS.md is printed in its summary.md)::
 
-    python scripts/reproduce_paper.py --trials-synthetic 100 --trials-cbcl 1
+    python scripts/reproduce_paper.py --trials-synthetic 100 --trials-cbcl 4 --threads 1 --paillier-trials 2
 """
 from __future__ import annotations
 

@@ -70,6 +70,7 @@ def test_killed_run_resumes_bit_identical(tmp_path, uninterrupted, sig):
     cmd, kw = _cli([f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'resume_call'}"], tmp_path)
     r = subprocess.run(cmd, capture_output=True, timeout=300, **kw)
     assert r.returncode == 0, r.stderr.decode()
+    assert "final NMSE after 150 BCD iterations" in (run_dir / "ppdnmf.log").read_text()  # the run's own log
     factors, hist = _finished(run_dir)
     ref_factors, ref_hist = uninterrupted
     assert torch.equal(factors["X"], ref_factors["X"])
