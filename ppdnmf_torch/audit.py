@@ -1076,6 +1076,10 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         agents' keys itself, and on the ``aggregated`` run it also decrypts every reply on
         its own with its receiver's key (:func:`decrypt_each_check`: the ``decrypt_each``
         attack on real ciphertexts).
+    paillier_bcd_iters, paillier_x_iters, paillier_y_iters : int
+        Iterations of that Paillier run (short: real encryption is slow).
+    paillier_scenario : str
+        The named scenario it runs on.
     plain : bool
         Also run ``exchange="plain"`` per scenario for the plain eavesdropper.
     progress : callable(str), optional

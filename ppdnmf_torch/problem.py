@@ -103,6 +103,8 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
 
     Parameters
     ----------
+    blocks : list (N) of Tensor (L, M_i)
+        The agents' data blocks; returned as given, or with their negative entries handled.
     negative : {"error", "clip", "shift", "allow"}
         ``error`` refuses them; ``clip`` sets them to 0; ``shift`` adds ``-min(Z)`` to
         every entry of every block; ``allow`` keeps them (the paper's synthetic
@@ -153,6 +155,10 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     graphs : list (T) of Graph, all with ``N`` agents
     caps : Tensor (T, N) float64
     seeds : list (T) of int
+    dtype : torch.dtype
+        Of ``Z`` and of every iterate.
+    device : torch.device
+        Where ``Z``, the counts, the caps and the topology live.
     rank : int, optional
         ``K``; with ``T > 1`` it sets the agent padding below.
 

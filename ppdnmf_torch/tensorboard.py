@@ -101,6 +101,8 @@ def make_grid(images: torch.Tensor, nrow: int | None = None, padding: int = 1, p
 
     Parameters
     ----------
+    images : Tensor (B, H, W)
+        Values in [0, 1].
     nrow : int, optional
         Images per row (default ``ceil(sqrt(B))``).
     padding : int
@@ -212,6 +214,15 @@ class TensorBoardLogger:
             The data. With ``reconstructions`` ({label: Tensor (L, M)}) and ``columns``
             (indices into M), ``images/samples`` shows one column per sample: the original
             on the first row and one row per reconstruction, clamped to [0, 1].
+        reconstructions : dict of str to Tensor (L, M), optional
+        columns : sequence of int, optional
+        step : int
+            TensorBoard step of the images.
+        scale : int
+            Pixels per image pixel in the grids (19x19 faces are tiny).
+        order : {"F", "C"}
+            How a column of ``L`` pixels folds into ``shape``: column-major (``"F"``, the
+            CBCL file's convention; see :func:`column_images`) or row-major.
         """
         basis = basis_images(X, shape, order)
         self.writer.add_image("images/basis", make_grid(basis, scale=scale), step, dataformats="CHW")
