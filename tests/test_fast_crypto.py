@@ -491,3 +491,24 @@ def test_penalties_out_of_range_raise_before_anything_is_encrypted(protocol, g_v
         if isinstance(ex, PaillierExchange):
             assert ex.costs()["encryptions"] == 0
     assert len(set(errs)) == 1
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_paillier_step5_reuses_step1_penalty_encoding(protocol, monkeypatch, paillier_keypairs):
+    codec = IntegerCodec(n_max=1e4, g_bits=16, key_bits=128)
+    topo = Topology.from_graphs([CYCLE4])
+    ex = bound(PaillierExchange(codec, protocol=protocol, keypairs=paillier_keypairs(128, 4), workers=0), topo)
+    ref = bound(QuantizedExchange(codec, protocol=protocol), topo)
+    calls = []
+    real = IntegerCodec.encode_penalties
+    monkeypatch.setattr(IntegerCodec, "encode_penalties", lambda self, g: calls.append(g) or real(self, g))
+    gen = torch.Generator().manual_seed(3)
+    U = torch.rand((4, 5), generator=gen, dtype=torch.float64)
+    g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    ex.penalty_sums(g)
+    a = ex.exchange(U, g)
+    assert len(calls) == 1
+    b = ex.exchange(U, g)  # no step 1 before it: encoded here, same bits
+    assert len(calls) == 2 and torch.equal(a.S, b.S)
+    want = ref.exchange(U, g)
+    assert torch.equal(a.S, want.S) and torch.equal(a.rho, want.rho)

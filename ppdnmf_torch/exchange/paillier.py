@@ -486,6 +486,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger = CostLedger(0, timers=True)
         self._raw = RawPaillier(self._ledger)
         self._rho_cache = None
+        self._step1 = None  # (g, gamma, w) of the last penalty_sums
         self._closed = False
         #: every message on the wire (ciphertexts and public keys only) when recording
         self.transcript: list | None = [] if record_transcript else None
@@ -505,6 +506,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger = CostLedger(topo.n_agents, timers=True)
         self._raw = RawPaillier(self._ledger)
         self._rho_cache = None
+        self._step1 = None  # (g, gamma, w) of the last penalty_sums
         kb = self.codec.key_bits
         agents = []
         pending, self._pending_keys = self._pending_keys, None
@@ -592,6 +594,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._agents = ()
         self._pending_keys = None
         self._rho_cache = None
+        self._step1 = None  # (g, gamma, w) of the last penalty_sums
         self._closed = True
 
     @property
@@ -633,6 +636,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         gamma, w = encode_penalties(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)  # checked
+        self._step1 = (g, gamma, w)  # step 5 of the same iteration gets the same g: reused there
         if self.protocol == "paper":
             # the simulation hands rho_i to agent i (see the module docstring)
             return self.codec.decode_rho(integer_penalty_sums(w, topo.src, topo.n_nodes))
@@ -671,7 +675,9 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         A = topo.n_nodes
-        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        step1, self._step1 = self._step1, None
+        pen = step1[1:] if step1 is not None and step1[0] is g else None
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, penalties=pen)
         P = int(q.shape[1])
         # before anything is encrypted (the naive path too: it would find out at decryption)
         check_protocol_range(self.codec, self.layout if self.fast else None, topo, self.protocol, q, gamma, w,
