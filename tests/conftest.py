@@ -88,3 +88,17 @@ def drive(exchanges, topo, lk, n_iter, seed, scale=1.0, skip_step1=()):
             res = ex.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
             out.append((rho, res.S, res.rho, U, g))
     return outs
+
+
+def penalty_encodings(monkeypatch, topo, seed, lk):
+    """Count ``IntegerCodec.encode_penalties`` calls (the returned list grows by one per
+    call), and draw an exchange input ``(U (A, lk), g (2E,))``."""
+    from ppdnmf_torch.exchange import IntegerCodec
+
+    calls = []
+    real = IntegerCodec.encode_penalties
+    monkeypatch.setattr(IntegerCodec, "encode_penalties", lambda self, g: calls.append(g) or real(self, g))
+    gen = torch.Generator().manual_seed(seed)
+    U = torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
+    g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    return calls, U, g

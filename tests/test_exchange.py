@@ -30,7 +30,7 @@ from ppdnmf_torch.exchange.costmodel import (
 )
 from ppdnmf_torch.graph import Graph, ring
 
-from conftest import FAKE_COSTS
+from conftest import FAKE_COSTS, penalty_encodings
 
 CPU = torch.device("cpu")
 #: fixed per-operation costs, so that no test here measures anything
@@ -357,12 +357,7 @@ def test_quantized_step5_reuses_step1_penalty_encoding(monkeypatch):
     topo = Topology.from_graphs([ring(5)])
     ex = QuantizedExchange(codec)
     ex.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
-    calls = []
-    real = IntegerCodec.encode_penalties
-    monkeypatch.setattr(IntegerCodec, "encode_penalties", lambda self, g: calls.append(g) or real(self, g))
-    gen = torch.Generator().manual_seed(0)
-    U = torch.rand((5, 6), generator=gen, dtype=torch.float64)
-    g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    calls, U, g = penalty_encodings(monkeypatch, topo, 0, 6)
     ex.penalty_sums(g)
     a = ex.exchange(U, g)
     assert len(calls) == 1

@@ -33,7 +33,7 @@ from ppdnmf_torch.exchange.packing import SlotDecodeError, derive_layout
 from ppdnmf_torch.exchange.paillier import PaillierExchange
 from ppdnmf_torch.exchange.pool import ObfuscatorSupply, WorkerPool, resolve_workers
 
-from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive
+from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive, penalty_encodings
 
 pytestmark = [
     pytest.mark.crypto,
@@ -499,12 +499,7 @@ def test_paillier_step5_reuses_step1_penalty_encoding(protocol, monkeypatch, pai
     topo = Topology.from_graphs([CYCLE4])
     ex = bound(PaillierExchange(codec, protocol=protocol, keypairs=paillier_keypairs(128, 4), workers=0), topo)
     ref = bound(QuantizedExchange(codec, protocol=protocol), topo)
-    calls = []
-    real = IntegerCodec.encode_penalties
-    monkeypatch.setattr(IntegerCodec, "encode_penalties", lambda self, g: calls.append(g) or real(self, g))
-    gen = torch.Generator().manual_seed(3)
-    U = torch.rand((4, 5), generator=gen, dtype=torch.float64)
-    g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+    calls, U, g = penalty_encodings(monkeypatch, topo, 3, 5)
     ex.penalty_sums(g)
     a = ex.exchange(U, g)
     assert len(calls) == 1
