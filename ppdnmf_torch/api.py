@@ -152,9 +152,8 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     def cb(info):
         if single:
             info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
-        # crypto costs of this BCD iteration, for loggers: cumulative, and one record per
-        # ADMM iteration since the last call
-        info.costs = exch.costs()
+        # crypto costs for loggers: info.costs (cumulative) comes from run_bcd; here the
+        # records of the ADMM iterations since the last call
         info.iteration_costs = exch.pop_iteration_costs()
         return callback(info)
 

@@ -225,7 +225,8 @@ class IterationInfo:
 
     ``metrics`` maps names to Tensors of shape ``(T,)`` (one value per trial);
     ``state`` is the live solver state (do not modify it; its tensors are reused buffers
-    that later iterations overwrite: copy what you keep).
+    that later iterations overwrite: copy what you keep); ``costs`` is the exchange's
+    :meth:`~ppdnmf_torch.exchange.Exchange.costs` after this iteration (cumulative).
     """
 
     iteration: int
@@ -1068,7 +1069,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 state.frozen = bflags if bool(bflags.any()) else None
             # the exchange's cumulative costs after this BCD iteration (crypto_<counter>), in
             # the history so that a checkpoint carries them into a resumed run
-            for k, v in exchange.costs().items():
+            costs = exchange.costs()
+            for k, v in costs.items():
                 v = _number(v)
                 if v is not None:
                     vals = history.setdefault(f"crypto_{k}", [])
@@ -1081,7 +1083,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 checkpointer.write(_snapshot(good, history, fingerprint))
             stop = False
             if callback is not None:
-                stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state, time.perf_counter() - t_start)))
+                stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state,
+                                                   time.perf_counter() - t_start, costs=costs)))
             if tol > 0 and bool(bflags.all()):
                 converged = True
                 break
