@@ -6,6 +6,7 @@ torch object goes through this module, so the rules live in one place.
 from __future__ import annotations
 
 import hashlib
+import numbers
 import warnings
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "resolve_dtype",
     "derive_seed",
     "sparse_csr",
+    "plain_number",
 ]
 
 
@@ -108,3 +110,17 @@ def sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: i
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(crow, col, values, size=(n, n), check_invariants=False)
+
+
+def plain_number(v):
+    """A counter's value as a Python ``int`` or ``float``: Python and numpy numbers and
+    one-element tensors; None for anything else (booleans, strings, dicts, arrays)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 and not v.dtype == torch.bool else None
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    return None

@@ -2,8 +2,8 @@
 
 A checkpoint holds everything the run needs to continue bit for bit: every state
 tensor, the penalty draws, every RNG state, the metric history so far and the exchange's
-cumulative cost counters (plain numbers), plus a fingerprint of the problem and the parameters so that a checkpoint is never resumed
-into a different run. It never holds key material: exchanges are rebuilt on resume
+cumulative cost counters (plain numbers), plus a fingerprint of the problem and the
+parameters so that a checkpoint is never resumed into a different run. It never holds key material: exchanges are rebuilt on resume
 (a resumed Paillier run makes new keys, and its numbers do not change, because the
 Paillier exchange is bit-identical to the emulated one).
 

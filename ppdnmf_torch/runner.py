@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
+from ._utils import ConfigError, DataError, GraphError, PPDNMFError, plain_number, resolve_device, resolve_dtype
 from .api import FitResult, fit, fit_centralized
 from .config import RunConfig, to_dict
 from .exchange import make_exchange
@@ -139,13 +139,11 @@ def _plain(v):
 
 
 def _numeric(costs: dict | None) -> dict:
+    """The numbers of a costs dict (``bytes_per_edge``, transcripts and the like left out)."""
     out = {}
     for k, v in (costs or {}).items():
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            v = v.item()
-        if isinstance(v, (int, float)):
+        v = plain_number(v)
+        if v is not None:
             out[str(k)] = v
     return out
 

@@ -24,7 +24,6 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows
 from __future__ import annotations
 
 import math
-import numbers
 import time
 import warnings
 from dataclasses import dataclass, field, fields
@@ -33,7 +32,7 @@ from functools import cached_property
 import torch
 
 from . import metrics
-from ._utils import ConfigError, DataError, PPDNMFError
+from ._utils import ConfigError, DataError, PPDNMFError, plain_number
 from .exchange.base import Exchange, Topology, accepts_keyword, ell_gather_sum
 from .penalties import PENALTY_MODES, PenaltySampler
 
@@ -859,18 +858,6 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     }
 
 
-def _number(v):
-    """A cost counter as a float: Python and numpy numbers, one-element tensors; else None."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, torch.Tensor):
-        return float(v) if v.numel() == 1 else None
-    try:
-        return float(v) if isinstance(v, numbers.Real) else None
-    except (TypeError, ValueError):
-        return None
-
-
 def _check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):
     """Raise :class:`NumericalError` naming the BCD/ADMM iteration and the agents hit."""
     n = problem.n_agents
@@ -1071,8 +1058,9 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             # the history so that a checkpoint carries them into a resumed run
             costs = exchange.costs()
             for k, v in costs.items():
-                v = _number(v)
+                v = plain_number(v)
                 if v is not None:
+                    v = float(v)  # the history holds floats (checkpoints store them so)
                     vals = history.setdefault(f"crypto_{k}", [])
                     # a counter the checkpoint's segment did not log (an older checkpoint, or
                     # another exchange kind): NaN for its iterations, so rows stay aligned
