@@ -103,6 +103,14 @@ MODES = ("eager", "fused")
 NO_MEASUREMENT = "no measurement (the longer runs were not the slower: the machine's noise exceeded the difference)"
 
 
+def _marginal(best_of, iters):
+    """``(best_of(2 iters) - best_of(iters)) / iters``: once-per-run work cancels. On a shared
+    machine a slow moment can make the shorter runs the slower ones: no measurement then
+    (NaN), rather than a made-up speed."""
+    diff = best_of(2 * iters) - best_of(iters)
+    return diff / iters if diff > 0 else float("nan")
+
+
 def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3, fuse=False):
     """Marginal seconds per ADMM iteration (one X- plus one Y-step iteration) in a running solver.
 
@@ -123,10 +131,7 @@ def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3, fu
             best = min([best] + [tx + ty for tx, ty in zip(h["time_x"][1:], h["time_y"][1:])])
         return best
 
-    diff = best_of(2 * iters) - best_of(iters)
-    # on a shared machine a slow moment can make the shorter runs the slower ones: no
-    # measurement then (NaN), rather than a made-up speed
-    return diff / iters if diff > 0 else float("nan")
+    return _marginal(best_of, iters)
 
 
 def time_reference(blocks, g, K, iters, repeats=3):
@@ -144,8 +149,7 @@ def time_reference(blocks, g, K, iters, repeats=3):
             best = min(best, time.perf_counter() - t0)
         return best
 
-    diff = best_of(2 * iters) - best_of(iters)
-    return diff / iters if diff > 0 else float("nan")
+    return _marginal(best_of, iters)
 
 
 def _batched_modes(blocks, g, K, iters, device, modes, **kw):
