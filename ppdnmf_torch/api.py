@@ -235,12 +235,14 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         A checkpoint file, or a folder whose newest checkpoint is used. The run must be
         the same (data, graph, seed, parameters); it continues bit for bit.
     fuse : bool
-        Run the ADMM iterations through ``torch.compile``: small problems run a whole
-        iteration (with the ``plain`` exchange's neighbour sum) as one compiled call,
-        large ones compile the elementwise chains into single passes over reused
-        buffers. Faster from about N = 100 synthetic-sized agents up (see the README's
-        Performance section), at the cost of a compilation per shape (seconds, once per
-        process; past torch's limit of 8 recompilations of one function, it runs
+        Compile the ADMM iterations with TorchInductor: small problems run a whole
+        iteration (with the ``plain`` exchange's neighbour sum, and for ranks below 8 the
+        products too) as one compiled graph called without ``torch.compile``'s per-call
+        guards, large ones compile the elementwise chains (``torch.compile``) into single
+        passes over reused buffers. Faster from about N = 100 synthetic-sized agents up
+        (see the README's Performance section), at the cost of a compilation per shape
+        (seconds, once per process; the 8 most recently used whole-iteration graphs are
+        kept, and past torch's limit of 8 recompilations of one chain it runs
         uncompiled); rounds slightly differently (fused multiply-adds). Needs a C++
         compiler on CPU.
 

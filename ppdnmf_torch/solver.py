@@ -16,7 +16,7 @@ and every iteration applies ``E diag(1 / (lam + mu + rho_i)) E^T``, a small batc
 product instead of a factorization. Without a stopping rule to track, the penalties of
 a whole X-step (and, for the ``plain`` exchange, their sums ``rho_i``) are drawn up front
 in a few batched operations. Large problems write their updates into reused buffers
-(:class:`Workspace`); ``fuse=True`` runs the iterations through ``torch.compile``.
+(:class:`Workspace`); ``fuse=True`` compiles the iterations with TorchInductor.
 
 Equation numbers refer to arXiv 2403.18326; the consensus term follows
 ``ALGORITHM.md`` ("derived" form by default).
@@ -27,7 +27,8 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, fields
-from functools import cached_property
+from collections import OrderedDict
+from functools import cached_property, partial
 
 import torch
 
@@ -89,7 +90,7 @@ class SolverParams:
     penalty : {"random", "fixed"}
     consensus_form : {"derived", "paper_literal"}
     fuse : bool
-        Run the ADMM iterations through ``torch.compile`` (see :func:`_fused`; a
+        Compile the ADMM iterations with TorchInductor (see :func:`_fused`; a
         compilation per new shape; rounding differs slightly).
     """
 
@@ -443,10 +444,10 @@ def _step_post(P, X_new, U_new, ws: Workspace, name: str):
     return torch.sub(P, X_new, out=ws.take(name, P, (P,))).add_(U_new)
 
 
-# -- fuse=True: the same iterations compiled by torch.compile ---------------------------
-# Small problems run a whole ADMM iteration as one compiled call (the call's fixed cost,
-# tens of microseconds, then buys the fusion of every elementwise chain around the
-# products). Large problems compile the elementwise chains alone, writing into the
+# -- fuse=True: the same iterations compiled by TorchInductor ---------------------------
+# Small problems run a whole ADMM iteration as one compiled graph (:class:`_Graph`: the
+# call's fixed cost, about 5 µs, then buys the fusion of every elementwise chain, and for
+# small ranks of the products too). Large problems compile the elementwise chains alone, writing into the
 # workspace's buffers: a compiled graph would allocate its intermediates afresh, and a
 # fresh large tensor costs more to page in than the arithmetic on it.
 def _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool):
@@ -457,15 +458,22 @@ def _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool):
     return X_new, D, ZYt + mu * D + c
 
 
-def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived: bool):
+def _small_matmul(A, B, small: bool):
+    """``A @ B`` of batched matrices; ``small`` (inner size below 8): a broadcast product
+    summed over the inner axis, which Inductor fuses into the elementwise loop around it
+    (a batched BLAS call costs 30-50 µs at synthetic sizes, most of it per call)."""
+    return (A.unsqueeze(-1) * B.unsqueeze(-3)).sum(-2) if small else A @ B
+
+
+def _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived: bool, small: bool = False):
     X_new, _, rhs = _fx_body(U, P, ZYt, Q, Q_prev, rho, mu, derived)
-    U_new = rhs @ ((E * d.unsqueeze(-2)) @ E.mT)
+    U_new = _small_matmul(rhs, _small_matmul(E * d.unsqueeze(-2), E.mT, small), small)
     return X_new, U_new, P - X_new + U_new, U_new.sum((-2, -1))
 
 
-def _fx_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, nbr, wv, mu, derived: bool):
+def _fx_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, nbr, wv, mu, derived: bool, small: bool = False):
     """:func:`_fx_whole` and steps 5-6 with the exchange's padded neighbour operator."""
-    X_new, U_new, P_new, usum = _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived)
+    X_new, U_new, P_new, usum = _fx_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu, derived, small)
     S = ell_gather_sum(U_new.reshape(nbr.shape[0], -1), nbr, wv)
     return X_new, U_new, P_new, usum, S.view_as(Q) + Q
 
@@ -540,9 +548,9 @@ def _fy_body(V, R, XtZ, eta):
     return Y_new, D, XtZ + eta * D
 
 
-def _fy_whole(V, R, XtZ, G_inv, eta):
+def _fy_whole(V, R, XtZ, G_inv, eta, small: bool = False):
     Y_new, _, B = _fy_body(V, R, XtZ, eta)
-    V_new = G_inv @ B
+    V_new = _small_matmul(G_inv, B, small)
     return Y_new, V_new, R - Y_new + V_new
 
 
@@ -598,6 +606,39 @@ def _carry_pass(kernels, primal, dual, D_c, args, last_out):
         fn(primal, dual if D_c is None else D_c, *args, last_out)
 
 
+class _Graph:
+    """``fn`` compiled by Inductor once per combination of static keywords and tensor
+    layouts (shapes, strides, dtypes, devices), and called directly.
+
+    ``torch.compile`` evaluates Dynamo's guards and wrappers on every call, about 15 µs
+    on the development VM; the graph called directly costs about 5 µs, and a whole
+    iteration of a small problem computes in 15-55 µs. The layout key stands in for the
+    guards: ``make_fx`` traces ``fn`` with the first arguments of each layout (Python
+    control flow runs at trace time, so ``fn`` must not branch on tensor values; it does
+    not mutate its inputs). The :data:`MAX_GRAPHS` most recently used graphs are kept.
+    """
+
+    MAX_GRAPHS = 8
+
+    def __init__(self, fn):
+        self.fn, self.graphs = fn, OrderedDict()
+
+    def __call__(self, *tensors, **static):
+        key = (tuple(static.items()), *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+        graph = self.graphs.get(key)
+        if graph is None:
+            from torch._inductor import compile as inductor_compile
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            traced = make_fx(partial(self.fn, **static))(*tensors)
+            graph = self.graphs[key] = inductor_compile(traced, list(tensors))
+            if len(self.graphs) > self.MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+        return graph(*tensors)
+
+
 class _Fused:
     """The compiled iterations (compiled lazily, on first call, once per shape)."""
 
@@ -605,9 +646,10 @@ class _Fused:
         def c(f):
             return torch.compile(f, dynamic=False)
 
-        self.x_whole, self.x_pre, self.x_post = c(_fx_whole), c(_fx_pre_into), c(_fx_post_into)
-        self.x_whole_nbr, self.q_into = c(_fx_whole_nbr), c(_fq_into)
-        self.y_whole, self.y_pre, self.y_post = c(_fy_whole), c(_fy_pre_into), c(_fy_post_into)
+        # small problems: a whole iteration per call, where the per-call cost counts
+        self.x_whole, self.x_whole_nbr, self.y_whole = _Graph(_fx_whole), _Graph(_fx_whole_nbr), _Graph(_fy_whole)
+        self.x_pre, self.x_post, self.q_into = c(_fx_pre_into), c(_fx_post_into), c(_fq_into)
+        self.y_pre, self.y_post = c(_fy_pre_into), c(_fy_post_into)
         # the (first, first and last, later, later and last) passes of the carried-difference loops
         self.x_carry = tuple(c(f) for f in (_fx_carry_first_into, _fx_carry_first_x_into, _fx_carry_into,
                                             _fx_carry_x_into))
@@ -623,8 +665,9 @@ def _fused(fuse: bool):
     """None (eager torch ops), or the compiled iterations of ``fuse=True``: single-pass
     loops over the elementwise chains, which cut the memory traffic (large problems) and
     the number of calls (small ones) of an iteration; a compilation (seconds) per new
-    shape (beyond torch's limit on recompilations of one function, 8 by default, torch
-    runs it uncompiled), and slightly different rounding (fused multiply-adds)."""
+    shape (:class:`_Graph` keeps the 8 most recently used whole-iteration graphs; beyond
+    torch's limit on recompilations of one chain, 8 by default, torch runs it
+    uncompiled), and slightly different rounding (fused multiply-adds)."""
     global _FUSED
     if not fuse:
         return None
@@ -707,6 +750,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     pass_out = accepts_keyword(exchange.exchange, "out")
     # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
     mu_c = torch.tensor(mu, dtype=dtype, device=Z.device) if fused is not None else mu
+    small_k = K ** 3 < SMALL_BMM
     if not stop.track:
         G = sampler.steps(g, params.x_iters)
         rho_block = exchange.penalty_block(G, bcd_iter=bcd_iter)
@@ -714,7 +758,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         if rho_block is not None:
             rho_block = rho_block.to(dtype).view(params.x_iters, T, N, 1, 1)
             D_block = _spectral_factors(lam, rho_block, mu)  # (x_iters, T, N, K)
-            small = K ** 3 < SMALL_BMM and D_block.numel() * K * D_block.element_size() <= MINV_BLOCK_BYTES
+            small = small_k and D_block.numel() * K * D_block.element_size() <= MINV_BLOCK_BYTES
             if fused is None and small:
                 # small K: one batched product for the X-step's E diag(d) E^T instead of a call
                 # per iteration (same bits: torch's small-matrix kernel multiplies each matrix
@@ -746,10 +790,11 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             usum = None
         elif not large:
             if op is None:
-                X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu_c, derived)
+                X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu_c, derived=derived,
+                                                           small=small_k)
             else:
                 X_new, U_new, P_new, s_new, Q_new = fused.x_whole_nbr(U, P, ZYt, Q, Q_prev, rho, d, E, *op, mu_c,
-                                                                      derived)
+                                                                      derived=derived, small=small_k)
             usum.copy_(s_new)
         elif carry:
             rhs, D_new = ws.take("rhs", U), ws.take("D_c", U, () if D_c is None else (D_c,))
@@ -828,7 +873,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
         if fused is None:
             Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
         elif not large:
-            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c)
+            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c, small=K ** 3 < SMALL_BMM)
         elif carry:
             B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
             args = (XtZ, eta_c, D_new, B)

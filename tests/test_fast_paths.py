@@ -19,7 +19,7 @@ from ppdnmf_torch.exchange import make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.plain import PlainExchange
 from ppdnmf_torch.penalties import PenaltySampler
-from ppdnmf_torch.solver import Workspace, _eigh_psd, bmm
+from ppdnmf_torch.solver import Workspace, _eigh_psd, _Graph, _small_matmul, bmm
 
 from conftest import small_problem
 
@@ -201,6 +201,54 @@ def test_fused_solver_agrees_with_eager(monkeypatch, large, kw):
     assert rel(fused.X, eager.X) < 1e-10 and rel(fused.U, eager.U) < 1e-10
     assert max(rel(a, b) for a, b in zip(fused.Y, eager.Y)) < 1e-10
     assert fused.history["nmse"] == pytest.approx(eager.history["nmse"], rel=1e-10)
+
+
+def test_fused_whole_iterations_with_rank_8_take_the_blas_product_and_agree_with_eager():
+    """Ranks of 8 and up keep the batched product (``small=False``) in the whole-iteration
+    graphs; still the same algorithm, to rounding."""
+    blocks = small_problem(L=12, K=8, counts=(9, 10, 11, 9))
+    g = graph.ring(4)
+    args = dict(bcd_iters=2, x_iters=6, y_iters=6, device="cpu", seed=1, g_max=0.04)
+    eager = pp.fit(blocks, g, 8, **args)
+    fused = pp.fit(blocks, g, 8, fuse=True, **args)
+    rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
+    assert rel(fused.X, eager.X) < 1e-10 and rel(fused.U, eager.U) < 1e-10
+
+
+@pytest.mark.parametrize("shapes", [((4, 6, 3), (4, 3, 5)), ((2, 3, 7, 7), (2, 3, 7, 7)), ((5, 1, 2), (5, 2, 9))])
+def test_small_matmul_is_the_matrix_product(shapes):
+    gen = torch.Generator().manual_seed(0)
+    A, B = (torch.rand(s, generator=gen, dtype=torch.float64) for s in shapes)
+    assert torch.allclose(_small_matmul(A, B, True), A @ B, rtol=1e-14, atol=0)
+    assert torch.equal(_small_matmul(A, B, False), A @ B)
+
+
+def _affine(a, b, *, scale):
+    return a * scale + b, (a * b).sum()
+
+
+def test_graph_compiles_once_per_layout_and_static_keyword(monkeypatch):
+    """``_Graph`` stands in for Dynamo's guards with its layout key: a new shape, stride or
+    static keyword gets a graph of its own (and the right answer), a repeated one reuses
+    its graph, and only the most recently used graphs are kept."""
+    monkeypatch.setattr(_Graph, "MAX_GRAPHS", 2)
+    f = _Graph(_affine)
+    a, b = torch.arange(6.0, dtype=torch.float64).view(2, 3), torch.ones(2, 3, dtype=torch.float64)
+
+    def check(a, b, scale):
+        got = f(a, b, scale=scale)
+        want = _affine(a, b, scale=scale)
+        assert all(torch.allclose(x, y, rtol=1e-15, atol=0) for x, y in zip(got, want))  # FMAs may round
+
+    check(a, b, 2.0)
+    check(a + 1, b, 2.0)  # the same layout: the same graph
+    assert len(f.graphs) == 1
+    check(a, b, 3.0)  # a static keyword is part of the key
+    assert len(f.graphs) == 2
+    check(a, b, 2.0)  # used again: now the most recent
+    check(a.view(3, 2).mT, b, 2.0)  # the same shape, transposed strides: a graph of its own
+    assert len(f.graphs) == 2  # the least recently used graph (scale=3) was dropped
+    assert [(k[0], k[1][1]) for k in f.graphs] == [((("scale", 2.0),), (3, 1)), ((("scale", 2.0),), (1, 2))]
 
 
 def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
