@@ -152,7 +152,7 @@ class SolverConfig:
     admm_tol: float | None = _spec(None, ge=0)
     penalty: str = _spec("random", choices=PENALTY_MODES)
     consensus_form: str = _spec("derived", choices=CONSENSUS_FORMS)
-    # run the ADMM iterations through torch.compile (faster from ~100 agents up; see fit)
+    # compile the ADMM iterations with TorchInductor (faster for long runs; see fit)
     fuse: bool = False
 
 
