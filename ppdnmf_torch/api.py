@@ -241,10 +241,10 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         guards, large ones compile the elementwise chains (``torch.compile``) into single
         passes over reused buffers. Faster from about N = 100 synthetic-sized agents up
         (see the README's Performance section), at the cost of a compilation per shape
-        (seconds, once per process; the 8 most recently used whole-iteration graphs are
-        kept, and past torch's limit of 8 recompilations of one chain it runs
-        uncompiled); rounds slightly differently (fused multiply-adds). Needs a C++
-        compiler on CPU.
+        (seconds, once per process while the shape stays among the 8 most recently used
+        of each whole-iteration graph; past torch's limit of 8 recompilations of one
+        chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
+        Needs a C++ compiler on CPU.
 
     Returns
     -------

@@ -608,14 +608,19 @@ def _carry_pass(kernels, primal, dual, D_c, args, last_out):
 
 class _Graph:
     """``fn`` compiled by Inductor once per combination of static keywords and tensor
-    layouts (shapes, strides, dtypes, devices), and called directly.
+    layouts, and called directly.
 
     ``torch.compile`` evaluates Dynamo's guards and wrappers on every call: a compiled
     one-addition graph took 19 µs a call through it on the development VM and 5 µs called
-    directly, where a whole iteration of a small problem computes in 15-55 µs. The layout key stands in for the
-    guards: ``make_fx`` traces ``fn`` with the first arguments of each layout (Python
-    control flow runs at trace time, so ``fn`` must not branch on tensor values; it does
-    not mutate its inputs). The :data:`MAX_GRAPHS` most recently used graphs are kept.
+    directly, where a whole iteration of a small problem computes in 15-55 µs. The key
+    stands in for the guards the solver's calls need: each tensor's shape, strides,
+    dtype, device and ``requires_grad``, which arguments are the same tensor (a trace
+    reads a repeated argument once), and the static keywords with their types (bool, int
+    or str only: ``True == 1`` must not share a graph). ``make_fx`` traces ``fn`` with the
+    first arguments of each key (Python control flow runs at trace time, so ``fn`` must
+    not branch on tensor values); ``fn`` must not mutate its inputs, and the graphs are
+    for inference (no autograd). Each ``_Graph`` keeps its :data:`MAX_GRAPHS` most
+    recently used graphs; one dropped is compiled again when next needed.
     """
 
     MAX_GRAPHS = 8
@@ -624,9 +629,15 @@ class _Graph:
         self.fn, self.graphs = fn, OrderedDict()
 
     def __call__(self, *tensors, **static):
-        key = (tuple(static.items()), *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+        ids = [id(t) for t in tensors]
+        same = () if len(set(ids)) == len(ids) else tuple(ids.index(i) for i in ids)
+        key = (tuple((k, type(v), v) for k, v in static.items()), same,
+               *[(t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in tensors])
         graph = self.graphs.get(key)
         if graph is None:
+            bad = [k for k, v in static.items() if type(v) not in (bool, int, str)]
+            if bad:
+                raise TypeError(f"_Graph: static keywords must be bool, int or str, got {bad}")
             from torch._inductor import compile as inductor_compile
             from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -665,9 +676,10 @@ def _fused(fuse: bool):
     """None (eager torch ops), or the compiled iterations of ``fuse=True``: single-pass
     loops over the elementwise chains, which cut the memory traffic (large problems) and
     the number of calls (small ones) of an iteration; a compilation (seconds) per new
-    shape (:class:`_Graph` keeps the 8 most recently used whole-iteration graphs; beyond
-    torch's limit on recompilations of one chain, 8 by default, torch runs it
-    uncompiled), and slightly different rounding (fused multiply-adds)."""
+    shape (each whole-iteration :class:`_Graph` keeps its 8 most recently used graphs and
+    compiles a dropped one again; beyond torch's limit on recompilations of one chain, 8
+    by default, torch runs it uncompiled), and slightly different rounding (fused
+    multiply-adds)."""
     global _FUSED
     if not fuse:
         return None

@@ -240,15 +240,32 @@ def test_graph_compiles_once_per_layout_and_static_keyword(monkeypatch):
         want = _affine(a, b, scale=scale)
         assert all(torch.allclose(x, y, rtol=1e-15, atol=0) for x, y in zip(got, want))  # FMAs may round
 
-    check(a, b, 2.0)
-    check(a + 1, b, 2.0)  # the same layout: the same graph
+    check(a, b, 2)
+    check(a + 1, b, 2)  # the same layout: the same graph
     assert len(f.graphs) == 1
-    check(a, b, 3.0)  # a static keyword is part of the key
+    check(a, b, 3)  # a static keyword is part of the key
     assert len(f.graphs) == 2
-    check(a, b, 2.0)  # used again: now the most recent
-    check(a.view(3, 2).mT, b, 2.0)  # the same shape, transposed strides: a graph of its own
+    check(a, b, 2)  # used again: now the most recent
+    check(a.view(3, 2).mT, b, 2)  # the same shape, transposed strides: a graph of its own
     assert len(f.graphs) == 2  # the least recently used graph (scale=3) was dropped
-    assert [(k[0], k[1][1]) for k in f.graphs] == [((("scale", 2.0),), (3, 1)), ((("scale", 2.0),), (1, 2))]
+    assert [k[2][1] for k in f.graphs] == [(3, 1), (1, 2)]
+
+
+def test_graph_key_tells_repeated_arguments_and_static_types_apart():
+    """What Dynamo's guards would catch: a trace with one tensor passed twice reads it once,
+    so ``(a, a)`` and ``(a, b)`` need graphs of their own; ``True == 1`` must not share a
+    graph; a float static keyword is refused (``2 == 2.0``, ``0.0 == -0.0``, NaN)."""
+    f = _Graph(_affine)
+    a, b = torch.arange(6.0, dtype=torch.float64), torch.full((6,), 0.5, dtype=torch.float64)
+    for x, y in [(a, a), (a, b), (b, b)]:
+        got = f(x, y, scale=2)
+        want = _affine(x, y, scale=2)
+        assert all(torch.allclose(g, w, rtol=1e-15, atol=0) for g, w in zip(got, want))
+    assert len(f.graphs) == 2  # (a, a) and (b, b) share the repeated-argument graph
+    f(a, b, scale=True)
+    assert len(f.graphs) == 3
+    with pytest.raises(TypeError, match="bool, int or str"):
+        f(a, b, scale=2.0)
 
 
 def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
