@@ -11,7 +11,8 @@ Everything runs in one process, side by side, and is reported as ratios:
    *marginal* costs, measured the same way: the difference between runs of two lengths
    divided by the extra iterations, so that once-per-BCD work (setup, the metrics, the
    loop's first-touch page faults) cancels on both sides (:func:`time_batched`,
-   :func:`time_reference`; best of 3 runs of each length, 2 for the loop at CBCL N=1000).
+   :func:`time_reference`; best of 3 alternating runs of each length, 2 for the loop at CBCL
+   N=1000).
    The loop is the plain reference: it recomputes ``Z Y^T`` and ``Y Y^T`` and solves a
    linear system in every iteration, where the batched solver hoists them out of the
    ADMM loop, so the ratio measures the algorithmic hoisting as well as the batching.
@@ -103,11 +104,17 @@ MODES = ("eager", "fused")
 NO_MEASUREMENT = "no measurement (the longer runs were not the slower: the machine's noise exceeded the difference)"
 
 
-def _marginal(best_of, iters):
-    """``(best_of(2 iters) - best_of(iters)) / iters``: once-per-run work cancels. On a shared
-    machine a slow moment can make the shorter runs the slower ones: no measurement then
-    (NaN), rather than a made-up speed."""
-    diff = best_of(2 * iters) - best_of(iters)
+def _marginal(run, iters, repeats):
+    """``(best(2 iters) - best(iters)) / iters``: once-per-run work cancels. ``run(n)`` times
+    one run of length ``n``; the two lengths alternate, ``repeats`` runs each, so that a
+    slow phase of a shared machine falls on both rather than on one length's runs. When
+    a slow moment still makes the shorter runs the slower ones: no measurement (NaN),
+    rather than a made-up speed."""
+    long = short = float("inf")
+    for _ in range(repeats):
+        long = min(long, run(2 * iters))
+        short = min(short, run(iters))
+    diff = long - short
     return diff / iters if diff > 0 else float("nan")
 
 
@@ -119,37 +126,31 @@ def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3, fu
     and compiles with ``fuse``); of the others, the solver's own timers
     (``history["time_x"] + history["time_y"]``) give the fastest. The difference between
     the two run lengths (the once-per-BCD work cancels) divided by ``iters`` is the
-    marginal cost; best of ``repeats`` runs of each length (NaN when the longer runs
-    were not the slower: the machine's noise exceeded the difference).
+    marginal cost; best of ``repeats`` alternating runs of each length (NaN when the
+    longer runs were not the slower: the machine's noise exceeded the difference).
     """
     kw = dict(bcd_iters=3, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=fuse)
 
-    def best_of(n):
-        best = float("inf")
-        for _ in range(repeats):
-            h = pp.fit(blocks, g, K, x_iters=n, y_iters=n, **kw).history
-            best = min([best] + [tx + ty for tx, ty in zip(h["time_x"][1:], h["time_y"][1:])])
-        return best
+    def run(n):
+        h = pp.fit(blocks, g, K, x_iters=n, y_iters=n, **kw).history
+        return min(tx + ty for tx, ty in zip(h["time_x"][1:], h["time_y"][1:]))
 
-    return _marginal(best_of, iters)
+    return _marginal(run, iters, repeats)
 
 
 def time_reference(blocks, g, K, iters, repeats=3):
     """Marginal seconds per ADMM iteration of the per-agent loop, as :func:`time_batched`
     measures the batched solver: one BCD iteration of ``iters`` and of ``2 * iters`` ADMM
-    iterations per step, best of ``repeats`` runs each; the difference divided by ``iters``
-    (NaN when the longer runs were not the slower)."""
+    iterations per step, best of ``repeats`` alternating runs each; the difference divided
+    by ``iters`` (NaN when the longer runs were not the slower)."""
     edges = list(g.edges)
 
-    def best_of(n):
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            reference_fit(blocks, edges, K, bcd_iters=1, x_iters=n, y_iters=n, mu=1.0, eta=1.0, g_max=0.05)
-            best = min(best, time.perf_counter() - t0)
-        return best
+    def run(n):
+        t0 = time.perf_counter()
+        reference_fit(blocks, edges, K, bcd_iters=1, x_iters=n, y_iters=n, mu=1.0, eta=1.0, g_max=0.05)
+        return time.perf_counter() - t0
 
-    return _marginal(best_of, iters)
+    return _marginal(run, iters, repeats)
 
 
 def _batched_modes(blocks, g, K, iters, device, modes, **kw):

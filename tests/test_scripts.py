@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh: valid shell, fits one device call, calls the benchmarks with flags they take."""
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -43,3 +44,28 @@ def test_gpu_check_passes_flags_the_benchmarks_take(script):
     assert used, "no flags found: the pattern no longer matches the script"
     assert used <= accepted, f"{script} does not take {sorted(used - accepted)}"
     assert "--json" in accepted
+
+
+def _bench_solver():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_solver", ROOT / "scripts" / "bench_solver.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_marginal_cost_alternates_lengths_and_cancels_fixed_work():
+    """The benchmark's two-length difference: fixed per-run work cancels, the best of each
+    length counts, the lengths alternate, and noise that makes the short runs the slower
+    gives NaN, not a speed."""
+    bench = _bench_solver()
+    calls, slow = [], iter([0.5, 0.0, 0.0, 0.0, 0.0, 0.0])  # a slow moment on the first run
+
+    def run(n):
+        calls.append(n)
+        return 2.0 + 0.01 * n + next(slow)  # 2 s of setup, 10 ms per iteration
+
+    assert bench._marginal(run, 50, 3) == pytest.approx(0.01)
+    assert calls == [100, 50] * 3
+    assert math.isnan(bench._marginal(lambda n: 1.0 - 0.001 * n, 50, 2))  # longer runs were faster
