@@ -158,9 +158,18 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         return callback(info)
 
     try:
-        state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None, state=state,
-                                       sampler=sampler, history=history, checkpointer=checkpointer,
-                                       fingerprint=fp)
+        try:
+            state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None, state=state,
+                                           sampler=sampler, history=history, checkpointer=checkpointer,
+                                           fingerprint=fp)
+        except Exception as exc:
+            if params.fuse and _no_compiler(exc):
+                raise ConfigError(
+                    "fuse=True: TorchInductor found no working C++ compiler to compile the solver's iterations "
+                    f"({_first_line(exc)}); install one (g++ or clang++, or point the CXX environment variable "
+                    "at it) or run with fuse=False"
+                ) from exc
+            raise
         costs = exch.costs()
         per_edge = exch.bytes_per_edge()
         if per_edge:
@@ -170,6 +179,22 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
     finally:
         exch.close()
     return state, history, info, costs
+
+
+def _no_compiler(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is TorchInductor's missing C++ compiler."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "InvalidCxxCompiler" or "InvalidCxxCompiler" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
@@ -244,7 +269,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         (seconds, once per process while the shape stays among the 8 most recently used
         of each whole-iteration graph; past torch's limit of 8 recompilations of one
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
-        Needs a C++ compiler on CPU.
+        Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so).
 
     Returns
     -------

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch import graph
+from ppdnmf_torch import graph, solver
 from ppdnmf_torch.exchange import make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.plain import PlainExchange
@@ -266,6 +266,33 @@ def test_graph_key_tells_repeated_arguments_and_static_types_apart():
     assert len(f.graphs) == 3
     with pytest.raises(TypeError, match="bool, int or str"):
         f(a, b, scale=2.0)
+
+
+def test_fuse_without_a_cpp_compiler_is_a_clear_error(monkeypatch):
+    """No working C++ compiler: one error that names fuse=True and the way out, not
+    Inductor's traceback; other compile failures pass through unchanged."""
+    import torch._inductor
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    from ppdnmf_torch import ConfigError
+
+    def no_compiler(gm, example_inputs, options=None):
+        raise InvalidCxxCompiler()
+
+    monkeypatch.setattr(torch._inductor, "compile", no_compiler)
+    monkeypatch.setattr(solver, "_FUSED", None)  # fresh graph caches: every shape compiles anew
+    blocks = small_problem(counts=(3, 5, 4, 6, 2))
+    args = dict(bcd_iters=1, x_iters=2, y_iters=2, device="cpu", fuse=True)
+    with pytest.raises(ConfigError, match=r"fuse=True: .*no working C\+\+ compiler.*fuse=False"):
+        pp.fit(blocks, graph.ring(5), 2, **args)
+
+    def broken(gm, example_inputs, options=None):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(torch._inductor, "compile", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        pp.fit(blocks, graph.ring(5), 2, **args)
+    assert pp.fit(blocks, graph.ring(5), 2, **dict(args, fuse=False)).n_iter == 1
 
 
 def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
