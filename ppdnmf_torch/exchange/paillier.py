@@ -106,7 +106,7 @@ from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calib
 from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
 from .packing import SlotDecodeError, SlotLayout, check_protocol_range, decrypted_range_error, derive_layout
 from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
-from .quantized import encode_inputs, encode_penalties, integer_penalty_sums
+from .quantized import Step1Penalties, encode_inputs, integer_penalty_sums
 
 __all__ = [
     "PaillierExchange",
@@ -486,7 +486,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger = CostLedger(0, timers=True)
         self._raw = RawPaillier(self._ledger)
         self._rho_cache = None
-        self._step1 = None  # (g, gamma, w) of the last penalty_sums
+        self._step1 = Step1Penalties()
         self._closed = False
         #: every message on the wire (ciphertexts and public keys only) when recording
         self.transcript: list | None = [] if record_transcript else None
@@ -506,7 +506,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger = CostLedger(topo.n_agents, timers=True)
         self._raw = RawPaillier(self._ledger)
         self._rho_cache = None
-        self._step1 = None  # (g, gamma, w) of the last penalty_sums
+        self._step1.clear()
         kb = self.codec.key_bits
         agents = []
         pending, self._pending_keys = self._pending_keys, None
@@ -594,7 +594,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._agents = ()
         self._pending_keys = None
         self._rho_cache = None
-        self._step1 = None  # (g, gamma, w) of the last penalty_sums
+        self._step1.clear()
         self._closed = True
 
     @property
@@ -635,8 +635,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger.begin(bcd_iter, admm_iter)
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
-        gamma, w = encode_penalties(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)  # checked
-        self._step1 = (g, gamma, w)  # step 5 of the same iteration gets the same g: reused there
+        gamma, w = self._step1.encode(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)  # checked
         if self.protocol == "paper":
             # the simulation hands rho_i to agent i (see the module docstring)
             return self.codec.decode_rho(integer_penalty_sums(w, topo.src, topo.n_nodes))
@@ -675,9 +674,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._ledger_iter = (bcd_iter, admm_iter)
         topo = self.topology
         A = topo.n_nodes
-        step1, self._step1 = self._step1, None
-        pen = step1[1:] if step1 is not None and step1[0] is g else None
-        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, penalties=pen)
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                                    penalties=self._step1.take(g))
         P = int(q.shape[1])
         # before anything is encrypted (the naive path too: it would find out at decryption)
         check_protocol_range(self.codec, self.layout if self.fast else None, topo, self.protocol, q, gamma, w,

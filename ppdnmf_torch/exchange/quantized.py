@@ -24,7 +24,8 @@ from .costmodel import (
 )
 from .packing import check_protocol_range, derive_layout
 
-__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "encode_penalties", "integer_penalty_sums"]
+__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "encode_penalties",
+           "integer_penalty_sums", "Step1Penalties"]
 
 _PROTOCOLS = ("aggregated", "paper")
 
@@ -80,6 +81,32 @@ def encode_penalties(codec: IntegerCodec, topology, g, *, bcd_iter=0, admm_iter=
     codec.check_penalty_sums(gamma, w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
                              bcd_iter=bcd_iter, admm_iter=admm_iter)
     return gamma, w
+
+
+class Step1Penalties:
+    """Step 1's integer penalties ``(gamma, w)``, handed to step 5 of the same ADMM iteration.
+
+    The solver gives step 5 the very tensor ``g`` it gave step 1, so step 5 need not encode
+    and range-check the penalties again: :meth:`encode` encodes (:func:`encode_penalties`)
+    and keeps them, :meth:`take` hands them over once, for that same tensor only (None for
+    another ``g`` or a direct call of step 5, which then encodes its own).
+    """
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._g = self._penalties = None
+
+    def encode(self, codec: IntegerCodec, topology, g, *, bcd_iter=0, admm_iter=0):
+        gamma, w = encode_penalties(codec, topology, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        self._g, self._penalties = g, (gamma, w)
+        return gamma, w
+
+    def take(self, g):
+        penalties = self._penalties if self._g is g else None
+        self.clear()
+        return penalties
 
 
 def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0, penalties=None):
@@ -147,12 +174,12 @@ class QuantizedExchange(Exchange):
         self.cost_model = cost_model is not False
         self._op_costs = cost_model if isinstance(cost_model, PaillierOpCosts) else None
         self._ledger = None
-        self._step1 = None  # (g, gamma, w) of the last penalty_sums
+        self._step1 = Step1Penalties()
 
     # -- lifecycle ---------------------------------------------------------------------
     def bind(self, topology, *, dtype, device, fuse=False):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)
-        self._step1 = None
+        self._step1.clear()
         if self.cost_model:
             topo = self.topology
             self._src = topo.src.cpu().tolist()
@@ -165,8 +192,7 @@ class QuantizedExchange(Exchange):
     # -- the exchange ------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
         topo = self.topology
-        gamma, w = encode_penalties(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-        self._step1 = (g, gamma, w)  # step 5 of the same iteration gets the same g: reused there
+        gamma, w = self._step1.encode(self.codec, topo, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
@@ -182,9 +208,8 @@ class QuantizedExchange(Exchange):
 
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
-        step1, self._step1 = self._step1, None
-        pen = step1[1:] if step1 is not None and step1[0] is g else None
-        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, penalties=pen)
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                                    penalties=self._step1.take(g))
         check_protocol_range(self.codec, self._layout, topo, self.protocol, q, gamma, w, bcd_iter=bcd_iter,
                              admm_iter=admm_iter)
         S_int, rho_int = integer_neighbour_sums(q, w, topo)
