@@ -880,12 +880,13 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     Mw = problem.width if fused is None else 0
     carry, D_c = fused is not None and large and not stop.track, None  # as in the X-step: D_c = Y - R_prev
     eta_c = torch.tensor(eta, dtype=X.dtype, device=X.device) if fused is not None else eta
+    small_k = K ** 3 < SMALL_BMM
     for k in range(params.y_iters):
         # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
         if fused is None:
             Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
         elif not large:
-            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c, small=K ** 3 < SMALL_BMM)
+            Y_new, V_new, R_new = fused.y_whole(V, R, XtZ, G_inv, eta_c, small=small_k)
         elif carry:
             B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
             args = (XtZ, eta_c, D_new, B)
