@@ -244,6 +244,10 @@ MINV_BLOCK_BYTES = 1 << 23
 #: torch multiplies batched ``(K, K)`` matrices with ``K ** 3`` below this with its own
 #: per-matrix kernel (bits independent of the batch); larger ones go to BLAS.
 SMALL_BMM = 400
+#: fuse=True, large problems, plain exchange: an iteration's neighbour sum (steps 5-6) runs
+#: in the next iteration's elementwise pass, which reads U anyway (:func:`_fx_carry_nbr_into`);
+#: False keeps it a pass of its own (the same bits, tested)
+DEFER_NEIGHBOUR_SUM = True
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.
 #: ``Problem`` pads ``M_max`` to a multiple of it.
@@ -535,6 +539,31 @@ def _fx_carry_x_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rh
     X_out.copy_(X_new)
 
 
+def _fx_carry_nbr_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out):
+    """:func:`_fx_carry_into` with the previous iteration's steps 5-6 in the same pass:
+    ``Q_new = Q + S`` from the exchange's padded neighbour operator (``nbr``, ``wv``: the
+    previous iteration's), written to ``Q_out``; eqs. 8-9 then read ``Q_new`` and, as
+    ``Q_prev``, ``Q``. The pass reads U once for both, and ``Q_prev`` not at all."""
+    Q_new = ell_gather_sum(U.reshape(nbr.shape[0], -1), nbr, wv).view_as(Q) + Q
+    _, D, rhs = _fx_body(U, U - D_old, ZYt, Q_new, Q, rho, mu, derived)
+    D_out.copy_(D)
+    rhs_out.copy_(rhs)
+    usum_out.copy_(U.sum((-2, -1)))
+    Q_out.copy_(Q_new)
+
+
+def _fx_carry_nbr_x_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out,
+                         X_out):
+    """:func:`_fx_carry_nbr_into` that also writes ``X`` (the last iteration)."""
+    Q_new = ell_gather_sum(U.reshape(nbr.shape[0], -1), nbr, wv).view_as(Q) + Q
+    X_new, D, rhs = _fx_body(U, U - D_old, ZYt, Q_new, Q, rho, mu, derived)
+    D_out.copy_(D)
+    rhs_out.copy_(rhs)
+    usum_out.copy_(U.sum((-2, -1)))
+    Q_out.copy_(Q_new)
+    X_out.copy_(X_new)
+
+
 def _fx_carry_last_into(U, D, P_out, usum_out):
     """The last iteration's eq. 10 and U sums."""
     P_out.copy_(U - D)
@@ -666,6 +695,17 @@ class _Fused:
                                             _fx_carry_x_into))
         self.y_carry = tuple(c(f) for f in (_fy_carry_first_into, _fy_carry_first_y_into, _fy_carry_into,
                                             _fy_carry_y_into))
+        # (later, later and last). Inductor stores a node that reads more than
+        # realize_cpu_acc_reads_threshold inputs (12 by default: a neighbour operator of 6
+        # slots or more) in a fresh buffer of its own and copies it, which made the pass 4-5x
+        # slower than the two passes it replaces (development VM, N = 2000, CBCL sizes); a
+        # torch without the setting keeps the two passes (None)
+        from torch._inductor import config as inductor_config
+
+        nbr_opts = {k: 64 for k in ("realize_cpu_acc_reads_threshold", "realize_acc_reads_threshold")
+                    if hasattr(inductor_config, k)}
+        self.x_carry_nbr = tuple(torch.compile(f, dynamic=False, options=nbr_opts)
+                                 for f in (_fx_carry_nbr_into, _fx_carry_nbr_x_into)) if nbr_opts else None
         self.x_carry_last, self.y_carry_last = c(_fx_carry_last_into), c(_fy_carry_last_into)
 
 
@@ -759,6 +799,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # fuse=True at large sizes, no stopping rule: the loop carries D_c = X - P_prev (see
     # _fx_carry_into); X and P are written by the last iteration
     carry, D_c = fused is not None and large and not stop.track, None
+    # the carried loop with a padded neighbour operator: the operator of an iteration whose
+    # steps 5-6 wait for the next iteration's pass (_fx_carry_nbr_into)
+    deferred = None
     pass_out = accepts_keyword(exchange.exchange, "out")
     # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
     mu_c = torch.tensor(mu, dtype=dtype, device=Z.device) if fused is not None else mu
@@ -810,11 +853,20 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             usum.copy_(s_new)
         elif carry:
             rhs, D_new = ws.take("rhs", U), ws.take("D_c", U, () if D_c is None else (D_c,))
-            args = (ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs) + (() if D_c is None else (u_sums[m - 1],))
-            X_new = ws.take("X", U, (X,)) if m == params.x_iters - 1 else None  # the last iteration writes X
-            _carry_pass(fused.x_carry, U, P, D_c, args, X_new)
+            last = m == params.x_iters - 1
+            X_new = ws.take("X", U, (X,)) if last else None  # the last iteration writes X
+            if deferred is not None:  # the previous iteration's steps 5-6 join this pass
+                Q_out = ws.take("S", U, (Q, Q_prev))
+                args = (ZYt, Q, rho, *deferred, mu_c, derived, D_new, rhs, u_sums[m - 1], Q_out)
+                fused.x_carry_nbr[last](U, D_c, *args, *(() if X_new is None else (X_new,)))
+                Q_prev, Q, deferred = Q, Q_out, None
+            else:
+                args = (ZYt, Q, Q_prev, rho, mu_c, derived, D_new, rhs) + (() if D_c is None else (u_sums[m - 1],))
+                _carry_pass(fused.x_carry, U, P, D_c, args, X_new)
             D_c, X_new, P_new = D_new, X if X_new is None else X_new, P  # P: after the loop
             U_new = _u_update(rhs, E, Et, d, ws, U)
+            if op is not None and not last and DEFER_NEIGHBOUR_SUM and fused.x_carry_nbr is not None:
+                deferred = op  # steps 5-6 in the next iteration's pass, which reads U anyway
         else:
             X_new, rhs = ws.take("X", U, (X,)), ws.take("rhs", U)
             fused.x_pre(U, P, ZYt, Q, Q_prev, rho, mu_c, derived, X_new, rhs)
@@ -822,13 +874,15 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             P_new = ws.take("P", P, (P,))
             fused.x_post(P, X_new, U_new, P_new, usum)
         if fused is not None and large:
-            if op is not None:
+            if op is not None and deferred is None:
                 Q_new = ws.take("S", U, (Q, Q_prev))
                 fused.q_into(U_new.view(A, L * K), *op, Q.view(A, L * K), Q_new.view(A, L * K))
         U_prev = U
         X, U, P = _where(active, X_new, X), _where(active, U_new, U), _where(active, P_new, P)
         if usum is None or active is not None:
             torch.sum(U, dim=(-2, -1), out=u_sums[m])
+        if deferred is not None:  # steps 5-6 run in the next iteration's pass
+            continue
         # 5. secure exchange: S_i = sum_j rho_ij (U_j - U_i)   (eq. 11, lines 10-16)
         if Q_new is None:
             S_buf = ws.take("S", U, (Q, Q_prev)) if pass_out else None

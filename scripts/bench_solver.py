@@ -20,7 +20,12 @@ Everything runs in one process, side by side, and is reported as ratios:
    over the state, real columns only) and the bandwidth this achieves, against the copy
    bandwidth measured right before and after (the larger of the two): the fraction of
    the memory roofline, at N=2000 with CBCL sizes (best of 3 runs of 8 and of 16 ADMM
-   iterations per step).
+   iterations per step). Beside it the compute ceiling, measured in the same run: the
+   products' FLOP per iteration (:func:`flops_per_iteration`) at the rate the solver's
+   own batched products reach alone at these shapes (:func:`gemm_rate`). The roofline's
+   least time is the larger of the two (:func:`roofline_bound`); when compute binds, it
+   also caps the share of the copy bandwidth any implementation of these products could
+   reach, and the script prints that cap.
 3. Batched trials: the full paper-synthetic 100-trial run (quantized exchange, all 100
    BCD iterations of 30 + 30 ADMM iterations) against the reference looped over trials
    (the loop is timed on a few trials and scaled, and says so). The reference quantizes
@@ -51,6 +56,7 @@ sys.path.insert(0, ROOT)
 
 import ppdnmf_torch as pp  # noqa: E402
 from ppdnmf_torch import graph as graph_mod  # noqa: E402
+from ppdnmf_torch import solver as solver_mod  # noqa: E402
 from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
 
 from reference import reference_fit  # noqa: E402
@@ -91,6 +97,57 @@ def bytes_per_iteration(N, L, K, columns, itemsize=8) -> int:
     (``columns``: the total ``sum_i M_i``).
     """
     return itemsize * (9 * N * L * K + 5 * K * int(columns))
+
+
+def flops_per_iteration(N, L, K, columns) -> int:
+    """The floating-point operations of one X + one Y ADMM iteration's products.
+
+    The U-update (eq. 9), ``rhs (L, K) @ E diag(d) E^T``: ``2 L K^2`` per agent, and the
+    ``E diag(d) E^T`` itself, ``2 K^3``; the V-update (eq. 13), ``G^-1 (K, K) @ B (K, M_i)``:
+    ``2 K^2 M_i``, real columns only (``columns``: the total ``sum_i M_i``). The elementwise
+    updates (a few operations per entry) are left out: :func:`bytes_per_iteration` bounds them.
+    """
+    return 2 * N * L * K * K + 2 * N * K ** 3 + 2 * K * K * int(columns)
+
+
+def gemm_rate(device, N, L, K, M, dtype=torch.float64, repeats=5) -> float:
+    """FLOP per second of the solver's three batched products alone, at its shapes.
+
+    ``(N, L, K) @ (N, K, K)`` (eq. 9), ``(N, K, K) @ (N, K, K)`` (``E diag(d) E^T``) and
+    ``(N, K, K) @ (N, K, M)`` (eq. 13), through the solver's own :func:`ppdnmf_torch.solver.bmm`
+    into preallocated outputs, best of ``repeats`` each: the compute ceiling of the
+    roofline, the rate the machine's BLAS reaches on these shapes with nothing else running.
+    """
+    gen = torch.Generator().manual_seed(0)
+    shapes = [((N, L, K), (N, K, K)), ((N, K, K), (N, K, K)), ((N, K, K), (N, K, M))]
+    total_flops, total_s = 0, 0.0
+    for sa, sb in shapes:
+        a = torch.rand(sa, generator=gen, dtype=dtype).to(device)
+        b = torch.rand(sb, generator=gen, dtype=dtype).to(device)
+        out = torch.empty((N, sa[1], sb[2]), dtype=dtype, device=device)
+        solver_mod.bmm(a, b, out=out)  # first touch of the output's pages
+        _sync(device)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            solver_mod.bmm(a, b, out=out)
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+        total_flops += 2 * N * sa[1] * sa[2] * sb[2]
+        total_s += best
+        del a, b, out
+    return total_flops / total_s
+
+
+def roofline_bound(nbytes, flops, copy_bw, flop_rate) -> dict:
+    """The roofline's least time for an iteration: the larger of its memory time at the copy
+    bandwidth and its compute time at the products' measured rate (which ceiling binds), and
+    the largest share of the copy bandwidth an iteration can reach when compute binds."""
+    memory_s, compute_s = nbytes / copy_bw, flops / flop_rate
+    bound_s = max(memory_s, compute_s)
+    return {"memory_s": memory_s, "compute_s": compute_s, "bound_s": bound_s,
+            "bound": "compute" if compute_s > memory_s else "memory",
+            "max_fraction_of_copy": memory_s / bound_s}
 
 
 def problem(N, L, K, cols, seed=0):
@@ -183,24 +240,40 @@ def bench_loop_vs_batched(device, Ns, quick, modes):
 
 
 def bench_roofline(device, N, modes, repeats=3, iters=8):
-    """Seconds per iteration at CBCL sizes against the copy bandwidth measured right before
-    and right after (the fraction is against the larger: the conservative reading).
+    """Seconds per iteration at CBCL sizes against the roofline measured in the same run.
 
-    Both sides are best-of measurements (the copy of 5, the solver of ``repeats`` runs of
-    each length), so that one slow moment of a shared machine on either side does not
-    decide the fraction.
+    The memory ceiling is the copy bandwidth measured right before and right after the
+    solver (the fraction is against the larger: the conservative reading); the compute
+    ceiling is the rate of the solver's own batched products alone at the same shapes
+    (:func:`gemm_rate`). Both sides are best-of measurements (the copy of 5, the products
+    of 5, the solver of ``repeats`` runs of each length), so that one slow moment of a
+    shared machine on either side does not decide the fraction. Reported: the share of the
+    copy bandwidth the iteration's least traffic achieves, and the share of the roofline's
+    least time (:func:`roofline_bound`: the larger of the memory and the compute time).
     """
     sz = SIZES["cbcl"]
     blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
+    columns = sum(b.shape[1] for b in blocks)
+    m_pad = -(-max(b.shape[1] for b in blocks) // solver_mod.COLUMN_CHUNK) * solver_mod.COLUMN_CHUNK
     bw_before = copy_bandwidth(device)
+    flop_rate = gemm_rate(device, N, sz["L"], sz["K"], m_pad)
     t_b = _batched_modes(blocks, g, sz["K"], iters, device, modes, repeats=repeats)
     bw_after = copy_bandwidth(device)
     copy_bw = max(bw_before, bw_after)
-    nbytes = bytes_per_iteration(N, sz["L"], sz["K"], sum(b.shape[1] for b in blocks))
+    nbytes = bytes_per_iteration(N, sz["L"], sz["K"], columns)
+    flops = flops_per_iteration(N, sz["L"], sz["K"], columns)
+    roof = roofline_bound(nbytes, flops, copy_bw, flop_rate)
     row = {"sizes": "cbcl", "N": N, "bytes_per_iter": nbytes, "copy_GBps_before": bw_before / 1e9,
-           "copy_GBps_after": bw_after / 1e9, "copy_GBps": copy_bw / 1e9}
-    print(f"  cbcl N={N}: {nbytes / 1e9:.2f} GB per iteration; copy bandwidth {bw_before / 1e9:.2f} GB/s before, "
-          f"{bw_after / 1e9:.2f} GB/s after", flush=True)
+           "copy_GBps_after": bw_after / 1e9, "copy_GBps": copy_bw / 1e9, "flops_per_iter": flops,
+           "gemm_GFLOPs": flop_rate / 1e9, "roofline_memory_s": roof["memory_s"],
+           "roofline_compute_s": roof["compute_s"], "roofline_bound_s": roof["bound_s"],
+           "roofline_binding": roof["bound"], "max_fraction_of_copy": roof["max_fraction_of_copy"]}
+    print(f"  cbcl N={N}: {nbytes / 1e9:.2f} GB and {flops / 1e9:.2f} GFLOP per iteration; copy bandwidth "
+          f"{bw_before / 1e9:.2f} GB/s before, {bw_after / 1e9:.2f} GB/s after; the products alone "
+          f"{flop_rate / 1e9:.1f} GFLOP/s", flush=True)
+    print(f"  roofline: {1e3 * roof['memory_s']:.0f} ms memory, {1e3 * roof['compute_s']:.0f} ms compute: "
+          f"{roof['bound']} bound, at best {100 * roof['max_fraction_of_copy']:.0f}% of the copy bandwidth",
+          flush=True)
     for mode, t in t_b.items():
         if t != t:
             row[f"{mode}_s_per_iter"] = t
@@ -210,8 +283,11 @@ def bench_roofline(device, N, modes, repeats=3, iters=8):
         row[f"{mode}_s_per_iter"] = t
         row[f"{mode}_GBps"] = bw / 1e9
         row[f"{mode}_fraction_of_copy"] = bw / copy_bw
+        row[f"{mode}_GFLOPs"] = flops / t / 1e9
+        row[f"{mode}_fraction_of_roofline"] = roof["bound_s"] / t
         print(f"    {mode}: {t:.3f} s/it, {bw / 1e9:.2f} GB/s = {100 * bw / copy_bw:.1f}% of "
-              f"{copy_bw / 1e9:.2f} GB/s", flush=True)
+              f"{copy_bw / 1e9:.2f} GB/s; {flops / t / 1e9:.1f} GFLOP/s; "
+              f"{100 * roof['bound_s'] / t:.0f}% of the roofline", flush=True)
     return row
 
 
@@ -288,7 +364,7 @@ def main(argv=None):
               flush=True)
         out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick, args.modes)
         save()
-    print("memory roofline:", flush=True)
+    print("roofline (memory and compute):", flush=True)
     out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes,
                                      1 if args.quick else args.roofline_repeats, 4 if args.quick else 8)
     save()

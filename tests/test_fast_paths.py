@@ -181,6 +181,33 @@ def test_eigen_factors_of_non_finite_input_are_not_finite():
     assert torch.equal(lam, torch.full((2, 3), 2.0, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("n_iters", [1, 2, 5])
+@pytest.mark.parametrize("star", [False, True], ids=["degree-3", "hub-of-7"])
+def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_iters, star):
+    """fuse=True, large sizes, plain exchange: an iteration's neighbour sum runs in the next
+    iteration's pass (``DEFER_NEIGHBOUR_SUM``) with the same bits as in a pass of its own,
+    whatever the iteration count (the last one keeps its own pass) and whatever the padded
+    operator's width (a hub of 7 neighbours: 8 slots, past Inductor's default limit on the
+    reads of one fused node)."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+    monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
+    blocks = small_problem(counts=(3, 5, 4, 6, 2, 4, 3, 5))
+    g = graph.star(8) if star else graph.random_connected(8, 3.0, seed=2)
+    args = dict(bcd_iters=2, x_iters=n_iters, y_iters=n_iters, device="cpu", seed=1, g_max=0.04, fuse=True)
+    calls = []
+    fused = solver._fused(True)
+    monkeypatch.setattr(fused, "x_carry_nbr", tuple(
+        (lambda f: lambda *a: (calls.append(1), f(*a))[1])(f) for f in fused.x_carry_nbr))
+    deferred = pp.fit(blocks, g, 3, **args)
+    assert len(calls) == 2 * (n_iters - 1)  # every iteration but the last of each X-step
+    monkeypatch.setattr(solver, "DEFER_NEIGHBOUR_SUM", False)
+    own_pass = pp.fit(blocks, g, 3, **args)
+    assert len(calls) == 2 * (n_iters - 1)
+    assert torch.equal(deferred.X, own_pass.X) and torch.equal(deferred.U, own_pass.U)
+    assert all(torch.equal(a, b) for a, b in zip(deferred.Y, own_pass.Y))
+    assert deferred.history["nmse"] == own_pass.history["nmse"]
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
 @pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-4), dict(exchange="quantized", n_max=1e6),
                                 dict(consensus_form="paper_literal", penalty="fixed"),

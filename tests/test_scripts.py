@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
@@ -69,3 +70,33 @@ def test_marginal_cost_alternates_lengths_and_cancels_fixed_work():
     assert bench._marginal(run, 50, 3) == pytest.approx(0.01)
     assert calls == [100, 50] * 3
     assert math.isnan(bench._marginal(lambda n: 1.0 - 0.001 * n, 50, 2))  # longer runs were faster
+
+
+def test_flops_per_iteration_counts_the_three_products():
+    """Eq. 9's product and its E diag(d) E^T, and eq. 13's product, real columns only: the
+    count of a naive triple loop, 2 operations per multiply-add."""
+    bench = _bench_solver()
+    N, L, K, cols = 3, 7, 4, [5, 2, 6]
+    u_update = sum(2 * L * K * K for _ in cols)
+    inverse = sum(2 * K * K * K for _ in cols)
+    v_update = sum(2 * K * K * m for m in cols)
+    assert bench.flops_per_iteration(N, L, K, sum(cols)) == u_update + inverse + v_update
+
+
+@pytest.mark.parametrize("flop_rate, binding", [(1e9, "compute"), (1e12, "memory")])
+def test_roofline_bound_takes_the_binding_ceiling(flop_rate, binding):
+    bench = _bench_solver()
+    roof = bench.roofline_bound(nbytes=2e9, flops=4e9, copy_bw=50e9, flop_rate=flop_rate)
+    assert roof["memory_s"] == pytest.approx(0.04)
+    assert roof["compute_s"] == pytest.approx(4e9 / flop_rate)
+    assert roof["bound"] == binding
+    assert roof["bound_s"] == pytest.approx(max(0.04, 4e9 / flop_rate))
+    # when compute binds, no implementation of these products moves the bytes faster
+    expected = 0.04 / 4.0 if binding == "compute" else 1.0
+    assert roof["max_fraction_of_copy"] == pytest.approx(expected)
+
+
+def test_gemm_rate_times_the_solver_products():
+    bench = _bench_solver()
+    rate = bench.gemm_rate(torch.device("cpu"), N=4, L=6, K=3, M=5, repeats=2)
+    assert math.isfinite(rate) and rate > 0
