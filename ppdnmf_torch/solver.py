@@ -539,29 +539,28 @@ def _fx_carry_x_into(U, D_old, ZYt, Q, Q_prev, rho, mu, derived: bool, D_out, rh
     X_out.copy_(X_new)
 
 
-def _fx_carry_nbr_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out):
+def _fx_carry_nbr_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out,
+                       X_out=None):
     """:func:`_fx_carry_into` with the previous iteration's steps 5-6 in the same pass:
     ``Q_new = Q + S`` from the exchange's padded neighbour operator (``nbr``, ``wv``: the
     previous iteration's), written to ``Q_out``; eqs. 8-9 then read ``Q_new`` and, as
-    ``Q_prev``, ``Q``. The pass reads U once for both, and ``Q_prev`` not at all."""
-    Q_new = ell_gather_sum(U.reshape(nbr.shape[0], -1), nbr, wv).view_as(Q) + Q
-    _, D, rhs = _fx_body(U, U - D_old, ZYt, Q_new, Q, rho, mu, derived)
-    D_out.copy_(D)
-    rhs_out.copy_(rhs)
-    usum_out.copy_(U.sum((-2, -1)))
-    Q_out.copy_(Q_new)
-
-
-def _fx_carry_nbr_x_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out,
-                         X_out):
-    """:func:`_fx_carry_nbr_into` that also writes ``X`` (the last iteration)."""
+    ``Q_prev``, ``Q``. The pass reads U once for both, and ``Q_prev`` not at all. With
+    ``X_out`` (the last iteration) it also writes ``X``."""
     Q_new = ell_gather_sum(U.reshape(nbr.shape[0], -1), nbr, wv).view_as(Q) + Q
     X_new, D, rhs = _fx_body(U, U - D_old, ZYt, Q_new, Q, rho, mu, derived)
     D_out.copy_(D)
     rhs_out.copy_(rhs)
     usum_out.copy_(U.sum((-2, -1)))
     Q_out.copy_(Q_new)
-    X_out.copy_(X_new)
+    if X_out is not None:
+        X_out.copy_(X_new)
+
+
+def _fx_carry_nbr_x_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived: bool, D_out, rhs_out, usum_out, Q_out,
+                         X_out):
+    """:func:`_fx_carry_nbr_into` writing ``X``: a function of its own, with its own budget
+    of recompilations."""
+    _fx_carry_nbr_into(U, D_old, ZYt, Q, rho, nbr, wv, mu, derived, D_out, rhs_out, usum_out, Q_out, X_out)
 
 
 def _fx_carry_last_into(U, D, P_out, usum_out):
