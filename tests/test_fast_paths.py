@@ -433,3 +433,23 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
     Rc = out()
     s._fy_carry_last_into(Vc, Dc, Rc)
     assert torch.equal(Vc, V) and torch.equal(Yc, Y) and torch.equal(Rc, R)
+
+
+def test_deferred_neighbour_sum_in_batched_trials(monkeypatch):
+    """The deferred neighbour sum over a batch of trials (one padded operator over all
+    ``T * N`` nodes): the bits of its own pass."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+    monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
+    blocks = [small_problem(counts=(3, 5, 4, 6, 2), seed=s) for s in (0, 1)]
+    graphs = [graph.random_connected(5, 3.0, seed=2), graph.star(5)]
+    args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04, fuse=True)
+    calls = []
+    fused = solver._fused(True)
+    monkeypatch.setattr(fused, "x_carry_nbr", tuple(
+        (lambda f: lambda *a: (calls.append(1), f(*a))[1])(f) for f in fused.x_carry_nbr))
+    deferred = pp.fit_trials(blocks, graphs, 3, **args)
+    assert len(calls) == 2 * 3
+    monkeypatch.setattr(solver, "DEFER_NEIGHBOUR_SUM", False)
+    own_pass = pp.fit_trials(blocks, graphs, 3, **args)
+    assert torch.equal(deferred.X, own_pass.X) and torch.equal(deferred.U, own_pass.U)
+    assert (deferred.history["nmse"] == own_pass.history["nmse"]).all()
