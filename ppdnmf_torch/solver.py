@@ -248,6 +248,8 @@ SMALL_BMM = 400
 #: in the next iteration's elementwise pass, which reads U anyway (:func:`_fx_carry_nbr_into`);
 #: False keeps it a pass of its own (the same bits, tested)
 DEFER_NEIGHBOUR_SUM = True
+#: Inductor's limits on the reads and operations of one fused node, for the joint pass
+NBR_PASS_NODE_LIMIT = 1024
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.
 #: ``Problem`` pads ``M_max`` to a multiple of it.
@@ -694,15 +696,20 @@ class _Fused:
                                             _fx_carry_x_into))
         self.y_carry = tuple(c(f) for f in (_fy_carry_first_into, _fy_carry_first_y_into, _fy_carry_into,
                                             _fy_carry_y_into))
-        # (later, later and last). Inductor stores a node that reads more than
-        # realize_cpu_acc_reads_threshold inputs (12 by default: a neighbour operator of 6
-        # slots or more) in a fresh buffer of its own and copies it, which made the pass 4-5x
-        # slower than the two passes it replaces (development VM, N = 2000, CBCL sizes); a
-        # torch without the setting keeps the two passes (None)
+        # (later, later and last). Inductor stores a node in a fresh buffer of its own (and
+        # copies it) when it reads more than realize_cpu_acc_reads_threshold inputs (12 by
+        # default: a neighbour operator of 6 slots or more) or holds more than
+        # realize_cpu_opcount_threshold operations (50: 12 slots or more); at 6 slots this
+        # made the pass 4-5x slower than the two passes it replaces (development VM,
+        # N = 2000, CBCL sizes). The limits are raised past what the widest operator the
+        # exchange pads (ELL_MAX_SLOTS) needs (tested on the generated code); a torch without
+        # these settings keeps the two passes (None).
         from torch._inductor import config as inductor_config
 
-        nbr_opts = {k: 64 for k in ("realize_cpu_acc_reads_threshold", "realize_acc_reads_threshold")
-                    if hasattr(inductor_config, k)}
+        limits = ("realize_cpu_acc_reads_threshold", "realize_acc_reads_threshold",
+                  "realize_cpu_opcount_threshold", "realize_opcount_threshold")
+        nbr_opts = {k: NBR_PASS_NODE_LIMIT for k in limits if hasattr(inductor_config, k)}
+        nbr_opts = nbr_opts if len(nbr_opts) == len(limits) else {}
         self.x_carry_nbr = tuple(torch.compile(f, dynamic=False, options=nbr_opts)
                                  for f in (_fx_carry_nbr_into, _fx_carry_nbr_x_into)) if nbr_opts else None
         self.x_carry_last, self.y_carry_last = c(_fx_carry_last_into), c(_fy_carry_last_into)

@@ -89,14 +89,15 @@ def copy_bandwidth(device, nbytes=1 << 30, repeats=5) -> float:
 def bytes_per_iteration(N, L, K, columns, itemsize=8) -> int:
     """The least traffic of one X + one Y ADMM iteration, in one pass over the state.
 
-    X-step (eqs. 8-11): read ``U``, ``P`` (or the difference ``X - P``), ``Z Y^T``, ``Q``,
-    ``Q_prev`` and the neighbours' ``U`` (counted once: a gather that hits the cache); write
-    ``U``, ``P`` and ``Q`` (``Q_prev`` is the old ``Q``, ``X = max(0, U + P)`` is needed only
-    at the end of the step): 9 ``(L, K)`` tensors per agent. Y-step (eqs. 12-14): read
-    ``V``, ``R``, ``X^T Z``; write ``V``, ``R``: 5 ``(K, M_i)`` tensors, real columns only
-    (``columns``: the total ``sum_i M_i``).
+    X-step (eqs. 8-11): read ``U``, ``P`` (or the difference ``X - P``), ``Z Y^T``, ``Q`` and
+    the neighbours' ``U`` (counted once: a gather that hits the cache); write ``U``, ``P``
+    and ``Q``: 8 ``(L, K)`` tensors per agent. ``Q_prev`` is the old ``Q``, read in the
+    same pass that makes the new one (as the compiled solver does since its neighbour sum
+    joined the next iteration's pass), and ``X = max(0, U + P)`` is needed only at the end
+    of the step. Y-step (eqs. 12-14): read ``V``, ``R``, ``X^T Z``; write ``V``, ``R``: 5
+    ``(K, M_i)`` tensors, real columns only (``columns``: the total ``sum_i M_i``).
     """
-    return itemsize * (9 * N * L * K + 5 * K * int(columns))
+    return itemsize * (8 * N * L * K + 5 * K * int(columns))
 
 
 def flops_per_iteration(N, L, K, columns) -> int:

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -181,9 +183,10 @@ def test_eigen_factors_of_non_finite_input_are_not_finite():
     assert torch.equal(lam, torch.full((2, 3), 2.0, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("form", ["derived", "paper_literal"])
 @pytest.mark.parametrize("n_iters", [1, 2, 5])
 @pytest.mark.parametrize("star", [False, True], ids=["degree-3", "hub-of-7"])
-def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_iters, star):
+def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_iters, star, form):
     """fuse=True, large sizes, plain exchange: an iteration's neighbour sum runs in the next
     iteration's pass (``DEFER_NEIGHBOUR_SUM``) with the same bits as in a pass of its own,
     whatever the iteration count (the last one keeps its own pass) and whatever the padded
@@ -193,7 +196,8 @@ def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_it
     monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
     blocks = small_problem(counts=(3, 5, 4, 6, 2, 4, 3, 5))
     g = graph.star(8) if star else graph.random_connected(8, 3.0, seed=2)
-    args = dict(bcd_iters=2, x_iters=n_iters, y_iters=n_iters, device="cpu", seed=1, g_max=0.04, fuse=True)
+    args = dict(bcd_iters=2, x_iters=n_iters, y_iters=n_iters, device="cpu", seed=1, g_max=0.04, fuse=True,
+                consensus_form=form)
     calls = []
     fused = solver._fused(True)
     monkeypatch.setattr(fused, "x_carry_nbr", tuple(
@@ -453,3 +457,30 @@ def test_deferred_neighbour_sum_in_batched_trials(monkeypatch):
     own_pass = pp.fit_trials(blocks, graphs, 3, **args)
     assert torch.equal(deferred.X, own_pass.X) and torch.equal(deferred.U, own_pass.U)
     assert (deferred.history["nmse"] == own_pass.history["nmse"]).all()
+
+
+@pytest.mark.parametrize("slots", [6, 12, PlainExchange.ELL_MAX_SLOTS])
+def test_joint_pass_writes_no_state_sized_buffer_of_its_own(slots):
+    """The deferred neighbour sum's compiled pass keeps every value in registers, up to the
+    widest operator the plain exchange pads: Inductor's default limits on one fused node
+    would store the gathered sum and the chain in fresh state-sized buffers (a page-in of
+    the whole state per call; 4-5x slower at N = 2000 from 6 slots on)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    fused = solver._fused(True)
+    if fused.x_carry_nbr is None:  # pragma: no cover - a torch without the settings
+        pytest.skip("this torch lacks Inductor's realize_* settings: the solver keeps two passes")
+    A, L, K = 12, 4, 3
+    gen = torch.Generator().manual_seed(slots)
+    r = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    U, D, ZYt, Q = (r(1, A, L, K) for _ in range(4))
+    nbr = torch.randint(0, A, (A, slots), generator=gen)
+    outs = [torch.empty_like(U), torch.empty_like(U), torch.empty(1, A, dtype=torch.float64), torch.empty_like(U)]
+    _, code = run_and_get_code(fused.x_carry_nbr[0], U, D, ZYt, Q, r(1, A, 1, 1), nbr, r(A, slots),
+                               torch.tensor(0.5, dtype=torch.float64), True, *outs)
+    shapes = re.findall(r"buf\d+ = empty_strided\w*\(\(([^)]*)\)", "\n".join(code))
+    sizes = [math.prod(int(x) for x in sh.split(",") if x.strip()) for sh in shapes]
+    assert shapes, "the pattern no longer matches Inductor's generated code"
+    assert all(n <= A for n in sizes), shapes  # the per-agent sums only

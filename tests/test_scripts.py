@@ -100,3 +100,11 @@ def test_gemm_rate_times_the_solver_products():
     bench = _bench_solver()
     rate = bench.gemm_rate(torch.device("cpu"), N=4, L=6, K=3, M=5, repeats=2)
     assert math.isfinite(rate) and rate > 0
+
+
+def test_bytes_per_iteration_is_one_pass_over_the_state():
+    """8 ``(L, K)`` tensors per agent (read U, P, Z Y^T, Q, the neighbours' U; write U, P, Q)
+    and 5 ``(K, M_i)`` per agent (read V, R, X^T Z; write V, R), 8 bytes an entry."""
+    bench = _bench_solver()
+    N, L, K, cols = 3, 7, 4, [5, 2, 6]
+    assert bench.bytes_per_iteration(N, L, K, sum(cols)) == 8 * (8 * N * L * K + 5 * K * sum(cols))
