@@ -11,7 +11,7 @@ from .exchange.base import Topology
 from .graph import Graph, from_adjacency
 from .solver import COLUMN_CHUNK, Problem
 
-__all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "NEGATIVE_MODES"]
+__all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "padded_width", "NEGATIVE_MODES"]
 
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
 
@@ -146,6 +146,13 @@ def _aligned_agents(N: int, L: int, K: int, itemsize: int) -> int:
     return n
 
 
+def padded_width(m: int) -> int:
+    """``M_max`` for a widest agent of ``m`` columns: whole column chunks
+    (:data:`~ppdnmf_torch.solver.COLUMN_CHUNK`), so that reductions over columns round the
+    same whatever the batch (see :func:`~ppdnmf_torch.solver.column_gram`)."""
+    return -(-int(m) // COLUMN_CHUNK) * COLUMN_CHUNK
+
+
 def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None) -> Problem:
     """Stack ``T`` trials into one padded :class:`Problem`.
 
@@ -183,9 +190,7 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     Np = N if T == 1 or rank is None else _aligned_agents(N, L, rank, itemsize)
     counts = torch.zeros((T, Np), dtype=torch.int64)
     counts[:, :N] = torch.tensor([[b.shape[1] for b in blocks] for blocks in block_lists], dtype=torch.int64)
-    # padded to whole column chunks, so that reductions over columns round the same
-    # whatever the batch (see solver.column_gram)
-    M_max = -(-int(counts.max()) // COLUMN_CHUNK) * COLUMN_CHUNK
+    M_max = padded_width(counts.max())
     Z = torch.zeros((T, Np, L, M_max), dtype=dtype)
     for t, blocks in enumerate(block_lists):
         for i, b in enumerate(blocks):  # data layout only, once, before any iteration

@@ -58,6 +58,7 @@ import ppdnmf_torch as pp  # noqa: E402
 from ppdnmf_torch import graph as graph_mod  # noqa: E402
 from ppdnmf_torch import solver as solver_mod  # noqa: E402
 from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
+from ppdnmf_torch.problem import padded_width  # noqa: E402
 
 from reference import reference_fit  # noqa: E402
 
@@ -255,7 +256,7 @@ def bench_roofline(device, N, modes, repeats=3, iters=8):
     sz = SIZES["cbcl"]
     blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
     columns = sum(b.shape[1] for b in blocks)
-    m_pad = -(-max(b.shape[1] for b in blocks) // solver_mod.COLUMN_CHUNK) * solver_mod.COLUMN_CHUNK
+    m_pad = padded_width(max(b.shape[1] for b in blocks))  # the solver's Y width
     bw_before = copy_bandwidth(device)
     flop_rate = gemm_rate(device, N, sz["L"], sz["K"], m_pad)
     t_b = _batched_modes(blocks, g, sz["K"], iters, device, modes, repeats=repeats)
