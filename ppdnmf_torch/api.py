@@ -258,7 +258,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         BCD iterations between checkpoints (``0``: only on Ctrl-C).
     resume_from : str or Path, optional
         A checkpoint file, or a folder whose newest checkpoint is used. The run must be
-        the same (data, graph, seed, parameters); it continues bit for bit.
+        the same (data, graph, seed, parameters); it continues bit for bit (on CPU: CUDA's
+        atomic additions may round differently from run to run).
     fuse : bool
         Compile the ADMM iterations with TorchInductor: small problems run a whole
         iteration (with the ``plain`` exchange's neighbour sum, and for ranks below 8 the
@@ -380,7 +381,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     g_max : float, (N,) or (T, N) caps
     align_trials : bool
         Pad each trial with isolated dummy agents so that every trial starts on a 64-byte
-        boundary, which makes trial ``t`` bit-identical to the same problem run alone
+        boundary, which makes trial ``t`` bit-identical to the same problem run alone on CPU
         (small BLAS/LAPACK kernels round differently at different alignments). It costs
         at most 7 dummy agents per trial (for ``N = 10``: 16 agents computed); without it,
         trials agree with single runs only to rounding, which Algorithm 1's symmetric

@@ -56,6 +56,9 @@ import warnings
 
 import torch
 
+# run from a checkout without installing, as bench_solver.py does
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 CONFIGS = {
     "naive": dict(fast=False),
     "raw": dict(packing=False, precompute=False, djn=False, workers=0),
@@ -139,7 +142,8 @@ def _measure(topo, keys, bits, opts, *, protocol, lk, iters, max_seconds, seed=0
             "slots": (ex.layout.slots if ex.layout is not None else 1)}
 
 
-def bench(bits_list, protocol, small_lk, iters, max_seconds, graph_seed, log):
+def bench(bits_list, protocol, small_lk, iters, max_seconds, graph_seed, log, on_row=None):
+    """Every configuration at every key size; ``on_row(rows)`` after each measurement."""
     from ppdnmf_torch.graph import Graph, random_connected
 
     paper_graph = random_connected(10, 3.0, seed=graph_seed)
@@ -169,6 +173,8 @@ def bench(bits_list, protocol, small_lk, iters, max_seconds, graph_seed, log):
                                                  + r["exchange_encryptions_per_iter"] * (LK / lk if extrap else 1)),
                            bit_identical=True)
                 rows.append(row)
+                if on_row is not None:
+                    on_row(rows)
                 log(f"  {name:8s} {where:5s} lk={lk:3d} {'*' if extrap else ' '} {s_iter:10.4f} s/iter "
                     f"({r['iters']} timed, {time.perf_counter() - t0:.1f} s)")
     return rows, keygen
@@ -287,8 +293,20 @@ def main(argv=None):
         print(msg, file=sys.stderr, flush=True)
 
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+    def save(rows, loadavg_end=None, **done):
+        # after every measurement too: a run stopped by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
+                                       "python": platform.python_version(), "loadavg_start": load0,
+                                       "loadavg_end": loadavg_end},
+                           "protocol": args.protocol, "lk": LK, "rows": rows, "complete": bool(done), **done},
+                          fh, indent=1)
+
     t0 = time.perf_counter()
-    rows, keygen = bench(args.bits, args.protocol, small, args.iters, args.max_seconds, args.graph_seed, log)
+    rows, keygen = bench(args.bits, args.protocol, small, args.iters, args.max_seconds, args.graph_seed, log,
+                         on_row=save)
     fits = fit_check(max(args.bits), args.fit_bcd, args.fit_configs, args.protocol, log) if args.fit_bcd > 0 else []
     wall = time.perf_counter() - t0
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -311,12 +329,7 @@ def main(argv=None):
               f"{TRIAL_ITERS} (X-step, Y-step and exchange; X, Y bit-identical to quantized)")
     print(f"All S and rho bit-identical to exchange='quantized'. Bench wall time {wall:.0f} s.")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
-                                   "python": platform.python_version(), "loadavg_start": load0,
-                                   "loadavg_end": load1},
-                       "protocol": args.protocol, "lk": LK, "rows": rows, "keygen_s": keygen,
-                       "estimate": est, "fits": fits, "wall_s": wall}, fh, indent=1)
+        save(rows, keygen=keygen, estimate=est, fits=fits, wall_s=wall, loadavg_end=load1)
         print(f"wrote {args.json}")
 
 

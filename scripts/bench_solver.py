@@ -38,6 +38,12 @@ Usage::
     python scripts/bench_solver.py --quick         # smaller sizes, a smoke run
     python scripts/bench_solver.py --modes eager   # the default solver only (no compilation)
     python scripts/bench_solver.py --json out.json --device cuda
+    python scripts/bench_solver.py --device cpu cuda --loop-max-n 1000 --ns 10 100 1000 10000
+
+``--device auto`` (the default) runs every section on the CPU and, when CUDA is present, again
+on CUDA. The JSON holds the machine, the loop-vs-batched rows (each names its device) and the
+roofline and trials rows by device; it is rewritten after every row, so a run stopped by a
+time limit keeps what it measured.
 """
 from __future__ import annotations
 
@@ -161,6 +167,9 @@ def problem(N, L, K, cols, seed=0):
 
 MODES = ("eager", "fused")
 NO_MEASUREMENT = "no measurement (the longer runs were not the slower: the machine's noise exceeded the difference)"
+#: a share of the roofline above 100 % is impossible: something else ran during the
+#: ceilings' measurement (or the solver's two run lengths), so the fractions do not count
+DISTURBED = "above 100 %: the ceilings or the solver were measured while the machine was busy; rerun on an idle machine"
 
 
 def _marginal(run, iters, repeats):
@@ -217,8 +226,13 @@ def _batched_modes(blocks, g, K, iters, device, modes, **kw):
     return {mode: time_batched(blocks, g, K, iters, device, fuse=mode == "fused", **kw) for mode in modes}
 
 
-def bench_loop_vs_batched(device, Ns, quick, modes):
-    rows = []
+def bench_loop_vs_batched(device, Ns, quick, modes, loop_max_n=None, rows=None, on_row=None):
+    """Loop vs batched rows on ``device``, appended to ``rows``; ``on_row()`` after each.
+
+    Above ``loop_max_n`` agents only the batched solver is timed (the loop's time is NaN):
+    at N = 10,000 with CBCL sizes the loop alone would take minutes.
+    """
+    rows = [] if rows is None else rows
     for name, sz in SIZES.items():
         for N in Ns:
             blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
@@ -226,18 +240,22 @@ def bench_loop_vs_batched(device, Ns, quick, modes):
             t_b = _batched_modes(blocks, g, sz["K"], iters_b, device, modes)
             big = name == "cbcl" and N >= 1000
             ref_iters = 1 if big else (2 if name == "cbcl" else 3)
-            t_r = time_reference(blocks, g, sz["K"], ref_iters, repeats=2 if big else 3)
+            skip = loop_max_n is not None and N > loop_max_n
+            t_r = float("nan") if skip else time_reference(blocks, g, sz["K"], ref_iters, repeats=2 if big else 3)
             nbytes = bytes_per_iteration(N, sz["L"], sz["K"], sum(b.shape[1] for b in blocks))
-            row = {"sizes": name, "N": N, "loop_s_per_iter": t_r, "loop_device": "cpu", "bytes_per_iter": nbytes}
-            text = f"  {name:9s} N={N:5d}  loop {t_r:9.4f} s/it"
+            row = {"device": str(device), "sizes": name, "N": N, "loop_s_per_iter": t_r, "loop_device": "cpu",
+                   "bytes_per_iter": nbytes}
+            text = f"  {str(device):6s} {name:9s} N={N:5d}  loop " + ("  not run" if skip else f"{t_r:9.4f} s/it")
             for mode, t in t_b.items():
                 row[f"{mode}_s_per_iter"] = t
                 row[f"{mode}_speedup"] = t_r / t
-                text += f"  {mode} {t:9.5f} s/it = {t_r / t:6.1f}x"
-            if any(v != v for v in [t_r, *t_b.values()]):
+                text += f"  {mode} {t:9.5f} s/it" + ("" if skip else f" = {t_r / t:6.1f}x")
+            if any(v != v for v in [*([] if skip else [t_r]), *t_b.values()]):
                 text += f"  (nan: {NO_MEASUREMENT})"
             rows.append(row)
             print(text, flush=True)
+            if on_row is not None:
+                on_row()
     return rows
 
 
@@ -289,7 +307,8 @@ def bench_roofline(device, N, modes, repeats=3, iters=8):
         row[f"{mode}_fraction_of_roofline"] = roof["bound_s"] / t
         print(f"    {mode}: {t:.3f} s/it, {bw / 1e9:.2f} GB/s = {100 * bw / copy_bw:.1f}% of "
               f"{copy_bw / 1e9:.2f} GB/s; {flops / t / 1e9:.1f} GFLOP/s; "
-              f"{100 * roof['bound_s'] / t:.0f}% of the roofline", flush=True)
+              f"{100 * roof['bound_s'] / t:.0f}% of the roofline"
+              + (f" ({DISTURBED})" if roof["bound_s"] / t > 1 else ""), flush=True)
     return row
 
 
@@ -309,6 +328,12 @@ def bench_trials(device, trials, ref_trials, bcd_iters, modes):
         _sync(device)
         row[f"{mode}_s"] = time.perf_counter() - t0
         row[f"{mode}_final_nmse_mean"] = float(res.history["nmse"][-1].mean())
+    text = f"  {trials} trials x {bcd_iters} BCD (quantized) on {device}:"
+    if ref_trials == 0:  # the loop over trials is not run (it takes about a minute per trial)
+        for mode in modes:
+            text += f" {mode} {row[f'{mode}_s']:.1f} s (mean final NMSE {row[f'{mode}_final_nmse_mean']:.4f});"
+        print(text.rstrip(";"), flush=True)
+        return row
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     t0 = time.perf_counter()
     ref_nmse = []
@@ -320,9 +345,9 @@ def bench_trials(device, trials, ref_trials, bcd_iters, modes):
     t_ref = (time.perf_counter() - t0) / ref_trials * trials
     row.update({"loop_s_scaled": t_ref, "loop_trials_timed": ref_trials,
                 "loop_final_nmse_mean": sum(ref_nmse) / len(ref_nmse)})
-    text = (f"  {trials} trials x {bcd_iters} BCD (quantized): loop {t_ref:.0f} s (timed on {ref_trials} trials, "
-            f"scaled; it quantizes entry by entry in Python; mean final NMSE of those "
-            f"{row['loop_final_nmse_mean']:.4f})")
+    text += (f" loop {t_ref:.0f} s (timed on {ref_trials} trials, "
+             f"scaled; it quantizes entry by entry in Python; mean final NMSE of those "
+             f"{row['loop_final_nmse_mean']:.4f})")
     for mode in modes:
         row[f"{mode}_speedup"] = t_ref / row[f"{mode}_s"]
         text += (f"; {mode} {row[f'{mode}_s']:.1f} s = {t_ref / row[f'{mode}_s']:.0f}x "
@@ -335,46 +360,65 @@ def bench_trials(device, trials, ref_trials, bcd_iters, modes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", nargs="+", default=["auto"],
+                    help="cpu, cuda, cuda:<k>; auto (default): the CPU, and CUDA too when present")
     ap.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
     ap.add_argument("--ns", type=int, nargs="*", default=None, help="agent counts (default 10 100 1000)")
+    ap.add_argument("--loop-max-n", type=_positive_int, default=None,
+                    help="time the per-agent loop only up to this many agents (default: at every N)")
     ap.add_argument("--roofline-n", type=_positive_int, default=2000)
     ap.add_argument("--roofline-repeats", type=_positive_int, default=3, help="solver runs of each length (best of)")
     ap.add_argument("--trials", type=_positive_int, default=100)
-    ap.add_argument("--ref-trials", type=_positive_int, default=2)
+    ap.add_argument("--ref-trials", type=_nonnegative_int, default=2,
+                    help="trials the looped reference is timed on (0: not run)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="the batched solver eager (default fit) and/or compiled (fit(..., fuse=True))")
     ap.add_argument("--skip-loop", action="store_true", help="roofline and trials only")
     args = ap.parse_args(argv)
-    device = pp.resolve_device(args.device)
+    devices = resolve_devices(args.device)
     Ns = args.ns or ([10, 100] if args.quick else [10, 100, 1000])
-    info = {"device": str(device), "modes": args.modes, "torch": torch.__version__,
+    info = {"devices": [str(d) for d in devices], "modes": args.modes, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+            "gpu": next((torch.cuda.get_device_name(d) for d in devices if d.type == "cuda"), None)}
     print(f"bench_solver on {info}", flush=True)
-    out = {"machine": info}
+    out = {"machine": info, "loop_vs_batched": [], "roofline": {}, "trials": {}}
 
     def save():
-        # after every section: a run stopped by a time limit keeps what it measured
+        # after every row: a run stopped by a time limit keeps what it measured
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(_json_safe(out), fh, indent=2, allow_nan=False)
 
-    if not args.skip_loop:
-        print("per-agent loop vs batched, seconds per ADMM iteration (float64; the loop runs on the CPU):",
-              flush=True)
-        out["loop_vs_batched"] = bench_loop_vs_batched(device, Ns, args.quick, args.modes)
+    for device in devices:
+        if not args.skip_loop:
+            print(f"per-agent loop vs batched on {device}, seconds per ADMM iteration (float64; the loop runs "
+                  "on the CPU):", flush=True)
+            bench_loop_vs_batched(device, Ns, args.quick, args.modes, args.loop_max_n,
+                                  rows=out["loop_vs_batched"], on_row=save)
+        print(f"roofline (memory and compute) on {device}:", flush=True)
+        out["roofline"][str(device)] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes,
+                                                      1 if args.quick else args.roofline_repeats,
+                                                      4 if args.quick else 8)
         save()
-    print("roofline (memory and compute):", flush=True)
-    out["roofline"] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes,
-                                     1 if args.quick else args.roofline_repeats, 4 if args.quick else 8)
-    save()
-    print("batched trials:", flush=True)
-    out["trials"] = bench_trials(device, 10 if args.quick else args.trials, 1 if args.quick else args.ref_trials,
-                                 10 if args.quick else 100, args.modes)
-    save()
+        print(f"batched trials on {device}:", flush=True)
+        out["trials"][str(device)] = bench_trials(device, 10 if args.quick else args.trials,
+                                                  min(args.ref_trials, 1) if args.quick else args.ref_trials,
+                                                  10 if args.quick else 100, args.modes)
+        save()
     return out
+
+
+def resolve_devices(names) -> list:
+    """``--device`` values as devices: ``auto`` is the CPU, and CUDA too when present."""
+    devices = []
+    for name in names:
+        if name == "auto":
+            found = [torch.device("cpu")] + ([pp.resolve_device("cuda")] if torch.cuda.is_available() else [])
+        else:
+            found = [pp.resolve_device(name)]
+        devices += [d for d in found if d not in devices]
+    return devices
 
 
 def _json_safe(x):
@@ -392,6 +436,13 @@ def _positive_int(text):
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _nonnegative_int(text):
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
 
 

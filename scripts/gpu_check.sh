@@ -35,8 +35,9 @@ if [ "$quick" = 1 ]; then
     crypto=(--bits 128 --iters 1 --fit-bcd 0)
 else
     ns=(10 100 1000 10000); trials=100; tests=""
-    solver_extra=(--roofline-n 2000 --ref-trials 1)
-    crypto=(--bits 128 1024 2048 --max-seconds 20 --fit-bcd 0)
+    # the loop up to N = 1000 (at N = 10,000 with CBCL sizes it alone would take minutes)
+    solver_extra=(--roofline-n 2000 --ref-trials 1 --loop-max-n 1000)
+    crypto=(--bits 128 1024 2048 --max-seconds 5 --fit-bcd 0)
 fi
 # 1. the tests on the device (the gpu-marked ones, and every device-parametrized test)
 if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi

@@ -278,7 +278,34 @@ def test_owner_crt_encryption_decrypts_and_matches_r_to_the_n(bits, paillier_key
         r_p = gmpy2.powmod(t_p, gmpy2.invert(q, p - 1), p)
         r_q = gmpy2.powmod(t_q, gmpy2.invert(p, q - 1), q)
         r = r_p + p * ((r_q - r_p) * gmpy2.invert(p, q) % q)
-        assert crt._from_seeds(t_p, t_q) == gmpy2.powmod(r, n, nsq)
+        assert crt._from_seeds([t_p], [t_q]) == [gmpy2.powmod(r, n, nsq)]
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_owner_crt_halves_in_two_threads_give_the_same_numbers(threaded, monkeypatch, paillier_keypairs):
+    """From CRT_THREAD_MIN_BITS up the two CRT halves run side by side (the helper thread
+    takes the q half): decryption and the owner's obfuscators are the same numbers."""
+    from ppdnmf_torch.exchange import obfuscation
+
+    (pk, sk), = paillier_keypairs(128, 1)
+    monkeypatch.setattr(obfuscation, "CRT_THREAD_MIN_BITS", 64 if threaded else 1 << 20)
+    handed = []
+    real = obfuscation._half_thread
+    monkeypatch.setattr(obfuscation, "_half_thread", lambda: handed.append(1) or real())
+    crt = PrivateCRT(sk)
+    n, nsq = gmpy2.mpz(pk.n), gmpy2.mpz(pk.nsquare)
+    p, q = gmpy2.mpz(sk.p), gmpy2.mpz(sk.q)
+    t_p, t_q = [2, 777, int(p) - 1], [3, 12345, int(q) - 2]
+    want = []
+    for a, b in zip(t_p, t_q):  # CRT(t_p^p mod p^2, t_q^q mod q^2), one at a time
+        x, y = gmpy2.powmod(a, p, p * p), gmpy2.powmod(b, q, q * q)
+        want.append(x + p * p * ((y - x) * gmpy2.invert(p * p, q * q) % (q * q)))
+    assert crt._from_seeds(t_p, t_q) == want
+    vals = [0, 1, 5, int(n) - 1, 123456789]
+    cts = [(1 + n * m) * o % nsq for m, o in zip(vals, crt.obfuscators(len(vals)))]
+    assert crt.decrypt(cts) == vals == [sk.raw_decrypt(int(c)) for c in cts]
+    assert crt.decrypt([]) == []
+    assert len(handed) == (3 if threaded else 0)  # seeds, obfuscators, decryption (none for no ciphertexts)
 
 
 @pytest.mark.parametrize("bits", [128, 512])

@@ -108,3 +108,27 @@ def test_bytes_per_iteration_is_one_pass_over_the_state():
     bench = _bench_solver()
     N, L, K, cols = 3, 7, 4, [5, 2, 6]
     assert bench.bytes_per_iteration(N, L, K, sum(cols)) == 8 * (8 * N * L * K + 5 * K * sum(cols))
+
+
+def test_bench_devices_auto_is_the_cpu_and_cuda_when_present():
+    bench = _bench_solver()
+    cpu = torch.device("cpu")
+    want = [cpu] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    assert bench.resolve_devices(["auto"]) == want
+    assert bench.resolve_devices(["cpu", "auto", "cpu"]) == want  # each device once
+
+
+def test_bench_loop_max_n_times_the_batched_solver_only_above_it(monkeypatch):
+    """Above ``--loop-max-n`` the loop is not run (NaN, no ratio); every row is handed on as
+    it is measured, so a run stopped by a time limit keeps it."""
+    bench = _bench_solver()
+    monkeypatch.setattr(bench, "SIZES", {"tiny": dict(L=4, K=2, cols=3)})
+    looped = []
+    monkeypatch.setattr(bench, "time_reference", lambda blocks, *a, **k: looped.append(len(blocks)) or 1.0)
+    monkeypatch.setattr(bench, "time_batched", lambda blocks, *a, **k: 0.01)
+    rows, seen = [], []
+    out = bench.bench_loop_vs_batched(torch.device("cpu"), [3, 5], False, ["eager"], loop_max_n=4, rows=rows,
+                                      on_row=lambda: seen.append(len(rows)))
+    assert out is rows and seen == [1, 2] and looped == [3]
+    assert rows[0]["eager_speedup"] == pytest.approx(100.0) and rows[0]["device"] == "cpu"
+    assert math.isnan(rows[1]["loop_s_per_iter"]) and math.isnan(rows[1]["eager_speedup"])

@@ -74,7 +74,9 @@ scalar multiplications by the nonnegative integer penalties).
 * ``workers`` (default ``os.cpu_count()`` from 1024-bit keys up): worker processes that
   make public-key obfuscators; they receive public moduli only. Decryption, the owner's
   CRT obfuscators, the homomorphic operations, packing and unpacking run in the agent's
-  (the caller's) process.
+  (the caller's) process; from 1024-bit keys up, the two CRT halves of a decryption or of a
+  batch of the owner's obfuscators run side by side in two threads of that process
+  (:class:`~.obfuscation.PrivateCRT`).
 
 On the fast path neighbour ``j``'s reply is ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji} rho_j``:
 ``j``'s fresh obfuscator ``rho_j`` multiplies the result *after* the exponentiation (one
