@@ -296,13 +296,14 @@ def main(argv=None):
 
     def save(rows, loadavg_end=None, **done):
         # after every measurement too: a run stopped by a time limit keeps what it measured
-        if args.json:
-            with open(args.json, "w") as fh:
+        if args.json:  # written aside and renamed: a run killed mid-write keeps the previous file
+            with open(args.json + ".tmp", "w") as fh:
                 json.dump({"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
                                        "python": platform.python_version(), "loadavg_start": load0,
                                        "loadavg_end": loadavg_end},
                            "protocol": args.protocol, "lk": LK, "rows": rows, "complete": bool(done), **done},
                           fh, indent=1)
+            os.replace(args.json + ".tmp", args.json)
 
     t0 = time.perf_counter()
     rows, keygen = bench(args.bits, args.protocol, small, args.iters, args.max_seconds, args.graph_seed, log,
@@ -329,7 +330,7 @@ def main(argv=None):
               f"{TRIAL_ITERS} (X-step, Y-step and exchange; X, Y bit-identical to quantized)")
     print(f"All S and rho bit-identical to exchange='quantized'. Bench wall time {wall:.0f} s.")
     if args.json:
-        save(rows, keygen=keygen, estimate=est, fits=fits, wall_s=wall, loadavg_end=load1)
+        save(rows, keygen_s=keygen, estimate=est, fits=fits, wall_s=wall, loadavg_end=load1)
         print(f"wrote {args.json}")
 
 

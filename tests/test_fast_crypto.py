@@ -308,6 +308,26 @@ def test_owner_crt_halves_in_two_threads_give_the_same_numbers(threaded, monkeyp
     assert len(handed) == (3 if threaded else 0)  # seeds, obfuscators, decryption (none for no ciphertexts)
 
 
+def test_owner_crt_halves_fall_back_to_one_thread_at_shutdown(monkeypatch, paillier_keypairs):
+    """After interpreter shutdown has begun no new work can go to a thread: decryption then
+    runs both halves in the caller's thread, and raises nothing (no frame holding p and q
+    ends up in a traceback)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ppdnmf_torch.exchange import obfuscation
+
+    (pk, sk), = paillier_keypairs(128, 1)
+    monkeypatch.setattr(obfuscation, "CRT_THREAD_MIN_BITS", 64)
+    closed = ThreadPoolExecutor(max_workers=1)
+    closed.shutdown()
+    monkeypatch.setattr(obfuscation, "_half_thread", lambda: closed)
+    crt = PrivateCRT(sk)
+    n, nsq = gmpy2.mpz(pk.n), gmpy2.mpz(pk.nsquare)
+    vals = [0, 7, int(n) - 1]
+    cts = [(1 + n * m) * o % nsq for m, o in zip(vals, crt.obfuscators(len(vals)))]
+    assert crt.decrypt(cts) == vals
+
+
 @pytest.mark.parametrize("bits", [128, 512])
 def test_djn_encryptions_decrypt(bits, paillier_keypairs):
     (pk, sk), = paillier_keypairs(bits, 1)

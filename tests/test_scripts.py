@@ -113,7 +113,7 @@ def test_bytes_per_iteration_is_one_pass_over_the_state():
 def test_bench_devices_auto_is_the_cpu_and_cuda_when_present():
     bench = _bench_solver()
     cpu = torch.device("cpu")
-    want = [cpu] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    want = [cpu] + ([torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_available() else [])
     assert bench.resolve_devices(["auto"]) == want
     assert bench.resolve_devices(["cpu", "auto", "cpu"]) == want  # each device once
 
@@ -132,3 +132,8 @@ def test_bench_loop_max_n_times_the_batched_solver_only_above_it(monkeypatch):
     assert out is rows and seen == [1, 2] and looped == [3]
     assert rows[0]["eager_speedup"] == pytest.approx(100.0) and rows[0]["device"] == "cpu"
     assert math.isnan(rows[1]["loop_s_per_iter"]) and math.isnan(rows[1]["eager_speedup"])
+    # a second device reuses the loop's times (the loop runs on the CPU either way)
+    times = {}
+    bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
+    bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
+    assert looped == [3, 3] and times == {("tiny", 3): 1.0}

@@ -223,7 +223,10 @@ def _half_thread() -> ThreadPoolExecutor:
 
 
 def _forget_half_thread():
-    # a forked child has no copy of the parent's thread: it makes its own on first use
+    # a forked child has no copy of the parent's thread (nor of a lock it may have held):
+    # it makes its own on first use
+    global _HALF_LOCK
+    _HALF_LOCK = threading.Lock()
     _HALF[0] = None
 
 
@@ -237,10 +240,14 @@ def _crt_halves(bases_p, exp_p, mod_p, bases_q, exp_q, mod_q, threaded: bool):
     ``gmpy2.powmod_base_list`` releases the GIL, so the helper thread's half runs on another
     core while this thread computes the other; the results are those of ``powmod``.
     """
-    if not threaded or len(bases_p) == 0:
-        return gmpy2.powmod_base_list(bases_p, exp_p, mod_p), gmpy2.powmod_base_list(bases_q, exp_q, mod_q)
-    fut = _half_thread().submit(gmpy2.powmod_base_list, bases_q, exp_q, mod_q)
-    return gmpy2.powmod_base_list(bases_p, exp_p, mod_p), fut.result()
+    fut = None
+    if threaded and len(bases_p) > 0:
+        try:
+            fut = _half_thread().submit(gmpy2.powmod_base_list, bases_q, exp_q, mod_q)
+        except RuntimeError:  # the interpreter is shutting down (no new threads): one thread then
+            fut = None
+    xp = gmpy2.powmod_base_list(bases_p, exp_p, mod_p)
+    return xp, (gmpy2.powmod_base_list(bases_q, exp_q, mod_q) if fut is None else fut.result())
 
 
 def _refuse(obj):
