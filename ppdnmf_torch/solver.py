@@ -250,6 +250,11 @@ SMALL_BMM = 400
 DEFER_NEIGHBOUR_SUM = True
 #: Inductor's limits on the reads and operations of one fused node, for the joint pass
 NBR_PASS_NODE_LIMIT = 1024
+#: Large Y-steps with fixed iteration counts run all their ADMM iterations on a group of
+#: agents whose six ``(K, M)`` working tensors take about this many bytes (so that they stay
+#: in the cache), then move to the next group: the agents do not communicate in the Y-step,
+#: so this is the same arithmetic in another order. 0 turns it off (the same bits, tested).
+Y_TILE_BYTES = 12 << 20
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.
 #: ``Problem`` pads ``M_max`` to a multiple of it.
@@ -369,6 +374,15 @@ class Workspace:
 
     def __init__(self):
         self._bufs: dict = {}
+        self._children: dict = {}
+
+    def child(self, name: str) -> "Workspace":
+        """A workspace of its own for tensors of another shape (kept for the whole run), that
+        gives buffers at every size: its users run many passes over small tensors."""
+        if name not in self._children:
+            ws = self._children[name] = Workspace()
+            ws.MIN_BYTES = 0
+        return self._children[name]
 
     def take(self, name: str, like: torch.Tensor, avoid=()) -> torch.Tensor | None:
         if like.numel() * like.element_size() < self.MIN_BYTES:
@@ -919,6 +933,8 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     """Y-step: ``y_iters`` local ADMM iterations, no communication (eqs. 12-14, lines 19-23).
 
     Updates ``state`` in place; returns iteration counts and residuals like :func:`x_step`.
+    Large problems with fixed iteration counts run in groups of agents
+    (:data:`Y_TILE_BYTES`), each group through all its iterations while it is in the cache.
     """
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
@@ -929,19 +945,65 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     G_inv = _spd_inverse(bmm(X.mT, X) + eta * eye)  # fixed during the Y-step
     XtZ = bmm(X.mT, Z)
     stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
-    active = stop.active
     fused = _fused(params.fuse)
     ws = ws if ws is not None else Workspace()
     large = V.numel() * V.element_size() >= Workspace.MIN_BYTES
-    V_prev = V
     # Eager: the elementwise updates touch the real columns only (the padding beyond the
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = problem.width if fused is None else 0
-    carry, D_c = fused is not None and large and not stop.track, None  # as in the X-step: D_c = Y - R_prev
-    eta_c = torch.tensor(eta, dtype=X.dtype, device=X.device) if fused is not None else eta
-    small_k = K ** 3 < SMALL_BMM
-    for k in range(params.y_iters):
+    loop = dict(eta=eta, Mw=Mw, fused=fused, n_iters=params.y_iters, small_k=K ** 3 < SMALL_BMM)
+    group = _y_group(T * N, V, large and not stop.track)
+    if group:
+        # fixed counts, no flags: each agent's iterations depend on its own tensors only
+        A = T * N
+        flat = [t.reshape(A, *t.shape[2:]) for t in (Y, V, R, XtZ, G_inv)]
+        sq = torch.empty((2, A), dtype=V.dtype, device=V.device)  # squared residual norms per agent
+        tile_ws = ws.child("y_groups")
+        for start in range(0, A, group):
+            sl = slice(start, start + group)
+            Yg, Vg, Rg, Xg, Gg = (t[sl] for t in flat)
+            Yn, Vn, Rn, Vp = _y_loop(Yg, Vg, Rg, Xg, Gg, None, None, tile_ws, carry=fused is not None, **loop)
+            sq[0, sl] = torch.linalg.matrix_norm(Yn - Vn).square()
+            sq[1, sl] = torch.linalg.matrix_norm(Vn - Vp).square()
+            # this group's slices of the state are read by this group only: overwrite them
+            Yg.copy_(Yn), Vg.copy_(Vn), Rg.copy_(Rn)
+        sq = sq.reshape(2, T, N).sum(-1).sqrt()
+        return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
+    Y, V, R, V_prev = _y_loop(Y, V, R, XtZ, G_inv, stop, stop.active, ws,
+                              carry=fused is not None and large and not stop.track, large=large, **loop)
+    state.Y, state.V, state.R = Y, V, R
+    return {
+        "iters": stop.counts,
+        "primal": torch.linalg.matrix_norm(Y - V).square().sum(-1).sqrt(),
+        "dual": eta * torch.linalg.matrix_norm(V - V_prev).square().sum(-1).sqrt(),
+    }
+
+
+def _y_group(n_agents: int, V: torch.Tensor, allowed: bool) -> int:
+    """Agents per group of a grouped Y-step (0: not grouped): :data:`Y_TILE_BYTES` over the
+    six ``(K, M)`` tensors an iteration touches per agent, rounded down to a divisor of
+    ``n_agents`` when one lies within a factor of two (one group shape, one compiled graph)."""
+    if not allowed or Y_TILE_BYTES <= 0:
+        return 0
+    per_agent = 6 * V[0, 0].numel() * V.element_size()
+    want = max(1, Y_TILE_BYTES // per_agent)
+    if want >= n_agents:
+        return 0
+    for g in range(want, max(1, want // 2) - 1, -1):
+        if n_agents % g == 0:
+            return g
+    return want
+
+
+def _y_loop(Y, V, R, XtZ, G_inv, stop, active, ws, *, eta, Mw, fused, n_iters, small_k, carry, large=True):
+    """The Y-step's ADMM iterations on ``V, R (..., K, M)``; returns ``Y, V, R, V_prev``.
+
+    ``stop`` (a :class:`_StopRule`, or None for fixed counts) ends the loop early.
+    """
+    V_prev, D_c = V, None  # carry, as in the X-step: D_c = Y - R_prev
+    eta_c = torch.tensor(eta, dtype=V.dtype, device=V.device) if fused is not None else eta
+    for k in range(n_iters):
         # eq. 12, the right-hand side of eq. 13 and eq. 13, eq. 14
         if fused is None:
             Y_new, _, V_new, R_new = _y_iteration(V, R, XtZ, G_inv, eta, Mw, ws, (Y, V, R))
@@ -950,7 +1012,7 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
         elif carry:
             B, D_new = ws.take("B", V), ws.take("D_y", V, () if D_c is None else (D_c,))
             args = (XtZ, eta_c, D_new, B)
-            Y_new = ws.take("Y", V, (Y,)) if k == params.y_iters - 1 else None  # the last iteration writes Y
+            Y_new = ws.take("Y", V, (Y,)) if k == n_iters - 1 else None  # the last iteration writes Y
             _carry_pass(fused.y_carry, V, R, D_c, args, Y_new)
             D_c, Y_new, R_new = D_new, Y if Y_new is None else Y_new, R  # R: after the loop
             V_new = bmm(G_inv, B, out=ws.take("V", V, (V,)))
@@ -962,18 +1024,14 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
             fused.y_post(R, Y_new, V_new, R_new)
         V_prev = V
         Y, V, R = _where(active, Y_new, Y), _where(active, V_new, V), _where(active, R_new, R)
-        if stop.after(k, V, V_prev):
-            break
-        active = stop.active
+        if stop is not None:
+            if stop.after(k, V, V_prev):
+                break
+            active = stop.active
     if D_c is not None:  # the last iteration's eq. 14
         R = ws.take("R", R, (R,))
         fused.y_carry_last(V, D_c, R)
-    state.Y, state.V, state.R = Y, V, R
-    return {
-        "iters": stop.counts,
-        "primal": torch.linalg.matrix_norm(Y - V).square().sum(-1).sqrt(),
-        "dual": eta * torch.linalg.matrix_norm(V - V_prev).square().sum(-1).sqrt(),
-    }
+    return Y, V, R, V_prev
 
 
 def _check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):

@@ -212,6 +212,46 @@ def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_it
     assert deferred.history["nmse"] == own_pass.history["nmse"]
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("n_agents, group", [(7, 4), (6, 3)], ids=["groups-4-3", "groups-3-3"])
+def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_agents, group):
+    """Large Y-steps with fixed counts run group by group, each through all its iterations;
+    the agents do not talk in the Y-step, so the factors and every metric keep their bits."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # every size takes the large paths
+    blocks = small_problem(counts=(3, 5, 4, 6, 2, 5, 3)[:n_agents])
+    g = graph.random_connected(n_agents, 3.0, seed=2)
+    args = dict(bcd_iters=2, x_iters=4, y_iters=5, device="cpu", seed=1, g_max=0.04, fuse=fuse)
+    monkeypatch.setattr(solver, "Y_TILE_BYTES", 0)
+    whole = pp.fit(blocks, g, 3, **args)
+    per_agent = 6 * 3 * solver.COLUMN_CHUNK * 8  # six (K, M) float64 tensors, M padded to one chunk
+    monkeypatch.setattr(solver, "Y_TILE_BYTES", group * per_agent)
+    sizes = []
+    real = solver._y_loop
+    monkeypatch.setattr(solver, "_y_loop", lambda Y, *a, **k: sizes.append(Y.shape[0]) or real(Y, *a, **k))
+    grouped = pp.fit(blocks, g, 3, **args)
+    assert sizes == [group, n_agents - group] * 2 if n_agents % group else sizes == [group] * (2 * n_agents // group)
+    assert torch.equal(grouped.X, whole.X) and torch.equal(grouped.U, whole.U)
+    assert all(torch.equal(a, b) for a, b in zip(grouped.Y, whole.Y))
+    for key, vals in whole.history.items():
+        if key.startswith("time"):
+            continue
+        assert torch.equal(torch.as_tensor(grouped.history[key]), torch.as_tensor(vals)), key
+
+
+def test_y_groups_only_for_fixed_counts(monkeypatch):
+    """With a tolerance the stopping flags travel between agents: no groups."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+    monkeypatch.setattr(solver, "Y_TILE_BYTES", 1)
+    sizes = []
+    real = solver._y_loop
+    monkeypatch.setattr(solver, "_y_loop", lambda Y, *a, **k: sizes.append(Y.shape[:2]) or real(Y, *a, **k))
+    blocks = small_problem(counts=(3, 5, 4, 6))
+    pp.fit(blocks, graph.ring(4), 3, bcd_iters=1, x_iters=3, y_iters=3, tol=1e-9, admm_tol=1e-9, seed=0)
+    assert sizes == [(1, 4)]  # the whole (T, N) batch, once
+    assert solver._y_group(8, torch.zeros(1, 1, 2, 4), True) == 1  # the byte budget floors at one agent
+    assert solver._y_group(8, torch.zeros(1, 1, 2, 4), False) == 0
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
 @pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-4), dict(exchange="quantized", n_max=1e6),
                                 dict(consensus_form="paper_literal", penalty="fixed"),
