@@ -254,6 +254,7 @@ NBR_PASS_NODE_LIMIT = 1024
 #: agents whose six ``(K, M)`` working tensors take about this many bytes (so that they stay
 #: in the cache), then move to the next group: the agents do not communicate in the Y-step,
 #: so this is the same arithmetic in another order. 0 turns it off (the same bits, tested).
+#: CPU only.
 Y_TILE_BYTES = 12 << 20
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.
@@ -953,11 +954,14 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = problem.width if fused is None else 0
     loop = dict(eta=eta, Mw=Mw, fused=fused, n_iters=params.y_iters, small_k=K ** 3 < SMALL_BMM)
-    group = _y_group(T * N, V, large and not stop.track)
+    # CPU only (a GPU would run many small kernels instead of one), and only where the
+    # state's flat views write through (contiguous tensors)
+    group = _y_group(T * N, V, large and not stop.track and V.device.type == "cpu"
+                     and all(t.is_contiguous() for t in (Y, V, R)))
     if group:
         # fixed counts, no flags: each agent's iterations depend on its own tensors only
         A = T * N
-        flat = [t.reshape(A, *t.shape[2:]) for t in (Y, V, R, XtZ, G_inv)]
+        flat = [t.view(A, *t.shape[2:]) for t in (Y, V, R)] + [t.reshape(A, *t.shape[2:]) for t in (XtZ, G_inv)]
         sq = torch.empty((2, A), dtype=V.dtype, device=V.device)  # squared residual norms per agent
         tile_ws = ws.child("y_groups")
         for start in range(0, A, group):
