@@ -24,7 +24,7 @@ import torch
 from ._utils import PPDNMFError
 
 __all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
-           "save_checkpoint"]
+           "save_checkpoint", "write_atomically"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
 #: format-1 checkpoint could no longer be continued bit for bit
@@ -52,14 +52,15 @@ def fingerprint(problem, params, exchange=None) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(path: str, payload: dict) -> str:
-    """Atomically write ``payload`` to ``path`` (temporary file, fsync, rename)."""
+def write_atomically(path: str, write, *, binary: bool = True) -> str:
+    """Write ``path`` through ``write(fh)`` atomically (temporary file, fsync, rename): a run
+    killed mid-write leaves the previous file, never a truncated one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".pt", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=os.path.splitext(path)[1], dir=folder)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -68,6 +69,11 @@ def save_checkpoint(path: str, payload: dict) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def save_checkpoint(path: str, payload: dict) -> str:
+    """Atomically write ``payload`` to ``path`` (:func:`write_atomically`)."""
+    return write_atomically(path, lambda fh: torch.save(payload, fh))
 
 
 def latest_checkpoint(path: str) -> str:

@@ -953,35 +953,38 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
     # eq. 13 keeps the full padded width, whose rounding does not depend on the batch.
     Mw = problem.width if fused is None else 0
-    loop = dict(eta=eta, Mw=Mw, fused=fused, n_iters=params.y_iters, small_k=K ** 3 < SMALL_BMM)
+    fixed = large and not stop.track  # fixed counts, no flags: agents independent
+    loop = dict(eta=eta, Mw=Mw, fused=fused, n_iters=params.y_iters, small_k=K ** 3 < SMALL_BMM, large=large,
+                carry=fused is not None and fixed)
     # CPU only (a GPU would run many small kernels instead of one), and only where the
     # state's flat views write through (contiguous tensors)
-    group = _y_group(T * N, V, large and not stop.track and V.device.type == "cpu"
-                     and all(t.is_contiguous() for t in (Y, V, R)))
+    group = _y_group(T * N, V, fixed and V.device.type == "cpu" and all(t.is_contiguous() for t in (Y, V, R)))
     if group:
-        # fixed counts, no flags: each agent's iterations depend on its own tensors only
+        # each agent's iterations depend on its own tensors only
         A = T * N
         flat = [t.view(A, *t.shape[2:]) for t in (Y, V, R)] + [t.reshape(A, *t.shape[2:]) for t in (XtZ, G_inv)]
-        sq = torch.empty((2, A), dtype=V.dtype, device=V.device)  # squared residual norms per agent
+        sq = torch.empty((2, A), dtype=V.dtype, device=V.device)
         tile_ws = ws.child("y_groups")
         for start in range(0, A, group):
             sl = slice(start, start + group)
             Yg, Vg, Rg, Xg, Gg = (t[sl] for t in flat)
-            Yn, Vn, Rn, Vp = _y_loop(Yg, Vg, Rg, Xg, Gg, None, None, tile_ws, carry=fused is not None, **loop)
-            sq[0, sl] = torch.linalg.matrix_norm(Yn - Vn).square()
-            sq[1, sl] = torch.linalg.matrix_norm(Vn - Vp).square()
+            Yn, Vn, Rn, Vp = _y_loop(Yg, Vg, Rg, Xg, Gg, None, None, tile_ws, **loop)
+            sq[:, sl] = _y_residuals_sq(Yn, Vn, Vp)
             # this group's slices of the state are read by this group only: overwrite them
             Yg.copy_(Yn), Vg.copy_(Vn), Rg.copy_(Rn)
-        sq = sq.reshape(2, T, N).sum(-1).sqrt()
-        return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
-    Y, V, R, V_prev = _y_loop(Y, V, R, XtZ, G_inv, stop, stop.active, ws,
-                              carry=fused is not None and large and not stop.track, large=large, **loop)
-    state.Y, state.V, state.R = Y, V, R
-    return {
-        "iters": stop.counts,
-        "primal": torch.linalg.matrix_norm(Y - V).square().sum(-1).sqrt(),
-        "dual": eta * torch.linalg.matrix_norm(V - V_prev).square().sum(-1).sqrt(),
-    }
+        sq = sq.view(2, T, N)
+    else:
+        Y, V, R, V_prev = _y_loop(Y, V, R, XtZ, G_inv, stop, stop.active, ws, **loop)
+        state.Y, state.V, state.R = Y, V, R
+        sq = _y_residuals_sq(Y, V, V_prev)
+    sq = sq.sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
+
+
+def _y_residuals_sq(Y, V, V_prev):
+    """Per agent, ``||Y - V||^2`` and ``||V - V_prev||^2`` (the primal and dual residuals
+    before the sum over agents), stacked: shape ``(2, ...)``."""
+    return torch.stack((torch.linalg.matrix_norm(Y - V).square(), torch.linalg.matrix_norm(V - V_prev).square()))
 
 
 def _y_group(n_agents: int, V: torch.Tensor, allowed: bool) -> int:
@@ -1000,7 +1003,7 @@ def _y_group(n_agents: int, V: torch.Tensor, allowed: bool) -> int:
     return want
 
 
-def _y_loop(Y, V, R, XtZ, G_inv, stop, active, ws, *, eta, Mw, fused, n_iters, small_k, carry, large=True):
+def _y_loop(Y, V, R, XtZ, G_inv, stop, active, ws, *, eta, Mw, fused, n_iters, small_k, carry, large):
     """The Y-step's ADMM iterations on ``V, R (..., K, M)``; returns ``Y, V, R, V_prev``.
 
     ``stop`` (a :class:`_StopRule`, or None for fixed counts) ends the loop early.

@@ -296,14 +296,14 @@ def main(argv=None):
 
     def save(rows, loadavg_end=None, **done):
         # after every measurement too: a run stopped by a time limit keeps what it measured
-        if args.json:  # written aside and renamed: a run killed mid-write keeps the previous file
-            with open(args.json + ".tmp", "w") as fh:
-                json.dump({"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
-                                       "python": platform.python_version(), "loadavg_start": load0,
-                                       "loadavg_end": loadavg_end},
-                           "protocol": args.protocol, "lk": LK, "rows": rows, "complete": bool(done), **done},
-                          fh, indent=1)
-            os.replace(args.json + ".tmp", args.json)
+        if args.json:  # atomically: a run killed mid-write keeps the previous file
+            from ppdnmf_torch.checkpoint import write_atomically
+
+            payload = {"machine": {"cpu_count": os.cpu_count(), "machine": platform.machine(),
+                                   "python": platform.python_version(), "loadavg_start": load0,
+                                   "loadavg_end": loadavg_end},
+                       "protocol": args.protocol, "lk": LK, "rows": rows, "complete": bool(done), **done}
+            write_atomically(args.json, lambda fh: json.dump(payload, fh, indent=1), binary=False)
 
     t0 = time.perf_counter()
     rows, keygen = bench(args.bits, args.protocol, small, args.iters, args.max_seconds, args.graph_seed, log,

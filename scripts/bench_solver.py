@@ -63,6 +63,7 @@ sys.path.insert(0, ROOT)
 import ppdnmf_torch as pp  # noqa: E402
 from ppdnmf_torch import graph as graph_mod  # noqa: E402
 from ppdnmf_torch import solver as solver_mod  # noqa: E402
+from ppdnmf_torch.checkpoint import write_atomically  # noqa: E402
 from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
 from ppdnmf_torch.problem import padded_width  # noqa: E402
 
@@ -312,11 +313,11 @@ def bench_roofline(device, N, modes, repeats=3, iters=8):
         row[f"{mode}_fraction_of_copy"] = bw / copy_bw
         row[f"{mode}_GFLOPs"] = flops / t / 1e9
         row[f"{mode}_fraction_of_roofline"] = roof["bound_s"] / t
+        row[f"{mode}_disturbed"] = disturbed = roof["bound_s"] / t > 1
         print(f"    {mode}: {t:.3f} s/it, {bw / 1e9:.2f} GB/s = {100 * bw / copy_bw:.1f}% of "
               f"{copy_bw / 1e9:.2f} GB/s; {flops / t / 1e9:.1f} GFLOP/s; "
-              f"{100 * roof['bound_s'] / t:.0f}% of the roofline"
-              + (f" ({DISTURBED})" if roof["bound_s"] / t > 1 else ""), flush=True)
-        row[f"{mode}_disturbed"] = roof["bound_s"] / t > 1
+              f"{100 * roof['bound_s'] / t:.0f}% of the roofline" + (f" ({DISTURBED})" if disturbed else ""),
+              flush=True)
     return row
 
 
@@ -402,9 +403,8 @@ def main(argv=None):
         # after every row: a run stopped by a time limit keeps what it measured (written
         # aside and renamed, so that a kill mid-write keeps the previous file)
         if args.json:
-            with open(args.json + ".tmp", "w", encoding="utf-8") as fh:
-                json.dump(_json_safe(out), fh, indent=2, allow_nan=False)
-            os.replace(args.json + ".tmp", args.json)
+            write_atomically(args.json, lambda fh: json.dump(_json_safe(out), fh, indent=2, allow_nan=False),
+                             binary=False)
 
     loop_times, ref_cache = {}, {}
 
@@ -453,18 +453,18 @@ def _json_safe(x):
     return x
 
 
-def _positive_int(text):
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+def _int_at_least(low):
+    """An argparse type: an integer ``>= low``."""
+    def parse(text):
+        v = int(text)
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {low}"  # argparse's "invalid <name> value: ..." message
+    return parse
 
 
-def _nonnegative_int(text):
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_positive_int, _nonnegative_int = _int_at_least(1), _int_at_least(0)
 
 
 if __name__ == "__main__":
