@@ -31,7 +31,7 @@ from ppdnmf_torch.exchange.obfuscation import (
 )
 from ppdnmf_torch.exchange.packing import SlotDecodeError, derive_layout
 from ppdnmf_torch.exchange.paillier import PaillierExchange
-from ppdnmf_torch.exchange.pool import ObfuscatorSupply, WorkerPool, resolve_workers
+from ppdnmf_torch.exchange.pool import ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
 
 from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive, penalty_encodings
 
@@ -98,21 +98,72 @@ def test_pool_paths_are_bit_identical(protocol, key_bits, combo, paillier_keypai
     assert p.workers == 2 and p._pool is not None
     outs = drive([q, p], topo, lk=LK, n_iter=3, seed=3, skip_step1=(1,))
     assert_same(outs[0], outs[1])
+    assert p._lanes.helper_chunks > 0  # the per-edge work ran on both lanes
     p.close()
-    assert p._pool is None
+    assert p._pool is None and p._lanes is None
 
 
-def test_workers_2_same_bits_as_workers_1(paillier_keypairs):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs):
+    """Pool and thread lanes change where the work runs, nothing else: the same numbers,
+    the same counts, and the same messages in the same order."""
     topo = Topology.from_graphs([CYCLE4])
     codec = IntegerCodec(n_max=1e5, g_bits=12, key_bits=512)
     keys = paillier_keypairs(512, 4)
-    one = bound(PaillierExchange(codec, keypairs=keys, workers=1), topo)
-    two = bound(PaillierExchange(codec, keypairs=keys, workers=2), topo)
-    assert one._pool is None and two._pool is not None
+    one = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=1, record_transcript=True), topo)
+    two = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=2, record_transcript=True), topo)
+    assert one._pool is None and one._lanes is None and two._pool is not None and two._lanes.threads == 2
     a, b = drive([one, two], topo, lk=20, n_iter=3, seed=9, skip_step1=(1,))
     assert_same(a, b)
-    assert one.costs()["encryptions"] == two.costs()["encryptions"] > 0
+    assert two._lanes.helper_chunks > 0
+    c1, c2 = one.costs(), two.costs()
+    assert c1["encryptions"] > 0 and all(c1[k] == c2[k] for k in COUNT_KEYS)
+
+    def wire(ex):  # ciphertexts are random; who sent what kind of message, and how long, is not
+        return [(m.bcd_iter, m.admm_iter, m.sender, m.receiver, m.kind, len(m.payload)) for m in ex.transcript]
+
+    assert wire(one) == wire(two) and len(wire(one)) > 0
     two.close()
+
+
+def test_thread_lanes_map_in_order_on_every_lane():
+    import threading
+
+    seen = set()
+
+    def square(x):
+        seen.add(threading.get_ident())
+        return x * x
+
+    lanes = ThreadLanes(3)
+    assert lanes.map(square, range(10)) == [x * x for x in range(10)]
+    assert lanes.helper_chunks == 2 and len(seen) >= 2  # the caller's thread and a helper
+    assert lanes.map(square, [4]) == [16] and lanes.helper_chunks == 2  # one item: no helper
+    assert lanes.map(square, []) == []
+    assert ThreadLanes(1).map(square, range(4)) == [0, 1, 4, 9]
+    lanes.close()
+    assert lanes.map(square, range(4)) == [0, 1, 4, 9]  # closed lanes start new threads when used again
+    lanes.close()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(lanes)
+
+
+def test_thread_lanes_raise_the_first_error_after_every_chunk_finished():
+    finished = []
+
+    def task(x):
+        if x in (3, 7):
+            raise ValueError(f"bad {x}")
+        finished.append(x)
+        return x
+
+    lanes = ThreadLanes(2)  # chunks [0..4], [5..9]: the first chunk's error is the one a loop meets
+    with pytest.raises(ValueError, match="bad 3"):
+        lanes.map(task, range(10))
+    assert sorted(finished) == [0, 1, 2, 5, 6]  # the second chunk ran up to its own error
+    with pytest.raises(ValueError, match="bad 7"):
+        lanes.map(task, range(5, 10))
+    lanes.close()
 
 
 def test_full_small_fit_with_every_fast_path_equals_quantized(paillier_keypairs):

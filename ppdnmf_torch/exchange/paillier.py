@@ -107,7 +107,7 @@ from .codec import CodecRangeError, IntegerCodec
 from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calibrate, estimate_seconds
 from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
 from .packing import SlotDecodeError, SlotLayout, check_protocol_range, decrypted_range_error, derive_layout
-from .pool import ObfuscatorSupply, WorkerPool, resolve_workers
+from .pool import ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
 from .quantized import Step1Penalties, encode_inputs, integer_penalty_sums
 
 __all__ = [
@@ -425,7 +425,9 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         ``os.cpu_count()`` for keys of at least 1024 bits and in-process below, where a task
         costs less than shipping it; ``0`` or ``1``: in-process. Workers only ever receive
         public moduli ``n`` (:mod:`.pool`); decryption and the owner's CRT obfuscators stay
-        in the agent's process.
+        in the agent's process. With ``k >= 2`` workers the per-edge homomorphic work
+        (replies and scalar multiplications) also runs in ``k`` thread lanes of this
+        process (:class:`~.pool.ThreadLanes`), with the same results.
     pool_audit : callable, optional
         Called with the pickled arguments of every task sent to a worker (tests).
     """
@@ -482,6 +484,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._pool_audit = pool_audit
         self._pool = None
         self._supply = None
+        self._lanes = None
         self._cost_model = cost_model
         self._pending_keys = list(keypairs) if keypairs is not None else None
         self._agents: tuple = ()
@@ -554,6 +557,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
                               RuntimeWarning, stacklevel=3)
                 self.workers = 0
         self._pool = pool
+        # the edges' homomorphic work: one thread lane per worker (in this process)
+        self._lanes = ThreadLanes(self.workers) if self.workers >= 2 else None
         self._supply = ObfuscatorSupply(moduli, djn_bits=self.djn_exponent_bits, pool=pool,
                                         stock={} if self.precompute else None)
         self._stock_lk = None
@@ -588,6 +593,9 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._lanes is not None:
+            self._lanes.close()
+            self._lanes = None
 
     def close(self) -> None:
         """Drop every agent and with it every private key; stop the worker pool. The exchange
@@ -768,32 +776,42 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         return self._to_device(flat, (A, P))
 
     # -- step 5, fast path --------------------------------------------------------------
+    # The per-edge work (replies, scalar multiplications) runs on the exchange's thread
+    # lanes (:class:`~.pool.ThreadLanes`, one per worker); the messages, the counts and the
+    # homomorphic sums follow in edge order in the calling thread, as on a serial loop.
+    def _lanes_map(self, fn, items) -> list:
+        lanes = self._lanes
+        return [fn(x) for x in items] if lanes is None else lanes.map(fn, items)
+
     def _fast_penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
         """The aggregated mini-round on the fast path (one value per message: never packed)."""
         agents, led = self._agents, self._ledger
+        src, dst = self._src, self._dst
         t0 = time.perf_counter()
         obf = self._supply.take({i: self._deg[i] for i in self._senders})
         self._supply.refill()
-        led.add("time_encrypt", time.perf_counter() - t0)
-        acc = {}
-        for e, (i, j) in enumerate(zip(self._src, self._dst)):
+        replies = []  # j: E_i(gamma_ji)
+        for e, i in enumerate(src):
             ag = agents[i]
-            n, nsq = ag.n, ag.nsquare
+            replies.append((1 + ag.n * (gamma[self._rev[e]] % ag.n)) * obf[i].pop() % ag.nsquare)
+        t1 = time.perf_counter()
+        led.add("encryptions", len(src))
+        led.add("time_encrypt", t1 - t0)
+
+        def term(e):  # i: E_i(gamma_ij gamma_ji)
+            return gmpy2.powmod_base_list([replies[e]], self._exponent(gamma[e]), agents[src[e]].nsquare)[0]
+
+        terms = self._lanes_map(term, range(len(src)))
+        acc = {}
+        for i, t in zip(src, terms):
+            acc[i] = t if i not in acc else acc[i] * t % agents[i].nsquare
+        led.add("scalar_multiplications", len(src))
+        led.add("homomorphic_additions", len(src) - len(acc))
+        led.add("time_homomorphic", time.perf_counter() - t1)
+        for e, (i, j) in enumerate(zip(src, dst)):
+            ag = agents[i]
             self._send(i, j, _pk_nbytes(ag.public_key), "public_key", (ag.public_key.n,))  # i -> j: kp_i
-            t0 = time.perf_counter()
-            reply = (1 + n * (gamma[self._rev[e]] % n)) * obf[i].pop() % nsq  # j: E_i(gamma_ji)
-            t1 = time.perf_counter()
-            led.add("encryptions", 1)
-            led.add("time_encrypt", t1 - t0)
-            self._send(j, i, _ct_nbytes(ag.public_key), "enc_penalty", (reply,))
-            term = gmpy2.powmod(reply, self._exponent(gamma[e]), nsq)  # i: E_i(gamma_ij gamma_ji)
-            led.add("scalar_multiplications", 1)
-            if i in acc:
-                acc[i] = acc[i] * term % nsq
-                led.add("homomorphic_additions", 1)
-            else:
-                acc[i] = term
-            led.add("time_homomorphic", time.perf_counter() - t1)
+            self._send(j, i, _ct_nbytes(ag.public_key), "enc_penalty", (replies[e],))
         rho = [0] * self.topology.n_nodes
         lay1 = self._layout1
         for i, c in acc.items():
@@ -817,7 +835,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         """Lines 10-11, packed: every agent with neighbours encrypts ``-q_i`` under its own key.
 
         Also fetches the public-key obfuscators of this round's replies (``d_i C`` per key
-        ``i``), and returns them with the requests.
+        ``i``), and returns them with the requests, as each edge's ``C`` (in edge order).
         """
         agents, led, lay = self._agents, self._ledger, self.layout
         t0 = time.perf_counter()
@@ -834,12 +852,18 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
                 mine, obf[i] = obf[i][:C], obf[i][C:]
             cts = [(1 + n * m) * r % nsq for m, r in zip(lay.pack([-v for v in qh[i]], n), mine)]
             requests[i] = EncryptedVector(ag.public_key, cts)
+        used = dict.fromkeys(obf, 0)
+        per_edge = []
+        for i in self._src:
+            per_edge.append(obf[i][used[i]:used[i] + C])
+            used[i] += C
         led.add("encryptions", C * len(self._senders))
         led.add("time_encrypt", time.perf_counter() - t0)
-        return requests, obf
+        return requests, per_edge
 
-    def _fast_reply(self, request: EncryptedVector, packed_qj: list, gamma_ji: int, obfuscators: list) -> list:
-        """Lines 13-14 at neighbour ``j``, packed: ``E_i(gamma_ji (q_j - q_i))``, freshly obfuscated.
+    def _fast_reply(self, e: int, requests: dict, packed: dict, gh: list, obfuscators: list) -> list:
+        """Lines 13-14 at neighbour ``j`` of edge ``e = (i, j)``, packed: ``E_i(gamma_ji (q_j - q_i))``,
+        freshly obfuscated.
 
         ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji}`` (a plaintext addition and a scalar
         multiplication) times a fresh obfuscator of ``j``'s: one encryption, one addition
@@ -847,20 +871,20 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         obfuscator comes *after* the exponentiation, so the reply's randomness is
         independent of ``gamma_ji`` (on the naive path it is ``(r_j r_i)^{n gamma_ji}``, whose
         subgroup membership, which ``i`` can test with its factors, depends on ``gamma_ji``).
+        Pure arithmetic (no counts, no messages): it runs on the thread lanes.
         """
+        ag = self._agents[self._src[e]]
+        n, nsq = ag.n, ag.nsquare
+        k = self._exponent(gh[self._rev[e]])
+        bases = [(1 + n * (m % n)) * c % nsq for m, c in zip(packed[self._dst[e]], requests[self._src[e]].ciphertexts)]
+        return [x * r % nsq for x, r in zip(gmpy2.powmod_base_list(bases, k, nsq), obfuscators)]
+
+    def _account_replies(self, C: int) -> None:
+        D = len(self._src)
         led = self._ledger
-        t0 = time.perf_counter()
-        n = gmpy2.mpz(request.public_key.n)
-        nsq = n * n
-        k = self._exponent(gamma_ji)
-        out = [gmpy2.powmod((1 + n * (m % n)) * c % nsq, k, nsq) * r % nsq
-               for m, c, r in zip(packed_qj, request.ciphertexts, obfuscators)]
-        c = len(out)
-        led.add("encryptions", c)
-        led.add("homomorphic_additions", c)
-        led.add("scalar_multiplications", c)
-        led.add("time_homomorphic", time.perf_counter() - t0)
-        return out
+        led.add("encryptions", C * D)
+        led.add("homomorphic_additions", C * D)
+        led.add("scalar_multiplications", C * D)
 
     def _fast_paper_round(self, qh, gh, P, bcd_iter, admm_iter) -> torch.Tensor:
         agents, lay, led = self._agents, self.layout, self._ledger
@@ -871,16 +895,16 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         C = lay.n_ciphertexts(P)
         requests, obf = self._fast_requests(qh, C)
         packed = {j: lay.pack_signed(qh[j]) for j in set(self._dst)}
-        used = dict.fromkeys(obf, 0)
+        t0 = time.perf_counter()
+        replies = self._lanes_map(lambda e: self._fast_reply(e, requests, packed, gh, obf[e]), range(D))
+        self._account_replies(C)
+        led.add("time_homomorphic", time.perf_counter() - t0)
         decrypted = []
         for e, (i, j) in enumerate(zip(self._src, self._dst)):
             req = requests[i]
             self._send(i, j, req.nbytes + _pk_nbytes(req.public_key), "enc_neg_u_and_key",
                        list(req.ciphertexts) + [req.public_key.n])  # E_i(-q_i) and kp_i
-            u = used[i]
-            reply = EncryptedVector(req.public_key, self._fast_reply(req, packed[j], gh[self._rev[e]],
-                                                                     obf[i][u:u + C]))
-            used[i] = u + C
+            reply = EncryptedVector(req.public_key, replies[e])
             self._send(j, i, reply.nbytes, "enc_reply", reply.ciphertexts)
             # lines 15-16: i decrypts each neighbour's reply on its own
             t0 = time.perf_counter()
@@ -901,31 +925,30 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         A = self.topology.n_nodes
         C = lay.n_ciphertexts(P)
         flat = [0] * (A * P)
-        if not self._src:
+        D = len(self._src)
+        if not D:
             return self._to_device(flat, (A, P))
         requests, obf = self._fast_requests(qh, C)
         packed = {j: lay.pack_signed(qh[j]) for j in set(self._dst)}
-        used = dict.fromkeys(obf, 0)
+
+        def edge(e):  # j's reply; i raises it to its own gamma_ij
+            reply = self._fast_reply(e, requests, packed, gh, obf[e])
+            return reply, gmpy2.powmod_base_list(reply, self._exponent(gh[e]), agents[self._src[e]].nsquare)
+
+        t0 = time.perf_counter()
+        done = self._lanes_map(edge, range(D))
         acc = {}
-        for e, (i, j) in enumerate(zip(self._src, self._dst)):
+        for i, (_, term) in zip(self._src, done):  # i's homomorphic sum
+            nsq = agents[i].nsquare
+            acc[i] = term if i not in acc else [a * b % nsq for a, b in zip(acc[i], term)]
+        self._account_replies(C)
+        led.add("scalar_multiplications", C * D)
+        led.add("homomorphic_additions", C * (D - len(acc)))
+        led.add("time_homomorphic", time.perf_counter() - t0)
+        for (i, j), (reply, _) in zip(zip(self._src, self._dst), done):
             req = requests[i]
             self._send(i, j, req.nbytes, "enc_neg_u", req.ciphertexts)  # E_i(-q_i); kp_i went with step 1
-            u = used[i]
-            reply = self._fast_reply(req, packed[j], gh[self._rev[e]], obf[i][u:u + C])
-            used[i] = u + C
             self._send(j, i, len(reply) * _ct_nbytes(req.public_key), "enc_reply", reply)
-            # i raises the reply to its own gamma_ij and multiplies (homomorphic sum)
-            t0 = time.perf_counter()
-            nsq = agents[i].nsquare
-            k = self._exponent(gh[e])
-            term = [gmpy2.powmod(c, k, nsq) for c in reply]
-            led.add("scalar_multiplications", C)
-            if i in acc:
-                acc[i] = [a * b % nsq for a, b in zip(acc[i], term)]
-                led.add("homomorphic_additions", C)
-            else:
-                acc[i] = term
-            led.add("time_homomorphic", time.perf_counter() - t0)
         for i, cts in acc.items():
             ag = agents[i]
             t0 = time.perf_counter()

@@ -19,7 +19,9 @@ all, the exchange warns and works in-process.
 Everything that needs a private key stays in the agent's process: decryption and the
 owner's CRT obfuscators (:class:`~.obfuscation.PrivateCRT`). The cheap homomorphic
 operations (products and small powers mod ``n^2``), packing and unpacking stay there too:
-shipping ciphertexts to a worker would cost about as much as the work.
+shipping ciphertexts to a worker would cost about as much as the work. They still use
+every core: :class:`ThreadLanes` runs the edges' homomorphic work in threads of this
+process, side by side, through ``gmpy2.powmod_base_list``, which releases the GIL.
 
 :class:`ObfuscatorSupply` hands out obfuscators per public key. In *stock* mode
 (``precompute=True`` with a pool) it keeps a stock per key, refilled in the background
@@ -37,13 +39,13 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 from gmpy2 import mpz
 
 from .obfuscation import PUBLIC_TASKS, public_obfuscators
 
-__all__ = ["WorkerPool", "ObfuscatorSupply", "resolve_workers", "POOL_MIN_KEY_BITS"]
+__all__ = ["WorkerPool", "ObfuscatorSupply", "ThreadLanes", "resolve_workers", "POOL_MIN_KEY_BITS"]
 
 #: with ``workers=None`` the pool is used from this key size up (below, a task costs less
 #: than shipping it to another process)
@@ -264,3 +266,73 @@ class ObfuscatorSupply:
             pending.clear()
         for stock in self._stock.values():
             stock.clear()
+
+
+def _run_chunk(fn, chunk):
+    return [fn(x) for x in chunk]
+
+
+class ThreadLanes:
+    """``[fn(x) for x in items]`` in ``threads`` contiguous chunks, side by side, in this process.
+
+    For the protocol's per-edge work, whose time is spent in ``gmpy2.powmod_base_list``
+    (which releases the GIL): the calling thread computes the first chunk, ``threads - 1``
+    helper threads the others. Nothing is pickled and nothing leaves the process. Results
+    come back in the order of ``items``; when tasks raise, every chunk still finishes first
+    and the error of the earliest failing chunk is raised (the one a serial loop would
+    have met first).
+
+    Parameters
+    ----------
+    threads : int
+        Lanes, counting the caller's thread; below 2, :meth:`map` is a plain loop.
+    """
+
+    def __init__(self, threads: int):
+        self.threads = int(threads)
+        #: chunks the helper threads have run (tests check that the lanes were used)
+        self.helper_chunks = 0
+        self._executor = None
+        self._pid = None
+
+    def _helpers(self) -> ThreadPoolExecutor:
+        if self._executor is None or self._pid != os.getpid():  # a forked child has no copy of the threads
+            self._executor = ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="ppdnmf-lane")
+            self._pid = os.getpid()
+        return self._executor
+
+    def map(self, fn, items) -> list:
+        items = list(items)
+        k = min(self.threads, len(items))
+        if k < 2:
+            return _run_chunk(fn, items)
+        bounds = [len(items) * t // k for t in range(k + 1)]
+        chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+        try:
+            futs = [self._helpers().submit(_run_chunk, fn, c) for c in chunks[1:]]
+        except RuntimeError:  # the interpreter is shutting down (no new threads): one lane then
+            return _run_chunk(fn, items)
+        out, error = [], None
+        try:
+            out.extend(_run_chunk(fn, chunks[0]))
+        except Exception as exc:
+            error = exc
+        for f in futs:
+            try:
+                part = f.result()
+            except Exception as exc:
+                error = exc if error is None else error
+                continue
+            out.extend(part)
+        self.helper_chunks += len(futs)
+        if error is not None:
+            raise error
+        return out
+
+    def close(self) -> None:
+        ex, self._executor = self._executor, None
+        if ex is not None and self._pid == os.getpid():
+            ex.shutdown(wait=True)
+
+    def __reduce__(self):
+        raise TypeError("ThreadLanes cannot be pickled")
