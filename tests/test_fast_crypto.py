@@ -89,7 +89,10 @@ def test_every_fast_path_is_bit_identical_to_quantized(protocol, key_bits, paill
 @pytest.mark.parametrize("combo", POOL_COMBOS, ids=_cid)
 @pytest.mark.parametrize("key_bits", [128, 512])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_pool_paths_are_bit_identical(protocol, key_bits, combo, paillier_keypairs):
+def test_pool_paths_are_bit_identical(protocol, key_bits, combo, paillier_keypairs, monkeypatch):
+    from ppdnmf_torch.exchange import paillier
+
+    monkeypatch.setattr(paillier, "LANE_MIN_KEY_BITS", 64)  # the thread lanes at test key sizes
     topo = Topology.from_graphs([CYCLE4, PATH4])
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=key_bits)
     keys = paillier_keypairs(key_bits, topo.n_nodes)
@@ -104,12 +107,18 @@ def test_pool_paths_are_bit_identical(protocol, key_bits, combo, paillier_keypai
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs):
+def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs, monkeypatch):
     """Pool and thread lanes change where the work runs, nothing else: the same numbers,
     the same counts, and the same messages in the same order."""
+    from ppdnmf_torch.exchange import paillier
+
     topo = Topology.from_graphs([CYCLE4])
     codec = IntegerCodec(n_max=1e5, g_bits=12, key_bits=512)
     keys = paillier_keypairs(512, 4)
+    below = bound(PaillierExchange(codec, keypairs=keys, workers=2), topo)
+    assert below._pool is not None and below._lanes is None  # no lanes below 2048-bit keys
+    below.close()
+    monkeypatch.setattr(paillier, "LANE_MIN_KEY_BITS", 512)
     one = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=1, record_transcript=True), topo)
     two = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=2, record_transcript=True), topo)
     assert one._pool is None and one._lanes is None and two._pool is not None and two._lanes.threads == 2

@@ -107,7 +107,7 @@ from .codec import CodecRangeError, IntegerCodec
 from .costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, calibrate, estimate_seconds
 from .obfuscation import HoldsPrivateKey, PrivateCRT, default_djn_exponent_bits, djn_obfuscators
 from .packing import SlotDecodeError, SlotLayout, check_protocol_range, decrypted_range_error, derive_layout
-from .pool import ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
+from .pool import LANE_MIN_KEY_BITS, ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
 from .quantized import Step1Penalties, encode_inputs, integer_penalty_sums
 
 __all__ = [
@@ -425,9 +425,10 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         ``os.cpu_count()`` for keys of at least 1024 bits and in-process below, where a task
         costs less than shipping it; ``0`` or ``1``: in-process. Workers only ever receive
         public moduli ``n`` (:mod:`.pool`); decryption and the owner's CRT obfuscators stay
-        in the agent's process. With ``k >= 2`` workers the per-edge homomorphic work
-        (replies and scalar multiplications) also runs in ``k`` thread lanes of this
-        process (:class:`~.pool.ThreadLanes`), with the same results.
+        in the agent's process. With ``k >= 2`` workers and keys of at least 2048 bits
+        (:data:`~.pool.LANE_MIN_KEY_BITS`) the per-edge homomorphic work (replies and scalar
+        multiplications) also runs in ``k`` thread lanes of this process
+        (:class:`~.pool.ThreadLanes`), with the same results.
     pool_audit : callable, optional
         Called with the pickled arguments of every task sent to a worker (tests).
     """
@@ -558,7 +559,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
                 self.workers = 0
         self._pool = pool
         # the edges' homomorphic work: one thread lane per worker (in this process)
-        self._lanes = ThreadLanes(self.workers) if self.workers >= 2 else None
+        lanes = self.workers >= 2 and self.codec.key_bits >= LANE_MIN_KEY_BITS
+        self._lanes = ThreadLanes(self.workers) if lanes else None
         self._supply = ObfuscatorSupply(moduli, djn_bits=self.djn_exponent_bits, pool=pool,
                                         stock={} if self.precompute else None)
         self._stock_lk = None

@@ -45,11 +45,15 @@ from gmpy2 import mpz
 
 from .obfuscation import PUBLIC_TASKS, public_obfuscators
 
-__all__ = ["WorkerPool", "ObfuscatorSupply", "ThreadLanes", "resolve_workers", "POOL_MIN_KEY_BITS"]
+__all__ = ["WorkerPool", "ObfuscatorSupply", "ThreadLanes", "resolve_workers", "POOL_MIN_KEY_BITS", "LANE_MIN_KEY_BITS"]
 
 #: with ``workers=None`` the pool is used from this key size up (below, a task costs less
 #: than shipping it to another process)
 POOL_MIN_KEY_BITS = 1024
+#: the per-edge thread lanes run from this key size up: on the 2-core development VM they
+#: measured 2-4 ms per ADMM iteration faster at 2048 bits, 0.5-5 ms slower at 1024 and 128
+#: (smaller powers hold the GIL for a larger share of their time)
+LANE_MIN_KEY_BITS = 2048
 
 _PRELOAD = "ppdnmf_torch.exchange.obfuscation"
 
