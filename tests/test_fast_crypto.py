@@ -10,6 +10,7 @@ import copy
 import itertools
 import pickle
 import pickletools
+import time
 
 import gmpy2
 import pytest
@@ -135,6 +136,48 @@ def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs, monkeypat
     two.close()
 
 
+class _SeededSecrets:
+    """Stands in for :mod:`secrets` in :mod:`~ppdnmf_torch.exchange.obfuscation`: reproducible obfuscators."""
+
+    def __init__(self, seed):
+        import random
+
+        self._r = random.Random(seed)
+
+    def randbelow(self, n):
+        return self._r.randrange(n)
+
+    def randbits(self, k):
+        return self._r.getrandbits(k)
+
+
+@pytest.mark.parametrize("djn", [False, True])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_thread_lanes_send_the_same_messages_as_one_thread(protocol, djn, paillier_keypairs, monkeypatch):
+    """With reproducible obfuscators, lanes and a serial loop put the same ciphertexts on the
+    wire in the same order, and count the same operations in every iteration."""
+    from ppdnmf_torch.exchange import obfuscation
+
+    topo = Topology.from_graphs([CYCLE4, PATH4])
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=256)
+    keys = paillier_keypairs(256, topo.n_nodes)
+    runs = []
+    for lanes in (None, ThreadLanes(3)):
+        monkeypatch.setattr(obfuscation, "secrets", _SeededSecrets(7))
+        ex = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=0, djn=djn,
+                                    record_transcript=True), topo)
+        ex._lanes = lanes
+        out = drive([ex], topo, lk=40, n_iter=3, seed=3, skip_step1=(1,))[0]
+        per_iter = [{k: r[k] for k in COUNT_KEYS} for r in ex.pop_iteration_costs()]
+        runs.append((out, list(ex.transcript), per_iter))
+        ex.close()
+    (a, wire_a, cost_a), (b, wire_b, cost_b) = runs
+    assert_same(a, b)
+    assert wire_a == wire_b and len(wire_a) > 0
+    assert cost_a == cost_b
+    assert lanes.helper_chunks > 0
+
+
 def test_thread_lanes_map_in_order_on_every_lane():
     import threading
 
@@ -172,6 +215,17 @@ def test_thread_lanes_raise_the_first_error_after_every_chunk_finished():
     assert sorted(finished) == [0, 1, 2, 5, 6]  # the second chunk ran up to its own error
     with pytest.raises(ValueError, match="bad 7"):
         lanes.map(task, range(5, 10))
+
+    def interrupted(x):  # Ctrl-C in the caller's chunk: the helper's chunk still finishes first
+        if x == 0:
+            raise KeyboardInterrupt
+        time.sleep(0.05)
+        finished.append(x)
+
+    finished.clear()
+    with pytest.raises(KeyboardInterrupt):
+        lanes.map(interrupted, range(2))
+    assert finished == [1]
     lanes.close()
 
 

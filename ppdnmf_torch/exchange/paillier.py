@@ -76,7 +76,8 @@ scalar multiplications by the nonnegative integer penalties).
   CRT obfuscators, the homomorphic operations, packing and unpacking run in the agent's
   (the caller's) process; from 1024-bit keys up, the two CRT halves of a decryption or of a
   batch of the owner's obfuscators run side by side in two threads of that process
-  (:class:`~.obfuscation.PrivateCRT`).
+  (:class:`~.obfuscation.PrivateCRT`), and from 2048-bit keys up the per-edge homomorphic
+  work runs in one thread lane per worker (:class:`~.pool.ThreadLanes`).
 
 On the fast path neighbour ``j``'s reply is ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji} rho_j``:
 ``j``'s fresh obfuscator ``rho_j`` multiplies the result *after* the exponentiation (one
@@ -427,8 +428,11 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         public moduli ``n`` (:mod:`.pool`); decryption and the owner's CRT obfuscators stay
         in the agent's process. With ``k >= 2`` workers and keys of at least 2048 bits
         (:data:`~.pool.LANE_MIN_KEY_BITS`) the per-edge homomorphic work (replies and scalar
-        multiplications) also runs in ``k`` thread lanes of this process
-        (:class:`~.pool.ThreadLanes`), with the same results.
+        multiplications) also runs in ``k`` thread lanes of this process (the caller's
+        thread and ``k - 1`` helpers, :class:`~.pool.ThreadLanes`), with the same results;
+        if the pool cannot start, neither runs. So the default starts ``os.cpu_count()``
+        processes and as many lanes, more threads than cores while both are busy; on the
+        2-core development VM that measured slightly faster than no lanes (README).
     pool_audit : callable, optional
         Called with the pickled arguments of every task sent to a worker (tests).
     """
@@ -780,7 +784,9 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
     # -- step 5, fast path --------------------------------------------------------------
     # The per-edge work (replies, scalar multiplications) runs on the exchange's thread
     # lanes (:class:`~.pool.ThreadLanes`, one per worker); the messages, the counts and the
-    # homomorphic sums follow in edge order in the calling thread, as on a serial loop.
+    # homomorphic sums follow in edge order in the calling thread, as on a serial loop. A
+    # round that fails in its per-edge work (a negative penalty) sends and counts nothing
+    # of that work.
     def _lanes_map(self, fn, items) -> list:
         lanes = self._lanes
         return [fn(x) for x in items] if lanes is None else lanes.map(fn, items)
@@ -797,7 +803,6 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
             ag = agents[i]
             replies.append((1 + ag.n * (gamma[self._rev[e]] % ag.n)) * obf[i].pop() % ag.nsquare)
         t1 = time.perf_counter()
-        led.add("encryptions", len(src))
         led.add("time_encrypt", t1 - t0)
 
         def term(e):  # i: E_i(gamma_ij gamma_ji)
@@ -807,6 +812,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         acc = {}
         for i, t in zip(src, terms):
             acc[i] = t if i not in acc else acc[i] * t % agents[i].nsquare
+        led.add("encryptions", len(src))
         led.add("scalar_multiplications", len(src))
         led.add("homomorphic_additions", len(src) - len(acc))
         led.add("time_homomorphic", time.perf_counter() - t1)

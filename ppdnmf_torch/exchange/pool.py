@@ -19,9 +19,10 @@ all, the exchange warns and works in-process.
 Everything that needs a private key stays in the agent's process: decryption and the
 owner's CRT obfuscators (:class:`~.obfuscation.PrivateCRT`). The cheap homomorphic
 operations (products and small powers mod ``n^2``), packing and unpacking stay there too:
-shipping ciphertexts to a worker would cost about as much as the work. They still use
-every core: :class:`ThreadLanes` runs the edges' homomorphic work in threads of this
-process, side by side, through ``gmpy2.powmod_base_list``, which releases the GIL.
+shipping ciphertexts to a worker would cost about as much as the work. With 2 or more
+workers and keys of at least :data:`LANE_MIN_KEY_BITS` bits they still use every core:
+:class:`ThreadLanes` runs the edges' homomorphic work in threads of this process, side by
+side, through ``gmpy2.powmod_base_list``, which releases the GIL.
 
 :class:`ObfuscatorSupply` hands out obfuscators per public key. In *stock* mode
 (``precompute=True`` with a pool) it keeps a stock per key, refilled in the background
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 
 from gmpy2 import mpz
 
@@ -289,7 +290,8 @@ class ThreadLanes:
     Parameters
     ----------
     threads : int
-        Lanes, counting the caller's thread; below 2, :meth:`map` is a plain loop.
+        Lanes, counting the caller's thread (``threads - 1`` helper threads); below 2,
+        :meth:`map` is a plain loop.
     """
 
     def __init__(self, threads: int):
@@ -312,19 +314,24 @@ class ThreadLanes:
             return _run_chunk(fn, items)
         bounds = [len(items) * t // k for t in range(k + 1)]
         chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+        futs = []
         try:
-            futs = [self._helpers().submit(_run_chunk, fn, c) for c in chunks[1:]]
+            for c in chunks[1:]:
+                futs.append(self._helpers().submit(_run_chunk, fn, c))
         except RuntimeError:  # the interpreter is shutting down (no new threads): one lane then
+            for f in futs:
+                f.cancel()
+            wait(futs)
             return _run_chunk(fn, items)
         out, error = [], None
         try:
             out.extend(_run_chunk(fn, chunks[0]))
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: the helpers finish before it propagates
             error = exc
         for f in futs:
             try:
                 part = f.result()
-            except Exception as exc:
+            except BaseException as exc:
                 error = exc if error is None else error
                 continue
             out.extend(part)
