@@ -20,6 +20,7 @@ __all__ = [
     "resolve_dtype",
     "derive_seed",
     "sparse_csr",
+    "sparse_matmul",
     "plain_number",
 ]
 
@@ -110,6 +111,20 @@ def sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, n: i
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(crow, col, values, size=(n, n), check_invariants=False)
+
+
+def sparse_matmul(W: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``W @ B`` for a sparse CSR ``W (n, m)`` and a dense ``B (m, p)``, into ``out`` (fresh when None).
+
+    Computed as ``out.addmm_(W, B, beta=0)``, which writes ``out`` without reading it (NaN in
+    it does not propagate) and gives the bits of ``torch.mm(W, B)``. On a CPU, torch's
+    ``mm`` makes a temporary of the result's size, with or without ``out=``, and copies it:
+    timed by hand with torch 2.13 on the 2-core VM, 125 ms against 28 ms at ``(2000, 17689)``
+    float64 (the temporary's fresh pages), 1.12 ms against 0.14 ms at ``(1000, 150)``.
+    """
+    if out is None:
+        out = torch.empty((W.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
+    return out.addmm_(W, B, beta=0)
 
 
 def plain_number(v):

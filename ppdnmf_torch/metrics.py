@@ -11,9 +11,14 @@ import torch
 __all__ = ["residual_norms", "from_residuals", "nmse", "consensus_error", "objective"]
 
 
-def residual_norms(Z: torch.Tensor, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-    """Frobenius norms ``||Z_i - X_i Y_i||_F`` for every trial and agent, shape ``(T, N)``."""
-    XY = torch.bmm(X.reshape(-1, *X.shape[-2:]), Y.reshape(-1, *Y.shape[-2:])).reshape(Z.shape)
+def residual_norms(Z: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """Frobenius norms ``||Z_i - X_i Y_i||_F`` for every trial and agent, shape ``(T, N)``.
+
+    ``scratch`` (optional, contiguous, of ``Z``'s shape) receives ``X_i Y_i - Z_i``: a reused
+    buffer spares a large problem a fresh allocation (the same bits either way).
+    """
+    out = None if scratch is None else scratch.view(-1, *Z.shape[-2:])
+    XY = torch.bmm(X.reshape(-1, *X.shape[-2:]), Y.reshape(-1, *Y.shape[-2:]), out=out).reshape(Z.shape)
     return torch.linalg.matrix_norm(XY.sub_(Z))
 
 
@@ -39,10 +44,13 @@ def nmse(Z: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, z_norms: torch.Tenso
     return per_agent.mean(dim=-1), per_agent
 
 
-def consensus_error(X: torch.Tensor) -> torch.Tensor:
-    """``max_i ||X_i - Xbar||_F / ||Xbar||_F`` with ``Xbar`` the mean over agents, shape ``(T,)``."""
+def consensus_error(X: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """``max_i ||X_i - Xbar||_F / ||Xbar||_F`` with ``Xbar`` the mean over agents, shape ``(T,)``.
+
+    ``scratch`` (optional, of ``X``'s shape) receives ``X_i - Xbar`` (the same bits either way).
+    """
     xbar = X.mean(dim=-3, keepdim=True)
-    num = torch.linalg.matrix_norm(X - xbar)
+    num = torch.linalg.matrix_norm(torch.sub(X, xbar, out=scratch))
     den = torch.linalg.matrix_norm(xbar).clamp_min(torch.finfo(X.dtype).tiny)
     return (num / den).amax(dim=-1)
 

@@ -262,7 +262,8 @@ Y_TILE_BYTES = 12 << 20
 COLUMN_CHUNK = 64
 
 
-def column_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def column_gram(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``A @ B^T`` reduced over the column axis in fixed chunks of :data:`COLUMN_CHUNK`.
 
     ``A (..., p, M)``, ``B (..., q, M)`` -> ``(..., p, q)``, ``M`` a multiple of the chunk.
@@ -272,11 +273,15 @@ def column_gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     follows: a trial gives the same bits alone or inside any batch. This matters more
     than usual here, because Algorithm 1's all-ones start is a symmetric saddle that
     amplifies rounding differences (see ALGORITHM.md notes in the README).
+
+    ``out`` and ``scratch`` (contiguous, of the result's shape; optional) receive the sum and
+    each later chunk's product: reused buffers spare large problems a fresh allocation, whose
+    first touch of every page costs more than the product (the same bits either way).
     """
     M = A.shape[-1]
-    acc = bmm(A[..., :COLUMN_CHUNK], B[..., :COLUMN_CHUNK].mT)
+    acc = bmm(A[..., :COLUMN_CHUNK], B[..., :COLUMN_CHUNK].mT, out=out)
     for c in range(COLUMN_CHUNK, M, COLUMN_CHUNK):
-        acc = acc + bmm(A[..., c:c + COLUMN_CHUNK], B[..., c:c + COLUMN_CHUNK].mT)
+        acc.add_(bmm(A[..., c:c + COLUMN_CHUNK], B[..., c:c + COLUMN_CHUNK].mT, out=scratch))
     return acc
 
 
@@ -797,14 +802,16 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     tol = params.inner_tol
     frozen = state.frozen
 
-    ZYt = column_gram(Z, state.Y)  # (T, N, L, K), fixed during the X-step
+    ws = ws if ws is not None else Workspace()
+    # (T, N, L, K), fixed during the X-step; large ones into buffers kept from the last
+    # X-step ("rhs" is the loop's scratch, free until then)
+    ZYt = column_gram(Z, state.Y, out=ws.take("ZYt", state.U), scratch=ws.take("rhs", state.U))
     lam, E = _eigh_psd(column_gram(state.Y, state.Y))  # Y Y^T = E diag(lam) E^T, (T, N, K), (T, N, K, K)
     Et = E.mT.contiguous()
 
     stop = _StopRule(frozen, tol, params.x_iters, topo, (T, N), Z.device)
     active = stop.active
     fused = _fused(params.fuse)
-    ws = ws if ws is not None else Workspace()
     large = state.U.numel() * state.U.element_size() >= Workspace.MIN_BYTES
     derived = params.consensus_form == "derived"
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; one
@@ -922,10 +929,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     bad = ~torch.isfinite(u_sums[: m + 1])
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = X, U, P, Q, Q_prev, g
+    diff = ws.take("rhs", U, (X, U, U_prev))  # the loop's scratch, free again
     return {
         "iters": stop.counts,
-        "primal": torch.linalg.matrix_norm(X - U).square().sum(-1).sqrt(),
-        "dual": mu * torch.linalg.matrix_norm(U - U_prev).square().sum(-1).sqrt(),  # dummies add exact zeros
+        "primal": torch.linalg.matrix_norm(torch.sub(X, U, out=diff)).square().sum(-1).sqrt(),
+        # dummies add exact zeros
+        "dual": mu * torch.linalg.matrix_norm(torch.sub(U, U_prev, out=diff)).square().sum(-1).sqrt(),
         "first_bad": first_bad,
     }
 
@@ -944,10 +953,10 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     X, Y, V, R = state.X, state.Y, state.V, state.R
     eye = torch.eye(K, dtype=X.dtype, device=X.device)
     G_inv = _spd_inverse(bmm(X.mT, X) + eta * eye)  # fixed during the Y-step
-    XtZ = bmm(X.mT, Z)
+    ws = ws if ws is not None else Workspace()
+    XtZ = bmm(X.mT, Z, out=ws.take("XtZ", V))  # (T, N, K, M) like V; kept from the last Y-step
     stop = _StopRule(frozen, tol, params.y_iters, topo, (T, N), Z.device)
     fused = _fused(params.fuse)
-    ws = ws if ws is not None else Workspace()
     large = V.numel() * V.element_size() >= Workspace.MIN_BYTES
     # Eager: the elementwise updates touch the real columns only (the padding beyond the
     # widest agent's M_i stays zero in buffers that were zeroed once); the product of
@@ -1209,11 +1218,12 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             _sync(device)
             t2 = time.perf_counter()
             Zr, Xr, Yr = Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
-            nm, per_agent, obj = metrics.from_residuals(metrics.residual_norms(Zr, Xr, Yr), z_norms)
+            res = metrics.residual_norms(Zr, Xr, Yr, scratch=ws.take("metrics_XY", Zr))
+            nm, per_agent, obj = metrics.from_residuals(res, z_norms)
             _check_finite(problem, state, bcd_iter, per_agent, xi["first_bad"])
             values = {
                 "nmse": nm,
-                "consensus": metrics.consensus_error(Xr),
+                "consensus": metrics.consensus_error(Xr, scratch=ws.take("rhs", Xr)),
                 "objective": obj,
                 "x_primal": xi["primal"],
                 "x_dual": xi["dual"],

@@ -367,3 +367,21 @@ def test_quantized_step5_reuses_step1_penalty_encoding(monkeypatch):
     assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
     c = ex.exchange(U, g)  # no step 1 before it: encoded here
     assert len(calls) == 4 and torch.equal(a.S, c.S)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n, p", [(7, 3), (40, 300)])
+def test_sparse_matmul_gives_the_bits_of_mm_and_never_reads_out(n, p, dtype, device):
+    from ppdnmf_torch._utils import sparse_csr, sparse_matmul
+    from ppdnmf_torch.graph import random_connected
+
+    g = random_connected(n, 3.0, seed=n)
+    gen = torch.Generator().manual_seed(p)
+    topo = Topology.from_graphs([g]).to(device)
+    vals = torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64).to(device, dtype) - 0.5
+    W = sparse_csr(topo.crow, topo.dst, vals, n)
+    B = (torch.rand((n, p), generator=gen, dtype=torch.float64) - 0.5).to(device, dtype)
+    want = torch.mm(W, B)
+    assert torch.equal(sparse_matmul(W, B), want)
+    out = torch.full((n, p), float("nan"), dtype=dtype, device=device)  # written, never read
+    assert sparse_matmul(W, B, out) is out and torch.equal(out, want)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import sparse_csr
+from .._utils import sparse_csr, sparse_matmul
 from .base import Exchange, ExchangeOutput, ell_gather_sum
 
 __all__ = ["PlainExchange"]
@@ -143,8 +143,7 @@ class PlainExchange(Exchange):
             _ell_kernel()(U, nbr, wv, S)
             return ExchangeOutput(S, rho)
         W = sparse_csr(self._crow, self._col, vals.to(U.dtype), n)
-        S = torch.mm(W, U) if out is None else torch.mm(W, U, out=out)
-        return ExchangeOutput(S, rho)
+        return ExchangeOutput(sparse_matmul(W, U, out), rho)
 
 
 def _ell_sum(U, nbr, wv, out):

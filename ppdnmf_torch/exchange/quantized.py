@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import ConfigError
+from .._utils import ConfigError, sparse_matmul
 from .base import Exchange, ExchangeOutput
 from .codec import IntegerCodec
 from .costmodel import (
@@ -54,7 +54,7 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology):
         if bound < _FLOAT_EXACT:
             qf = q.to(torch.float64)
             W = topology.neighbour_matrix(w.to(torch.float64))
-            S = (W @ qf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
+            S = sparse_matmul(W, qf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
             return S.to(torch.int64), rho_int
     S_int = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.int64, device=q.device)
     if src.numel():
