@@ -117,10 +117,11 @@ def sparse_matmul(W: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = N
     """``W @ B`` for a sparse CSR ``W (n, m)`` and a dense ``B (m, p)``, into ``out`` (fresh when None).
 
     Computed as ``out.addmm_(W, B, beta=0)``, which writes ``out`` without reading it (NaN in
-    it does not propagate) and gives the bits of ``torch.mm(W, B)``. On a CPU, torch's
-    ``mm`` makes a temporary of the result's size, with or without ``out=``, and copies it:
-    timed by hand with torch 2.13 on the 2-core VM, 125 ms against 28 ms at ``(2000, 17689)``
-    float64 (the temporary's fresh pages), 1.12 ms against 0.14 ms at ``(1000, 150)``.
+    it does not propagate) and gives the bits of ``torch.mm(W, B)``. torch's ``mm`` of a
+    sparse CSR matrix, with or without ``out=``, first makes a zero-filled tensor of the
+    result's size for ``addmm`` (aten's ``_sparse_csr_mm_out``): timed by hand with torch
+    2.13 on the 2-core VM, 125 ms against 28 ms at ``(2000, 17689)`` float64 (its fresh
+    pages), 1.12 ms against 0.14 ms at ``(1000, 150)``.
     """
     if out is None:
         out = torch.empty((W.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
