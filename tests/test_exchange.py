@@ -385,3 +385,16 @@ def test_sparse_matmul_gives_the_bits_of_mm_and_never_reads_out(n, p, dtype, dev
     assert torch.equal(sparse_matmul(W, B), want)
     out = torch.full((n, p), float("nan"), dtype=dtype, device=device)  # written, never read
     assert sparse_matmul(W, B, out) is out and torch.equal(out, want)
+
+
+def test_abs_max_is_the_largest_magnitude_without_a_temporary():
+    import math
+
+    from ppdnmf_torch.exchange.codec import abs_max
+
+    assert abs_max(torch.zeros(0, 3)) == 0.0
+    assert abs_max(torch.tensor([[3, -7], [2, 1]])) == 7.0
+    assert abs_max(torch.tensor([-(2**62), 5])) == float(2**62)
+    assert abs_max(torch.tensor([1.5, -0.25, 1.0], dtype=torch.float64)) == 1.5
+    assert abs_max(torch.tensor([1.0, float("-inf")])) == float("inf")
+    assert math.isnan(abs_max(torch.tensor([1.0, float("nan"), -3.0])))

@@ -68,13 +68,25 @@ def _flat_to_trial_agent(index: int, n_agents: int) -> tuple[int, int]:
     return divmod(int(index), max(1, int(n_agents)))
 
 
+def abs_max(t: torch.Tensor) -> float:
+    """``max |t|`` as a Python float (0.0 for an empty tensor), NaN if ``t`` holds one.
+
+    From ``aminmax``: one pass, without the temporary of ``t.abs()`` (a large one costs its
+    fresh pages on every call, more than the pass itself).
+    """
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one device -> host transfer
+    return float(hi) if hi != hi else float(max(hi, -lo))
+
+
 def first_sum_over(limit: int, q, w, src, dst, *, n_nodes: int, n_agents: int = 1):
     """The first node whose neighbour-sum bound ``B_i = sum_j w_ij |q_j - q_i|`` reaches ``limit``.
 
     Float64 with a relative safety margin far above its rounding error. Returns ``None``
     when every bound fits, else ``(trial, agent, bound)``.
     """
-    exact = q.numel() == 0 or float(q.abs().max()) < 2.0**62  # int64 differences cannot overflow
+    exact = abs_max(q) < 2.0**62  # int64 differences cannot overflow
     diff = ((q[dst] - q[src]).to(torch.float64) if exact
             else q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
     bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
@@ -136,8 +148,13 @@ class IntegerCodec:
     # -- encoding ----------------------------------------------------------------------
     def encode_values(self, U: torch.Tensor, *, n_agents: int = 1, bcd_iter=0, admm_iter=0) -> torch.Tensor:
         """``q = round(n_max U)`` as int64, shape of ``U (A, ...)``; range-checked per agent."""
-        scaled = torch.round(U.to(torch.float64) * self.value_scale)
-        mags = scaled.abs().reshape(scaled.shape[0], -1).amax(dim=1) if scaled.numel() else scaled.new_zeros(0)
+        # one fresh tensor, rounded in place: at large sizes every temporary costs its pages
+        scaled = torch.mul(U.to(torch.float64), self.value_scale).round_()
+        if scaled.numel():
+            lo, hi = torch.aminmax(scaled.reshape(scaled.shape[0], -1), dim=1)
+            mags = torch.maximum(hi, lo.neg_())  # max |value| per agent; NaN stays NaN
+        else:
+            mags = scaled.new_zeros(0)
         bad = ~(mags < self.limit)  # also catches NaN / Inf
         if bool(bad.any()):
             idx = int(torch.nonzero(bad)[0, 0])
@@ -209,7 +226,7 @@ class IntegerCodec:
         """
         if src.numel() == 0:
             return
-        qmax = float(q.abs().max()) if q.numel() else 0.0
+        qmax = abs_max(q)
         deg = torch.bincount(src, minlength=n_nodes)
         crude = 2.0 * qmax * float(w.abs().max()) * float(deg.max())
         if crude < self.limit * (1 - 1e-9):
@@ -286,7 +303,7 @@ class IntegerCodec:
         rho_int : int64 Tensor (A,)
         dtype : torch dtype of the returned ``S``; ``rho`` is float64.
         """
-        S = (S_int.to(torch.float64) / self.sum_divisor).to(dtype)
+        S = S_int.to(torch.float64, copy=True).div_(self.sum_divisor).to(dtype)
         return S, self.decode_rho(rho_int)
 
     def decode_rho(self, rho_int: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 
 from .._utils import ConfigError, sparse_matmul
 from .base import Exchange, ExchangeOutput
-from .codec import IntegerCodec
+from .codec import IntegerCodec, abs_max
 from .costmodel import (
     COUNT_KEYS,
     CostLedger,
@@ -50,7 +50,7 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology):
         # Exact in float64 while every partial sum is an integer below 2^53, which the
         # bound sum_j w_ij (|q_j| + |q_i|) <= 2 max|q| max(w) max(deg) guarantees: then a
         # sparse float matmul (no (2E, L*K) gather) gives the same integers in any order.
-        bound = 2.0 * float(q.abs().max()) * float(w.abs().max()) * int(topology.degree.max())
+        bound = 2.0 * abs_max(q) * float(w.abs().max()) * int(topology.degree.max())
         if bound < _FLOAT_EXACT:
             qf = q.to(torch.float64)
             W = topology.neighbour_matrix(w.to(torch.float64))
