@@ -398,3 +398,34 @@ def test_abs_max_is_the_largest_magnitude_without_a_temporary():
     assert abs_max(torch.tensor([1.5, -0.25, 1.0], dtype=torch.float64)) == 1.5
     assert abs_max(torch.tensor([1.0, float("-inf")])) == float("inf")
     assert math.isnan(abs_max(torch.tensor([1.0, float("nan"), -3.0])))
+
+
+@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scale", [1 / 64, 64.0], ids=["float-path", "int64-path"])
+def test_quantized_buffers_give_the_numbers_of_fresh_tensors(monkeypatch, protocol, dtype, scale):
+    """Large exchanges compute in buffers the exchange keeps; the numbers are those of fresh
+    tensors, call after call, with and without the caller's ``out``, on the float64 path and
+    on the int64 one (sums too large for float64 to hold exactly)."""
+    topo = Topology.from_graphs([CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])])
+    codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=2048)
+    fresh = bound(QuantizedExchange(codec, protocol=protocol), topo, dtype=dtype)
+    kept = bound(QuantizedExchange(codec, protocol=protocol), topo, dtype=dtype)
+    kept.BUFFER_MIN_BYTES = 0  # buffers at every size (fresh keeps the default: none at this size)
+    from ppdnmf_torch.exchange import quantized
+
+    float_path = []
+    real = quantized.sparse_matmul
+    monkeypatch.setattr(quantized, "sparse_matmul", lambda *a: float_path.append(1) or real(*a))
+    for seed in range(3):
+        U, g = random_inputs(topo, 9, seed, scale=scale)
+        U = U.to(dtype)
+        want = fresh.exchange(U, g)
+        out = torch.full_like(U, float("nan"))
+        got = kept.exchange(U, g, out=out)
+        assert got.S is out and torch.equal(got.S, want.S) and torch.equal(got.rho, want.rho)
+        again = kept.exchange(U, g)  # without out: a fresh S, none of the exchange's buffers
+        assert torch.equal(again.S, want.S)
+        assert all(again.S.data_ptr() != b.data_ptr() for b in kept._bufs)
+    assert kept._bufs is not None and fresh._bufs is None
+    assert bool(float_path) == (scale < 1)

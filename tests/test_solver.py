@@ -268,6 +268,7 @@ def test_fused_kernels_match_the_reference(form):
 def test_workspace_buffers_change_no_bits(monkeypatch, tmp_path, kw):
     """Large problems write the updates into reused buffers (solver.Workspace); that must give
     the same bits as fresh allocations, also when resuming from a checkpoint."""
+    from ppdnmf_torch.exchange import QuantizedExchange
     from ppdnmf_torch.solver import Workspace
 
     blocks = small_problem(counts=(3, 5, 4, 6))
@@ -275,6 +276,7 @@ def test_workspace_buffers_change_no_bits(monkeypatch, tmp_path, kw):
     args = dict(bcd_iters=6, x_iters=5, y_iters=5, device="cpu", seed=1, **kw)
     fresh = pp.fit(blocks, g, 3, **args)
     monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # buffers for every size
+    monkeypatch.setattr(QuantizedExchange, "BUFFER_MIN_BYTES", 0)  # the exchange's too
     reused = pp.fit(blocks, g, 3, **args)
     assert torch.equal(fresh.X, reused.X) and torch.equal(fresh.U, reused.U)
     assert all(torch.equal(a, b) for a, b in zip(fresh.Y, reused.Y))

@@ -146,10 +146,15 @@ class IntegerCodec:
         return float(self.n_max) * float(1 << (2 * self.g_bits))
 
     # -- encoding ----------------------------------------------------------------------
-    def encode_values(self, U: torch.Tensor, *, n_agents: int = 1, bcd_iter=0, admm_iter=0) -> torch.Tensor:
-        """``q = round(n_max U)`` as int64, shape of ``U (A, ...)``; range-checked per agent."""
-        # one fresh tensor, rounded in place: at large sizes every temporary costs its pages
-        scaled = torch.mul(U.to(torch.float64), self.value_scale).round_()
+    def encode_values(self, U: torch.Tensor, *, n_agents: int = 1, bcd_iter=0, admm_iter=0, scratch=None,
+                      out=None) -> torch.Tensor:
+        """``q = round(n_max U)`` as int64, shape of ``U (A, ...)``; range-checked per agent.
+
+        ``scratch`` (float64) and ``out`` (int64), contiguous and of ``U``'s shape, optional:
+        reused buffers for the scaled values and for ``q`` (the same values either way).
+        """
+        # one tensor, rounded in place: at large sizes every fresh temporary costs its pages
+        scaled = torch.mul(U.to(torch.float64), self.value_scale, out=scratch).round_()
         if scaled.numel():
             lo, hi = torch.aminmax(scaled.reshape(scaled.shape[0], -1), dim=1)
             mags = torch.maximum(hi, lo.neg_())  # max |value| per agent; NaN stays NaN
@@ -168,7 +173,7 @@ class IntegerCodec:
                 trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter,
                 value=int(val) if math.isfinite(val) else 0, limit=self.limit,
             )
-        return scaled.to(torch.int64)
+        return scaled.to(torch.int64) if out is None else out.copy_(scaled)
 
     def encode_penalties(self, g: torch.Tensor) -> torch.Tensor:
         """``gamma = round(2^s g)`` as int64, shape ``(2E,)`` (range: :meth:`check_penalty_sums`)."""
@@ -294,7 +299,7 @@ class IntegerCodec:
             )
 
     # -- decoding (the one function every exchange kind goes through) -----------------
-    def decode(self, S_int: torch.Tensor, rho_int: torch.Tensor, dtype=torch.float64):
+    def decode(self, S_int: torch.Tensor, rho_int: torch.Tensor, dtype=torch.float64, out=None):
         """``S = S_int / (n_max 4^s)`` and ``rho = rho_int / 4^s``.
 
         Parameters
@@ -302,8 +307,14 @@ class IntegerCodec:
         S_int : int64 Tensor (A, L*K)
         rho_int : int64 Tensor (A,)
         dtype : torch dtype of the returned ``S``; ``rho`` is float64.
+        out : Tensor (A, L*K) of ``dtype``, optional
+            Receives ``S`` (the same values as a fresh tensor).
         """
-        S = S_int.to(torch.float64, copy=True).div_(self.sum_divisor).to(dtype)
+        if out is not None and out.dtype == torch.float64:
+            S = out.copy_(S_int).div_(self.sum_divisor)
+        else:
+            S = S_int.to(torch.float64, copy=True).div_(self.sum_divisor).to(dtype)
+            S = S if out is None else out.copy_(S)
         return S, self.decode_rho(rho_int)
 
     def decode_rho(self, rho_int: torch.Tensor) -> torch.Tensor:

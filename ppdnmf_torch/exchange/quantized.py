@@ -30,8 +30,12 @@ __all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "enco
 _PROTOCOLS = ("aggregated", "paper")
 
 
-def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology):
+def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology, buffers=None):
     """``S_int_i = sum_j w_ij (q_j - q_i)`` and ``rho_int_i = sum_j w_ij`` in exact int64.
+
+    ``buffers``, optional: ``(float64, float64, int64)`` tensors of ``q``'s shape that the
+    float path below computes in and writes ``S_int`` to, instead of fresh ones (the same
+    values either way).
 
     Parameters
     ----------
@@ -52,10 +56,11 @@ def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology):
         # sparse float matmul (no (2E, L*K) gather) gives the same integers in any order.
         bound = 2.0 * abs_max(q) * float(w.abs().max()) * int(topology.degree.max())
         if bound < _FLOAT_EXACT:
-            qf = q.to(torch.float64)
+            qf_buf, S_buf, out = (None, None, None) if buffers is None else buffers
+            qf = q.to(torch.float64) if qf_buf is None else qf_buf.copy_(q)
             W = topology.neighbour_matrix(w.to(torch.float64))
-            S = sparse_matmul(W, qf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
-            return S.to(torch.int64), rho_int
+            S = sparse_matmul(W, qf, S_buf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
+            return (S.to(torch.int64) if out is None else out.copy_(S)), rho_int
     S_int = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.int64, device=q.device)
     if src.numel():
         S_int.index_add_(0, src, w[:, None] * (q[dst] - q[src]))
@@ -109,15 +114,19 @@ class Step1Penalties:
         return penalties
 
 
-def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0, penalties=None):
+def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0, penalties=None, buffers=None):
     """Quantize and range-check step 5's inputs, as every integer exchange kind does.
 
     Returns ``(q (A, L*K), gamma (2E,), w (2E,))`` as int64 on ``U``'s device, with
     ``w = gamma_ij gamma_ji``. Raises :class:`~ppdnmf_torch.exchange.codec.CodecRangeError`
     (naming agent, iteration, value and limit) before anything is sent or encrypted.
     ``penalties``: ``(gamma, w)`` of ``g`` from :func:`encode_penalties` (step 1's), reused.
+    ``buffers``: ``(float64, int64)`` tensors of ``U``'s shape for the scaled values and
+    ``q`` (:meth:`~ppdnmf_torch.exchange.codec.IntegerCodec.encode_values`), optional.
     """
-    q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter)
+    scratch, out = (None, None) if buffers is None else buffers
+    q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                            scratch=scratch, out=out)
     if penalties is None:
         penalties = encode_penalties(codec, topology, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
     gamma, w = penalties
@@ -169,6 +178,7 @@ class QuantizedExchange(Exchange):
         self.slots = layout.slots
         # the range checks of exchange="paillier" with the same packing and slot_bits
         self._layout = layout
+        self._bufs = None  # see _buffers
         self.codec = codec
         self.protocol = protocol
         self.cost_model = cost_model is not False
@@ -206,13 +216,31 @@ class QuantizedExchange(Exchange):
         q, _, w = encode_inputs(self.codec, self.topology, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
         return q, w
 
+    #: from this size of ``U`` (bytes) up, an exchange computes in buffers it keeps (two
+    #: float64, two int64 of ``U``'s shape) instead of fresh tensors, whose first touch of
+    #: every page costs more than the arithmetic (1.0 -> 0.6 s per call at N = 2000 with CBCL
+    #: sizes, by hand, before these buffers)
+    BUFFER_MIN_BYTES = 1 << 20
+
+    def _buffers(self, U):
+        """``(float64, float64, int64, int64)`` buffers of ``U``'s shape, or None for small ``U``."""
+        if U.numel() * 8 < self.BUFFER_MIN_BYTES:
+            return None
+        bufs = self._bufs
+        if bufs is None or bufs[0].shape != U.shape or bufs[0].device != U.device:
+            bufs = self._bufs = tuple(torch.empty(U.shape, dtype=dt, device=U.device)
+                                      for dt in (torch.float64, torch.float64, torch.int64, torch.int64))
+        return bufs
+
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         topo = self.topology
+        bufs = self._buffers(U)
+        # float buffer 0 holds the scaled values, then q as floats; int buffer 0 holds q
         q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter,
-                                    penalties=self._step1.take(g))
+                                    penalties=self._step1.take(g), buffers=None if bufs is None else bufs[::2])
         check_protocol_range(self.codec, self._layout, topo, self.protocol, q, gamma, w, bcd_iter=bcd_iter,
                              admm_iter=admm_iter)
-        S_int, rho_int = integer_neighbour_sums(q, w, topo)
+        S_int, rho_int = integer_neighbour_sums(q, w, topo, None if bufs is None else (bufs[0], bufs[1], bufs[3]))
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
             if self.protocol == "aggregated":
@@ -223,7 +251,7 @@ class QuantizedExchange(Exchange):
                     self._count_round("penalty", 0)
                     self._last_gamma = gamma
             self._count_round("exchange", int(q.shape[1]) if q.dim() > 1 else 1)
-        S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype)
+        S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype, out=out)
         return ExchangeOutput(S, rho)
 
     # -- cost model --------------------------------------------------------------------
