@@ -218,8 +218,8 @@ class QuantizedExchange(Exchange):
 
     #: from this size of ``U`` (bytes) up, an exchange computes in buffers it keeps (two
     #: float64, two int64 of ``U``'s shape) instead of fresh tensors, whose first touch of
-    #: every page costs more than the arithmetic (1.0 -> 0.6 s per call at N = 2000 with CBCL
-    #: sizes, by hand, before these buffers)
+    #: every page costs more than the arithmetic (by hand at N = 2000 with CBCL sizes: 0.61 s
+    #: per call without them, 0.21 s with them)
     BUFFER_MIN_BYTES = 1 << 20
 
     def _buffers(self, U):
