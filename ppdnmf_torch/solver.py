@@ -929,14 +929,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     bad = ~torch.isfinite(u_sums[: m + 1])
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = X, U, P, Q, Q_prev, g
-    diff = ws.take("rhs", U, (X, U, U_prev))  # the loop's scratch, free again
-    return {
-        "iters": stop.counts,
-        "primal": torch.linalg.matrix_norm(torch.sub(X, U, out=diff)).square().sum(-1).sqrt(),
-        # dummies add exact zeros
-        "dual": mu * torch.linalg.matrix_norm(torch.sub(U, U_prev, out=diff)).square().sum(-1).sqrt(),
-        "first_bad": first_bad,
-    }
+    # the differences in the loop's scratch, free again; dummy agents add exact zeros
+    sq = _residuals_sq(X, U, U_prev, ws.take("rhs", U, (X, U, U_prev))).sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": mu * sq[1], "first_bad": first_bad}
 
 
 def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Workspace | None = None):
@@ -978,22 +973,24 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
             sl = slice(start, start + group)
             Yg, Vg, Rg, Xg, Gg = (t[sl] for t in flat)
             Yn, Vn, Rn, Vp = _y_loop(Yg, Vg, Rg, Xg, Gg, None, None, tile_ws, **loop)
-            sq[:, sl] = _y_residuals_sq(Yn, Vn, Vp)
+            sq[:, sl] = _residuals_sq(Yn, Vn, Vp)
             # this group's slices of the state are read by this group only: overwrite them
             Yg.copy_(Yn), Vg.copy_(Vn), Rg.copy_(Rn)
         sq = sq.view(2, T, N)
     else:
         Y, V, R, V_prev = _y_loop(Y, V, R, XtZ, G_inv, stop, stop.active, ws, **loop)
         state.Y, state.V, state.R = Y, V, R
-        sq = _y_residuals_sq(Y, V, V_prev)
+        sq = _residuals_sq(Y, V, V_prev)
     sq = sq.sum(-1).sqrt()
     return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
 
 
-def _y_residuals_sq(Y, V, V_prev):
-    """Per agent, ``||Y - V||^2`` and ``||V - V_prev||^2`` (the primal and dual residuals
-    before the sum over agents), stacked: shape ``(2, ...)``."""
-    return torch.stack((torch.linalg.matrix_norm(Y - V).square(), torch.linalg.matrix_norm(V - V_prev).square()))
+def _residuals_sq(X, U, U_prev, scratch=None):
+    """Per agent, ``||X - U||^2`` and ``||U - U_prev||^2`` (an ADMM step's primal and dual
+    residuals before the sum over agents; ``Y, V, V_prev`` for the Y-step), stacked: shape
+    ``(2, ...)``. ``scratch`` (optional, of ``U``'s shape) receives the differences."""
+    return torch.stack((torch.linalg.matrix_norm(torch.sub(X, U, out=scratch)).square(),
+                        torch.linalg.matrix_norm(torch.sub(U, U_prev, out=scratch)).square()))
 
 
 def _y_group(n_agents: int, V: torch.Tensor, allowed: bool) -> int:
