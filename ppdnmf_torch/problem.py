@@ -112,15 +112,18 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     """
     if negative not in NEGATIVE_MODES:
         raise ConfigError(f"negative: unknown mode {negative!r}; use one of {NEGATIVE_MODES}")
+    # one pass per block: a NaN makes both extremes NaN, an Inf one of them infinite
+    lows = []
     for i, b in enumerate(blocks):
-        finite = torch.isfinite(b)
-        if not bool(finite.all()):
-            r, c = (int(v) for v in torch.nonzero(~finite)[0])
+        lo, hi = (float(v) for v in torch.aminmax(b))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            r, c = (int(v) for v in torch.nonzero(~torch.isfinite(b))[0])
             raise DataError(f"Z: agent {i}'s block has a NaN or Inf entry at row {r}, column {c} (of the block)")
-    zmin = min(float(b.min()) for b in blocks)
+        lows.append(lo)
+    zmin = min(lows)
     if zmin < 0:
         if negative == "error":
-            i = next(k for k, b in enumerate(blocks) if float(b.min()) < 0)
+            i = next(k for k, lo in enumerate(lows) if lo < 0)
             count = sum(int((b < 0).sum()) for b in blocks)
             raise DataError(
                 f"Z: has {count} negative entries (min {zmin:.4g}, first in agent {i}'s block); NMF needs "

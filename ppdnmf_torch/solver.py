@@ -1047,13 +1047,26 @@ def _y_loop(Y, V, R, XtZ, G_inv, stop, active, ws, *, eta, Mw, fused, n_iters, s
     return Y, V, R, V_prev
 
 
+def _nonfinite_agents(t: torch.Tensor) -> torch.Tensor:
+    """``(T, N)`` bool: the agents whose block of ``t (T, N, ...)`` holds a NaN or an Inf.
+
+    One reduction pass instead of ``isfinite``'s temporaries of ``t``'s size (about 0.25 s
+    per BCD iteration at N = 2000 with CBCL sizes, against 15 ms): a NaN or Inf entry
+    makes its agent's sum non-finite, and only agents whose sums are not finite (which
+    finite entries can also give, by overflow) are checked entry by entry.
+    """
+    bad = ~torch.isfinite(t.flatten(2).sum(-1))
+    if bool(bad.any()):
+        bad[bad.clone()] = ~torch.isfinite(t[bad]).flatten(1).all(-1)
+    return bad
+
+
 def _check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):
     """Raise :class:`NumericalError` naming the BCD/ADMM iteration and the agents hit."""
     n = problem.n_agents
     bad = ~torch.isfinite(per_agent_nmse)
     for name in ("U", "Y"):
-        t = getattr(state, name)[:, :n]
-        bad |= ~torch.isfinite(t).flatten(2).all(-1)
+        bad |= _nonfinite_agents(getattr(state, name)[:, :n])
     if bool(bad.any()):
         where = torch.nonzero(bad).tolist()
         agents = sorted({a for _, a in where})

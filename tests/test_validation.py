@@ -30,8 +30,15 @@ def _with(block_index, row, col, value):
 @pytest.mark.parametrize("value,match", [(math.nan, "NaN or Inf"), (math.inf, "NaN or Inf"),
                                          (-math.inf, "NaN or Inf")])
 def test_nonfinite_data(value, match):
-    with pytest.raises(pp.DataError, match=match):
+    with pytest.raises(pp.DataError, match=r"agent 2's block has a " + match + " entry at row 1, column 0"):
         pp.fit(_with(2, 1, 0, value), RING4, 2, **FAST)
+
+
+def test_negative_data_names_the_first_block_and_counts_every_entry():
+    bad = _with(3, 0, 1, -0.25)
+    bad[1][2, 0] = -0.5
+    with pytest.raises(pp.DataError, match=r"2 negative entries \(min -0\.5, first in agent 1's block\)"):
+        pp.fit(bad, RING4, 2, **FAST)
 
 
 def test_negative_data_refused_by_default_and_handled_on_request():
@@ -162,3 +169,21 @@ def test_smallest_linked_cap_is_the_one_checked():
     with pytest.raises(pp.ConfigError, match="cap 0.001 quantizes to 0"):
         pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=8, g_max=caps, **FAST)
     pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=16, g_max=caps, **FAST)  # 65.5 -> 66: runs
+
+
+@pytest.mark.parametrize("n_real", [5, 3])
+def test_nonfinite_agents_matches_the_entrywise_check(n_real):
+    # the solver's per-BCD check sums each agent first; finite entries whose sum overflows
+    # (agent 2 of trial 1) must not count as non-finite
+    from ppdnmf_torch.solver import _nonfinite_agents
+
+    t = torch.rand(2, 5, 3, 4, dtype=torch.float64)
+    t[0, 1, 2, 3] = math.nan
+    t[1, 0, 0, 0], t[1, 0, 0, 1] = math.inf, -math.inf
+    t[1, 2, 0, 0] = t[1, 2, 0, 1] = 1e308
+    t[0, 4, 1, 1] = -math.inf
+    view = t[:, :n_real]
+    assert math.isinf(float(view[1, 2].sum()))
+    expected = ~torch.isfinite(view).flatten(2).all(-1)
+    assert torch.equal(_nonfinite_agents(view), expected)
+    assert int(expected.sum()) == (3 if n_real == 5 else 2)
