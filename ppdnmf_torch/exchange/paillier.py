@@ -432,7 +432,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         thread and ``k - 1`` helpers, :class:`~.pool.ThreadLanes`), with the same results;
         if the pool cannot start, neither runs. So the default starts ``os.cpu_count()``
         processes and as many lanes, more threads than cores while both are busy; on the
-        2-core development VM that measured slightly faster than no lanes (README).
+        2-core development VM that measured slightly faster than no lanes (docs/PERFORMANCE.md).
     pool_audit : callable, optional
         Called with the pickled arguments of every task sent to a worker (tests).
     """
