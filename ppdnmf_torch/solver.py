@@ -1050,10 +1050,12 @@ def _y_loop(Y, V, R, XtZ, G_inv, stop, active, ws, *, eta, Mw, fused, n_iters, s
 def _nonfinite_agents(t: torch.Tensor) -> torch.Tensor:
     """``(T, N)`` bool: the agents whose block of ``t (T, N, ...)`` holds a NaN or an Inf.
 
-    One reduction pass instead of ``isfinite``'s temporaries of ``t``'s size (about 0.25 s
-    per BCD iteration at N = 2000 with CBCL sizes, against 15 ms): a NaN or Inf entry
-    makes its agent's sum non-finite, and only agents whose sums are not finite (which
-    finite entries can also give, by overflow) are checked entry by entry.
+    One reduction pass instead of ``isfinite``'s temporaries of ``t``'s size: a NaN or Inf
+    entry makes its agent's sum non-finite, and only agents whose sums are not finite
+    (which finite entries can also give, by overflow) are checked entry by entry. At
+    N = 2000 with CBCL sizes, by hand: 15 ms against 0.26 s for ``U`` and ``Y`` alone; inside
+    ``fit``, where the temporaries were fresh pages, ``time_metrics`` went from 1.0-1.2 s to
+    0.42-0.47 s per BCD iteration.
     """
     bad = ~torch.isfinite(t.flatten(2).sum(-1))
     if bool(bad.any()):
