@@ -256,6 +256,12 @@ NBR_PASS_NODE_LIMIT = 1024
 #: so this is the same arithmetic in another order. 0 turns it off (the same bits, tested).
 #: CPU only.
 Y_TILE_BYTES = 12 << 20
+#: Large eager X-steps on the CPU run the elementwise chains before and after the U-update's
+#: product (eqs. 8-10) group by group of agents whose eight ``(L, K)`` working tensors take
+#: about this many bytes, so that each chain's later operations find their operands in the
+#: cache instead of memory: the same operations on slices, the same bits (tested). The
+#: product and the exchange still run on the whole batch. 0 turns it off.
+X_TILE_BYTES = 24 << 20
 
 #: Width of the column chunks that reductions over the (padded) column axis run in.
 #: ``Problem`` pads ``M_max`` to a multiple of it.
@@ -413,20 +419,43 @@ class Workspace:
         return b
 
 
-def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_old):
+def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_old, group: int = 0):
     """Eq. 8 and the right-hand side of eq. 9.
 
     ``X = max(0, U + P)``; ``rhs = Z Y^T + mu (X - P) + c`` with the consensus term
     ``c = rho U + 2 Q - Q_prev`` (derived) or ``rho (U + 2 Q - Q_prev)`` (as printed).
-    In-place operations on workspace buffers: the iteration is memory bound.
+    In-place operations on workspace buffers: the iteration is memory bound. ``group > 0``
+    (large problems, see :data:`X_TILE_BYTES`): the chain runs on ``group`` agents at a time.
     """
-    X_new = torch.add(U, P, out=ws.take("X", U, (X_old,))).clamp_(min=0)
-    rhs = torch.add(ZYt, torch.sub(X_new, P, out=ws.take("tmp_lk", U)), alpha=mu, out=ws.take("rhs", U))
+    X_new, rhs = ws.take("X", U, (X_old,)), ws.take("rhs", U)
+    if not group:
+        return _x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs, ws.take("tmp_lk", U))
+    flat = _agent_rows(U, P, ZYt, Q, Q_prev, rho, X_new, rhs)
+    tmp = ws.child("x_groups").take("tmp_lk", flat[0][:group])
+    for sl in _agent_slices(flat[0].shape[0], group):
+        _x_pre_into(*(t[sl] for t in flat[:6]), mu, derived, flat[6][sl], flat[7][sl], tmp[: sl.stop - sl.start])
+    return X_new, rhs
+
+
+def _x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, X_out, rhs_out, tmp):
+    """:func:`_x_pre` into ``X_out`` and ``rhs_out`` (fresh tensors where None), ``tmp`` a scratch."""
+    X_new = torch.add(U, P, out=X_out).clamp_(min=0)
+    rhs = torch.add(ZYt, torch.sub(X_new, P, out=tmp), alpha=mu, out=rhs_out)
     if derived:
         rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
     else:
-        rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0, out=ws.take("tmp_lk", U)).sub_(Q_prev))
+        rhs.addcmul_(rho, torch.add(U, Q, alpha=2.0, out=tmp).sub_(Q_prev))
     return X_new, rhs
+
+
+def _agent_rows(*tensors):
+    """``(T, N, ...)`` tensors as ``(A, ...)``: trials and agents in one dimension (views of
+    contiguous tensors, such as the workspace's buffers that the grouped chains write)."""
+    return [t.reshape(-1, *t.shape[2:]) for t in tensors]
+
+
+def _agent_slices(n_agents: int, group: int):
+    return [slice(a, min(a + group, n_agents)) for a in range(0, n_agents, group)]
 
 
 def _y_iteration(V, R, XtZ, G_inv, eta: float, Mw: int, ws: Workspace, live):
@@ -468,6 +497,18 @@ def _u_update(rhs, E, Et, d, ws: Workspace, U_old, Minv=None):
 def _step_post(P, X_new, U_new, ws: Workspace, name: str):
     """Eqs. 10 and 14: the scaled dual update ``P - (X - U)``."""
     return torch.sub(P, X_new, out=ws.take(name, P, (P,))).add_(U_new)
+
+
+def _x_post_grouped(P, X_new, U_new, ws: Workspace, group: int, u_sums):
+    """Eq. 10 (:func:`_step_post`) on ``group`` agents at a time, each group's sums of ``U_i``
+    into ``u_sums (T, N)`` (the finiteness check) while its ``U_i`` is in the cache."""
+    P_new = ws.take("P", P, (P,))
+    Pf, Xf, Uf, Pn = _agent_rows(P, X_new, U_new, P_new)
+    sums = u_sums.view(-1)
+    for sl in _agent_slices(Pf.shape[0], group):
+        torch.sub(Pf[sl], Xf[sl], out=Pn[sl]).add_(Uf[sl])
+        torch.sum(Uf[sl], dim=(-2, -1), out=sums[sl])
+    return P_new
 
 
 # -- fuse=True: the same iterations compiled by TorchInductor ---------------------------
@@ -834,6 +875,10 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
     mu_c = torch.tensor(mu, dtype=dtype, device=Z.device) if fused is not None else mu
     small_k = K ** 3 < SMALL_BMM
+    # eager, large, CPU: the elementwise chains group by group (the same bits)
+    x_group = 0
+    if fused is None and large and Z.device.type == "cpu":
+        x_group = _agent_group(A, 8 * L * K * state.U.element_size(), X_TILE_BYTES)
     if not stop.track:
         G = sampler.steps(g, params.x_iters)
         rho_block = exchange.penalty_block(G, bcd_iter=bcd_iter)
@@ -867,10 +912,12 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         # has stopped: a stopped agent's neighbours must see its old U)
         op = exchange.neighbour_operator(g, dtype) if fused is not None and active is None else None
         if fused is None:
-            X_new, rhs = _x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X)
+            X_new, rhs = _x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived, ws, X, x_group)
             U_new = _u_update(rhs, E, Et, d, ws, U, None if Minv_block is None else Minv_block[m])
-            P_new = _step_post(P, X_new, U_new, ws, "P")
-            usum = None
+            if x_group and active is None:
+                P_new = _x_post_grouped(P, X_new, U_new, ws, x_group, usum)
+            else:
+                P_new, usum = _step_post(P, X_new, U_new, ws, "P"), None
         elif not large:
             if op is None:
                 X_new, U_new, P_new, s_new = fused.x_whole(U, P, ZYt, Q, Q_prev, rho, d, E, mu_c, derived=derived,
@@ -995,12 +1042,20 @@ def _residuals_sq(X, U, U_prev, scratch=None):
 
 def _y_group(n_agents: int, V: torch.Tensor, allowed: bool) -> int:
     """Agents per group of a grouped Y-step (0: not grouped): :data:`Y_TILE_BYTES` over the
-    six ``(K, M)`` tensors an iteration touches per agent, rounded down to a divisor of
-    ``n_agents`` when one lies within a factor of two (one group shape, one compiled graph)."""
-    if not allowed or Y_TILE_BYTES <= 0:
+    six ``(K, M)`` tensors an iteration touches per agent (see :func:`_agent_group`)."""
+    if not allowed:
         return 0
-    per_agent = 6 * V[0, 0].numel() * V.element_size()
-    want = max(1, Y_TILE_BYTES // per_agent)
+    return _agent_group(n_agents, 6 * V[0, 0].numel() * V.element_size(), Y_TILE_BYTES)
+
+
+def _agent_group(n_agents: int, per_agent: int, tile_bytes: int) -> int:
+    """Agents per group whose working tensors (``per_agent`` bytes each) take about
+    ``tile_bytes`` (0: not grouped, also when one group would hold every agent), rounded
+    down to a divisor of ``n_agents`` when one lies within a factor of two (one group
+    shape, one compiled graph)."""
+    if tile_bytes <= 0:
+        return 0
+    want = max(1, tile_bytes // per_agent)
     if want >= n_agents:
         return 0
     for g in range(want, max(1, want // 2) - 1, -1):

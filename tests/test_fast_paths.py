@@ -252,6 +252,63 @@ def test_y_groups_only_for_fixed_counts(monkeypatch):
     assert solver._y_group(8, torch.zeros(1, 1, 2, 4), False) == 0
 
 
+def _same_run(a, b):
+    assert torch.equal(a.X, b.X) and torch.equal(a.U, b.U)
+    assert all(torch.equal(x, y) for x, y in zip(a.Y, b.Y))
+    for key, vals in a.history.items():
+        if not key.startswith("time"):
+            assert torch.equal(torch.as_tensor(b.history[key]), torch.as_tensor(vals)), key
+
+
+@pytest.mark.parametrize("form", ["derived", "paper_literal"])
+@pytest.mark.parametrize("exchange,tol", [("plain", 0.0), ("quantized", 0.0), ("plain", 1e-6)],
+                         ids=["plain", "quantized", "plain-tol"])
+@pytest.mark.parametrize("n_agents, group", [(7, 4), (6, 3)], ids=["groups-4-3", "groups-3-3"])
+def test_grouped_x_chains_give_the_bits_of_the_whole_batch(monkeypatch, form, exchange, tol, n_agents, group):
+    """Large eager X-steps run their elementwise chains group by group of agents (the
+    product and the exchange on the whole batch): the same operations on slices, so the
+    factors and every metric keep their bits, with and without a stopping rule."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # every size takes the large paths
+    blocks = small_problem(counts=(3, 5, 4, 6, 2, 5, 3)[:n_agents])
+    g = graph.random_connected(n_agents, 3.0, seed=2)
+    args = dict(bcd_iters=2, x_iters=5, y_iters=3, device="cpu", seed=1, g_max=0.04, consensus_form=form,
+                exchange=exchange, tol=tol, admm_tol=tol)
+    monkeypatch.setattr(solver, "X_TILE_BYTES", 0)
+    whole = pp.fit(blocks, g, 3, **args)
+    sizes = []
+    real = solver._x_pre_into
+    monkeypatch.setattr(solver, "_x_pre_into", lambda U, *a: sizes.append(U.shape[0]) or real(U, *a))
+    monkeypatch.setattr(solver, "X_TILE_BYTES", group * 8 * 8 * 3 * 8)  # eight (L, K) float64 tensors
+    grouped = pp.fit(blocks, g, 3, **args)
+    per_step = [group] * (n_agents // group) + ([n_agents % group] if n_agents % group else [])
+    assert sizes[:len(per_step)] == per_step and len(sizes) % len(per_step) == 0
+    _same_run(whole, grouped)
+
+
+def test_grouped_x_chains_in_batched_trials(monkeypatch):
+    """Groups run across the trials of a batch (and over their dummy agents): the same bits."""
+    monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
+    blocks = [small_problem(counts=(3, 5, 4, 6, 2), seed=s) for s in (0, 1)]
+    graphs = [graph.random_connected(5, 3.0, seed=2), graph.star(5)]
+    args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04)
+    monkeypatch.setattr(solver, "X_TILE_BYTES", 0)
+    whole = pp.fit_trials(blocks, graphs, 3, **args)
+    monkeypatch.setattr(solver, "X_TILE_BYTES", 4 * 8 * 8 * 3 * 8)
+    grouped = pp.fit_trials(blocks, graphs, 3, **args)
+    assert torch.equal(whole.X, grouped.X) and torch.equal(whole.U, grouped.U)
+    assert (whole.history["nmse"] == grouped.history["nmse"]).all()
+
+
+def test_agent_groups():
+    assert solver._agent_group(10, 100, 300) == 2  # 3 rounds down to a divisor within 2x
+    assert solver._agent_group(13, 100, 1000) == 10  # none in [5, 10]: groups of 10 and 3
+    assert solver._agent_group(12, 100, 400) == 4
+    assert solver._agent_group(12, 100, 500) == 4  # 5 rounds down to a divisor within 2x
+    assert solver._agent_group(12, 100, 50) == 1  # at least one agent
+    assert solver._agent_group(12, 100, 1200) == 0  # one group would hold every agent
+    assert solver._agent_group(12, 100, 0) == 0
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
 @pytest.mark.parametrize("kw", [dict(), dict(tol=1e-6, admm_tol=1e-4), dict(exchange="quantized", n_max=1e6),
                                 dict(consensus_form="paper_literal", penalty="fixed"),
