@@ -430,10 +430,11 @@ def _x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X
     X_new, rhs = ws.take("X", U, (X_old,)), ws.take("rhs", U)
     if not group:
         return _x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs, ws.take("tmp_lk", U))
-    flat = _agent_rows(U, P, ZYt, Q, Q_prev, rho, X_new, rhs)
-    tmp = ws.child("x_groups").take("tmp_lk", flat[0][:group])
-    for sl in _agent_slices(flat[0].shape[0], group):
-        _x_pre_into(*(t[sl] for t in flat[:6]), mu, derived, flat[6][sl], flat[7][sl], tmp[: sl.stop - sl.start])
+    Uf, Pf, Zf, Qf, Qpf, rf, Xf, Rf = _agent_rows(U, P, ZYt, Q, Q_prev, rho, X_new, rhs)
+    tmp = ws.child("x_groups").take("tmp_lk", Uf[:group])
+    for sl in _agent_slices(Uf.shape[0], group):
+        _x_pre_into(Uf[sl], Pf[sl], Zf[sl], Qf[sl], Qpf[sl], rf[sl], mu, derived, Xf[sl], Rf[sl],
+                    tmp[: sl.stop - sl.start])
     return X_new, rhs
 
 
@@ -1013,11 +1014,10 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     if group:
         # each agent's iterations depend on its own tensors only
         A = T * N
-        flat = [t.view(A, *t.shape[2:]) for t in (Y, V, R)] + [t.reshape(A, *t.shape[2:]) for t in (XtZ, G_inv)]
+        flat = _agent_rows(Y, V, R, XtZ, G_inv)  # Y, V, R contiguous: views that write through
         sq = torch.empty((2, A), dtype=V.dtype, device=V.device)
         tile_ws = ws.child("y_groups")
-        for start in range(0, A, group):
-            sl = slice(start, start + group)
+        for sl in _agent_slices(A, group):
             Yg, Vg, Rg, Xg, Gg = (t[sl] for t in flat)
             Yn, Vn, Rn, Vp = _y_loop(Yg, Vg, Rg, Xg, Gg, None, None, tile_ws, **loop)
             sq[:, sl] = _residuals_sq(Yn, Vn, Vp)
