@@ -212,6 +212,15 @@ def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_it
     assert deferred.history["nmse"] == own_pass.history["nmse"]
 
 
+def _same_run(a, b):
+    """Factors and every history key but the timings: bit for bit."""
+    assert torch.equal(a.X, b.X) and torch.equal(a.U, b.U)
+    assert all(torch.equal(x, y) for x, y in zip(a.Y, b.Y))
+    for key, vals in a.history.items():
+        if not key.startswith("time"):
+            assert torch.equal(torch.as_tensor(b.history[key]), torch.as_tensor(vals)), key
+
+
 @pytest.mark.parametrize("fuse", [False, True])
 @pytest.mark.parametrize("n_agents, group", [(7, 4), (6, 3)], ids=["groups-4-3", "groups-3-3"])
 def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_agents, group):
@@ -230,12 +239,7 @@ def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_a
     monkeypatch.setattr(solver, "_y_loop", lambda Y, *a, **k: sizes.append(Y.shape[0]) or real(Y, *a, **k))
     grouped = pp.fit(blocks, g, 3, **args)
     assert sizes == [group, n_agents - group] * 2 if n_agents % group else sizes == [group] * (2 * n_agents // group)
-    assert torch.equal(grouped.X, whole.X) and torch.equal(grouped.U, whole.U)
-    assert all(torch.equal(a, b) for a, b in zip(grouped.Y, whole.Y))
-    for key, vals in whole.history.items():
-        if key.startswith("time"):
-            continue
-        assert torch.equal(torch.as_tensor(grouped.history[key]), torch.as_tensor(vals)), key
+    _same_run(whole, grouped)
 
 
 def test_y_groups_only_for_fixed_counts(monkeypatch):
@@ -250,14 +254,6 @@ def test_y_groups_only_for_fixed_counts(monkeypatch):
     assert sizes == [(1, 4)]  # the whole (T, N) batch, once
     assert solver._y_group(8, torch.zeros(1, 1, 2, 4), True) == 1  # the byte budget floors at one agent
     assert solver._y_group(8, torch.zeros(1, 1, 2, 4), False) == 0
-
-
-def _same_run(a, b):
-    assert torch.equal(a.X, b.X) and torch.equal(a.U, b.U)
-    assert all(torch.equal(x, y) for x, y in zip(a.Y, b.Y))
-    for key, vals in a.history.items():
-        if not key.startswith("time"):
-            assert torch.equal(torch.as_tensor(b.history[key]), torch.as_tensor(vals)), key
 
 
 @pytest.mark.parametrize("form", ["derived", "paper_literal"])
