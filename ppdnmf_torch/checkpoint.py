@@ -24,7 +24,7 @@ import torch
 from ._utils import PPDNMFError
 
 __all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
-           "save_checkpoint", "write_atomically"]
+           "save_checkpoint", "write_atomically", "good_point", "snapshot"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
 #: format-1 checkpoint could no longer be continued bit for bit
@@ -34,6 +34,37 @@ _PREFIX = "ckpt_bcd"
 
 class CheckpointError(PPDNMFError):
     """A checkpoint is missing, unreadable, or belongs to a different run."""
+
+
+def good_point(state, sampler, history: dict, keep: bool = True, exchange=None) -> dict:
+    """The last consistent point of a run: a copy of the state's tensors (``keep``; the solver's
+    workspace reuses the state's buffers in later iterations), the RNG states, the history's
+    length and the exchange's cumulative cost counters (plain numbers, no key material)."""
+    return {
+        "tensors": {k: v.clone() for k, v in state.tensors().items()} if keep else {},
+        "bcd_done": state.bcd_done,
+        "sampler": sampler.state_dict(),
+        "hist_len": {k: len(v) for k, v in history.items()},
+        "exchange_costs": (getattr(exchange, "cost_state", dict)() if keep and exchange is not None else {}),
+    }
+
+
+def snapshot(good: dict, history: dict, fp: str) -> dict:
+    """The checkpoint payload of a :func:`good_point` (on the CPU): what :class:`Checkpointer`
+    writes and :func:`load_checkpoint` reads back."""
+    hist = {}
+    for k, vals in history.items():
+        vals = vals[: good["hist_len"].get(k, 0)]
+        hist[k] = [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals]
+    return {
+        "format": FORMAT_VERSION,
+        "bcd_done": int(good["bcd_done"]),
+        "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
+        "sampler": good["sampler"],
+        "history": hist,
+        "exchange_costs": good.get("exchange_costs", {}),
+        "fingerprint": fp,
+    }
 
 
 def fingerprint(problem, params, exchange=None) -> str:
@@ -133,7 +164,7 @@ class Checkpointer:
         return self.every > 0 and bcd_done % self.every == 0
 
     def write(self, snapshot: dict) -> str:
-        """Write a snapshot (see :func:`snapshot`) and prune old files."""
+        """Write a :func:`snapshot` and prune old files."""
         name = os.path.join(self.folder, f"{_PREFIX}{snapshot['bcd_done']:06d}.pt")
         save_checkpoint(name, snapshot)
         self.written.append(name)

@@ -1,7 +1,10 @@
-"""Turning user input (matrices, blocks, graphs, caps) into a validated batched :class:`Problem`."""
+"""The batched problem: :class:`Problem`, and turning user input (matrices, blocks, graphs,
+caps) into a validated one (:func:`build_problem`)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -9,11 +12,65 @@ import torch
 from ._utils import ConfigError, DataError
 from .exchange.base import Topology
 from .graph import Graph, from_adjacency
-from .solver import COLUMN_CHUNK, Problem
 
-__all__ = ["as_graph", "as_blocks", "as_caps", "check_data", "build_problem", "padded_width", "NEGATIVE_MODES"]
+__all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "check_data", "build_problem",
+           "padded_width", "NEGATIVE_MODES"]
 
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
+
+#: Width of the column chunks that reductions over the (padded) column axis run in
+#: (:func:`~ppdnmf_torch.solver.kernels.column_gram`); :func:`build_problem` pads ``M_max``
+#: to a multiple of it.
+COLUMN_CHUNK = 64
+
+
+@dataclass
+class Problem:
+    """A batch of ``T`` distributed problems with the same ``N``, ``L`` and ``K``.
+
+    Attributes
+    ----------
+    Z : Tensor (T, N, L, M_max)
+        Zero-padded data blocks.
+    counts : LongTensor (T, N)
+        ``M_i`` of every agent.
+    topology : Topology
+        The trials' graphs, flattened to ``T * N`` nodes.
+    caps : Tensor (T, N) float64
+        Penalty caps ``g_i``.
+    seeds : list of int
+        One seed per trial (penalty streams).
+    n_agents : int, optional
+        The real agents: ``Z.shape[1]`` may hold isolated dummy agents after them
+        (alignment padding of batched trials); they are left out of every metric.
+    """
+
+    Z: torch.Tensor
+    counts: torch.Tensor
+    topology: Topology
+    caps: torch.Tensor
+    seeds: list
+    n_agents: int | None = None
+
+    def __post_init__(self):
+        if self.n_agents is None:
+            self.n_agents = self.Z.shape[1]
+
+    @property
+    def shape(self):
+        T, N, L, M = self.Z.shape
+        return T, N, L, M
+
+    @cached_property
+    def width(self) -> int:
+        """Columns of the widest agent: the real part of the padded ``M_max``."""
+        return int(self.counts.max())
+
+    def column_mask(self) -> torch.Tensor:
+        """Bool ``(T, N, 1, M_max)``: True on real columns."""
+        M = self.Z.shape[-1]
+        ar = torch.arange(M, device=self.Z.device)
+        return (ar < self.counts.to(self.Z.device)[..., None])[:, :, None, :]
 
 
 def as_graph(adjacency, n_agents: int | None = None) -> Graph:
@@ -151,8 +208,8 @@ def _aligned_agents(N: int, L: int, K: int, itemsize: int) -> int:
 
 def padded_width(m: int) -> int:
     """``M_max`` for a widest agent of ``m`` columns: whole column chunks
-    (:data:`~ppdnmf_torch.solver.COLUMN_CHUNK`), so that reductions over columns round the
-    same whatever the batch (see :func:`~ppdnmf_torch.solver.column_gram`)."""
+    (:data:`COLUMN_CHUNK`), so that reductions over columns round the
+    same whatever the batch (see :func:`~ppdnmf_torch.solver.kernels.column_gram`)."""
     return -(-int(m) // COLUMN_CHUNK) * COLUMN_CHUNK
 
 

@@ -124,10 +124,11 @@ def _resumed():
         return pp.fit(Z, g, columns=cols, checkpoint_dir=tmp, checkpoint_every=2, resume_from=tmp, **kw)
 
 
-def _large_fused():
+def _large(**kw):
     blocks, g = _cbcl_sizes(24)
-    return pp.fit(blocks, g, 49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=2, x_iters=4, y_iters=4, fuse=True,
-                  device="cpu")
+    args = dict(mu=2.0, eta=2.0, g_max=0.05, bcd_iters=2, x_iters=4, y_iters=4, device="cpu")
+    args.update(kw)
+    return pp.fit(blocks, g, 49, **args)
 
 
 def _n2000():
@@ -160,7 +161,10 @@ CONFIGS = {
     "stopping_rule_admm": lambda: _fit_syn(tol=1e-4, admm_tol=1e-2, bcd_iters=8, exchange="quantized"),
     "fused_small_plain": lambda: _fit_syn(fuse=True),
     "fused_small_quantized": lambda: _fit_syn(fuse=True, exchange="quantized", n_max=1e4),
-    "fused_large_plain": _large_fused,
+    "fused_large_plain": lambda: _large(fuse=True),
+    "fused_large_quantized": lambda: _large(fuse=True, exchange="quantized", n_max=1e4),
+    "fused_large_stopping_rule": lambda: _large(fuse=True, tol=1e-4, bcd_iters=3),
+    "eager_large_stopping_rule": lambda: _large(tol=1e-4, bcd_iters=3),
     "resume_from_checkpoint": _resumed,
     "centralized": lambda: pp.fit_centralized(_synthetic()[0], 5, negative="allow", bcd_iters=6, x_iters=10,
                                               y_iters=10, device="cpu"),

@@ -16,12 +16,14 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch import graph, solver
+from ppdnmf_torch import graph
+from ppdnmf_torch.solver import admm, eager as eager_mod, fused as fused_mod, kernels
 from ppdnmf_torch.exchange import make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.plain import PlainExchange
 from ppdnmf_torch.penalties import PenaltySampler
-from ppdnmf_torch.solver import Workspace, _eigh_psd, _Graph, _small_matmul, bmm
+from ppdnmf_torch.solver.fused import CompiledGraph, small_matmul
+from ppdnmf_torch.solver.kernels import Workspace, bmm, eigh_psd
 
 from conftest import small_problem
 
@@ -160,9 +162,9 @@ def test_narrow_y_updates_equal_full_width_updates():
     V, R, X = state.V.clone(), state.R.clone(), state.X
     params = SolverParams(rank=3, eta=0.7, y_iters=5)
     y_step(prob, state, params)
-    from ppdnmf_torch.solver import _spd_inverse
+    from ppdnmf_torch.solver.kernels import spd_inverse
 
-    G_inv = _spd_inverse(bmm(X.mT, X) + 0.7 * torch.eye(3, dtype=torch.float64))
+    G_inv = spd_inverse(bmm(X.mT, X) + 0.7 * torch.eye(3, dtype=torch.float64))
     XtZ = bmm(X.mT, prob.Z)
     for _ in range(5):
         Y = torch.add(V, R).clamp_(min=0)
@@ -176,10 +178,10 @@ def test_narrow_y_updates_equal_full_width_updates():
 def test_eigen_factors_of_non_finite_input_are_not_finite():
     A = torch.eye(3, dtype=torch.float64).repeat(2, 1, 1)
     A[1, 0, 0] = float("nan")
-    lam, E = _eigh_psd(A)
+    lam, E = eigh_psd(A)
     Minv = bmm(E * (1.0 / (lam + 0.1)).unsqueeze(-2), E.mT)
     assert bool(torch.isfinite(Minv[0]).all()) and not bool(torch.isfinite(Minv[1]).all())
-    lam, E = _eigh_psd(torch.eye(3, dtype=torch.float64).repeat(2, 1, 1) * 2)
+    lam, E = eigh_psd(torch.eye(3, dtype=torch.float64).repeat(2, 1, 1) * 2)
     assert torch.equal(lam, torch.full((2, 3), 2.0, dtype=torch.float64))
 
 
@@ -199,12 +201,12 @@ def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_it
     args = dict(bcd_iters=2, x_iters=n_iters, y_iters=n_iters, device="cpu", seed=1, g_max=0.04, fuse=True,
                 consensus_form=form)
     calls = []
-    fused = solver._fused(True)
+    fused = fused_mod.compiled_kernels(True)
     monkeypatch.setattr(fused, "x_carry_nbr", tuple(
         (lambda f: lambda *a: (calls.append(1), f(*a))[1])(f) for f in fused.x_carry_nbr))
     deferred = pp.fit(blocks, g, 3, **args)
     assert len(calls) == 2 * (n_iters - 1)  # every iteration but the last of each X-step
-    monkeypatch.setattr(solver, "DEFER_NEIGHBOUR_SUM", False)
+    monkeypatch.setattr(kernels, "DEFER_NEIGHBOUR_SUM", False)
     own_pass = pp.fit(blocks, g, 3, **args)
     assert len(calls) == 2 * (n_iters - 1)
     assert torch.equal(deferred.X, own_pass.X) and torch.equal(deferred.U, own_pass.U)
@@ -230,13 +232,13 @@ def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_a
     blocks = small_problem(counts=(3, 5, 4, 6, 2, 5, 3)[:n_agents])
     g = graph.random_connected(n_agents, 3.0, seed=2)
     args = dict(bcd_iters=2, x_iters=4, y_iters=5, device="cpu", seed=1, g_max=0.04, fuse=fuse)
-    monkeypatch.setattr(solver, "Y_TILE_BYTES", 0)
+    monkeypatch.setattr(kernels, "Y_TILE_BYTES", 0)
     whole = pp.fit(blocks, g, 3, **args)
-    per_agent = 6 * 3 * solver.COLUMN_CHUNK * 8  # six (K, M) float64 tensors, M padded to one chunk
-    monkeypatch.setattr(solver, "Y_TILE_BYTES", group * per_agent)
+    per_agent = 6 * 3 * kernels.COLUMN_CHUNK * 8  # six (K, M) float64 tensors, M padded to one chunk
+    monkeypatch.setattr(kernels, "Y_TILE_BYTES", group * per_agent)
     sizes = []
-    real = solver._y_loop
-    monkeypatch.setattr(solver, "_y_loop", lambda Y, *a, **k: sizes.append(Y.shape[0]) or real(Y, *a, **k))
+    real = admm.y_loop
+    monkeypatch.setattr(admm, "y_loop", lambda Y, *a, **k: sizes.append(Y.shape[0]) or real(Y, *a, **k))
     grouped = pp.fit(blocks, g, 3, **args)
     assert sizes == [group, n_agents - group] * 2 if n_agents % group else sizes == [group] * (2 * n_agents // group)
     _same_run(whole, grouped)
@@ -245,15 +247,15 @@ def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_a
 def test_y_groups_only_for_fixed_counts(monkeypatch):
     """With a tolerance the stopping flags travel between agents: no groups."""
     monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
-    monkeypatch.setattr(solver, "Y_TILE_BYTES", 1)
+    monkeypatch.setattr(kernels, "Y_TILE_BYTES", 1)
     sizes = []
-    real = solver._y_loop
-    monkeypatch.setattr(solver, "_y_loop", lambda Y, *a, **k: sizes.append(Y.shape[:2]) or real(Y, *a, **k))
+    real = admm.y_loop
+    monkeypatch.setattr(admm, "y_loop", lambda Y, *a, **k: sizes.append(Y.shape[:2]) or real(Y, *a, **k))
     blocks = small_problem(counts=(3, 5, 4, 6))
     pp.fit(blocks, graph.ring(4), 3, bcd_iters=1, x_iters=3, y_iters=3, tol=1e-9, admm_tol=1e-9, seed=0)
     assert sizes == [(1, 4)]  # the whole (T, N) batch, once
-    assert solver._y_group(8, torch.zeros(1, 1, 2, 4), True) == 1  # the byte budget floors at one agent
-    assert solver._y_group(8, torch.zeros(1, 1, 2, 4), False) == 0
+    assert admm.y_group(8, torch.zeros(1, 1, 2, 4), True) == 1  # the byte budget floors at one agent
+    assert admm.y_group(8, torch.zeros(1, 1, 2, 4), False) == 0
 
 
 @pytest.mark.parametrize("form", ["derived", "paper_literal"])
@@ -269,12 +271,12 @@ def test_grouped_x_chains_give_the_bits_of_the_whole_batch(monkeypatch, form, ex
     g = graph.random_connected(n_agents, 3.0, seed=2)
     args = dict(bcd_iters=2, x_iters=5, y_iters=3, device="cpu", seed=1, g_max=0.04, consensus_form=form,
                 exchange=exchange, tol=tol, admm_tol=tol)
-    monkeypatch.setattr(solver, "X_TILE_BYTES", 0)
+    monkeypatch.setattr(kernels, "X_TILE_BYTES", 0)
     whole = pp.fit(blocks, g, 3, **args)
     sizes = []
-    real = solver._x_pre_into
-    monkeypatch.setattr(solver, "_x_pre_into", lambda U, *a: sizes.append(U.shape[0]) or real(U, *a))
-    monkeypatch.setattr(solver, "X_TILE_BYTES", group * 8 * 8 * 3 * 8)  # eight (L, K) float64 tensors
+    real = eager_mod.x_pre_into
+    monkeypatch.setattr(eager_mod, "x_pre_into", lambda U, *a: sizes.append(U.shape[0]) or real(U, *a))
+    monkeypatch.setattr(kernels, "X_TILE_BYTES", group * 8 * 8 * 3 * 8)  # eight (L, K) float64 tensors
     grouped = pp.fit(blocks, g, 3, **args)
     per_step = [group] * (n_agents // group) + ([n_agents % group] if n_agents % group else [])
     assert sizes[:len(per_step)] == per_step and len(sizes) % len(per_step) == 0
@@ -287,22 +289,22 @@ def test_grouped_x_chains_in_batched_trials(monkeypatch):
     blocks = [small_problem(counts=(3, 5, 4, 6, 2), seed=s) for s in (0, 1)]
     graphs = [graph.random_connected(5, 3.0, seed=2), graph.star(5)]
     args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04)
-    monkeypatch.setattr(solver, "X_TILE_BYTES", 0)
+    monkeypatch.setattr(kernels, "X_TILE_BYTES", 0)
     whole = pp.fit_trials(blocks, graphs, 3, **args)
-    monkeypatch.setattr(solver, "X_TILE_BYTES", 4 * 8 * 8 * 3 * 8)
+    monkeypatch.setattr(kernels, "X_TILE_BYTES", 4 * 8 * 8 * 3 * 8)
     grouped = pp.fit_trials(blocks, graphs, 3, **args)
     assert torch.equal(whole.X, grouped.X) and torch.equal(whole.U, grouped.U)
     assert (whole.history["nmse"] == grouped.history["nmse"]).all()
 
 
 def test_agent_groups():
-    assert solver._agent_group(10, 100, 300) == 2  # 3 rounds down to a divisor within 2x
-    assert solver._agent_group(13, 100, 1000) == 10  # none in [5, 10]: groups of 10 and 3
-    assert solver._agent_group(12, 100, 400) == 4
-    assert solver._agent_group(12, 100, 500) == 4  # 5 rounds down to a divisor within 2x
-    assert solver._agent_group(12, 100, 50) == 1  # at least one agent
-    assert solver._agent_group(12, 100, 1200) == 0  # one group would hold every agent
-    assert solver._agent_group(12, 100, 0) == 0
+    assert kernels.agent_group(10, 100, 300) == 2  # 3 rounds down to a divisor within 2x
+    assert kernels.agent_group(13, 100, 1000) == 10  # none in [5, 10]: groups of 10 and 3
+    assert kernels.agent_group(12, 100, 400) == 4
+    assert kernels.agent_group(12, 100, 500) == 4  # 5 rounds down to a divisor within 2x
+    assert kernels.agent_group(12, 100, 50) == 1  # at least one agent
+    assert kernels.agent_group(12, 100, 1200) == 0  # one group would hold every agent
+    assert kernels.agent_group(12, 100, 0) == 0
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["whole-iterations", "buffered-chains"])
@@ -343,8 +345,8 @@ def test_fused_whole_iterations_with_rank_8_take_the_blas_product_and_agree_with
 def test_small_matmul_is_the_matrix_product(shapes):
     gen = torch.Generator().manual_seed(0)
     A, B = (torch.rand(s, generator=gen, dtype=torch.float64) for s in shapes)
-    assert torch.allclose(_small_matmul(A, B, True), A @ B, rtol=1e-14, atol=0)
-    assert torch.equal(_small_matmul(A, B, False), A @ B)
+    assert torch.allclose(small_matmul(A, B, True), A @ B, rtol=1e-14, atol=0)
+    assert torch.equal(small_matmul(A, B, False), A @ B)
 
 
 def _affine(a, b, *, scale):
@@ -352,11 +354,11 @@ def _affine(a, b, *, scale):
 
 
 def test_graph_compiles_once_per_layout_and_static_keyword(monkeypatch):
-    """``_Graph`` stands in for Dynamo's guards with its layout key: a new shape, stride or
+    """``CompiledGraph`` stands in for Dynamo's guards with its layout key: a new shape, stride or
     static keyword gets a graph of its own (and the right answer), a repeated one reuses
     its graph, and only the most recently used graphs are kept."""
-    monkeypatch.setattr(_Graph, "MAX_GRAPHS", 2)
-    f = _Graph(_affine)
+    monkeypatch.setattr(CompiledGraph, "MAX_GRAPHS", 2)
+    f = CompiledGraph(_affine)
     a, b = torch.arange(6.0, dtype=torch.float64).view(2, 3), torch.ones(2, 3, dtype=torch.float64)
 
     def check(a, b, scale):
@@ -379,7 +381,7 @@ def test_graph_key_tells_repeated_arguments_and_static_types_apart():
     """What Dynamo's guards would catch: a trace with one tensor passed twice reads it once,
     so ``(a, a)`` and ``(a, b)`` need graphs of their own; ``True == 1`` must not share a
     graph; a float static keyword is refused (``2 == 2.0``, ``0.0 == -0.0``, NaN)."""
-    f = _Graph(_affine)
+    f = CompiledGraph(_affine)
     a, b = torch.arange(6.0, dtype=torch.float64), torch.full((6,), 0.5, dtype=torch.float64)
     for x, y in [(a, a), (a, b), (b, b)]:
         got = f(x, y, scale=2)
@@ -404,7 +406,7 @@ def test_fuse_without_a_cpp_compiler_is_a_clear_error(monkeypatch):
         raise InvalidCxxCompiler()
 
     monkeypatch.setattr(torch._inductor, "compile", no_compiler)
-    monkeypatch.setattr(solver, "_FUSED", None)  # fresh graph caches: every shape compiles anew
+    monkeypatch.setattr(fused_mod, "_FUSED", None)  # fresh graph caches: every shape compiles anew
     blocks = small_problem(counts=(3, 5, 4, 6, 2))
     args = dict(bcd_iters=1, x_iters=2, y_iters=2, device="cpu", fuse=True)
     with pytest.raises(ConfigError, match=r"fuse=True: .*no working C\+\+ compiler.*fuse=False"):
@@ -471,7 +473,7 @@ def test_fused_buffered_run_resumes_bit_identically(monkeypatch, tmp_path):
 def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters):
     """The large fused loop carries ``D = X - P_prev`` (``Y - R_prev``) instead of X and P
     (Y and R): the same operations, so the same bits, X-step and Y-step (run uncompiled)."""
-    from ppdnmf_torch import solver as s
+    from ppdnmf_torch.solver import fused as s
 
     gen = torch.Generator().manual_seed(n_iters)
     r = lambda *shape: torch.randn(shape, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -484,9 +486,9 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
     U, P, sums = U0, P0, []
     for _ in range(n_iters):
         X, rhs, P_new, usum = out(), out(), out(), torch.empty(2, 3, dtype=torch.float64)
-        s._fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X, rhs)
+        s.fx_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X, rhs)
         U = rhs @ W
-        s._fx_post_into(P, X, U, P_new, usum)
+        s.fx_post_into(P, X, U, P_new, usum)
         P = P_new
         sums.append(usum)
     # carried differences
@@ -499,13 +501,13 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
             args += (sums_c[-1],)
         if last:
             Xc = out()
-            (s._fx_carry_first_x_into if Dc is None else s._fx_carry_x_into)(Uc, P0 if Dc is None else Dc, *args, Xc)
+            (s.fx_carry_first_x_into if Dc is None else s.fx_carry_x_into)(Uc, P0 if Dc is None else Dc, *args, Xc)
         else:
-            (s._fx_carry_first_into if Dc is None else s._fx_carry_into)(Uc, P0 if Dc is None else Dc, *args)
+            (s.fx_carry_first_into if Dc is None else s.fx_carry_into)(Uc, P0 if Dc is None else Dc, *args)
         Dc, Uc = D_new, rhs @ W
     Pc = out()
     sums_c.append(torch.empty(2, 3, dtype=torch.float64))
-    s._fx_carry_last_into(Uc, Dc, Pc, sums_c[-1])
+    s.fx_carry_last_into(Uc, Dc, Pc, sums_c[-1])
     assert torch.equal(Uc, U) and torch.equal(Xc, X) and torch.equal(Pc, P)
     assert all(torch.equal(a, b) for a, b in zip(sums_c, sums))
 
@@ -513,9 +515,9 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
     V, R = V0, R0
     for _ in range(n_iters):
         Y, B, R_new = out(), out(), out()
-        s._fy_pre_into(V, R, XtZ, eta, Y, B)
+        s.fy_pre_into(V, R, XtZ, eta, Y, B)
         V = B @ W
-        s._fy_post_into(R, Y, V, R_new)
+        s.fy_post_into(R, Y, V, R_new)
         R = R_new
     Vc, Dc = V0, None
     for m in range(n_iters):
@@ -523,12 +525,12 @@ def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters)
         first = Dc is None
         if m == n_iters - 1:
             Yc = out()
-            (s._fy_carry_first_y_into if first else s._fy_carry_y_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B, Yc)
+            (s.fy_carry_first_y_into if first else s.fy_carry_y_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B, Yc)
         else:
-            (s._fy_carry_first_into if first else s._fy_carry_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B)
+            (s.fy_carry_first_into if first else s.fy_carry_into)(Vc, R0 if first else Dc, XtZ, eta, D_new, B)
         Dc, Vc = D_new, B @ W
     Rc = out()
-    s._fy_carry_last_into(Vc, Dc, Rc)
+    s.fy_carry_last_into(Vc, Dc, Rc)
     assert torch.equal(Vc, V) and torch.equal(Yc, Y) and torch.equal(Rc, R)
 
 
@@ -541,12 +543,12 @@ def test_deferred_neighbour_sum_in_batched_trials(monkeypatch):
     graphs = [graph.random_connected(5, 3.0, seed=2), graph.star(5)]
     args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04, fuse=True)
     calls = []
-    fused = solver._fused(True)
+    fused = fused_mod.compiled_kernels(True)
     monkeypatch.setattr(fused, "x_carry_nbr", tuple(
         (lambda f: lambda *a: (calls.append(1), f(*a))[1])(f) for f in fused.x_carry_nbr))
     deferred = pp.fit_trials(blocks, graphs, 3, **args)
     assert len(calls) == 2 * 3
-    monkeypatch.setattr(solver, "DEFER_NEIGHBOUR_SUM", False)
+    monkeypatch.setattr(kernels, "DEFER_NEIGHBOUR_SUM", False)
     own_pass = pp.fit_trials(blocks, graphs, 3, **args)
     assert torch.equal(deferred.X, own_pass.X) and torch.equal(deferred.U, own_pass.U)
     assert (deferred.history["nmse"] == own_pass.history["nmse"]).all()
@@ -562,7 +564,7 @@ def test_joint_pass_writes_no_state_sized_buffer_of_its_own(slots):
 
     from torch._inductor.utils import run_and_get_code
 
-    fused = solver._fused(True)
+    fused = fused_mod.compiled_kernels(True)
     if fused.x_carry_nbr is None:  # pragma: no cover - a torch without the settings
         pytest.skip("this torch lacks Inductor's realize_* settings: the solver keeps two passes")
     A, L, K = 12, 4, 3

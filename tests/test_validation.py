@@ -175,7 +175,7 @@ def test_smallest_linked_cap_is_the_one_checked():
 def test_nonfinite_agents_matches_the_entrywise_check(n_real):
     # the solver's per-BCD check sums each agent first; finite entries whose sum overflows
     # (agent 2 of trial 1) must not count as non-finite
-    from ppdnmf_torch.solver import _nonfinite_agents
+    from ppdnmf_torch.solver.bcd import nonfinite_agents
 
     t = torch.rand(2, 5, 3, 4, dtype=torch.float64)
     t[0, 1, 2, 3] = math.nan
@@ -185,5 +185,5 @@ def test_nonfinite_agents_matches_the_entrywise_check(n_real):
     view = t[:, :n_real]
     assert math.isinf(float(view[1, 2].sum()))
     expected = ~torch.isfinite(view).flatten(2).all(-1)
-    assert torch.equal(_nonfinite_agents(view), expected)
+    assert torch.equal(nonfinite_agents(view), expected)
     assert int(expected.sum()) == (3 if n_real == 5 else 2)

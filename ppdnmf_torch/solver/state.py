@@ -1,0 +1,166 @@
+"""The solver's data types: parameters, the state of Algorithm 1, the initial state, and
+what the callback receives.
+
+All agents' variables are stacked, trial dimension first, agent dimension second:
+
+* ``X, U, P, Q, Q_prev``: ``(T, N, L, K)``
+* ``Y, V, R``: ``(T, N, K, M_max)``; columns beyond an agent's ``M_i`` are padding and
+  stay exactly zero (``Z``'s padding is zero, so every update maps zeros to zeros).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .._utils import ConfigError
+from ..penalties import PENALTY_MODES, PenaltySampler
+from ..problem import Problem
+
+__all__ = ["CONSENSUS_FORMS", "SolverParams", "SolverState", "IterationInfo", "init_state", "make_sampler",
+           "restore_state"]
+
+CONSENSUS_FORMS = ("derived", "paper_literal")
+
+
+@dataclass(frozen=True)
+class SolverParams:
+    """Algorithm parameters (validated on construction).
+
+    Parameters
+    ----------
+    rank : int
+        ``K``.
+    mu, eta : float
+        ADMM penalties of the X-step (eqs. 8-11) and the Y-step (eqs. 12-14).
+    bcd_iters, x_iters, y_iters : int
+        Iteration caps of the BCD loop and of the two ADMM loops.
+    tol : float
+        Relative-change tolerance of the stopping rule (Sec. II-C); ``0`` runs the
+        fixed iteration counts.
+    admm_tol : float or None
+        Tolerance of the two ADMM loops; ``None`` uses ``tol``. ``admm_tol=0`` with
+        ``tol > 0`` runs fixed ADMM counts inside a BCD loop that stops on convergence
+        (inner loops cut short too early can keep the outer loop from settling).
+    penalty : {"random", "fixed"}
+    consensus_form : {"derived", "paper_literal"}
+    fuse : bool
+        Compile the ADMM iterations with TorchInductor (see :mod:`.fused`; a
+        compilation per new shape; rounding differs slightly).
+    """
+
+    rank: int
+    mu: float = 0.1
+    eta: float = 1.0
+    bcd_iters: int = 100
+    x_iters: int = 30
+    y_iters: int = 30
+    tol: float = 0.0
+    penalty: str = "random"
+    consensus_form: str = "derived"
+    admm_tol: float | None = None
+    fuse: bool = False
+
+    @property
+    def inner_tol(self) -> float:
+        return self.tol if self.admm_tol is None else self.admm_tol
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ConfigError(f"rank: must be an integer >= 1, got {self.rank!r}")
+        for name in ("mu", "eta"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name}: must be a finite number > 0, got {v!r}")
+        for name in ("bcd_iters", "x_iters", "y_iters"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol >= 0):
+            raise ConfigError(f"tol: must be a finite number >= 0, got {self.tol!r}")
+        if self.admm_tol is not None and not (
+            isinstance(self.admm_tol, (int, float)) and math.isfinite(self.admm_tol) and self.admm_tol >= 0
+        ):
+            raise ConfigError(f"admm_tol: must be None or a finite number >= 0, got {self.admm_tol!r}")
+        if self.penalty not in PENALTY_MODES:
+            raise ConfigError(f"penalty: unknown mode {self.penalty!r}; use one of {PENALTY_MODES}")
+        if self.consensus_form not in CONSENSUS_FORMS:
+            raise ConfigError(
+                f"consensus_form: unknown form {self.consensus_form!r}; use one of {CONSENSUS_FORMS}"
+            )
+
+
+@dataclass
+class SolverState:
+    """Every variable of Algorithm 1 (the warm start carries all of them across BCD iterations)."""
+
+    X: torch.Tensor
+    U: torch.Tensor
+    P: torch.Tensor
+    Q: torch.Tensor
+    Q_prev: torch.Tensor
+    Y: torch.Tensor
+    V: torch.Tensor
+    R: torch.Tensor
+    g: torch.Tensor  # (2E,) float64 penalty draws, carried over
+    bcd_done: int = 0  # completed BCD iterations
+    frozen: torch.Tensor | None = None  # (T, N) bool, agents stopped by the BCD-level rule
+
+    def tensors(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def init_state(problem: Problem, rank: int, dtype=None) -> SolverState:
+    """Algorithm 1's initial values: ``X = U = 1``, ``P = Q = Q_prev = 0``, ``Y = V = R = 0``, ``g = 0``."""
+    Z = problem.Z
+    dtype = dtype or Z.dtype
+    T, N, L, M = Z.shape
+    ones = torch.ones((T, N, L, rank), dtype=dtype, device=Z.device)
+    zx = torch.zeros_like(ones)
+    zy = torch.zeros((T, N, rank, M), dtype=dtype, device=Z.device)
+    g = torch.zeros(problem.topology.n_directed_edges, dtype=torch.float64, device=Z.device)
+    return SolverState(
+        X=ones.clone(), U=ones, P=zx, Q=zx.clone(), Q_prev=zx.clone(),
+        Y=zy, V=zy.clone(), R=zy.clone(), g=g,
+    )
+
+
+@dataclass
+class IterationInfo:
+    """What the callback receives after every BCD iteration.
+
+    ``metrics`` maps names to Tensors of shape ``(T,)`` (one value per trial);
+    ``state`` is the live solver state (do not modify it; its tensors are reused buffers
+    that later iterations overwrite: copy what you keep); ``costs`` is the exchange's
+    :meth:`~ppdnmf_torch.exchange.Exchange.costs` after this iteration (cumulative).
+    """
+
+    iteration: int
+    n_iter: int
+    metrics: dict
+    state: SolverState
+    elapsed: float
+    costs: dict = field(default_factory=dict)
+    iteration_costs: list = field(default_factory=list)
+
+
+def make_sampler(problem: Problem, params: SolverParams) -> PenaltySampler:
+    """The penalty sampler of a problem, seeded from its per-trial seeds."""
+    T, N = problem.Z.shape[:2]
+    device = problem.Z.device
+    edges_per_trial = torch.bincount(
+        torch.div(problem.topology.src, N, rounding_mode="floor").cpu(), minlength=T
+    ).tolist()
+    return PenaltySampler(
+        problem.caps.reshape(-1).to(device=device, dtype=torch.float64),
+        problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
+    )
+
+
+def restore_state(payload: dict, device) -> SolverState:
+    """A :class:`SolverState` from a checkpoint payload (:func:`~ppdnmf_torch.checkpoint.load_checkpoint`),
+    on ``device``."""
+    t = {k: v.to(device) for k, v in payload["state"].items()}
+    frozen = t.pop("frozen", None)
+    return SolverState(**t, bcd_done=int(payload["bcd_done"]), frozen=frozen)
