@@ -1,7 +1,8 @@
-"""Small shared helpers: device/dtype resolution, seed derivation, error types, sparse CSR matrices.
+"""Small shared helpers: device/dtype resolution, seed derivation, sparse CSR matrices.
 
 Everything that turns a user's ``"auto" | "cpu" | "cuda"`` or dtype name into a
-torch object goes through this module, so the rules live in one place.
+torch object goes through this module, so the rules live in one place. The error
+types live in :mod:`ppdnmf_torch.errors` and are re-exported here.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numbers
 import warnings
 
 import torch
+
+from .errors import ConfigError, DataError, GraphError, PPDNMFError
 
 __all__ = [
     "PPDNMFError",
@@ -23,22 +26,6 @@ __all__ = [
     "sparse_matmul",
     "plain_number",
 ]
-
-
-class PPDNMFError(ValueError):
-    """Base class of the errors this package raises for bad input."""
-
-
-class ConfigError(PPDNMFError):
-    """A parameter or config value is out of its allowed range or unknown."""
-
-
-class DataError(PPDNMFError):
-    """The data matrix, its blocks or its file is unusable."""
-
-
-class GraphError(PPDNMFError):
-    """The communication graph is invalid (asymmetric, self loops, disconnected, ...)."""
 
 
 _DEVICE_NAMES = ("auto", "cpu", "cuda")

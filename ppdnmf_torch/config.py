@@ -20,7 +20,8 @@ from ._utils import ConfigError
 from .data import DATA_KINDS
 from . import exchange as _exchange
 from .exchange import EXCHANGE_KINDS, PROTOCOLS
-from .graph import GRAPH_KINDS
+from .graph import GRAPH_KINDS, GRAPH_PARAMS
+from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
 from .penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES
 from .solver import CONSENSUS_FORMS
@@ -44,19 +45,6 @@ __all__ = [
 LOGGER_KINDS = ("tensorboard", "none")
 DTYPES = ("float64", "float32")
 
-#: parameters each graph kind takes (all others must be null)
-GRAPH_PARAMS = {
-    "random": ("avg_degree",),
-    "ring": (),
-    "star": (),
-    "complete": (),
-    "grid": ("rows", "cols"),
-    "erdos_renyi": ("p", "max_tries"),
-    "random_geometric": ("radius", "max_tries"),
-    "file": ("path",),
-}
-_GRAPH_REQUIRED = {"erdos_renyi": ("p",), "random_geometric": ("radius",), "file": ("path",)}
-_GRAPH_ALIASES = {"random_connected": "random", "grid_2d": "grid"}
 
 #: defaults of the synthetic data's parameters (the paper's Sec. IV)
 SYNTHETIC_DEFAULTS = {"L": 30, "M": 200, "K": 5, "x_mean": 0.033, "y_mean": 0.8, "noise_var": 3.6e-4}

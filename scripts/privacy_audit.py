@@ -21,7 +21,7 @@ star graph (9 degree-1 leaves), the paper's graph with private random caps, the 
 setup with 3 ADMM iterations (penalties still moving), and a real Paillier run (128-bit
 keys, 2 BCD x 3 ADMM iterations, both protocols) whose transcript is scanned for
 plaintexts, and whose ``aggregated`` replies are decrypted one by one with their receivers'
-keys (the ``decrypt_each`` attack on real ciphertexts). A few seconds on two CPU cores. Exit status 0 whatever the findings (the
+keys (the ``decrypt_each`` attack on real ciphertexts). Exit status 0 whatever the findings (the
 audit measures; it does not gate), 2 on bad arguments.
 """
 from __future__ import annotations

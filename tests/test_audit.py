@@ -11,6 +11,9 @@ import pytest
 
 from conftest import small_problem
 from ppdnmf_torch import audit
+from ppdnmf_torch.audit.neighbour import _gcd_scales
+from ppdnmf_torch.audit.run import _scenario
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.graph import Graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +28,7 @@ def _tiny_blocks():
 
 
 def _scenario_recording(name, **over):
-    blocks, graph, g_max, solver, sc_over = audit._scenario(name, 0)
+    blocks, graph, g_max, solver, sc_over = _scenario(name, 0)
     rank = solver.pop("rank")
     kw = dict(solver, g_max=g_max, negative="allow", seed=0)
     kw.update(sc_over)
@@ -54,7 +57,7 @@ def test_plain_transcript_reveals_every_U_exactly():
     for t in range(rec.n_calls):
         got = seen[(int(rec.bcd[t]), int(rec.admm[t]))]
         assert np.array_equal(got, rec.U[t])  # bit for bit
-    rep = audit._eavesdropper_plain_report(rec)
+    rep = audit.eavesdropper_plain(rec)
     assert rep["all_recovered_exactly"]
     assert all(a["recovered_fraction"] == 1.0 and a["rel_err_max"] == 0.0 for a in rep["agents"])
     assert all(a["flags"] == ["U_in_clear"] for a in rep["agents"])
@@ -188,11 +191,11 @@ def test_aggregated_replies_decrypt_individually_with_own_key(path, bits, option
 
 @pytest.mark.crypto
 def test_decrypt_individual_replies_needs_a_paillier_run_and_every_key(paillier_keypairs):
-    with pytest.raises(audit.ConfigError, match="exchange='paillier'"):
+    with pytest.raises(ConfigError, match="exchange='paillier'"):
         audit.decrypt_individual_replies(audit.record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", **TINY), [])
     keys = paillier_keypairs(128, 3)
     rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", keypairs=keys, **TINY)
-    with pytest.raises(audit.ConfigError, match=r"nodes \[2\]"):
+    with pytest.raises(ConfigError, match=r"nodes \[2\]"):
         audit.decrypt_individual_replies(rec, keys[:2])
     assert audit.decrypt_individual_replies(rec, [sk for _, sk in keys])["reply_seen"].all()
 
@@ -299,7 +302,7 @@ def test_gcd_scale_correction_uses_the_monotone_schedule():
     gammas = np.array([3, 3, 5])
     d = (gammas[:, None] * diffs)[:, None, :]  # (T, 1 edge, P)
     assert np.gcd.reduce(np.abs(d[0, 0])) == 6
-    assert audit._gcd_scales(d)[:, 0].tolist() == [3, 3, 5]
+    assert _gcd_scales(d)[:, 0].tolist() == [3, 3, 5]
 
 
 def test_report_fields_and_flags(tmp_path):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppdnmf_torch._utils import ConfigError, GraphError
+from ppdnmf_torch.errors import ConfigError, GraphError
 from ppdnmf_torch import graph as G
 from ppdnmf_torch.graph import Graph
 
@@ -395,6 +395,30 @@ def test_make_graph_file(tmp_path):
 def test_make_graph_errors(kind, n, params, match):
     with pytest.raises(ConfigError, match=match):
         G.make_graph(kind, n, **params)
+
+
+def test_graph_parameter_table_is_the_config_table():
+    from ppdnmf_torch import config
+
+    assert config.GRAPH_PARAMS is G.GRAPH_PARAMS
+    assert config._GRAPH_REQUIRED is G.GRAPH_REQUIRED and config._GRAPH_ALIASES is G.GRAPH_ALIASES
+    assert tuple(G.GRAPH_PARAMS) == G.GRAPH_KINDS
+
+
+@pytest.mark.parametrize("kind", G.GRAPH_KINDS)
+def test_make_graph_follows_the_parameter_table(kind):
+    """A parameter outside the kind's row of the table is rejected, and each required one is asked for."""
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['not_a_param'\]"):
+        G.make_graph(kind, 6, not_a_param=1)
+    for key in G.GRAPH_REQUIRED.get(kind, ()):
+        assert key in G.GRAPH_PARAMS[kind]
+        with pytest.raises(ConfigError, match=f"needs {key}="):
+            G.make_graph(kind, 6)
+
+
+@pytest.mark.parametrize("alias", sorted(G.GRAPH_ALIASES))
+def test_make_graph_aliases(alias):
+    assert G.make_graph(alias, 6, seed=2).edges == G.make_graph(G.GRAPH_ALIASES[alias], 6, seed=2).edges
 
 
 def test_block_diagonal():

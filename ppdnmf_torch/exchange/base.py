@@ -22,77 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .._utils import sparse_csr
+from ..graph.topology import Topology
 
 __all__ = ["Topology", "Exchange", "ExchangeOutput", "ell_gather_sum", "accepts_keyword"]
-
-
-@dataclass(frozen=True)
-class Topology:
-    """The communication graph(s) of a run, flattened to ``A = T * N`` nodes.
-
-    Attributes
-    ----------
-    n_trials, n_agents : int
-    src, dst : LongTensor (2E,)
-        Directed edges ``i -> j`` sorted by ``(src, dst)`` (CSR order).
-    rev : LongTensor (2E,)
-        Index of the reverse edge ``j -> i``.
-    crow : LongTensor (A + 1,)
-        CSR row pointers of the adjacency matrix.
-    degree : LongTensor (A,)
-    """
-
-    n_trials: int
-    n_agents: int
-    src: torch.Tensor
-    dst: torch.Tensor
-    rev: torch.Tensor
-    crow: torch.Tensor
-    degree: torch.Tensor
-
-    @classmethod
-    def from_graphs(cls, graphs, stride: int | None = None) -> "Topology":
-        """The topology of ``T`` trials' graphs (same ``N``), laid out block-diagonally.
-
-        ``stride`` nodes per trial (default ``N``): the extra ones are isolated padding.
-        """
-        from ..graph import block_diagonal
-
-        graphs = list(graphs)
-        n = graphs[0].n_agents if stride is None else int(stride)
-        src, dst, rev, crow = block_diagonal(graphs, stride=n)
-        T = len(graphs)
-        return cls(T, n, src, dst, rev, crow, torch.bincount(src, minlength=T * n))
-
-    @property
-    def n_nodes(self) -> int:
-        return self.n_trials * self.n_agents
-
-    @property
-    def n_directed_edges(self) -> int:
-        return int(self.src.numel())
-
-    def to(self, device) -> "Topology":
-        return Topology(
-            self.n_trials,
-            self.n_agents,
-            self.src.to(device),
-            self.dst.to(device),
-            self.rev.to(device),
-            self.crow.to(device),
-            self.degree.to(device),
-        )
-
-    def neighbour_matrix(self, values: torch.Tensor) -> torch.Tensor:
-        """Sparse CSR matrix ``W (A, A)`` with ``W[i, j] = values[e]`` for edge ``e = i -> j``."""
-        return sparse_csr(self.crow, self.dst, values, self.n_nodes)
-
-    def spread(self, flags: torch.Tensor) -> torch.Tensor:
-        """One hop of flag propagation: ``flags | any(flags of neighbours)``, shape ``(A,)``."""
-        hit = torch.zeros_like(flags, dtype=torch.int32)
-        hit.index_add_(0, self.src, flags[self.dst].to(torch.int32))
-        return flags | (hit > 0)
 
 
 @dataclass

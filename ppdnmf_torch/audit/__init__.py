@@ -1,0 +1,148 @@
+"""Privacy audit of the secure exchange: what an eavesdropper and a curious neighbour learn.
+
+Two adversaries are measured, per agent (docs/THREAT_MODEL.md discusses the results):
+
+**(a) An eavesdropper on every link.** With ``exchange="plain"`` the protocol sends
+``U_i`` (and ``g_{i->j}``) in the clear to every neighbour; :func:`plain_transcript`
+models that, and :func:`eavesdrop_plain` reads every ``U_j`` back from it, exactly. With
+``exchange="paillier"`` the wire carries ciphertexts and public keys only:
+:func:`protocol_plaintexts` collects every integer plaintext the protocol handled in
+the same run (``q_i``, ``-q_i``, the penalties ``gamma``, ``gamma_ij gamma_ji``, every
+reply ``gamma_ji (q_j - q_i)``, every partial and final sum ``S_int``, ``rho_int``, ...)
+and :func:`scan_transcript` checks that none of them appears among the transcript's
+integers, in any of the forms an implementation could leak it (the signed value, its
+residue mod every agent's ``n`` and mod ``n^2``); it also checks that no ciphertext
+is unobfuscated (``c = 1 + m n mod n^2``, i.e. ``c mod n == 1``) and that no ciphertext
+repeats outside one broadcast (a deterministic or randomness-reusing encryption would
+show equal plaintexts as equal ciphertexts).
+
+Fair criterion. Every ciphertext is an element of ``Z*_{n^2}`` (about ``2 key_bits``
+bits) and the only other transcript integers are the moduli ``n``; a plaintext form is
+a specific integer, so a chance match has probability about ``2^-(2 key_bits - 2)``
+per (transcript integer, form) pair. The scan therefore checks *all* plaintexts,
+small ones included (no threshold is needed to avoid false alarms); the report still
+counts how many of them are "significant" (``|v| > 2^16``, values that could not
+plausibly be guessed) and prints the union bound on a chance match.
+
+**(b) An honest-but-curious agent ``i``** that follows the protocol and reconstructs
+each neighbour's ``U_j`` from everything it receives over the whole run. The attacks run
+on a recording of the integer protocol (:class:`RecordingQuantizedExchange`, bit-identical
+to ``paillier``); what ``i`` sees per ADMM iteration ``m``:
+
+* ``protocol="paper"``: ``d_ij = gamma_ji (q_j - q_i)`` for every neighbour (decrypted),
+  its own ``q_i`` and ``gamma_ij``, and ``rho_int_i = sum_j gamma_ij gamma_ji`` (handed
+  by the simulation). Attacks (:func:`paper_attacks`):
+
+  - ``rho_split``: ``gamma_ji ~ rho_int_i / sum_k gamma_ik`` (all neighbours' penalties
+    assumed equal), ``U_j ~ (q_i + d_ij / gamma_ji) / n_max``. Exact for a single
+    neighbour, and whenever the neighbours' integer penalties are equal (the paper uses
+    one cap ``g_i = 0.033`` for every agent, and the draws saturate at the cap).
+  - ``smooth_ls``: no integers, no ``rho``: all entries of ``d_ij`` share one scale, so
+    ``q_j - q_i`` is known up to one scalar; with the penalty saturated at its cap the
+    scalar is constant, and it is fitted by least squares assuming ``U_j`` moves less
+    than ``U_i`` between consecutive ADMM iterations
+    (``min_a sum_m ||a (d^(m) - d^(m-1)) + (q_i^(m) - q_i^(m-1))||^2``). Its estimate lies
+    on the segment from ``U_i`` to ``U_j`` (the direction is exact) at a fraction ``c_ij``
+    of the way, and for the two ends of an edge ``c_ij + c_ji = 1`` exactly (each end
+    assumes the other one static), so over pairs its median error is about half the
+    baseline's: what a real-valued attacker gets from the direction alone.
+  - ``gcd``: ``d_ij`` is an integer vector that the integer ``gamma_ji`` divides, so
+    ``gcd(d_ij) = gamma_ji gcd(q_j - q_i)``, and ``gcd(q_j - q_i) = 1`` for all but
+    degenerate differences; a gcd that is a multiple of ``gamma_ji`` is corrected with
+    the schedule (``gamma_ji`` is non-decreasing, so it is at most every later gcd).
+    Then ``q_j = q_i + d_ij / gamma_ji`` exactly.
+
+  The direction of ``U_j - U_i`` is exact whatever the scale: the report gives the
+  correlation of ``d_ij`` with ``U_j - U_i``.
+* ``protocol="aggregated"``: every reply ``i`` receives is encrypted under ``i``'s *own*
+  public key, and ``i`` holds the private key. Two views are audited:
+
+  - **honest-but-curious** (the usual model: ``i`` follows the protocol but computes what
+    it likes on what it receives). Attack ``decrypt_each``: ``i`` decrypts each
+    neighbour's individual replies before multiplying them into the sums: ``E_i(gamma_ji)``
+    from the penalty round (step 1) gives ``gamma_ji``, ``E_i(gamma_ji (q_j - q_i))`` from
+    step 5 gives ``d_ij = gamma_ji (q_j - q_i)``, and ``q_j = q_i + d_ij / gamma_ji`` exactly
+    (whenever ``gamma_ji != 0``; a zero penalty makes the reply zero and carries nothing).
+    The plaintexts are computed from the recording (:attr:`Recording.penalty_replies`,
+    :attr:`Recording.replies`): decrypting under ``i``'s key yields exactly these integers,
+    which :func:`decrypt_individual_replies` checks on a real Paillier transcript with the
+    agents' private keys. So ``aggregated`` protects ``U_j`` from a curious neighbour no
+    better than ``paper``.
+  - **sums only** (``i`` decrypts only what the protocol tells it to: ``S_int_i = sum_j
+    gamma_ij gamma_ji (q_j - q_i)`` and ``rho_int_i``; a "semi-honest but non-inspecting"
+    agent). Attack ``nbr_mean``: ``(S_int_i + rho_int_i q_i) / rho_int_i`` is the
+    penalty-weighted mean of the neighbours' ``q_j``, taken as the guess for each of them;
+    with one neighbour it *is* ``q_j`` (exact recovery). Reported per pair under
+    ``"sums_only"`` (:data:`SUMS_ONLY_ATTACKS`), next to the honest-but-curious result.
+
+The report's ``best_attack`` of a pair (per view) is the attack with the most exact recoveries, then
+the lowest median error: an oracle choice among the attacks (for ``gcd`` the attacker can
+check its own result: the division ``d_ij / gamma`` must be exact), so it bounds what
+this set of attacks achieves. Every attack is compared with the trivial baseline
+``U_j ~ U_i``: at consensus all ``U_j`` agree, and the consensus is the run's legitimate
+output, so only error below the baseline's is leakage beyond the output. Errors are measured on the informative
+iterations (``q_j != q_i``; in BCD iteration 1 every ``U`` equals its all-ones start).
+
+Entry point: :func:`run_audit` (``scripts/privacy_audit.py`` is its command line).
+
+Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`, :func:`record_fit`),
+:mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.report` (thresholds, verdicts,
+flags, Markdown), :mod:`.run` (the scenarios and :func:`run_audit`).
+"""
+from .eavesdropper import (
+    SIGNIFICANT,
+    eavesdrop_plain,
+    eavesdropper_paillier,
+    eavesdropper_plain,
+    plain_transcript,
+    protocol_plaintexts,
+    scan_transcript,
+)
+from .neighbour import (
+    ATTACKS,
+    SUMS_ONLY_ATTACKS,
+    aggregated_attacks,
+    decrypt_each_check,
+    decrypt_individual_replies,
+    neighbour_audit,
+    paper_attacks,
+)
+from .recording import (
+    Recording,
+    RecordingPlainExchange,
+    RecordingQuantizedExchange,
+    make_recording_exchange,
+    record_fit,
+    recording_paillier_class,
+)
+from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
+from .run import SCENARIOS, run_audit
+
+__all__ = [
+    "Recording",
+    "RecordingPlainExchange",
+    "RecordingQuantizedExchange",
+    "recording_paillier_class",
+    "make_recording_exchange",
+    "record_fit",
+    "plain_transcript",
+    "eavesdrop_plain",
+    "eavesdropper_plain",
+    "protocol_plaintexts",
+    "scan_transcript",
+    "eavesdropper_paillier",
+    "paper_attacks",
+    "aggregated_attacks",
+    "decrypt_individual_replies",
+    "decrypt_each_check",
+    "neighbour_audit",
+    "run_audit",
+    "format_markdown",
+    "SCENARIOS",
+    "ATTACKS",
+    "SUMS_ONLY_ATTACKS",
+    "SIGNIFICANT",
+    "EXACT_FRACTION",
+    "BEATS_BASELINE_RATIO",
+    "DIRECTION_CORR",
+]
