@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from ._utils import ConfigError, DataError
-from .exchange.base import Topology
+from .graph.topology import Topology
 from .graph import Graph, from_adjacency
 
 __all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "check_data", "build_problem",
