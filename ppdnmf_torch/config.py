@@ -23,7 +23,7 @@ from .exchange import EXCHANGE_KINDS, PROTOCOLS
 from .graph import GRAPH_KINDS, GRAPH_PARAMS
 from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
 from .penalties import PENALTY_MODES
-from .problem import NEGATIVE_MODES
+from .problem import NEGATIVE_MODES, check_rank
 from .solver import CONSENSUS_FORMS
 
 __all__ = [
@@ -421,8 +421,11 @@ def _check_cross(cfg: RunConfig):
             if s.hi is not None and N * s.hi < M:
                 raise ConfigError(f"data.split.hi: {N} agents x hi = {s.hi} columns is less than data.M = {M}")
     # rank
-    if L is not None and cfg.solver.rank > L:
-        raise ConfigError(f"solver.rank: K = {cfg.solver.rank} is larger than L = {L} (rows of the data)")
+    if L is not None:
+        try:
+            check_rank(cfg.solver.rank, L)  # the rule fit applies, before any data is loaded
+        except ConfigError as exc:
+            raise exc.within("solver") from None
     if isinstance(cfg.solver.g_max, list) and len(cfg.solver.g_max) != N:
         raise ConfigError(f"solver.g_max: got {len(cfg.solver.g_max)} caps but n_agents = {N}")
     # exchange options the installed exchange kinds accept

@@ -184,7 +184,7 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
             count = sum(int((b < 0).sum()) for b in blocks)
             raise DataError(
                 f"Z: has {count} negative entries (min {zmin:.4g}, first in agent {i}'s block); NMF needs "
-                "nonnegative data. Pass negative='clip' or 'shift' (or 'allow' to factorize as is)"
+                "nonnegative data. Set {negative}=clip or shift (or {negative}=allow to factorize as is)"
             )
         if negative == "clip":
             blocks = [b.clamp(min=0) for b in blocks]

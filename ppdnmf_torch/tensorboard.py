@@ -26,6 +26,8 @@ import time
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from .loggers import RunLogger
+
 __all__ = [
     "TensorBoardLogger",
     "make_grid",
@@ -134,19 +136,44 @@ def make_grid(images: torch.Tensor, nrow: int | None = None, padding: int = 1, p
 # --------------------------------------------------------------------------------------
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(RunLogger):
     """Writes a run's TensorBoard events under ``log_dir``.
 
-    Use :meth:`callback` as (part of) the ``callback`` of :func:`ppdnmf_torch.fit`; it logs
-    the scalars of every BCD iteration. After the run call :meth:`log_timing`,
-    :meth:`log_centralized`, :meth:`log_costs`, :meth:`log_images` and
-    :meth:`log_hparams` as they apply, then :meth:`close`.
+    As the runner's :class:`~ppdnmf_torch.loggers.RunLogger`: :meth:`centralized`,
+    :meth:`iteration`, :meth:`finished`, :meth:`close`. On its own: :meth:`callback` as (part
+    of) the ``callback`` of :func:`ppdnmf_torch.fit` logs the scalars of every BCD iteration;
+    after the run :meth:`log_timing`, :meth:`log_centralized`, :meth:`log_costs`,
+    :meth:`log_images` and :meth:`log_hparams` as they apply, then :meth:`close`.
     """
 
     def __init__(self, log_dir, flush_secs: int = 30):
         self.log_dir = os.fspath(log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs)
         self._last = None
+
+    # -- the runner's interface ---------------------------------------------------------
+    def centralized(self, history: dict) -> None:
+        self.log_centralized(history)
+
+    def iteration(self, info, x_iters: int) -> None:
+        self.callback(info)
+        costs = dict(numeric_items(info.costs))
+        if costs:
+            self.log_costs(costs, info.iteration)
+        self.log_iteration_costs(info.iteration_costs, x_iters)
+
+    def finished(self, result, central, *, hparams, metrics, images=None, config_text=""):
+        self.log_timing(result.history)  # crypto/ costs were logged after every BCD iteration
+        if images is not None:
+            recons = {"distributed": result.reconstruction()}
+            if central is not None:
+                recons["centralized"] = central.reconstruction()
+            self.log_images(result.X_mean, images["shape"], Z=images["Z"].to(result.X.dtype),
+                            reconstructions=recons, columns=images["columns"], step=result.n_iter,
+                            scale=images["scale"])
+        if config_text:
+            self.log_text("config", config_text)
+        self.log_hparams(hparams, metrics)
 
     # -- per BCD iteration ---------------------------------------------------------------
     def callback(self, info) -> bool:
@@ -263,9 +290,3 @@ class TensorBoardLogger:
     def close(self) -> None:
         self.writer.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False

@@ -276,8 +276,8 @@ class IntegerCodec:
             # the smallest g_bits the codec takes whose round(g_min 2^b) is not 0 (round half
             # to even, as torch.round does)
             bits = next((b for b in range(MAX_G_BITS + 1) if round(float(g_min) * 2.0 ** b) >= 1), None)
-            hint = (f"use g_bits >= {bits}" if bits is not None
-                    else f"no g_bits up to {MAX_G_BITS} holds it: raise the caps")
+            hint = (f"use {{g_bits}} >= {bits}" if bits is not None
+                    else f"no {{g_bits}} up to {MAX_G_BITS} holds it: raise the caps")
             raise ConfigError(
                 f"g_bits: with g_bits={self.g_bits}, the penalty cap {g_min:g} quantizes to 0 "
                 f"(round({g_min:g} * 2^{self.g_bits})), so that agent's penalties would all be 0 and "
@@ -288,10 +288,10 @@ class IntegerCodec:
         if need >= self.limit:
             bits_needed = math.ceil(math.log2(need)) + 3
             if need >= INT64_LIMIT:
-                hint = (f"the int64 emulation holds 2^62 at most, so lower n_max (or g_bits); "
-                        f"n_max <= {self.n_max * self.limit / need:.3g} fits")
+                hint = (f"the int64 emulation holds 2^62 at most, so lower {{n_max}} (or {{g_bits}}); "
+                        f"{{n_max}} <= {self.n_max * self.limit / need:.3g} fits")
             else:
-                hint = f"use key_bits >= {bits_needed} or lower n_max"
+                hint = f"use {{key_bits}} >= {bits_needed} or lower {{n_max}}"
             raise ConfigError(
                 f"key_bits/n_max: with n_max={self.n_max:g}, g_bits={self.g_bits} and penalty caps up to "
                 f"{g_max:g}, neighbour sums can reach about 2^{math.log2(need):.1f}, beyond the codec limit "

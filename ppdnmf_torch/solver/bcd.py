@@ -7,7 +7,8 @@ import warnings
 import torch
 
 from .. import metrics
-from .._utils import DataError, PPDNMFError, plain_number
+from .._utils import plain_number
+from ..errors import ConvergenceWarning, DataError, PPDNMFError
 from ..checkpoint import good_point, snapshot
 from ..exchange.base import Exchange
 from ..penalties import PenaltySampler
@@ -18,10 +19,6 @@ from .state import IterationInfo, SolverParams, SolverState, init_state, make_sa
 from .stopping import stop_flags
 
 __all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted"]
-
-
-class ConvergenceWarning(UserWarning):
-    """A run with ``tol > 0`` hit its iteration cap before every agent converged."""
 
 
 class NumericalError(PPDNMFError):

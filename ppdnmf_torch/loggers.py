@@ -1,0 +1,51 @@
+"""What a run reports to while it runs: one interface, TensorBoard or nothing.
+
+The runner calls :meth:`RunLogger.centralized` once the baseline is done,
+:meth:`RunLogger.iteration` after every BCD iteration of the distributed fit, and
+:meth:`RunLogger.finished` with the results; :meth:`RunLogger.close` always. The
+TensorBoard implementation lives in :mod:`ppdnmf_torch.tensorboard` (imported only when
+asked for), so the numerical core never imports TensorBoard.
+"""
+from __future__ import annotations
+
+__all__ = ["RunLogger", "NullLogger", "make_logger"]
+
+
+class RunLogger:
+    """A run's logger: every method does nothing unless a subclass says otherwise."""
+
+    def centralized(self, history: dict) -> None:
+        """The centralized baseline's history (lists of floats per BCD iteration)."""
+
+    def iteration(self, info, x_iters: int) -> None:
+        """One BCD iteration of the distributed fit: ``info`` is the solver's
+        :class:`~ppdnmf_torch.solver.IterationInfo` (metrics as floats), with the exchange's
+        cumulative ``costs`` and its per-ADMM-iteration ``iteration_costs``."""
+
+    def finished(self, result, central, *, hparams: dict, metrics: dict, images: dict | None = None,
+                 config_text: str = "") -> None:
+        """The run's end: its results, the hparams and final metrics, image grids when the data
+        are images (``images``: ``shape``, ``Z``, ``columns``, ``scale``), the config as text."""
+
+    def close(self) -> None:
+        """Flush and release."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class NullLogger(RunLogger):
+    """``logger.kind=none``: nothing is logged."""
+
+
+def make_logger(kind: str, folder, *, flush_secs: int = 30) -> RunLogger:
+    """The logger of ``logger.kind``: ``"tensorboard"`` (events under ``folder``) or ``"none"``."""
+    if kind == "tensorboard":
+        from .tensorboard import TensorBoardLogger
+
+        return TensorBoardLogger(folder, flush_secs=flush_secs)
+    return NullLogger()
