@@ -1,12 +1,17 @@
 """The paper's experiments (Sec. IV) as batched trials: :func:`run_experiment`.
 
-Each trial has its own data draw, graph, column split and penalty draws, all derived
-from one integer seed (trial ``t`` of a run with ``seed=s`` uses ``s + t``). With
-``trials=1`` a run is exactly the single run of the CLI with the same seed.
+An experiment is a :class:`~ppdnmf_torch.config.RunConfig`, the same typed config the CLI
+runs: the paper's two setups are the presets :data:`PAPER_EXPERIMENTS` (``conf/experiment/``
+composes to the same values; a test checks it). Each trial has its own data draw, graph,
+column split and penalty draws, all derived from one integer seed (trial ``t`` of a run
+with ``seed=s`` uses ``s + t``), exactly as a CLI run with ``seed=s + t`` builds them
+(:func:`~ppdnmf_torch.runner.build_inputs`). With ``trials=1`` a run is the single run of
+the CLI with the same seed.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,48 +19,47 @@ from dataclasses import dataclass, field
 import torch
 
 from . import data as data_mod
-from ._utils import ConfigError, resolve_device, resolve_dtype
+from ._utils import resolve_device, resolve_dtype
 from .api import TrialsResult, fit_trials
-from .graph import make_graph
+from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConfig, SYNTHETIC_DEFAULTS,
+                     from_dict, to_dict)
+from .errors import ConfigError
+from .graph import complete
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "DEFAULT_CBCL_PATH"]
 
 #: where the tests and scripts look for the CBCL file unless told otherwise
 DEFAULT_CBCL_PATH = "../shared/data/cbcl_faces_train.mat"
 
-#: The paper's parameters (Sec. IV). ``conf/experiment/*.yaml`` carry the same values
-#: (tests/test_config.py checks that they agree).
+#: The paper's parameters (Sec. IV) as run configs; ``conf/experiment/*.yaml`` compose to the
+#: same values (tests/test_experiments.py checks that they agree).
 PAPER_EXPERIMENTS = {
-    "paper_synthetic": {
-        "n_agents": 10,
-        "graph": {"kind": "random", "avg_degree": 3.0},
-        "data": {"kind": "synthetic", "L": 30, "M": 200, "K": 5, "x_mean": 0.033, "y_mean": 0.8,
-                 "noise_var": 3.6e-4, "negative": "allow"},
-        "columns": {"lo": 4, "hi": 40},
-        "solver": {"rank": 5, "mu": 0.1, "eta": 1.0, "g_max": 0.033, "bcd_iters": 100, "x_iters": 30,
-                   "y_iters": 30},
-    },
-    "paper_cbcl": {
-        "n_agents": 10,
-        "graph": {"kind": "random", "avg_degree": 3.0},
-        "data": {"kind": "cbcl", "path": DEFAULT_CBCL_PATH, "negative": "error"},
-        "columns": {"lo": 224, "hi": 245},
-        "solver": {"rank": 49, "mu": 2.0, "eta": 2.0, "g_max": 0.05, "bcd_iters": 100, "x_iters": 30,
-                   "y_iters": 30},
-    },
+    "paper_synthetic": RunConfig(
+        name="paper_synthetic", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
+        data=DataConfig(kind="synthetic", negative="allow", split=SplitConfig(lo=4, hi=40), **SYNTHETIC_DEFAULTS),
+        solver=SolverConfig(rank=5, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100, x_iters=30, y_iters=30),
+    ),
+    "paper_cbcl": RunConfig(
+        name="paper_cbcl", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
+        data=DataConfig(kind="cbcl", path=DEFAULT_CBCL_PATH, negative="error", image_shape=[19, 19],
+                        split=SplitConfig(lo=224, hi=245)),
+        solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=100, x_iters=30, y_iters=30),
+    ),
 }
 
-_FIT_KEYS = {"rank", "mu", "eta", "g_max", "bcd_iters", "x_iters", "y_iters", "tol", "admm_tol", "exchange",
-             "protocol", "n_max", "key_bits", "g_bits", "penalty", "consensus_form", "exchange_options", "fuse"}
+_SOLVER_KEYS = tuple(f.name for f in dataclasses.fields(SolverConfig))
+_EXCHANGE_KEYS = {"exchange": "kind", "protocol": "protocol", "n_max": "n_max", "key_bits": "key_bits",
+                  "g_bits": "g_bits"}
+_OTHER_KEYS = ("n_agents", "avg_degree", "graph", "columns", "data_path", "exchange_options")
 
 
-def make_trial(spec: dict, seed: int, Z=None):
-    """Data blocks and graph of one trial.
+def make_trial(cfg: RunConfig, seed: int, Z=None):
+    """Data blocks and graph of one trial: what a CLI run of ``cfg`` with ``seed`` builds.
 
     Parameters
     ----------
-    spec : dict
-        An entry of :data:`PAPER_EXPERIMENTS` (or the same layout).
+    cfg : RunConfig
+        An entry of :data:`PAPER_EXPERIMENTS`, or any run config.
     seed : int
         The trial's seed: data draw, column split and graph all derive from it.
     Z : Tensor (L, M), optional
@@ -66,20 +70,13 @@ def make_trial(spec: dict, seed: int, Z=None):
     blocks : list of N Tensors (L, M_i)
     graph : Graph
     """
-    n = spec["n_agents"]
-    d = spec["data"]
+    from .runner import build_graph, load_data, make_split
+
+    trial = dataclasses.replace(cfg, seed=int(seed))
     if Z is None:
-        if d["kind"] != "synthetic":
-            raise ConfigError(f"data.kind: {d['kind']!r} needs a loaded matrix Z")
-        Z = data_mod.synthetic(L=d["L"], M=d["M"], K=d["K"], x_mean=d["x_mean"], y_mean=d["y_mean"],
-                               noise_var=d["noise_var"], seed=seed).Z
-    cols = spec.get("columns") or {}
-    counts = data_mod.split_counts(Z.shape[1], n, cols.get("lo"), cols.get("hi"), seed=seed)
-    blocks = data_mod.split_columns(Z, counts)
-    gspec = dict(spec["graph"])
-    kind = gspec.pop("kind")
-    graph = make_graph(kind, n, seed=seed, **gspec)
-    return blocks, graph
+        Z = load_data(trial)[0]
+    counts = make_split(trial, Z.shape[1])
+    return data_mod.split_columns(Z, counts), build_graph(trial)
 
 
 @dataclass
@@ -95,8 +92,8 @@ class ExperimentResult:
         centralized baseline ran.
     distributed : TrialsResult
     centralized : TrialsResult or None
-    spec : dict
-        The resolved experiment parameters.
+    config : RunConfig
+        The resolved experiment.
     seconds : dict
         Wall time of the distributed and centralized runs.
     """
@@ -105,7 +102,7 @@ class ExperimentResult:
     history: dict
     distributed: TrialsResult
     centralized: TrialsResult | None
-    spec: dict
+    config: RunConfig
     seconds: dict = field(default_factory=dict)
 
     @property
@@ -123,41 +120,54 @@ class ExperimentResult:
         return out
 
 
-def _resolve_spec(name: str, overrides: dict) -> tuple[dict, dict]:
-    if name not in PAPER_EXPERIMENTS:
-        raise ConfigError(f"name: unknown experiment {name!r}; use one of {sorted(PAPER_EXPERIMENTS)}")
-    spec = copy.deepcopy(PAPER_EXPERIMENTS[name])
-    fit_kw = dict(spec["solver"])
+def _resolve(experiment, overrides: dict) -> tuple[RunConfig, dict]:
+    """The experiment's run config with ``overrides`` applied, and the extra exchange options."""
+    if isinstance(experiment, RunConfig):
+        cfg = copy.deepcopy(experiment)
+    elif experiment in PAPER_EXPERIMENTS:
+        cfg = copy.deepcopy(PAPER_EXPERIMENTS[experiment])
+    else:
+        raise ConfigError(f"name: unknown experiment {experiment!r}; use one of {sorted(PAPER_EXPERIMENTS)} "
+                          "or a RunConfig")
+    d = to_dict(cfg)
+    options = {}
     for key, value in overrides.items():
-        if key in _FIT_KEYS:
-            fit_kw[key] = value
+        if key in _SOLVER_KEYS:
+            d["solver"][key] = value
+        elif key in _EXCHANGE_KEYS:
+            d["exchange"][_EXCHANGE_KEYS[key]] = value
         elif key == "n_agents":
-            spec["n_agents"] = value
-        elif key in ("avg_degree",):
-            spec["graph"][key] = value
+            d["n_agents"] = value
+        elif key == "avg_degree":
+            d["graph"]["avg_degree"] = value
         elif key == "graph":
-            spec["graph"] = dict(value)
+            d["graph"] = dict(value)
         elif key == "columns":
-            spec["columns"] = None if value is None else {"lo": value[0], "hi": value[1]}
-        elif key in ("data_path", "path"):
-            spec["data"]["path"] = value
-            spec["data"]["path_given"] = True
+            d["data"]["split"] = ({"lo": None, "hi": None, "counts": None} if value is None
+                                  else {"lo": value[0], "hi": value[1], "counts": None})
+        elif key == "data_path":
+            d["data"]["path"] = value
+        elif key == "exchange_options":
+            options = dict(value or {})
         else:
-            raise ConfigError(
-                f"{key}: not an option of run_experiment; use one of "
-                f"{sorted(_FIT_KEYS | {'n_agents', 'avg_degree', 'graph', 'columns', 'data_path'})}"
-            )
-    spec["solver"] = fit_kw
-    return spec, fit_kw
+            raise ConfigError(f"{key}: not an option of run_experiment; use one of "
+                              f"{sorted(set(_SOLVER_KEYS) | set(_EXCHANGE_KEYS) | set(_OTHER_KEYS))}")
+    if d["data"]["kind"] == "cbcl" and "data_path" not in overrides and d["data"]["path"] == DEFAULT_CBCL_PATH:
+        # not given: the environment's, as the CLI's default does
+        d["data"]["path"] = os.environ.get("PPDNMF_CBCL", DEFAULT_CBCL_PATH)
+    return from_dict(d), options
 
 
-def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bool = True,
+def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = True,
                    device="auto", dtype=torch.float64, callback=None, **overrides) -> ExperimentResult:
-    """Run one of the paper's experiments as ``trials`` batched independent trials.
+    """Run an experiment as ``trials`` batched independent trials.
 
     Parameters
     ----------
-    name : {"paper_synthetic", "paper_cbcl"}
+    name : {"paper_synthetic", "paper_cbcl"} or RunConfig
+        A preset of :data:`PAPER_EXPERIMENTS`, or a run config of the CLI's kind (its data,
+        split, graph, solver and exchange sections are used; ``seed``, ``device``, ``dtype``
+        and ``centralized`` come from the keywords here).
     trials : int
         ``T``; all trials run as one batched computation.
     seed : int
@@ -171,12 +181,13 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
     callback : callable, optional
         Receives the distributed run's :class:`~ppdnmf_torch.solver.IterationInfo`.
     **overrides
-        These keywords of :func:`ppdnmf_torch.fit`: ``rank``, ``mu``, ``eta``, ``g_max``,
-        ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``, ``exchange``,
-        ``protocol``, ``n_max``, ``key_bits``, ``g_bits``, ``penalty``, ``consensus_form``,
-        ``exchange_options``, ``fuse``; and ``n_agents``, ``avg_degree``, ``graph`` (a graph
-        spec dict, e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others
-        (``negative``, checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
+        The solver keywords of :func:`ppdnmf_torch.fit` (``rank``, ``mu``, ``eta``,
+        ``g_max``, ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``,
+        ``penalty``, ``consensus_form``, ``fuse``, ...), its exchange keywords
+        (``exchange``, ``protocol``, ``n_max``, ``key_bits``, ``g_bits``,
+        ``exchange_options``); and ``n_agents``, ``avg_degree``, ``graph`` (a graph section,
+        e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others (``negative``,
+        checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
 
     Returns
     -------
@@ -184,40 +195,30 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
     """
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ConfigError(f"trials: must be an integer >= 1, got {trials!r}")
-    spec, fit_kw = _resolve_spec(name, overrides)
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype)
+    cfg, options = _resolve(name, overrides)
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
     seeds = [int(seed) + t for t in range(trials)]
-    Z_fixed = None
-    if spec["data"]["kind"] == "cbcl":
-        path = spec["data"]["path"]
-        if not spec["data"].get("path_given"):  # not given: the environment's, as the CLI's default does
-            path = os.environ.get("PPDNMF_CBCL", path)
-        Z_fixed = data_mod.load_cbcl(path)
-    pairs = [make_trial(spec, s, Z_fixed) for s in seeds]
-    block_lists = [p[0] for p in pairs]
-    graphs = [p[1] for p in pairs]
-    negative = spec["data"].get("negative", "error")
-    rank = fit_kw.pop("rank")
+    Z_fixed = data_mod.load_cbcl(cfg.data.path) if cfg.data.kind == "cbcl" else None
+    pairs = [make_trial(cfg, s, Z_fixed) for s in seeds]
+    block_lists, graphs = [p[0] for p in pairs], [p[1] for p in pairs]
+    solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if v is not None}
+    rank = solver.pop("rank")
+    e = cfg.exchange
+    exchange_kw = dict(exchange=e.kind, protocol=e.protocol, n_max=e.n_max, key_bits=e.key_bits, g_bits=e.g_bits,
+                       exchange_options={**e.options(), **options})
+    common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, **solver)
     t0 = time.perf_counter()
-    dist = fit_trials(block_lists, graphs, rank, seeds=seeds, negative=negative, device=device, dtype=dtype,
-                      callback=callback, **fit_kw)
+    dist = fit_trials(block_lists, graphs, rank, callback=callback, **exchange_kw, **common)
     seconds = {"distributed": time.perf_counter() - t0}
     history = dict(dist.history)
     cent = None
     if centralized:
-        from .graph import complete
-
-        central_kw = {k: v for k, v in fit_kw.items()
-                      if k not in ("exchange", "protocol", "n_max", "key_bits", "g_bits", "exchange_options")}
         whole = [[torch.cat(b, dim=1)] for b in block_lists]
         t0 = time.perf_counter()
         # one agent per trial would be padded to 8 to align the trials (8x the work): the
         # baseline runs unaligned, equal to single centralized runs up to rounding
-        cent = fit_trials(whole, [complete(1)] * trials, rank, seeds=seeds, negative=negative, device=device,
-                          dtype=dtype, align_trials=False, **central_kw)
+        cent = fit_trials(whole, [complete(1)] * trials, rank, align_trials=False, **common)
         seconds["centralized"] = time.perf_counter() - t0
         history["centralized_nmse"] = cent.history["nmse"]
-    fit_kw["rank"] = rank
-    return ExperimentResult(name=name, history=history, distributed=dist, centralized=cent, spec=spec,
+    return ExperimentResult(name=cfg.name, history=history, distributed=dist, centralized=cent, config=cfg,
                             seconds=seconds)

@@ -47,6 +47,7 @@ the 3,000 of a full trial.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -189,7 +190,7 @@ def fit_check(bits, bcd_iters, configs, protocol, log):
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     blocks, graph = make_trial(spec, seed=0)
-    sol = dict(spec["solver"], bcd_iters=bcd_iters)
+    sol = dict(dataclasses.asdict(spec.solver), bcd_iters=bcd_iters)
     kw = dict(mu=sol["mu"], eta=sol["eta"], g_max=sol["g_max"], bcd_iters=bcd_iters, x_iters=sol["x_iters"],
               y_iters=sol["y_iters"], key_bits=bits, n_max=1e6, protocol=protocol, negative="allow", seed=0,
               device="cpu")

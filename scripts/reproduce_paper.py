@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -362,6 +363,7 @@ def run_sweep(name: str, *, trials: int, nmax_list: list[float], seed: int, devi
     computation (0: all); trial ``t`` always uses seed ``seed + t`` and gives the same bits
     alone or in a batch, so ``batch`` changes the wall time only.
     """
+    from ppdnmf_torch.config import to_dict
     from ppdnmf_torch.experiments import run_experiment
 
     extra = dict(fit_over)
@@ -384,7 +386,7 @@ def run_sweep(name: str, *, trials: int, nmax_list: list[float], seed: int, devi
             if k == 0:
                 cparts.append(np.asarray(h["centralized_nmse"], dtype=np.float64))
                 csecs += float(res.seconds["centralized"])
-                out["spec"] = res.spec
+                out["spec"] = to_dict(res.config)
             if v == keep_nmax and off == 0:
                 out["keep"] = res  # trial 0 (seed), for the faces
             del res
@@ -439,10 +441,10 @@ def paillier_check(*, trials: int, bcd_iters: int, admm_iters: int | None, key_b
         log("[paillier] " + msg)
         return {"status": "skipped", "reason": msg}
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
-    s = dict(spec["solver"])
+    s = dataclasses.asdict(spec.solver)
     kw = dict(mu=s["mu"], eta=s["eta"], g_max=s["g_max"], bcd_iters=bcd_iters,
               x_iters=admm_iters or s["x_iters"], y_iters=admm_iters or s["y_iters"],
-              n_max=nmax, key_bits=key_bits, negative=spec["data"].get("negative", "allow"), device="cpu",
+              n_max=nmax, key_bits=key_bits, negative=spec.data.negative, device="cpu",
               dtype=torch.float64)
     out = {"status": "ok", "trials": [], "key_bits": key_bits, "bcd_iters": bcd_iters,
            "x_iters": kw["x_iters"], "y_iters": kw["y_iters"], "n_max": nmax}

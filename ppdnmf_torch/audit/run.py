@@ -29,7 +29,7 @@ def _scenario(name: str, seed: int):
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     blocks, graph = make_trial(spec, seed)
-    solver = dict(spec["solver"])
+    solver = {k: getattr(spec.solver, k) for k in ("rank", "mu", "eta", "g_max", "bcd_iters", "x_iters", "y_iters")}
     g_max = solver.pop("g_max")
     if name == "paper_synthetic":
         return blocks, graph, g_max, solver, {}
