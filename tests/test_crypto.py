@@ -15,13 +15,14 @@ from ppdnmf_torch import fit
 from ppdnmf_torch._utils import ConfigError
 from ppdnmf_torch.exchange import CodecRangeError, IntegerCodec, PlainExchange, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
-from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS, calibrate
+from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS
 from ppdnmf_torch.exchange.paillier import (
     EncryptedVector,
     InsecureKeyWarning,
     KeyMismatchError,
     PaillierExchange,
 )
+from ppdnmf_torch.exchange.paillier.calibration import calibrate
 from ppdnmf_torch.problem import build_problem
 from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
 
@@ -342,3 +343,15 @@ def test_calibrate_2048_does_bounded_work(monkeypatch):
     oc = calibrate(2048, refresh=True)
     assert calls == {"encrypt": 12, "add": 240, "scalar_mul": 12, "decrypt": 12}
     assert oc.key_bits == 2048 and oc.repeats == 12
+
+
+def test_message_sizes_are_the_cost_models(paillier_keypairs):
+    # the one byte-size helper, from the modulus' bit length: the bytes of n^2 and of n
+    from ppdnmf_torch.exchange.costmodel import ciphertext_nbytes, public_key_nbytes
+
+    for bits in (64, 128, 256):
+        for pk, _ in paillier_keypairs(bits, 3):
+            k = pk.n.bit_length()
+            assert ciphertext_nbytes(k) == (pk.nsquare.bit_length() + 7) // 8
+            assert public_key_nbytes(k) == (pk.n.bit_length() + 7) // 8
+            assert EncryptedVector(pk, [1, 2, 3]).nbytes == 3 * ciphertext_nbytes(bits)

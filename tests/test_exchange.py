@@ -9,15 +9,10 @@ import torch
 
 from ppdnmf_torch import fit
 from ppdnmf_torch._utils import ConfigError
-from ppdnmf_torch.exchange import (
-    EXCHANGE_OPTIONS,
-    CodecRangeError,
-    IntegerCodec,
-    PlainExchange,
-    QuantizedExchange,
-    make_exchange,
-)
-from ppdnmf_torch.exchange.base import Topology
+from ppdnmf_torch.exchange import EXCHANGE_KINDS, EXCHANGE_OPTIONS, PROTOCOLS, CodecRangeError, ExchangeSpec
+from ppdnmf_torch.exchange import IntegerCodec, PaillierSpec, PlainExchange, PlainSpec, QuantizedExchange
+from ppdnmf_torch.exchange import QuantizedSpec, exchange_spec, make_exchange
+from ppdnmf_torch.exchange.base import Exchange, Topology
 from ppdnmf_torch.exchange.codec import INT64_LIMIT
 from ppdnmf_torch.exchange.costmodel import (
     COUNT_KEYS,
@@ -294,7 +289,8 @@ def test_plain_and_base_cost_defaults():
 def test_make_exchange_options():
     q = make_exchange("quantized", protocol="paper", key_bits=128, cost_model=True)
     assert isinstance(q, QuantizedExchange) and q.protocol == "paper" and q.cost_model
-    assert isinstance(make_exchange("plain", cost_model=True), PlainExchange)
+    with pytest.raises(ConfigError, match=r"^cost_model: does not apply to exchange='plain'"):
+        make_exchange("plain", cost_model=True)  # plain has no protocol to cost: refused, not ignored
     with pytest.raises(ConfigError, match="keypairs"):
         make_exchange("quantized", keypairs=[])
     with pytest.raises(ConfigError, match="workers"):
@@ -338,7 +334,7 @@ def test_integer_neighbour_sums_fast_float_path_is_exact(scale):
     """Below 2^53 the sums go through a float64 sparse matmul; above, through int64 gathers.
     Both must give exactly the integers of the plain definition."""
     from ppdnmf_torch import graph as graph_mod
-    from ppdnmf_torch.exchange.quantized import integer_neighbour_sums
+    from ppdnmf_torch.exchange.integer import integer_neighbour_sums
 
     g = graph_mod.random_connected(40, 4.0, seed=3)
     gen = torch.Generator().manual_seed(scale % 97)
@@ -412,11 +408,11 @@ def test_quantized_buffers_give_the_numbers_of_fresh_tensors(monkeypatch, protoc
     fresh = bound(QuantizedExchange(codec, protocol=protocol), topo, dtype=dtype)
     kept = bound(QuantizedExchange(codec, protocol=protocol), topo, dtype=dtype)
     kept.BUFFER_MIN_BYTES = 0  # buffers at every size (fresh keeps the default: none at this size)
-    from ppdnmf_torch.exchange import quantized
+    from ppdnmf_torch.exchange import integer
 
     float_path = []
-    real = quantized.sparse_matmul
-    monkeypatch.setattr(quantized, "sparse_matmul", lambda *a: float_path.append(1) or real(*a))
+    real = integer.sparse_matmul
+    monkeypatch.setattr(integer, "sparse_matmul", lambda *a: float_path.append(1) or real(*a))
     for seed in range(3):
         U, g = random_inputs(topo, 9, seed, scale=scale)
         U = U.to(dtype)
@@ -429,3 +425,200 @@ def test_quantized_buffers_give_the_numbers_of_fresh_tensors(monkeypatch, protoc
         assert all(again.S.data_ptr() != b.data_ptr() for b in kept._bufs)
     assert kept._bufs is not None and fresh._bufs is None
     assert bool(float_path) == (scale < 1)
+
+
+# ------------------------------------------------------------------ the exchange spec
+#: one spec per kind, with settings away from the defaults (2048-bit keys: nothing warns)
+SPEC_CASES = [
+    PlainSpec(),
+    QuantizedSpec(protocol="paper", n_max=1e4, key_bits=512, g_bits=12, cost_model=FAKE_COSTS, packing=True,
+                  slot_bits=40),
+    PaillierSpec(protocol="paper", n_max=1e5, key_bits=2048, g_bits=10, cost_model=True, fast=True, packing=False,
+                 slot_bits=50, precompute=False, djn=True, djn_exponent_bits=256, workers=0,
+                 record_transcript=True),
+]
+
+
+@pytest.mark.parametrize("spec", SPEC_CASES, ids=lambda s: s.kind)
+def test_make_exchange_of_a_spec_has_that_spec(spec):
+    ex = make_exchange(spec)
+    assert ex.spec == spec and type(ex.spec) is type(spec) and ex.name == spec.kind
+    assert exchange_spec(ex) is ex and exchange_spec(spec) is spec
+    # the round trip through the flat form: a kind name, its flat values and its options
+    values = {k: getattr(spec, k) for k in spec.keys()}
+    flat = {k: values.pop(k) for k in ("protocol", "n_max", "key_bits", "g_bits") if k in values}
+    assert exchange_spec(spec.kind, **flat, options=values) == spec
+    assert make_exchange(spec.kind, **flat, **values).spec == spec
+    # equal values agree with a spec and with an exchange
+    assert exchange_spec(spec, **flat, options=values) is spec and exchange_spec(ex, **flat, options=values) is ex
+
+
+def test_spec_kinds_and_options_are_the_specs_fields():
+    assert tuple(s.kind for s in SPEC_CASES) == EXCHANGE_KINDS and PROTOCOLS == ("aggregated", "paper")
+    assert all(isinstance(s, ExchangeSpec) for s in SPEC_CASES)
+    assert EXCHANGE_OPTIONS == {"plain": (), "quantized": ("cost_model", "packing", "slot_bits"),
+                                "paillier": ("cost_model", "fast", "packing", "slot_bits", "precompute", "djn",
+                                             "djn_exponent_bits", "workers", "record_transcript", "keypairs",
+                                             "pool_audit")}
+    from ppdnmf_torch import config
+    from ppdnmf_torch.exchange import spec
+
+    assert config.PROTOCOLS is spec.PROTOCOLS and config.EXCHANGE_KINDS is spec.EXCHANGE_KINDS
+
+
+@pytest.mark.parametrize("cls, bad", [
+    (QuantizedSpec, dict(protocol="gossip")), (QuantizedSpec, dict(n_max=0.5)), (QuantizedSpec, dict(g_bits=31)),
+    (QuantizedSpec, dict(key_bits=8)), (QuantizedSpec, dict(cost_model="yes")), (QuantizedSpec, dict(packing=1)),
+    (QuantizedSpec, dict(slot_bits=80)), (PaillierSpec, dict(key_bits=129)), (PaillierSpec, dict(fast=1)),
+    (PaillierSpec, dict(workers=-1)), (PaillierSpec, dict(workers=True)), (PaillierSpec, dict(djn_exponent_bits=8)),
+    (PaillierSpec, dict(slot_bits=80)), (PaillierSpec, dict(n_max=float("inf"))),
+])
+def test_specs_check_their_settings_and_name_them(cls, bad):
+    key = next(iter(bad))
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        cls(**bad)
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        exchange_spec(cls.kind, options=bad)
+
+
+def test_specs_rules_are_the_exchanges_rules():
+    # the constructors go through the spec: the same messages
+    for make, bad in ((lambda: QuantizedExchange(IntegerCodec(), protocol="gossip"), "protocol"),
+                      (lambda: QuantizedExchange(IntegerCodec(), packing="no"), "packing")):
+        with pytest.raises(ConfigError, match=f"^{bad}: "):
+            make()
+    with pytest.raises(ConfigError, match="^n_max: must be a finite number >= 1") as a:
+        IntegerCodec(n_max=0.5)
+    with pytest.raises(ConfigError) as b:
+        QuantizedSpec(n_max=0.5)
+    assert str(a.value) == str(b.value)
+    # the naive path has no slots: slot_bits is not checked there, as before
+    assert PaillierSpec(fast=False, slot_bits=80).slot_bits == 80
+
+
+def test_exchange_spec_from_a_kind_takes_what_is_given():
+    assert exchange_spec() == PlainSpec() and exchange_spec("plain") == PlainSpec()
+    assert exchange_spec("quantized", n_max=1e4, key_bits=None, options={"packing": True}) == \
+        QuantizedSpec(n_max=1e4, packing=True)
+    assert exchange_spec("paillier", key_bits=512, options={"workers": 0}) == PaillierSpec(key_bits=512, workers=0)
+    assert exchange_spec("quantized", n_max=1e4, options={"n_max": 1e4}).n_max == 1e4  # twice, equal
+
+
+@pytest.mark.parametrize("args, kw, match", [
+    (("plain",), dict(n_max=1e5), r"^n_max: does not apply to exchange='plain' \(it takes no settings\)"),
+    (("plain",), dict(options={"cost_model": True}), r"^cost_model: does not apply to exchange='plain'"),
+    (("quantized",), dict(options={"workers": 2}), r"^workers: does not apply to exchange='quantized' \(it takes "),
+    (("quantized",), dict(options={"keypairs": []}), r"^keypairs: does not apply to exchange='quantized'"),
+    (("nope",), {}, r"^exchange: unknown kind 'nope'"),
+    ((QuantizedSpec(key_bits=128),), dict(key_bits=512), r"^key_bits: 512 contradicts the given spec's key_bits=128"),
+    ((QuantizedSpec(),), dict(options={"packing": True}), r"^packing: True contradicts the given spec's packing"),
+    ((PlainSpec(),), dict(protocol="paper"), r"^protocol: does not apply to exchange='plain'"),
+    (("quantized",), dict(n_max=1e4, options={"n_max": 1e5}), r"^n_max: given twice"),
+    (("quantized",), dict(options=[("packing", True)]), r"^options: expected a dict"),
+])
+def test_exchange_spec_refuses_and_names_the_key(args, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        exchange_spec(*args, **kw)
+
+
+def test_exchange_spec_checks_a_given_exchange():
+    q = QuantizedExchange(IntegerCodec(key_bits=128), protocol="paper")
+    assert exchange_spec(q, key_bits=128, protocol="paper") is q
+    with pytest.raises(ConfigError, match=r"^protocol: 'aggregated' contradicts the given exchange's protocol='paper'"):
+        exchange_spec(q, protocol="aggregated")
+    with pytest.raises(ConfigError, match=r"^cost_model: True contradicts"):
+        exchange_spec(q, options={"cost_model": True})
+
+    class Custom(PlainExchange):
+        @property
+        def spec(self):
+            return None
+
+    c = Custom()
+    assert exchange_spec(c) is c and make_exchange(c) is c
+    with pytest.raises(ConfigError, match=r"^n_max: the exchange Custom has no spec"):
+        exchange_spec(c, n_max=1e4)
+
+
+def test_make_exchange_flat_keywords_as_fit_passes_them():
+    # fit and the runner pass the flat values whatever the kind: for plain they do not
+    # apply (protocol is still checked); for a given exchange, fit's defaults are no conflict
+    assert isinstance(make_exchange("plain", protocol="aggregated", n_max=1e4, key_bits=128, g_bits=8),
+                      PlainExchange)
+    with pytest.raises(ConfigError, match="^protocol: unknown protocol"):
+        make_exchange("plain", protocol="gossip")
+    q = QuantizedExchange(IntegerCodec(key_bits=128))
+    assert make_exchange(q, protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16) is q
+    with pytest.raises(ConfigError, match=r"^key_bits: 512 contradicts the given exchange's key_bits=128"):
+        make_exchange(q, key_bits=512)
+    with pytest.raises(ConfigError, match=r"^packing: True contradicts"):
+        make_exchange(q, packing=True)
+    with pytest.raises(ConfigError, match="^mixin: "):
+        make_exchange(q, mixin=object)
+
+
+class _CallLog:
+    """A tiny mixin: records every step-1 and step-5 call, then does what the kind does."""
+
+    def penalty_sums(self, g, **kw):
+        self.__dict__.setdefault("calls", []).append(("penalty_sums", kw.get("admm_iter")))
+        return super().penalty_sums(g, **kw)
+
+    def exchange(self, U, g, **kw):
+        self.__dict__.setdefault("calls", []).append(("exchange", kw.get("admm_iter")))
+        return super().exchange(U, g, **kw)
+
+
+@pytest.mark.parametrize("kind", ["plain", "quantized"])
+def test_make_exchange_with_a_mixin(kind):
+    topo = Topology.from_graphs([CYCLE4])
+    ex = bound(make_exchange(kind, mixin=_CallLog), topo)
+    ref = bound(make_exchange(kind), topo)
+    cls = type(ex)
+    assert isinstance(ex, _CallLog) and type(ref) in cls.__mro__ and cls.__mro__[1] is _CallLog
+    assert cls.__name__ == f"_CallLog{type(ref).__name__}"
+    assert type(make_exchange(kind, mixin=_CallLog)) is cls  # one class per (mixin, kind)
+    assert ex.spec == ref.spec
+    U, g = random_inputs(topo, 5, 0)
+    rho = ex.penalty_sums(g, admm_iter=1)
+    out, want = ex.exchange(U, g, admm_iter=1), ref.exchange(U, g, admm_iter=1)
+    assert ex.calls == [("penalty_sums", 1), ("exchange", 1)]
+    assert torch.equal(out.S, want.S) and torch.equal(out.rho, want.rho) and torch.equal(rho, want.rho)
+
+
+def test_paillier_spec_hides_the_keys():
+    keys = ["not-a-key-but-a-secret"]
+    spec = PaillierSpec(key_bits=2048, keypairs=keys, pool_audit=print)
+    assert "keypairs" not in repr(spec) and "secret" not in repr(spec) and "pool_audit" not in repr(spec)
+    assert spec == PaillierSpec(key_bits=2048)  # neither is compared
+    ex = make_exchange(spec)
+    assert ex.spec == spec and ex.spec.keypairs is None  # the exchange keeps its keys apart
+
+
+def test_every_kind_has_a_spec_the_base_has_none():
+    assert Exchange.spec.fget(PlainExchange()) is None
+    assert PlainExchange().spec == PlainSpec()
+    assert QuantizedExchange(IntegerCodec(n_max=1e3)).spec == QuantizedSpec(n_max=1e3)
+
+
+def test_ciphertext_bytes_from_the_key_size_are_those_of_n_squared():
+    # ceil(bits(n^2) / 8) for a k-bit n: n^2 has 2k - 1 or 2k bits, the same bytes either way
+    for k in range(16, 4200):
+        assert ciphertext_nbytes(k) == (2 * k - 1 + 7) // 8 == (2 * k + 7) // 8
+        assert public_key_nbytes(k) == -(-k // 8)
+
+
+def test_the_exchange_core_imports_no_paillier_module():
+    # in a fresh process: the cost model, the specs, the factory and the quantized kind
+    # (whose calibration waits for its first estimate) import neither phe nor paillier/
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('ppdnmf_torch.exchange.costmodel', 'ppdnmf_torch.exchange.spec', "
+            "'ppdnmf_torch.exchange.factory', 'ppdnmf_torch.exchange.quantized', 'ppdnmf_torch.exchange'):\n"
+            "    __import__(m)\n"
+            "assert 'ppdnmf_torch.exchange.paillier' not in sys.modules\n"
+            "bad = [m for m in sys.modules if m.startswith('ppdnmf_torch.exchange.paillier') or m == 'phe']\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,7 +21,7 @@ from ppdnmf_torch._utils import ConfigError
 from ppdnmf_torch.exchange import EXCHANGE_OPTIONS, CodecRangeError, IntegerCodec, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.costmodel import COUNT_KEYS
-from ppdnmf_torch.exchange.obfuscation import (
+from ppdnmf_torch.exchange.paillier.obfuscation import (
     FixedBaseTable,
     PrivateCRT,
     default_djn_exponent_bits,
@@ -32,7 +32,7 @@ from ppdnmf_torch.exchange.obfuscation import (
 )
 from ppdnmf_torch.exchange.packing import SlotDecodeError, derive_layout
 from ppdnmf_torch.exchange.paillier import PaillierExchange
-from ppdnmf_torch.exchange.pool import ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
+from ppdnmf_torch.exchange.paillier.pool import ObfuscatorSupply, ThreadLanes, WorkerPool, resolve_workers
 
 from conftest import CYCLE4, PATH3, PATH4, PROTOCOLS, drive, penalty_encodings
 
@@ -91,41 +91,42 @@ def test_every_fast_path_is_bit_identical_to_quantized(protocol, key_bits, paill
 @pytest.mark.parametrize("key_bits", [128, 512])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_pool_paths_are_bit_identical(protocol, key_bits, combo, paillier_keypairs, monkeypatch):
-    from ppdnmf_torch.exchange import paillier
+    from ppdnmf_torch.exchange.paillier import rounds
 
-    monkeypatch.setattr(paillier, "LANE_MIN_KEY_BITS", 64)  # the thread lanes at test key sizes
+    monkeypatch.setattr(rounds, "LANE_MIN_KEY_BITS", 64)  # the thread lanes at test key sizes
     topo = Topology.from_graphs([CYCLE4, PATH4])
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=key_bits)
     keys = paillier_keypairs(key_bits, topo.n_nodes)
     q = bound(QuantizedExchange(codec, protocol=protocol), topo)
     p = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, **combo), topo)
-    assert p.workers == 2 and p._pool is not None
+    assert p.workers == 2 and p.rounds.pool is not None
     outs = drive([q, p], topo, lk=LK, n_iter=3, seed=3, skip_step1=(1,))
     assert_same(outs[0], outs[1])
-    assert p._lanes.helper_chunks > 0  # the per-edge work ran on both lanes
+    assert p.rounds.lanes.helper_chunks > 0  # the per-edge work ran on both lanes
     p.close()
-    assert p._pool is None and p._lanes is None
+    assert p.rounds.pool is None and p.rounds.lanes is None
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs, monkeypatch):
     """Pool and thread lanes change where the work runs, nothing else: the same numbers,
     the same counts, and the same messages in the same order."""
-    from ppdnmf_torch.exchange import paillier
+    from ppdnmf_torch.exchange.paillier import rounds
 
     topo = Topology.from_graphs([CYCLE4])
     codec = IntegerCodec(n_max=1e5, g_bits=12, key_bits=512)
     keys = paillier_keypairs(512, 4)
     below = bound(PaillierExchange(codec, keypairs=keys, workers=2), topo)
-    assert below._pool is not None and below._lanes is None  # no lanes below 2048-bit keys
+    assert below.rounds.pool is not None and below.rounds.lanes is None  # no lanes below 2048-bit keys
     below.close()
-    monkeypatch.setattr(paillier, "LANE_MIN_KEY_BITS", 512)
+    monkeypatch.setattr(rounds, "LANE_MIN_KEY_BITS", 512)
     one = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=1, record_transcript=True), topo)
     two = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=2, record_transcript=True), topo)
-    assert one._pool is None and one._lanes is None and two._pool is not None and two._lanes.threads == 2
+    assert one.rounds.pool is None and one.rounds.lanes is None
+    assert two.rounds.pool is not None and two.rounds.lanes.threads == 2
     a, b = drive([one, two], topo, lk=20, n_iter=3, seed=9, skip_step1=(1,))
     assert_same(a, b)
-    assert two._lanes.helper_chunks > 0
+    assert two.rounds.lanes.helper_chunks > 0
     c1, c2 = one.costs(), two.costs()
     assert c1["encryptions"] > 0 and all(c1[k] == c2[k] for k in COUNT_KEYS)
 
@@ -137,7 +138,7 @@ def test_workers_2_same_bits_as_workers_1(protocol, paillier_keypairs, monkeypat
 
 
 class _SeededSecrets:
-    """Stands in for :mod:`secrets` in :mod:`~ppdnmf_torch.exchange.obfuscation`: reproducible obfuscators."""
+    """Stands in for :mod:`secrets` in :mod:`~ppdnmf_torch.exchange.paillier.obfuscation`: reproducible obfuscators."""
 
     def __init__(self, seed):
         import random
@@ -156,7 +157,7 @@ class _SeededSecrets:
 def test_thread_lanes_send_the_same_messages_as_one_thread(protocol, djn, paillier_keypairs, monkeypatch):
     """With reproducible obfuscators, lanes and a serial loop put the same ciphertexts on the
     wire in the same order, and count the same operations in every iteration."""
-    from ppdnmf_torch.exchange import obfuscation
+    from ppdnmf_torch.exchange.paillier import obfuscation
 
     topo = Topology.from_graphs([CYCLE4, PATH4])
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=256)
@@ -166,7 +167,7 @@ def test_thread_lanes_send_the_same_messages_as_one_thread(protocol, djn, pailli
         monkeypatch.setattr(obfuscation, "secrets", _SeededSecrets(7))
         ex = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=0, djn=djn,
                                     record_transcript=True), topo)
-        ex._lanes = lanes
+        ex.rounds.lanes = lanes
         out = drive([ex], topo, lk=40, n_iter=3, seed=3, skip_step1=(1,))[0]
         per_iter = [{k: r[k] for k in COUNT_KEYS} for r in ex.pop_iteration_costs()]
         runs.append((out, list(ex.transcript), per_iter))
@@ -399,7 +400,7 @@ def test_owner_crt_encryption_decrypts_and_matches_r_to_the_n(bits, paillier_key
 def test_owner_crt_halves_in_two_threads_give_the_same_numbers(threaded, monkeypatch, paillier_keypairs):
     """From CRT_THREAD_MIN_BITS up the two CRT halves run side by side (the helper thread
     takes the q half): decryption and the owner's obfuscators are the same numbers."""
-    from ppdnmf_torch.exchange import obfuscation
+    from ppdnmf_torch.exchange.paillier import obfuscation
 
     (pk, sk), = paillier_keypairs(128, 1)
     monkeypatch.setattr(obfuscation, "CRT_THREAD_MIN_BITS", 64 if threaded else 1 << 20)
@@ -428,7 +429,7 @@ def test_owner_crt_halves_fall_back_to_one_thread_at_shutdown(monkeypatch, paill
     ends up in a traceback)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ppdnmf_torch.exchange import obfuscation
+    from ppdnmf_torch.exchange.paillier import obfuscation
 
     (pk, sk), = paillier_keypairs(128, 1)
     monkeypatch.setattr(obfuscation, "CRT_THREAD_MIN_BITS", 64)
@@ -524,7 +525,7 @@ def test_no_private_key_material_reaches_the_workers_or_the_wire(paillier_keypai
         assert not any(v % sk.p == 0 for v in wire if v not in public_n)  # no multiple of p but n
     assert public_n <= wire
     # nothing with keys can be pickled or copied
-    for obj in (ex, ex.agents[0], ex._pool):
+    for obj in (ex, ex.agents[0], ex.rounds.pool):
         with pytest.raises(TypeError):
             pickle.dumps(obj)
     with pytest.raises(TypeError, match="private-key material"):

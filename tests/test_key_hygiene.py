@@ -91,7 +91,7 @@ def test_key_size_warning_and_default():
 @pytest.mark.parametrize("bad", ["junk", 0, "n_squared"])
 def test_malformed_ciphertext_leaves_no_secret_in_traceback_locals(bad):
     # loggers and debuggers that show a traceback's locals must not find p or q there
-    from ppdnmf_torch.exchange.obfuscation import PrivateCRT
+    from ppdnmf_torch.exchange.paillier.obfuscation import PrivateCRT
 
     pk, sk = phe.generate_paillier_keypair(n_length=128)
     crt = PrivateCRT(sk)

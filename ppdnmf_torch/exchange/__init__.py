@@ -2,8 +2,14 @@
 
 * ``plain``: float arithmetic (:class:`PlainExchange`).
 * ``quantized``: the integer codec, emulated exactly on the device (:class:`QuantizedExchange`).
-* ``paillier``: the real protocol on the host with :mod:`phe` (:class:`~.paillier.PaillierExchange`),
-  imported lazily so that the numerical core never imports ``phe``.
+* ``paillier``: the real protocol on the host with :mod:`phe` (:mod:`.paillier`,
+  :class:`~.paillier.PaillierExchange`), imported lazily so that the numerical core never
+  imports ``phe``.
+
+Layout: :mod:`.base` (the interface), :mod:`.spec` (one typed spec per kind, its rules, and
+:func:`exchange_spec`), :mod:`.factory` (:func:`make_exchange`), :mod:`.codec` (the integer
+encoding), :mod:`.integer` (what both integer kinds share), :mod:`.packing` (slots),
+:mod:`.costmodel` (operation counts, the ledger, the timing model; it imports no kind).
 
 Costs: every kind has ``costs()`` (a flat dict of numbers), ``pop_iteration_costs()``
 (per-ADMM-iteration dicts) and ``bytes_per_edge()``; ``paillier`` measures them,
@@ -11,11 +17,21 @@ Costs: every kind has ``costs()`` (a flat dict of numbers), ``pop_iteration_cost
 """
 from __future__ import annotations
 
-from .._utils import ConfigError
 from .base import Exchange, ExchangeOutput, Topology
 from .codec import CodecRangeError, IntegerCodec
+from .factory import make_exchange
 from .plain import PlainExchange
 from .quantized import QuantizedExchange
+from .spec import (
+    EXCHANGE_KINDS,
+    EXCHANGE_OPTIONS,
+    PROTOCOLS,
+    ExchangeSpec,
+    PaillierSpec,
+    PlainSpec,
+    QuantizedSpec,
+    exchange_spec,
+)
 
 __all__ = [
     "Exchange",
@@ -26,65 +42,12 @@ __all__ = [
     "PlainExchange",
     "QuantizedExchange",
     "make_exchange",
+    "exchange_spec",
+    "ExchangeSpec",
+    "PlainSpec",
+    "QuantizedSpec",
+    "PaillierSpec",
     "EXCHANGE_KINDS",
     "PROTOCOLS",
     "EXCHANGE_OPTIONS",
 ]
-
-EXCHANGE_KINDS = ("plain", "quantized", "paillier")
-PROTOCOLS = ("aggregated", "paper")
-
-
-#: options each kind accepts through ``make_exchange(**options)`` / ``fit(exchange_options=...)``;
-#: ``packing`` / ``slot_bits`` (quantized: counts of the packed protocol) and the fast host
-#: path's ``fast``, ``packing``, ``slot_bits``, ``precompute``, ``djn``, ``djn_exponent_bits``,
-#: ``workers`` (paillier) are documented on :class:`~.paillier.PaillierExchange`
-EXCHANGE_OPTIONS = {
-    "plain": ("cost_model",),  # accepted and ignored: no integer protocol to cost
-    "quantized": ("cost_model", "packing", "slot_bits"),
-    "paillier": ("cost_model", "keypairs", "record_transcript", "fast", "packing", "slot_bits", "precompute",
-                 "djn", "djn_exponent_bits", "workers"),
-}
-
-
-def make_exchange(kind="plain", *, protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16, **options) -> Exchange:
-    """Build an exchange by name.
-
-    Parameters
-    ----------
-    kind : {"plain", "quantized", "paillier"}
-    protocol : {"aggregated", "paper"}
-        Message pattern of the Paillier stage (see ALGORITHM.md); the numbers are the same.
-        ``quantized`` counts the cost of this pattern when its cost model is on.
-    n_max : float
-        Quantization scale of the values (the paper's ``N_max``).
-    key_bits : int
-        Paillier modulus size; sets the codec's range for ``quantized`` too.
-    g_bits : int
-        Penalties are scaled by ``2^g_bits`` before they become exponents.
-    **options
-        ``cost_model`` (``quantized``, ``paillier``; bool or
-        :class:`~ppdnmf_torch.exchange.costmodel.PaillierOpCosts`): count the Paillier
-        operations and estimate their time (see :mod:`~ppdnmf_torch.exchange.costmodel`);
-        ``keypairs`` (``paillier``): pre-made key pairs, one per node (tests, benchmarks).
-    """
-    if isinstance(kind, Exchange):
-        return kind
-    if kind not in EXCHANGE_KINDS:
-        raise ConfigError(f"exchange: unknown kind {kind!r}; use one of {EXCHANGE_KINDS}")
-    if protocol not in PROTOCOLS:
-        raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {PROTOCOLS}")
-    unknown = sorted(set(options) - set(EXCHANGE_OPTIONS[kind]))
-    if unknown:
-        raise ConfigError(
-            f"exchange_options: {unknown} do not apply to exchange={kind!r}; "
-            f"it accepts {list(EXCHANGE_OPTIONS[kind])}"
-        )
-    if kind == "plain":
-        return PlainExchange()
-    codec = IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits)
-    if kind == "quantized":
-        return QuantizedExchange(codec, protocol=protocol, **options)
-    from .paillier import PaillierExchange
-
-    return PaillierExchange(codec, protocol=protocol, **options)

@@ -51,6 +51,13 @@ class Exchange(abc.ABC):
     def __init__(self) -> None:
         self.topology: Topology | None = None
 
+    @property
+    def spec(self):
+        """The :class:`~.spec.ExchangeSpec` this exchange was made from (equal settings), or
+        None for an exchange kind without one (a custom subclass): such an exchange takes no
+        flat values or options through :func:`~.spec.exchange_spec`."""
+        return None
+
     def bind(self, topology: Topology, *, dtype: torch.dtype, device: torch.device, fuse: bool = False) -> None:
         """Attach the run's topology (moved to ``device``) before the first iteration.
 

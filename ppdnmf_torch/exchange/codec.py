@@ -31,7 +31,8 @@ import torch
 
 from .._utils import ConfigError, PPDNMFError
 
-__all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT", "first_sum_over"]
+__all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT", "MAX_G_BITS", "check_codec_params",
+           "first_sum_over"]
 
 #: the emulation's int64 ceiling: partial sums stay below 2^62, far from 2^63 - 1
 INT64_LIMIT = 1 << 62
@@ -62,6 +63,23 @@ class CodecRangeError(PPDNMFError):
 MAX_G_BITS = 30
 #: integer penalties stay below this, so that ``gamma_ij gamma_ji < 2^62`` holds in int64
 _GAMMA_LIMIT = float(2**31)
+
+
+def check_codec_params(n_max, g_bits, key_bits) -> None:
+    """The codec's rules, for :class:`IntegerCodec` and the exchange specs (:mod:`.spec`) alike.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``n_max`` (a finite number ``>= 1``), ``g_bits`` (an integer in
+        ``[0, MAX_G_BITS]``) or ``key_bits`` (an integer ``>= 16``).
+    """
+    if not (isinstance(n_max, (int, float)) and math.isfinite(n_max) and n_max >= 1):
+        raise ConfigError(f"n_max: must be a finite number >= 1, got {n_max!r}")
+    if not isinstance(g_bits, int) or not 0 <= g_bits <= MAX_G_BITS:
+        raise ConfigError(f"g_bits: must be an integer in [0, {MAX_G_BITS}], got {g_bits!r}")
+    if not isinstance(key_bits, int) or key_bits < 16:
+        raise ConfigError(f"key_bits: must be an integer >= 16, got {key_bits!r}")
 
 
 def _flat_to_trial_agent(index: int, n_agents: int) -> tuple[int, int]:
@@ -119,12 +137,7 @@ class IntegerCodec:
     key_bits: int = 2048
 
     def __post_init__(self):
-        if not (isinstance(self.n_max, (int, float)) and math.isfinite(self.n_max) and self.n_max >= 1):
-            raise ConfigError(f"n_max: must be a finite number >= 1, got {self.n_max!r}")
-        if not isinstance(self.g_bits, int) or not 0 <= self.g_bits <= MAX_G_BITS:
-            raise ConfigError(f"g_bits: must be an integer in [0, {MAX_G_BITS}], got {self.g_bits!r}")
-        if not isinstance(self.key_bits, int) or self.key_bits < 16:
-            raise ConfigError(f"key_bits: must be an integer >= 16, got {self.key_bits!r}")
+        check_codec_params(self.n_max, self.g_bits, self.key_bits)
 
     # -- derived constants -------------------------------------------------------------
     @property

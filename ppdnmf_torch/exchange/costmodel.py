@@ -4,7 +4,9 @@ The real Paillier stage (:class:`~ppdnmf_torch.exchange.paillier.PaillierExchang
 counts the operations it performs; the emulated stage
 (:class:`~ppdnmf_torch.exchange.quantized.QuantizedExchange` with ``cost_model=True``)
 predicts them with the formulas below and turns them into seconds with per-operation
-costs measured on this machine (:func:`calibrate`). The test suite checks that a real
+costs measured on this machine (:class:`PaillierOpCosts`, made by
+:func:`~ppdnmf_torch.exchange.paillier.calibration.calibrate`). This module imports no
+exchange kind. The test suite checks that a real
 run's counters equal the model's prediction, iteration by iteration.
 
 Counts per ADMM iteration
@@ -61,12 +63,12 @@ what an operation costs, not how many there are: each fresh obfuscator applied i
 encryption, each ciphertext product one homomorphic addition, each ``powmod`` by a penalty
 one scalar multiplication.
 
-The timing model (:func:`calibrate`, :func:`estimate_seconds`) prices every operation at
+The timing model (:class:`PaillierOpCosts`, :func:`estimate_seconds`) prices every operation at
 the naive serial cost (``r^n mod n^2`` per encryption), an upper bound for the fast paths.
 """
 from __future__ import annotations
 
-import random
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -75,7 +77,6 @@ __all__ = [
     "TIME_KEYS",
     "PaillierOpCosts",
     "CostLedger",
-    "calibrate",
     "estimate_seconds",
     "round_counts",
     "round_edge_bytes",
@@ -201,6 +202,13 @@ class CostLedger:
         if self._current is not None and key in self._current:
             self._current[key] += value
 
+    @contextlib.contextmanager
+    def timed(self, key: str):
+        """Add the wall-clock seconds of the ``with`` block to timer ``key`` (not when it raises)."""
+        t0 = time.perf_counter()
+        yield
+        self.add(key, time.perf_counter() - t0)
+
     def add_counts(self, counts: dict) -> None:
         for k, v in counts.items():
             self.add(k, v)
@@ -236,60 +244,6 @@ class PaillierOpCosts:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-_CACHE: dict = {}
-
-
-def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 32, refresh: bool = False) -> PaillierOpCosts:
-    """Time the raw Paillier operations of the real stage at ``key_bits`` (cached per size).
-
-    Generates one key pair (timed: ``keygen``), then times ``repeats`` encryptions,
-    decryptions, homomorphic additions (ciphertext products mod ``n^2``) and scalar
-    multiplications (``powmod`` with an ``exponent_bits``-bit exponent) through the same
-    raw layer the real stage uses. At 2048 bits this takes well under a second plus the
-    key generation (typically 0.05-1 s). The result is cached in-process per
-    ``(key_bits, repeats, exponent_bits)``; ``refresh=True`` measures again.
-    """
-    key_bits, repeats, exponent_bits = int(key_bits), max(1, int(repeats)), int(exponent_bits)
-    cache_key = (key_bits, repeats, exponent_bits)
-    if not refresh and cache_key in _CACHE:
-        return _CACHE[cache_key]
-    import phe
-
-    from .paillier import RawPaillier  # lazy: the numerical core never imports phe
-
-    t0 = time.perf_counter()
-    pub, priv = phe.generate_paillier_keypair(n_length=key_bits)
-    keygen = time.perf_counter() - t0
-    raw = RawPaillier(None)
-    rng = random.Random(12345)  # plaintexts only; the obfuscators come from phe's SystemRandom
-    plain = [rng.randrange(-(1 << 40), 1 << 40) % pub.n for _ in range(repeats)]
-
-    t0 = time.perf_counter()
-    cts = raw.encrypt(pub, plain)
-    t_enc = (time.perf_counter() - t0) / repeats
-
-    # additions are ~1000x cheaper than encryptions: time more of them for a stable number
-    t0 = time.perf_counter()
-    for _ in range(20):
-        raw.add(pub, cts, cts)
-    t_add = (time.perf_counter() - t0) / (20 * repeats)
-
-    exponent = rng.getrandbits(exponent_bits) | (1 << (exponent_bits - 1))
-    t0 = time.perf_counter()
-    raw.scalar_mul(pub, cts, exponent)
-    t_mul = (time.perf_counter() - t0) / repeats
-
-    t0 = time.perf_counter()
-    out = raw.decrypt(priv, cts)
-    t_dec = (time.perf_counter() - t0) / repeats
-    if out != plain:  # pragma: no cover - a broken phe/gmpy2 install
-        raise RuntimeError("Paillier calibration: decryption does not invert encryption")
-    del priv
-    costs = PaillierOpCosts(key_bits, keygen, t_enc, t_dec, t_add, t_mul, exponent_bits, repeats)
-    _CACHE[cache_key] = costs
-    return costs
 
 
 def estimate_seconds(counts: dict, op_costs: PaillierOpCosts) -> float:

@@ -1,11 +1,11 @@
 """``exchange="plain"``: float arithmetic, no quantization, no encryption."""
 from __future__ import annotations
 
-
 import torch
 
 from .._utils import sparse_csr, sparse_matmul
 from .base import Exchange, ExchangeOutput, ell_gather_sum
+from .spec import PlainSpec
 
 __all__ = ["PlainExchange"]
 
@@ -21,9 +21,9 @@ class PlainExchange(Exchange):
     Bound with ``fuse=True`` (the solver's ``fuse``), a graph whose degrees are even
     enough (padded to the largest degree, at most four times the stored entries; at most
     :data:`ELL_MAX_SLOTS` per row) gets the same sums from a compiled gather kernel over
-    a padded ("ELL") copy of the structure: one pass, several times faster than the
-    sparse CSR product on a CPU. It adds the same terms in the same order, padding adds
-    exact zeros.
+    a padded ("ELL") copy of the structure in one pass (faster than the sparse CSR product
+    on a CPU; see docs/PERFORMANCE.md). It adds the same terms in the same order, padding
+    adds exact zeros.
     """
 
     #: widest padded row (largest degree + 1) the compiled gather kernel takes
@@ -37,6 +37,10 @@ class PlainExchange(Exchange):
         super().__init__()
         self._cache = (None, None, None)
         self._block = None
+
+    @property
+    def spec(self) -> PlainSpec:
+        return PlainSpec()
 
     def bind(self, topology, *, dtype, device, fuse=False):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)

@@ -3,138 +3,22 @@
 With ``cost_model=True`` it also counts the Paillier operations and the traffic that the
 real stage (``exchange="paillier"``) would need for the chosen ``protocol``, with the
 formulas of :mod:`ppdnmf_torch.exchange.costmodel`, and turns them into estimated host
-seconds at the configured key size (:func:`~ppdnmf_torch.exchange.costmodel.calibrate`,
-measured once, lazily, the first time an estimate is asked for).
+seconds at the configured key size (:func:`~ppdnmf_torch.exchange.paillier.calibration.calibrate`,
+measured once, lazily, the first time an estimate is asked for: the one place where this
+kind imports the Paillier stage).
 """
 from __future__ import annotations
 
 import torch
 
-from .._utils import ConfigError, sparse_matmul
 from .base import Exchange, ExchangeOutput
-from .codec import IntegerCodec, abs_max
-from .costmodel import (
-    COUNT_KEYS,
-    CostLedger,
-    PaillierOpCosts,
-    calibrate,
-    estimate_seconds,
-    round_counts,
-    round_edge_bytes,
-)
+from .codec import IntegerCodec
+from .costmodel import COUNT_KEYS, CostLedger, PaillierOpCosts, estimate_seconds, round_counts, round_edge_bytes
+from .integer import Step1Penalties, encode_inputs, integer_neighbour_sums, integer_penalty_sums
 from .packing import check_protocol_range, derive_layout
+from .spec import QuantizedSpec
 
-__all__ = ["QuantizedExchange", "integer_neighbour_sums", "encode_inputs", "encode_penalties",
-           "integer_penalty_sums", "Step1Penalties"]
-
-_PROTOCOLS = ("aggregated", "paper")
-
-
-def integer_neighbour_sums(q: torch.Tensor, w: torch.Tensor, topology, buffers=None):
-    """``S_int_i = sum_j w_ij (q_j - q_i)`` and ``rho_int_i = sum_j w_ij`` in exact int64.
-
-    ``buffers``, optional: ``(float64, float64, int64)`` tensors of ``q``'s shape that the
-    float path below computes in and writes ``S_int`` to, instead of fresh ones (the same
-    values either way).
-
-    Parameters
-    ----------
-    q : int64 Tensor (A, L*K)
-    w : int64 Tensor (2E,)
-        ``gamma_ij gamma_ji`` per directed edge ``i -> j``.
-    topology : Topology
-        The ``A`` nodes and their directed edges (CSR order).
-
-    Integer addition is associative, so the result does not depend on the order in
-    which ``index_add_`` accumulates (unlike floats): it is deterministic on every device.
-    """
-    src, dst, n_nodes = topology.src, topology.dst, topology.n_nodes
-    rho_int = integer_penalty_sums(w, src, n_nodes)
-    if src.numel() and q.numel():
-        # Exact in float64 while every partial sum is an integer below 2^53, which the
-        # bound sum_j w_ij (|q_j| + |q_i|) <= 2 max|q| max(w) max(deg) guarantees: then a
-        # sparse float matmul (no (2E, L*K) gather) gives the same integers in any order.
-        bound = 2.0 * abs_max(q) * float(w.abs().max()) * int(topology.degree.max())
-        if bound < _FLOAT_EXACT:
-            qf_buf, S_buf, out = (None, None, None) if buffers is None else buffers
-            qf = q.to(torch.float64) if qf_buf is None else qf_buf.copy_(q)
-            W = topology.neighbour_matrix(w.to(torch.float64))
-            S = sparse_matmul(W, qf, S_buf).addcmul_(rho_int.to(torch.float64)[:, None], qf, value=-1.0)
-            return (S.to(torch.int64) if out is None else out.copy_(S)), rho_int
-    S_int = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.int64, device=q.device)
-    if src.numel():
-        S_int.index_add_(0, src, w[:, None] * (q[dst] - q[src]))
-    return S_int, rho_int
-
-
-#: integers up to 2^53 are exact in float64
-_FLOAT_EXACT = float(2**53)
-
-
-def integer_penalty_sums(w: torch.Tensor, src, n_nodes: int) -> torch.Tensor:
-    """``rho_int_i = sum_j w_ij`` (int64, shape ``(A,)``)."""
-    rho_int = torch.zeros(n_nodes, dtype=torch.int64, device=w.device)
-    rho_int.index_add_(0, src, w)
-    return rho_int
-
-
-def encode_penalties(codec: IntegerCodec, topology, g, *, bcd_iter=0, admm_iter=0):
-    """``(gamma, w)``: the integer penalties and ``w = gamma_ij gamma_ji`` (int64, ``(2E,)``),
-    range-checked (:meth:`~ppdnmf_torch.exchange.codec.IntegerCodec.check_penalty_sums`)."""
-    gamma = codec.encode_penalties(g)
-    w = codec.pair_weights(gamma, topology.rev)
-    codec.check_penalty_sums(gamma, w, topology.src, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
-                             bcd_iter=bcd_iter, admm_iter=admm_iter)
-    return gamma, w
-
-
-class Step1Penalties:
-    """Step 1's integer penalties ``(gamma, w)``, handed to step 5 of the same ADMM iteration.
-
-    The solver gives step 5 the very tensor ``g`` it gave step 1, so step 5 need not encode
-    and range-check the penalties again: :meth:`encode` encodes (:func:`encode_penalties`)
-    and keeps them, :meth:`take` hands them over once, for that same tensor only (None for
-    another ``g`` or a direct call of step 5, which then encodes its own).
-    """
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self._g = self._penalties = None
-
-    def encode(self, codec: IntegerCodec, topology, g, *, bcd_iter=0, admm_iter=0):
-        gamma, w = encode_penalties(codec, topology, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-        self._g, self._penalties = g, (gamma, w)
-        return gamma, w
-
-    def take(self, g):
-        penalties = self._penalties if self._g is g else None
-        self.clear()
-        return penalties
-
-
-def encode_inputs(codec: IntegerCodec, topology, U, g, *, bcd_iter=0, admm_iter=0, penalties=None, buffers=None):
-    """Quantize and range-check step 5's inputs, as every integer exchange kind does.
-
-    Returns ``(q (A, L*K), gamma (2E,), w (2E,))`` as int64 on ``U``'s device, with
-    ``w = gamma_ij gamma_ji``. Raises :class:`~ppdnmf_torch.exchange.codec.CodecRangeError`
-    (naming agent, iteration, value and limit) before anything is sent or encrypted.
-    ``penalties``: ``(gamma, w)`` of ``g`` from :func:`encode_penalties` (step 1's), reused.
-    ``buffers``: ``(float64, int64)`` tensors of ``U``'s shape for the scaled values and
-    ``q`` (:meth:`~ppdnmf_torch.exchange.codec.IntegerCodec.encode_values`), optional.
-    """
-    scratch, out = (None, None) if buffers is None else buffers
-    q = codec.encode_values(U, n_agents=topology.n_agents, bcd_iter=bcd_iter, admm_iter=admm_iter,
-                            scratch=scratch, out=out)
-    if penalties is None:
-        penalties = encode_penalties(codec, topology, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-    gamma, w = penalties
-    codec.check_sums(
-        q, w, topology.src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
-        bcd_iter=bcd_iter, admm_iter=admm_iter,
-    )
-    return q, gamma, w
+__all__ = ["QuantizedExchange"]
 
 
 class QuantizedExchange(Exchange):
@@ -167,12 +51,9 @@ class QuantizedExchange(Exchange):
     def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False, packing: bool = False,
                  slot_bits=None):
         super().__init__()
-        if protocol not in _PROTOCOLS:
-            raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {_PROTOCOLS}")
-        if not isinstance(cost_model, (bool, PaillierOpCosts)):
-            raise ConfigError(f"cost_model: expected True, False or PaillierOpCosts, got {cost_model!r}")
-        if not isinstance(packing, bool):
-            raise ConfigError(f"packing: expected True or False, got {packing!r}")
+        # the settings' rules (the spec's); the same spec comes back from ``spec``
+        self._spec = QuantizedSpec(protocol=protocol, n_max=codec.n_max, key_bits=codec.key_bits,
+                                   g_bits=codec.g_bits, cost_model=cost_model, packing=packing, slot_bits=slot_bits)
         layout = derive_layout(codec, packing=packing, slot_bits=slot_bits)
         #: values per plaintext whose counts the cost model predicts (1: unpacked)
         self.slots = layout.slots
@@ -185,6 +66,10 @@ class QuantizedExchange(Exchange):
         self._op_costs = cost_model if isinstance(cost_model, PaillierOpCosts) else None
         self._ledger = None
         self._step1 = Step1Penalties()
+
+    @property
+    def spec(self) -> QuantizedSpec:
+        return self._spec
 
     # -- lifecycle ---------------------------------------------------------------------
     def bind(self, topology, *, dtype, device, fuse=False):
@@ -218,8 +103,7 @@ class QuantizedExchange(Exchange):
 
     #: from this size of ``U`` (bytes) up, an exchange computes in buffers it keeps (two
     #: float64, two int64 of ``U``'s shape) instead of fresh tensors, whose first touch of
-    #: every page costs more than the arithmetic (by hand at N = 2000 with CBCL sizes: 0.61 s
-    #: per call without them, 0.21 s with them)
+    #: every page costs more than the arithmetic (see docs/PERFORMANCE.md)
     BUFFER_MIN_BYTES = 1 << 20
 
     def _buffers(self, U):
@@ -270,6 +154,8 @@ class QuantizedExchange(Exchange):
     def op_costs(self) -> PaillierOpCosts:
         """Per-operation seconds at ``codec.key_bits`` (measured on first access)."""
         if self._op_costs is None:
+            from .paillier.calibration import calibrate  # at the point of use: it imports phe
+
             self._op_costs = calibrate(self.codec.key_bits)
         return self._op_costs
 

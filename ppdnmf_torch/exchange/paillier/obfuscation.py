@@ -15,7 +15,7 @@ encryption. This module makes obfuscators three ways, all returning ``gmpy2.mpz`
   the subgroup, exactly as ``t^p mod p^2`` is for uniform ``t``. The owner therefore draws
   ``t_p, t_q`` uniformly and combines ``t_p^p mod p^2`` and ``t_q^q mod q^2`` with the CRT:
   the *same distribution* as ``r^n mod n^2``, for two exponentiations with a 1024-bit
-  exponent modulo 2048-bit numbers (about 3.4x faster at 2048 bits). The same object
+  exponent modulo 2048-bit numbers (cheaper; see docs/PERFORMANCE.md). The same object
   decrypts (phe's CRT decryption on ``mpz``). It never leaves its agent: it cannot be
   pickled or copied, and its repr shows nothing. From 1024-bit keys up, the two CRT
   halves (mod ``p^2`` and mod ``q^2``) of a batch run side by side in two threads of the
@@ -26,7 +26,7 @@ encryption. This module makes obfuscators three ways, all returning ``gmpy2.mpz`
   exponent ``x`` of ``djn_exponent_bits`` bits (default ``2 x`` the security level of the
   modulus: 224 bits at 2048), with a fixed-base window table, so one obfuscator costs
   ``ceil(bits / window)`` multiplications mod ``n^2`` instead of a 2048-bit exponentiation
-  (about 50x faster at 2048 bits).
+  (much faster; see docs/PERFORMANCE.md).
 
   Security assumption (DJN 2010, I. Damgard, M. Jurik, J. B. Nielsen, "A generalization
   of Paillier's public-key system with applications to electronic voting", IJIS 9(6)):
@@ -72,7 +72,7 @@ DJN_WINDOW = 6
 #: the in-process cache of DJN tables holds at most this many bytes of table entries
 _TABLE_CACHE_BYTES = 256 << 20
 #: from this modulus size up, :class:`PrivateCRT` runs its two CRT halves in two threads
-#: (below it an exponentiation takes microseconds, less than handing it to a thread)
+#: (below it an exponentiation costs less than handing it to a thread)
 CRT_THREAD_MIN_BITS = 1024
 
 
@@ -280,7 +280,7 @@ class HoldsPrivateKey:
 class PrivateCRT(HoldsPrivateKey):
     """The key owner's fast private operations, on ``mpz``: CRT decryption and CRT obfuscators.
 
-    Built from a :class:`phe.PaillierPrivateKey` inside :class:`~.paillier._Agent` and kept
+    Built from a :class:`phe.PaillierPrivateKey` inside :class:`~.keys._Agent` and kept
     there. Refuses pickling and copying; its repr shows no key material.
     """
 

@@ -51,12 +51,13 @@ __all__ = ["WorkerPool", "ObfuscatorSupply", "ThreadLanes", "resolve_workers", "
 #: with ``workers=None`` the pool is used from this key size up (below, a task costs less
 #: than shipping it to another process)
 POOL_MIN_KEY_BITS = 1024
-#: the per-edge thread lanes run from this key size up: on the 2-core development VM they
-#: measured 2-4 ms per ADMM iteration faster at 2048 bits, 0.5-5 ms slower at 1024 and 128
-#: (smaller powers hold the GIL for a larger share of their time)
+#: the per-edge thread lanes run from this key size up: smaller powers hold the GIL for a
+#: larger share of their time, and below it the lanes measured slower than one thread
+#: (docs/PERFORMANCE.md)
 LANE_MIN_KEY_BITS = 2048
 
-_PRELOAD = "ppdnmf_torch.exchange.obfuscation"
+#: the module the forkserver imports once, before it forks the workers (it holds the tasks)
+_PRELOAD = "ppdnmf_torch.exchange.paillier.obfuscation"
 
 
 def resolve_workers(workers, key_bits: int) -> int:
