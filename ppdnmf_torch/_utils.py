@@ -106,9 +106,8 @@ def sparse_matmul(W: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = N
     Computed as ``out.addmm_(W, B, beta=0)``, which writes ``out`` without reading it (NaN in
     it does not propagate) and gives the bits of ``torch.mm(W, B)``. torch's ``mm`` of a
     sparse CSR matrix, with or without ``out=``, first makes a zero-filled tensor of the
-    result's size for ``addmm`` (aten's ``_sparse_csr_mm_out``): timed by hand with torch
-    2.13 on the 2-core VM, 125 ms against 28 ms at ``(2000, 17689)`` float64 (its fresh
-    pages), 1.12 ms against 0.14 ms at ``(1000, 150)``.
+    result's size for ``addmm`` (aten's ``_sparse_csr_mm_out``), whose fresh pages cost
+    more than the product at large sizes (docs/PERFORMANCE.md).
     """
     if out is None:
         out = torch.empty((W.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
