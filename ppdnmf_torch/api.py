@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ._utils import ConfigError, resolve_device, resolve_dtype
-from .exchange import make_exchange
+from .exchange import exchange_spec, make_exchange
+from .exchange.base import Exchange
 from .exchange.base import accepts_keyword
 from .graph import Graph, complete
-from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
+from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 
@@ -93,14 +94,16 @@ def _history_single(history: dict) -> dict:
 
 def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
              consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False):
+    """The solver's parameters and the run's exchange (made from its spec here; a given
+    :class:`~ppdnmf_torch.exchange.Exchange` is used as it is, its settings checked against
+    the flat keywords: nothing is dropped)."""
     check_rank(rank, L)
-    finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
                           y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                           consensus_form=consensus_form, fuse=bool(fuse))
-    exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
-                         **(exchange_options or {}))
-    return params, exch
+    spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
+                         options=exchange_options)
+    return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
 
 
 def _preflight(exch, blocks, caps, degree):
@@ -199,7 +202,7 @@ def _first_line(exc: BaseException) -> str:
 
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
-        exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
+        exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
         checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False) -> FitResult:
@@ -228,14 +231,17 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         start); the ADMM loops check ``U_i`` and ``V_i``.
     admm_tol : float, optional
         Tolerance of the ADMM loops alone (default: ``tol``); ``0`` keeps fixed ADMM counts.
-    exchange : {"plain", "quantized", "paillier"} or Exchange
-    protocol : {"aggregated", "paper"}
-    n_max : float
-        Quantization scale (the paper's ``N_max``) for ``quantized`` and ``paillier``.
-    key_bits : int
-        Paillier key size (default 2048; smaller sizes warn).
-    g_bits : int
-        Penalties are scaled by ``2^g_bits`` for the integer protocol.
+    exchange : {"plain", "quantized", "paillier"}, ExchangeSpec or Exchange
+        The exchange kind, a typed spec (:class:`~ppdnmf_torch.exchange.QuantizedSpec`,
+        :class:`~ppdnmf_torch.exchange.PaillierSpec`, ...) or an exchange object. ``fit``
+        owns the exchange: it closes it at the end (a Paillier exchange's keys go with it).
+    protocol, n_max, key_bits, g_bits : optional
+        Shorthand for the integer kinds' spec fields (None: the spec's default; a value
+        that does not apply to the kind, or contradicts a given spec or exchange, is a
+        :class:`~ppdnmf_torch.ConfigError`). ``protocol``: ``"aggregated"`` (default) or
+        ``"paper"``; ``n_max``: quantization scale (the paper's ``N_max``, default 1e6);
+        ``key_bits``: Paillier key size (default 2048; smaller sizes warn); ``g_bits``:
+        penalties are scaled by ``2^g_bits`` (default 16).
     penalty : {"random", "fixed"}
         Monotone random draws (Sec. III-B) or ``g_{i->j} = g_i``.
     consensus_form : {"derived", "paper_literal"}
@@ -250,7 +256,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         ``callback(info)`` after each BCD iteration, ``info.metrics`` holding floats;
         return True to stop.
     exchange_options : dict, optional
-        Extra options of the Paillier exchange (e.g. ``workers``).
+        Further settings of the kind's spec (e.g. ``workers``, ``cost_model``;
+        :data:`~ppdnmf_torch.exchange.EXCHANGE_OPTIONS`).
     checkpoint_dir : str or Path, optional
         Write crash-safe checkpoints there (every ``checkpoint_every`` BCD iterations, and
         on Ctrl-C, which then raises :class:`~ppdnmf_torch.solver.RunInterrupted`).
@@ -286,8 +293,12 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
-    _preflight(exch, blocks, caps, graph.degree)
-    problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+    try:
+        _preflight(exch, blocks, caps, graph.degree)
+        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+    except BaseException:
+        exch.close()  # fit owns the exchange, also when it fails before the run
+        raise
     state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device,
                                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                                        resume_from=resume_from)
@@ -360,7 +371,7 @@ def _history_batched(history: dict) -> dict:
 
 def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0,
                bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
-               exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
+               exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
                align_trials=True, fuse=False) -> TrialsResult:
@@ -422,10 +433,14 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
-    for b, g, c in zip(blocks, graphs, caps):
-        _preflight(exch, b, c, g.degree)
-    problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
-                            rank=rank if align_trials else None)
+    try:
+        for b, g, c in zip(blocks, graphs, caps):
+            _preflight(exch, b, c, g.degree)
+        problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
+                                rank=rank if align_trials else None)
+    except BaseException:
+        exch.close()  # fit_trials owns the exchange, also when it fails before the run
+        raise
     state, history, info, costs = _run(problem, params, exch, callback, single=False, dtype=dtype, device=device)
     N = problem.n_agents
     return TrialsResult(

@@ -16,10 +16,9 @@ import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 
-from ._utils import ConfigError
+from .errors import ConfigError, PPDNMFError
 from .data import DATA_KINDS
-from . import exchange as _exchange
-from .exchange import EXCHANGE_KINDS, PROTOCOLS
+from .exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
 from .graph import GRAPH_KINDS, GRAPH_PARAMS
 from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
 from .penalties import PENALTY_MODES
@@ -32,7 +31,8 @@ __all__ = [
     "SplitConfig",
     "GraphConfig",
     "SolverConfig",
-    "ExchangeConfig",
+    "exchange_keys",
+    "exchange_to_dict",
     "LoggerConfig",
     "from_dict",
     "to_dict",
@@ -144,44 +144,44 @@ class SolverConfig:
     fuse: bool = False
 
 
-@dataclass
-class ExchangeConfig:
-    """Step 5 of the X-step (:func:`ppdnmf_torch.exchange.make_exchange`)."""
+#: exchange settings that only the Python API takes (pre-made keys, test hooks, transcripts)
+API_ONLY_EXCHANGE_KEYS = ("keypairs", "pool_audit", "record_transcript")
 
-    kind: str = _spec("plain", choices=EXCHANGE_KINDS)
-    protocol: str = _spec("aggregated", choices=PROTOCOLS)
-    n_max: float = _spec(1e6, ge=1)
-    key_bits: int = _spec(2048, ge=16)
-    g_bits: int = _spec(16, ge=0, le=30)
-    workers: int | None = _spec(None, ge=0)
-    cost_model: bool = False
-    # fast Paillier paths (bit-identical to quantized): several values per plaintext,
-    # precomputed / CRT obfuscators, and the optional Damgard-Jurik-Nielsen short-exponent
-    # obfuscator (a different hardness assumption; see exchange/obfuscation.py)
-    fast: bool = True
-    packing: bool = True
-    precompute: bool = True
-    djn: bool = False
 
-    def options(self) -> dict:
-        """Extra options of :func:`~ppdnmf_torch.exchange.make_exchange` for this kind.
+def exchange_keys(kind: str) -> tuple:
+    """The config keys of exchange kind ``kind`` besides ``kind`` (its spec's settings, less
+    :data:`API_ONLY_EXCHANGE_KEYS`); ``conf/exchange/<kind>.yaml`` holds exactly these."""
+    return tuple(k for k in SPECS[kind].keys() if k not in API_ONLY_EXCHANGE_KEYS)
 
-        ``cost_model`` (``quantized``: predict the Paillier stage's operation counts and
-        time; ``paillier``: add the model's estimate to the measured costs) is passed for
-        the integer kinds; ``packing`` too, so that the quantized model counts what the
-        real, packing stage would do; the fast-path switches and ``workers`` (``null``:
-        one per core from 1024-bit keys up) for ``paillier``.
-        """
-        opts = {}
-        if self.cost_model and self.kind != "plain":
-            opts["cost_model"] = True
-        if self.kind == "quantized":
-            opts["packing"] = self.packing
-        if self.kind == "paillier":
-            opts.update(fast=self.fast, packing=self.packing, precompute=self.precompute, djn=self.djn)
-            if self.workers is not None:
-                opts["workers"] = self.workers
-        return opts
+
+def exchange_to_dict(spec: ExchangeSpec) -> dict:
+    """The config section of an exchange spec: ``kind`` and its config keys."""
+    return {"kind": spec.kind, **{k: getattr(spec, k) for k in exchange_keys(spec.kind)}}
+
+
+def _build_exchange(data, prefix: str = "exchange") -> ExchangeSpec:
+    """The ``exchange`` section as its kind's spec (:mod:`ppdnmf_torch.exchange.spec`), whose
+    rules check the values; errors name ``exchange.<key>``."""
+    if isinstance(data, ExchangeSpec):
+        data = exchange_to_dict(data)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix}: must be a mapping of keys to values, got {data!r}")
+    d = dict(data)
+    kind = d.pop("kind", "plain")
+    if kind not in SPECS:
+        raise ConfigError(f"{prefix}.kind: unknown value {kind!r}; use one of {', '.join(EXCHANGE_KINDS)}")
+    cls, keys = SPECS[kind], exchange_keys(kind)
+    hints = _hints(cls)
+    values = {}
+    for k, v in d.items():
+        if k not in keys:
+            raise ConfigError(f"{prefix}.{k}: does not apply to {prefix}.kind={kind} "
+                              f"(its keys: {', '.join(keys) if keys else 'none'})")
+        values[k] = _coerce(f"{prefix}.{k}", v, hints[k], {})
+    try:
+        return cls(**values)
+    except PPDNMFError as exc:
+        raise exc.within(prefix) from None
 
 
 @dataclass
@@ -217,7 +217,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
     solver: SolverConfig = field(default_factory=SolverConfig)
-    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    exchange: ExchangeSpec = field(default_factory=PlainSpec)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def validate(self) -> "RunConfig":
@@ -325,7 +325,7 @@ def _coerce(key, v, tp, meta):
 
 def _build(cls, data, prefix: str):
     if is_dataclass(data) and isinstance(data, cls):
-        data = asdict(data)
+        data = {f.name: getattr(data, f.name) for f in fields(data)}
     if not isinstance(data, Mapping):
         where = prefix or "config"
         raise ConfigError(f"{where}: must be a mapping of keys to values, got {data!r}")
@@ -340,6 +340,10 @@ def _build(cls, data, prefix: str):
     for f in fields(cls):
         key = _key(prefix, f.name)
         tp = hints[f.name]
+        if tp is ExchangeSpec:
+            if f.name in data and data[f.name] is not None:
+                kwargs[f.name] = _build_exchange(data[f.name], key)
+            continue
         if isinstance(tp, type) and is_dataclass(tp):
             if f.name in data and data[f.name] is not None:
                 kwargs[f.name] = _build(tp, data[f.name], key)
@@ -356,6 +360,9 @@ def _check_dataclass(obj, prefix: str):
         key = _key(prefix, f.name)
         v = getattr(obj, f.name)
         tp = hints[f.name]
+        if tp is ExchangeSpec:
+            setattr(obj, f.name, _build_exchange(v, key))
+            continue
         if isinstance(tp, type) and is_dataclass(tp):
             if not isinstance(v, tp):
                 raise ConfigError(f"{key}: must be a {tp.__name__}, got {_type_name(v)}")
@@ -428,14 +435,6 @@ def _check_cross(cfg: RunConfig):
             raise exc.within("solver") from None
     if isinstance(cfg.solver.g_max, list) and len(cfg.solver.g_max) != N:
         raise ConfigError(f"solver.g_max: got {len(cfg.solver.g_max)} caps but n_agents = {N}")
-    # exchange options the installed exchange kinds accept
-    accepted = getattr(_exchange, "EXCHANGE_OPTIONS", None)
-    if accepted is not None and cfg.exchange.workers is not None and "workers" not in accepted.get(cfg.exchange.kind, ()):
-        raise ConfigError(
-            f"exchange.workers: the {cfg.exchange.kind} exchange takes no workers option (leave it null)"
-        )
-    if cfg.exchange.kind == "paillier" and (cfg.exchange.key_bits < 64 or cfg.exchange.key_bits % 2):
-        raise ConfigError(f"exchange.key_bits: Paillier keys need an even size >= 64 bits, got {cfg.exchange.key_bits}")
     # graph: the parameters of the kind, and only those
     g = cfg.graph
     allowed = GRAPH_PARAMS[g.kind]
@@ -482,4 +481,6 @@ def from_dict(d: Mapping) -> RunConfig:
 
 def to_dict(cfg: RunConfig) -> dict:
     """Plain nested dict of a :class:`RunConfig` (YAML/JSON-serialisable)."""
-    return asdict(cfg)
+    d = asdict(cfg)
+    d["exchange"] = exchange_to_dict(cfg.exchange)
+    return d

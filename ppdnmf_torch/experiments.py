@@ -24,6 +24,7 @@ from .api import TrialsResult, fit_trials
 from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConfig, SYNTHETIC_DEFAULTS,
                      from_dict, to_dict)
 from .errors import ConfigError
+from .exchange import exchange_spec
 from .graph import complete
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "DEFAULT_CBCL_PATH"]
@@ -48,8 +49,7 @@ PAPER_EXPERIMENTS = {
 }
 
 _SOLVER_KEYS = tuple(f.name for f in dataclasses.fields(SolverConfig))
-_EXCHANGE_KEYS = {"exchange": "kind", "protocol": "protocol", "n_max": "n_max", "key_bits": "key_bits",
-                  "g_bits": "g_bits"}
+_EXCHANGE_KEYS = ("exchange", "protocol", "n_max", "key_bits", "g_bits")
 _OTHER_KEYS = ("n_agents", "avg_degree", "graph", "columns", "data_path", "exchange_options")
 
 
@@ -120,8 +120,9 @@ class ExperimentResult:
         return out
 
 
-def _resolve(experiment, overrides: dict) -> tuple[RunConfig, dict]:
-    """The experiment's run config with ``overrides`` applied, and the extra exchange options."""
+def _resolve(experiment, overrides: dict) -> RunConfig:
+    """The experiment's run config with ``overrides`` applied (the exchange's as its spec:
+    switching ``exchange`` to another kind starts from that kind's defaults)."""
     if isinstance(experiment, RunConfig):
         cfg = copy.deepcopy(experiment)
     elif experiment in PAPER_EXPERIMENTS:
@@ -130,12 +131,14 @@ def _resolve(experiment, overrides: dict) -> tuple[RunConfig, dict]:
         raise ConfigError(f"name: unknown experiment {experiment!r}; use one of {sorted(PAPER_EXPERIMENTS)} "
                           "or a RunConfig")
     d = to_dict(cfg)
-    options = {}
+    flat, options = {}, {}
     for key, value in overrides.items():
         if key in _SOLVER_KEYS:
             d["solver"][key] = value
         elif key in _EXCHANGE_KEYS:
-            d["exchange"][_EXCHANGE_KEYS[key]] = value
+            flat[key] = value
+        elif key == "exchange_options":
+            options = dict(value or {})
         elif key == "n_agents":
             d["n_agents"] = value
         elif key == "avg_degree":
@@ -147,15 +150,18 @@ def _resolve(experiment, overrides: dict) -> tuple[RunConfig, dict]:
                                   else {"lo": value[0], "hi": value[1], "counts": None})
         elif key == "data_path":
             d["data"]["path"] = value
-        elif key == "exchange_options":
-            options = dict(value or {})
         else:
             raise ConfigError(f"{key}: not an option of run_experiment; use one of "
                               f"{sorted(set(_SOLVER_KEYS) | set(_EXCHANGE_KEYS) | set(_OTHER_KEYS))}")
     if d["data"]["kind"] == "cbcl" and "data_path" not in overrides and d["data"]["path"] == DEFAULT_CBCL_PATH:
         # not given: the environment's, as the CLI's default does
         d["data"]["path"] = os.environ.get("PPDNMF_CBCL", DEFAULT_CBCL_PATH)
-    return from_dict(d), options
+    kind = flat.pop("exchange", cfg.exchange.kind)
+    base = {k: v for k, v in d.pop("exchange").items() if k != "kind"} if kind == cfg.exchange.kind else {}
+    spec = exchange_spec(kind, **flat, options={**base, **options})
+    resolved = from_dict(d)
+    resolved.exchange = spec
+    return resolved
 
 
 def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = True,
@@ -195,7 +201,7 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     """
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ConfigError(f"trials: must be an integer >= 1, got {trials!r}")
-    cfg, options = _resolve(name, overrides)
+    cfg = _resolve(name, overrides)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     seeds = [int(seed) + t for t in range(trials)]
     Z_fixed = data_mod.load_cbcl(cfg.data.path) if cfg.data.kind == "cbcl" else None
@@ -203,12 +209,9 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     block_lists, graphs = [p[0] for p in pairs], [p[1] for p in pairs]
     solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if v is not None}
     rank = solver.pop("rank")
-    e = cfg.exchange
-    exchange_kw = dict(exchange=e.kind, protocol=e.protocol, n_max=e.n_max, key_bits=e.key_bits, g_bits=e.g_bits,
-                       exchange_options={**e.options(), **options})
     common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, **solver)
     t0 = time.perf_counter()
-    dist = fit_trials(block_lists, graphs, rank, callback=callback, **exchange_kw, **common)
+    dist = fit_trials(block_lists, graphs, rank, exchange=cfg.exchange, callback=callback, **common)
     seconds = {"distributed": time.perf_counter() - t0}
     history = dict(dist.history)
     cent = None

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ._utils import plain_number
+from .config import exchange_to_dict
 from .exchange.costmodel import COUNT_KEYS
 
 __all__ = ["write_yaml", "write_factors", "write_histories", "write_summary", "summary_of", "format_summary",
@@ -165,8 +166,7 @@ def summary_of(cfg, inputs, fits, out: Path) -> dict:
         "dtype": cfg.dtype,
         "sizes": {"L": L, "M": M, "K": s.rank, "n_agents": inputs.graph.n_agents, "n_edges": inputs.graph.n_edges,
                   "columns": list(result.columns)},
-        "exchange": {"kind": e.kind, "protocol": e.protocol, "n_max": e.n_max, "key_bits": e.key_bits,
-                     "g_bits": e.g_bits},
+        "exchange": exchange_to_dict(e),
         "costs": numeric(result.costs),
         "bytes_per_edge": plain(result.costs.get("bytes_per_edge")) if isinstance(result.costs, dict) else None,
         "torch": torch.__version__,

@@ -24,9 +24,9 @@ import torch
 from . import data as data_mod
 from ._utils import resolve_device, resolve_dtype
 from .api import FitResult, fit, fit_centralized
-from .config import ExchangeConfig, RunConfig, SolverConfig, to_dict
+from .config import RunConfig, SolverConfig, to_dict
 from .errors import ConfigError, PPDNMFError
-from .exchange import make_exchange
+from .exchange.spec import SPECS
 from .graph import Graph, make_graph
 from .loggers import RunLogger, make_logger
 from .outputs import format_summary, summary_of, write_factors, write_histories, write_summary, write_yaml
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 #: the API's parameter names and the config keys they come from
 CONFIG_KEYS = {
     **{f.name: f"solver.{f.name}" for f in fields(SolverConfig)},
-    **{f.name: f"exchange.{f.name}" for f in fields(ExchangeConfig) if f.name != "kind"},
+    **{k: f"exchange.{k}" for spec in SPECS.values() for k in spec.keys()},
     "exchange": "exchange.kind", "Z": "data", "negative": "data.negative", "columns": "data.split.counts",
     "adjacency": "graph",
 }
@@ -178,8 +178,6 @@ def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, 
         central = _fit_centralized(cfg, inputs, common, show)
         seconds["centralized"] = time.perf_counter() - t0
         logger.centralized(central.history)
-    exch = make_exchange(e.kind, protocol=e.protocol, n_max=e.n_max, key_bits=e.key_bits, g_bits=e.g_bits,
-                         **e.options())
     c_hist = central.history.get("nmse", []) if central is not None else []
     with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind})") as bar:
 
@@ -192,7 +190,7 @@ def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, 
             return bool(callback(info)) if callback is not None else False
 
         t0 = time.perf_counter()
-        result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=exch,
+        result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=e,
                      callback=cb, checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
                      resume_from=resume_from, **common)
     seconds["distributed"] = time.perf_counter() - t0
@@ -220,8 +218,8 @@ def _hparams(cfg: RunConfig) -> dict:
         "g_max": s.g_max if isinstance(s.g_max, float) else str(s.g_max),
         "bcd_iters": s.bcd_iters, "x_iters": s.x_iters, "y_iters": s.y_iters, "tol": s.tol,
         "penalty": s.penalty, "consensus_form": s.consensus_form, "exchange": e.kind,
-        "protocol": e.protocol, "n_max": e.n_max, "key_bits": e.key_bits, "dtype": cfg.dtype,
-        "device": cfg.device,
+        "protocol": getattr(e, "protocol", None), "n_max": getattr(e, "n_max", None),
+        "key_bits": getattr(e, "key_bits", None), "dtype": cfg.dtype, "device": cfg.device,
     }
 
 

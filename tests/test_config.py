@@ -1,6 +1,7 @@
 """The Hydra config tree (conf/) composes, and converts to validated typed dataclasses."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -105,29 +106,34 @@ def test_cbcl_path_from_environment(monkeypatch, tmp_path):
 
 
 def test_crypto_exchange_defaults():
+    from ppdnmf_torch.exchange import PaillierSpec, PlainSpec, QuantizedSpec
+
     for kind in ("quantized", "paillier"):
-        rc = to_run_config(_compose([f"exchange={kind}"]))
-        e = rc.exchange
+        e = to_run_config(_compose([f"exchange={kind}"])).exchange
         assert (e.kind, e.protocol, e.key_bits, e.n_max, e.g_bits) == (kind, "aggregated", 2048, 1e6, 16)
-    assert to_run_config(_compose(["exchange=quantized"])).exchange.options() == {"cost_model": True,
-                                                                                   "packing": True}
-    assert to_run_config(_compose(["exchange=plain", "exchange.cost_model=true"])).exchange.options() == {}
+    # the YAML of a kind holds that kind's keys: quantized counts as the packing real stage does
+    assert to_run_config(_compose(["exchange=quantized"])).exchange == QuantizedSpec(cost_model=True, packing=True)
+    assert to_run_config(_compose(["exchange=plain"])).exchange == PlainSpec()
     rc = to_run_config(_compose(["exchange=paillier", "exchange.cost_model=true", "exchange.protocol=paper",
                                  "exchange.djn=true", "exchange.workers=2"]))
-    assert rc.exchange.options() == {"cost_model": True, "fast": True, "packing": True, "precompute": True,
-                                     "djn": True, "workers": 2}
-    assert rc.exchange.protocol == "paper"
+    assert rc.exchange == PaillierSpec(cost_model=True, protocol="paper", djn=True, workers=2)
 
 
-def test_workers_only_where_the_exchange_takes_them():
-    from ppdnmf_torch.exchange import EXCHANGE_OPTIONS
+def test_each_exchange_yaml_holds_its_own_keys():
+    """conf/exchange/<kind>.yaml sets exactly that kind's config keys; another kind's key is
+    refused by Hydra (not in the composed config) and by from_dict (naming the kind)."""
+    import yaml
 
-    cfg = _compose(["exchange=paillier", "exchange.workers=3"])
-    if "workers" in EXCHANGE_OPTIONS["paillier"]:
-        assert to_run_config(cfg).exchange.options()["workers"] == 3
-    else:
-        with pytest.raises(ConfigError, match=r"^exchange\.workers:"):
-            to_run_config(cfg)
+    from ppdnmf_torch.config import exchange_keys
+
+    for kind in ("plain", "quantized", "paillier"):
+        with open(os.path.join(CONFIG_DIR, "exchange", f"{kind}.yaml"), encoding="utf-8") as fh:
+            keys = set(yaml.safe_load(fh)) - {"kind"}
+        assert keys == set(exchange_keys(kind)), kind
+    with pytest.raises(Exception, match="n_max"):
+        _compose(["exchange=plain", "exchange.n_max=10"])
+    with pytest.raises(ConfigError, match=r"^exchange\.n_max: does not apply to exchange\.kind=plain"):
+        from_dict({"exchange": {"kind": "plain", "n_max": 10.0}})
 
 
 def test_command_line_groups_win_over_the_experiment():
@@ -153,13 +159,13 @@ def test_command_line_groups_win_over_the_experiment():
         (["solver.penalty=gaussian"], "solver.penalty"),
         (["solver.consensus_form=printed"], "solver.consensus_form"),
         (["exchange.kind=rsa"], "exchange.kind"),
-        (["exchange.protocol=mixed"], "exchange.protocol"),
-        (["exchange.n_max=0.5"], "exchange.n_max"),
-        (["exchange.key_bits=8"], "exchange.key_bits"),
-        (["exchange.g_bits=31"], "exchange.g_bits"),
+        (["exchange=quantized", "exchange.protocol=mixed"], "exchange.protocol"),
+        (["exchange=quantized", "exchange.n_max=0.5"], "exchange.n_max"),
+        (["exchange=quantized", "exchange.key_bits=8"], "exchange.key_bits"),
+        (["exchange=quantized", "exchange.g_bits=31"], "exchange.g_bits"),
         (["exchange=paillier", "exchange.workers=-1"], "exchange.workers"),
         (["exchange=paillier", "exchange.key_bits=65"], "exchange.key_bits"),
-        (["exchange.cost_model=1"], "exchange.cost_model"),
+        (["exchange=quantized", "exchange.cost_model=1"], "exchange.cost_model"),
         (["data.kind=hdf5"], "data.kind"),
         (["data.negative=ignore"], "data.negative"),
         (["data.noise_var=-1"], "data.noise_var"),
@@ -226,7 +232,10 @@ def test_from_dict_roundtrip_and_defaults():
         ({"graph": {"kind": "ring", "avg_degree": 3}}, "graph.avg_degree"),
         ({"graph": {"kind": "complete", "path": "e.txt"}}, "graph.path"),
         ({"graph": {"kind": "erdos_renyi"}}, "graph.p"),
-        ({"exchange": {"n_max": "big"}}, "exchange.n_max"),
+        ({"exchange": {"kind": "quantized", "n_max": "big"}}, "exchange.n_max"),
+        ({"exchange": {"kind": "plain", "n_max": 1e4}}, "exchange.n_max"),  # plain takes no settings
+        ({"exchange": {"kind": "quantized", "workers": 2}}, "exchange.workers"),
+        ({"exchange": {"kind": "paillier", "keypairs": []}}, "exchange.keypairs"),  # API only
         ({"solver": {"g_max": []}}, "solver.g_max"),
         ({"solver": {"mu": [1.0]}}, "solver.mu"),
     ],

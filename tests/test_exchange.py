@@ -463,7 +463,7 @@ def test_spec_kinds_and_options_are_the_specs_fields():
     from ppdnmf_torch import config
     from ppdnmf_torch.exchange import spec
 
-    assert config.PROTOCOLS is spec.PROTOCOLS and config.EXCHANGE_KINDS is spec.EXCHANGE_KINDS
+    assert config.SPECS is spec.SPECS and config.EXCHANGE_KINDS is spec.EXCHANGE_KINDS
 
 
 @pytest.mark.parametrize("cls, bad", [
@@ -540,21 +540,34 @@ def test_exchange_spec_checks_a_given_exchange():
         exchange_spec(c, n_max=1e4)
 
 
-def test_make_exchange_flat_keywords_as_fit_passes_them():
-    # fit and the runner pass the flat values whatever the kind: for plain they do not
-    # apply (protocol is still checked); for a given exchange, fit's defaults are no conflict
-    assert isinstance(make_exchange("plain", protocol="aggregated", n_max=1e4, key_bits=128, g_bits=8),
-                      PlainExchange)
-    with pytest.raises(ConfigError, match="^protocol: unknown protocol"):
+def test_make_exchange_flat_keywords_are_never_dropped():
+    # plain takes no settings: a flat value for it is refused, not ignored; for a given
+    # exchange, values that agree are fine and values that contradict it are refused
+    assert isinstance(make_exchange("plain"), PlainExchange)
+    with pytest.raises(ConfigError, match=r"^n_max: does not apply to exchange='plain'"):
+        make_exchange("plain", n_max=1e4)
+    with pytest.raises(ConfigError, match="^protocol: does not apply"):
         make_exchange("plain", protocol="gossip")
     q = QuantizedExchange(IntegerCodec(key_bits=128))
-    assert make_exchange(q, protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16) is q
+    assert make_exchange(q, protocol="aggregated", n_max=1e6, key_bits=128, g_bits=16) is q
     with pytest.raises(ConfigError, match=r"^key_bits: 512 contradicts the given exchange's key_bits=128"):
         make_exchange(q, key_bits=512)
     with pytest.raises(ConfigError, match=r"^packing: True contradicts"):
         make_exchange(q, packing=True)
     with pytest.raises(ConfigError, match="^mixin: "):
         make_exchange(q, mixin=object)
+
+
+def test_fit_refuses_an_exchange_with_a_conflicting_keyword():
+    import ppdnmf_torch as pp
+    from conftest import small_problem
+    from ppdnmf_torch.graph import ring
+
+    q = QuantizedExchange(IntegerCodec(n_max=1e4, key_bits=2048))
+    with pytest.raises(ConfigError, match=r"^n_max: 1000000\.0 contradicts the given exchange's n_max=10000"):
+        pp.fit(small_problem(), ring(4), 2, exchange=q, n_max=1e6, bcd_iters=1, x_iters=1, y_iters=1, device="cpu")
+    r = pp.fit(small_problem(), ring(4), 2, exchange=q, n_max=1e4, bcd_iters=1, x_iters=1, y_iters=1, device="cpu")
+    assert r.n_iter == 1
 
 
 class _CallLog:

@@ -18,7 +18,8 @@ from ..errors import ConfigError
 from ..exchange.base import Exchange
 from ..exchange.codec import IntegerCodec
 from ..exchange.plain import PlainExchange
-from ..exchange.quantized import QuantizedExchange, encode_inputs
+from ..exchange.integer import encode_inputs
+from ..exchange.quantized import QuantizedExchange
 
 __all__ = [
     "Recording",

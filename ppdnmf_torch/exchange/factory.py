@@ -7,13 +7,9 @@ from .._utils import ConfigError
 from .base import Exchange
 from .plain import PlainExchange
 from .quantized import QuantizedExchange
-from .spec import FLAT_KEYS, IntegerSpec, check_protocol, exchange_spec
+from .spec import FLAT_KEYS, exchange_spec
 
 __all__ = ["make_exchange", "exchange_class"]
-
-#: the flat shorthand's values when a caller sets none (``fit``'s and the configs' defaults)
-_FLAT_DEFAULTS = {k: getattr(IntegerSpec, k) for k in FLAT_KEYS}
-
 
 def exchange_class(kind: str) -> type:
     """The exchange class of ``kind`` (``paillier`` imports :mod:`phe`, here and only here)."""
@@ -60,7 +56,7 @@ def make_exchange(kind_or_spec="plain", *, mixin=None, **kw) -> Exchange:
         As :func:`~.spec.exchange_spec`: naming a setting the kind does not take, one that
         contradicts a given spec or exchange, or one its rules refuse.
     """
-    flat = _flat_given(kind_or_spec, {k: kw.pop(k) for k in FLAT_KEYS if k in kw})
+    flat = {k: kw.pop(k) for k in FLAT_KEYS if k in kw}
     spec = exchange_spec(kind_or_spec, options=kw, **flat)
     if isinstance(spec, Exchange):
         if mixin is not None:
@@ -71,20 +67,3 @@ def make_exchange(kind_or_spec="plain", *, mixin=None, **kw) -> Exchange:
         cls = _with_mixin(mixin, cls)
     args, kwargs = spec.arguments()
     return cls(*args, **kwargs)
-
-
-def _flat_given(kind_or_spec, flat: dict) -> dict:
-    """The flat values that count as given. Transitional: ``fit`` and the CLI runner pass
-    ``protocol``, ``n_max``, ``key_bits`` and ``g_bits`` whatever the exchange, set or not;
-    for ``"plain"`` (which takes none of them) they are not passed on (a ``protocol`` is
-    still checked, as it always was), and for a given
-    :class:`~.base.Exchange` only those that differ from the shorthand's defaults are (so
-    a value that contradicts the exchange is an error, ``fit``'s defaults are not). Once
-    those callers pass None for what their caller did not set, this goes."""
-    if isinstance(kind_or_spec, str) and kind_or_spec == "plain":
-        if "protocol" in flat:
-            check_protocol(flat["protocol"])
-        return {}
-    if isinstance(kind_or_spec, Exchange):
-        return {k: v for k, v in flat.items() if v != _FLAT_DEFAULTS[k]}
-    return flat
