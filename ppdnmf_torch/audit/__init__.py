@@ -26,7 +26,7 @@ plausibly be guessed) and prints the union bound on a chance match.
 
 **(b) An honest-but-curious agent ``i``** that follows the protocol and reconstructs
 each neighbour's ``U_j`` from everything it receives over the whole run. The attacks run
-on a recording of the integer protocol (:class:`RecordingQuantizedExchange`, bit-identical
+on a recording of the integer protocol (a ``quantized`` exchange with the :class:`Recorder` mixin, bit-identical
 to ``paillier``); what ``i`` sees per ADMM iteration ``m``:
 
 * ``protocol="paper"``: ``d_ij = gamma_ji (q_j - q_i)`` for every neighbour (decrypted),
@@ -109,20 +109,16 @@ from .neighbour import (
 )
 from .recording import (
     Recording,
-    RecordingPlainExchange,
-    RecordingQuantizedExchange,
+    Recorder,
     make_recording_exchange,
     record_fit,
-    recording_paillier_class,
 )
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
 from .run import SCENARIOS, run_audit
 
 __all__ = [
     "Recording",
-    "RecordingPlainExchange",
-    "RecordingQuantizedExchange",
-    "recording_paillier_class",
+    "Recorder",
     "make_recording_exchange",
     "record_fit",
     "plain_transcript",

@@ -8,34 +8,33 @@ that builds them.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..exchange import PaillierSpec, PlainSpec, QuantizedSpec, make_exchange
 from ..exchange.base import Exchange
-from ..exchange.codec import IntegerCodec
-from ..exchange.plain import PlainExchange
 from ..exchange.integer import encode_inputs
-from ..exchange.quantized import QuantizedExchange
 
 __all__ = [
     "Recording",
-    "RecordingPlainExchange",
-    "RecordingQuantizedExchange",
-    "recording_paillier_class",
+    "Recorder",
     "make_recording_exchange",
     "record_fit",
 ]
 
 
-class _Recorder:
-    """Mixin: keeps a copy of what every ``exchange()`` call handled (step 5's inputs)."""
+class Recorder:
+    """Mixin for any exchange kind (:func:`~ppdnmf_torch.exchange.make_exchange`'s ``mixin``):
+    keeps a copy of what every ``exchange()`` call handled (step 5's inputs) in ``records``,
+    and, for the Paillier kind, the agents' public moduli (``moduli``, public information)."""
 
-    def _init_records(self) -> None:
-        self.records: list = []
+    def bind(self, topology, **kw):
+        super().bind(topology, **kw)
+        self.__dict__.setdefault("records", [])
+        self.moduli = [int(a.public_key.n) for a in getattr(self, "agents", ())]
 
     def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
         out = super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, out=out)
@@ -46,71 +45,34 @@ class _Recorder:
             q, gamma, _ = encode_inputs(codec, self.topology, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
             rec["q"] = q.cpu().clone()
             rec["gamma"] = gamma.cpu().clone()
-        self.records.append(rec)
+        self.__dict__.setdefault("records", []).append(rec)
         return out
-
-
-class RecordingPlainExchange(_Recorder, PlainExchange):
-    """``plain`` exchange that records ``U`` and ``g`` of every call (``.records``)."""
-
-    def __init__(self):
-        super().__init__()
-        self._init_records()
-
-
-class RecordingQuantizedExchange(_Recorder, QuantizedExchange):
-    """``quantized`` exchange that records ``U``, ``g``, ``q`` and ``gamma`` of every call."""
-
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False):
-        super().__init__(codec, protocol=protocol, cost_model=cost_model)
-        self._init_records()
-
-
-@functools.lru_cache(maxsize=1)
-def recording_paillier_class():
-    """The recording subclass of :class:`~ppdnmf_torch.exchange.paillier.PaillierExchange`
-    (created on first use, so that importing this module does not import :mod:`phe`).
-
-    It records like :class:`RecordingQuantizedExchange`, keeps the agents' public moduli
-    (``.moduli``, public information) and always records the transcript.
-    """
-    from ..exchange.paillier import PaillierExchange
-
-    class RecordingPaillierExchange(_Recorder, PaillierExchange):
-        def __init__(self, codec, *, protocol="aggregated", keypairs=None, cost_model=False, **options):
-            super().__init__(codec, protocol=protocol, keypairs=keypairs, cost_model=cost_model,
-                             record_transcript=True, **options)
-            self._init_records()
-            self.moduli: list = []
-
-        def bind(self, topology, *, dtype, device, fuse=False):
-            super().bind(topology, dtype=dtype, device=device, fuse=fuse)
-            self.moduli = [int(a.public_key.n) for a in self.agents]
-
-    return RecordingPaillierExchange
 
 
 def make_recording_exchange(kind="quantized", *, protocol="aggregated", n_max=1e6, g_bits=16, key_bits=128,
                             keypairs=None, paillier_options=None) -> Exchange:
-    """A recording exchange of ``kind`` in {"plain", "quantized", "paillier"}.
+    """A recording exchange of ``kind`` in {"plain", "quantized", "paillier"}, made by the
+    exchange factory with the :class:`Recorder` mixin (a Paillier one always keeps its
+    transcript).
 
-    ``paillier_options``: further keywords of
-    :class:`~ppdnmf_torch.exchange.paillier.PaillierExchange` (e.g. ``workers``, ``packing``).
+    ``paillier_options``: further settings of :class:`~ppdnmf_torch.exchange.PaillierSpec`
+    (e.g. ``workers``, ``packing``).
     """
     if kind == "plain":
-        return RecordingPlainExchange()
-    codec = IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits)
+        return make_exchange(PlainSpec(), mixin=Recorder)
     if kind == "quantized":
-        return RecordingQuantizedExchange(codec, protocol=protocol)
+        return make_exchange(QuantizedSpec(protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits),
+                             mixin=Recorder)
     if kind == "paillier":
         import warnings
 
         from ..exchange.paillier import InsecureKeyWarning
 
+        spec = PaillierSpec(protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits, keypairs=keypairs,
+                            record_transcript=True, **(paillier_options or {}))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureKeyWarning)  # small keys are the audit's point
-            return recording_paillier_class()(codec, protocol=protocol, keypairs=keypairs,
-                                              **(paillier_options or {}))
+            return make_exchange(spec, mixin=Recorder)
     raise ConfigError(f"kind: unknown exchange kind {kind!r}; use 'plain', 'quantized' or 'paillier'")
 
 
