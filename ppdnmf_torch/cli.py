@@ -32,10 +32,19 @@ from .runner import format_summary, run
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED"]
 
-#: ``conf/`` next to the package. Hydra's ``config_path="../conf"`` would be read as
-#: the top-level *package* ``conf`` when the app is imported as a module (``pkg://conf``),
-#: which only works from the repository root; an absolute path works from any directory.
-CONFIG_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf"))
+def _config_dir() -> str:
+    """The config folder: ``ppdnmf_torch/conf`` in an installed package (the wheel ships the
+    repository's ``conf/`` there), else ``conf/`` beside the package (a source checkout or an
+    editable install). An absolute path, so that the app works from any directory."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in (os.path.join(here, "conf"), os.path.join(here, os.pardir, "conf")):
+        if os.path.isfile(os.path.join(folder, "config.yaml")):
+            return os.path.normpath(folder)
+    return os.path.normpath(os.path.join(here, "conf"))  # Hydra then says it is missing
+
+
+#: the folder Hydra composes the configs from (:func:`_config_dir`)
+CONFIG_DIR = _config_dir()
 
 #: exit status of a run stopped by a user error
 EXIT_USER_ERROR = 2
