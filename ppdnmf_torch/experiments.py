@@ -26,6 +26,7 @@ from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConf
 from .errors import ConfigError
 from .exchange import exchange_spec
 from .graph import complete
+from .inputs import build_graph, load_data, make_split
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "DEFAULT_CBCL_PATH"]
 
@@ -70,8 +71,6 @@ def make_trial(cfg: RunConfig, seed: int, Z=None):
     blocks : list of N Tensors (L, M_i)
     graph : Graph
     """
-    from .runner import build_graph, load_data, make_split
-
     trial = dataclasses.replace(cfg, seed=int(seed))
     if Z is None:
         Z = load_data(trial)[0]

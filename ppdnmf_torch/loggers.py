@@ -3,12 +3,12 @@
 The runner calls :meth:`RunLogger.centralized` once the baseline is done,
 :meth:`RunLogger.iteration` after every BCD iteration of the distributed fit, and
 :meth:`RunLogger.finished` with the results; :meth:`RunLogger.close` always. The
-TensorBoard implementation lives in :mod:`ppdnmf_torch.tensorboard` (imported only when
-asked for), so the numerical core never imports TensorBoard.
+TensorBoard implementation lives in :mod:`ppdnmf_torch.tensorboard`, which the runner
+imports only when asked for, so the numerical core never imports TensorBoard.
 """
 from __future__ import annotations
 
-__all__ = ["RunLogger", "NullLogger", "make_logger"]
+__all__ = ["RunLogger", "NullLogger"]
 
 
 class RunLogger:
@@ -40,12 +40,3 @@ class RunLogger:
 
 class NullLogger(RunLogger):
     """``logger.kind=none``: nothing is logged."""
-
-
-def make_logger(kind: str, folder, *, flush_secs: int = 30) -> RunLogger:
-    """The logger of ``logger.kind``: ``"tensorboard"`` (events under ``folder``) or ``"none"``."""
-    if kind == "tensorboard":
-        from .tensorboard import TensorBoardLogger
-
-        return TensorBoardLogger(folder, flush_secs=flush_secs)
-    return NullLogger()

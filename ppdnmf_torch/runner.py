@@ -14,29 +14,22 @@ parameter (:attr:`~ppdnmf_torch.errors.PPDNMFError.key`), re-rooted here once.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import torch
-
-from . import data as data_mod
-from ._utils import resolve_device, resolve_dtype
 from .api import FitResult, fit, fit_centralized
 from .config import RunConfig, SolverConfig, to_dict
-from .errors import ConfigError, PPDNMFError
+from .errors import PPDNMFError
 from .exchange.spec import SPECS
-from .graph import Graph, make_graph
-from .loggers import RunLogger, make_logger
+from .inputs import RunInputs, build_graph, build_inputs, load_data, make_split
+from .loggers import NullLogger, RunLogger
 from .outputs import format_summary, summary_of, write_factors, write_histories, write_summary, write_yaml
 from .progress import Progress
 from .solver import RunInterrupted
 
 __all__ = ["run", "build_inputs", "fit_run", "write_outputs", "RunInputs", "RunFits", "load_data", "make_split",
            "build_graph", "format_summary", "CONFIG_KEYS"]
-
-log = logging.getLogger(__name__)
 
 #: the API's parameter names and the config keys they come from
 CONFIG_KEYS = {
@@ -45,84 +38,6 @@ CONFIG_KEYS = {
     "exchange": "exchange.kind", "Z": "data", "negative": "data.negative", "columns": "data.split.counts",
     "adjacency": "graph",
 }
-
-
-# --------------------------------------------------------------------------------------
-# 1. Inputs
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunInputs:
-    """What a run works on: ``Z (L, M)`` float64 on the CPU, its image shape (or None), the
-    columns per agent, the graph, and the resolved device and dtype."""
-
-    Z: torch.Tensor
-    image_shape: tuple | None
-    counts: list
-    graph: Graph
-    device: torch.device
-    dtype: torch.dtype
-
-
-def load_data(cfg: RunConfig) -> tuple[torch.Tensor, tuple[int, int] | None]:
-    """``Z (L, M)`` float64 on the CPU, and the image shape (or None) of ``cfg.data``."""
-    d = cfg.data
-    try:
-        if d.kind == "synthetic":
-            Z = data_mod.synthetic(**d.synthetic_kwargs(), seed=cfg.seed).Z
-        else:
-            kw = {"delimiter": d.delimiter if d.delimiter is not None else ","} if d.kind == "csv" else {}
-            Z = data_mod.load_matrix(d.kind, d.path, **kw)
-    except PPDNMFError as exc:
-        raise exc.within("data") from None
-    shape = tuple(d.image_shape) if d.image_shape is not None else None
-    if shape is None and d.kind == "cbcl":
-        shape = tuple(data_mod.CBCL_SHAPE)
-    if shape is not None and shape[0] * shape[1] != Z.shape[0]:
-        raise ConfigError(
-            f"data.image_shape: {shape[0]}x{shape[1]} = {shape[0] * shape[1]} pixels, but the data has "
-            f"L = {Z.shape[0]} rows"
-        )
-    return Z, shape
-
-
-def make_split(cfg: RunConfig, M: int) -> list[int]:
-    """Columns per agent from ``cfg.data.split`` (errors name ``data.split.<key>``)."""
-    s = cfg.data.split
-    N = cfg.n_agents
-    if s.counts is not None:
-        if len(s.counts) != N:
-            raise ConfigError(f"data.split.counts: got {len(s.counts)} counts but n_agents = {N}")
-        if sum(s.counts) != M:
-            raise ConfigError(f"data.split.counts: sum to {sum(s.counts)} but the data has M = {M} columns")
-        return list(s.counts)
-    if M < N:
-        raise ConfigError(f"n_agents: {N} agents, but the data has only M = {M} columns (at least one each)")
-    try:
-        return data_mod.split_counts(M, N, lo=s.lo, hi=s.hi, seed=cfg.seed)
-    except PPDNMFError as exc:
-        raise exc.within("data.split") from None
-
-
-def build_graph(cfg: RunConfig) -> Graph:
-    """The communication graph of ``cfg.graph`` with ``cfg.n_agents`` agents."""
-    g = cfg.graph
-    try:
-        return make_graph(g.kind, cfg.n_agents, seed=cfg.seed, **g.params())
-    except PPDNMFError as exc:
-        raise exc.within("graph") from None
-
-
-def build_inputs(cfg: RunConfig) -> RunInputs:
-    """Step 1: the data, its split over the agents, the graph, the device and the dtype."""
-    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
-    Z, image_shape = load_data(cfg)
-    counts = make_split(cfg, Z.shape[1])
-    graph = build_graph(cfg)
-    log.info("data %s: Z %d x %d; %d agents, %d edges (%s graph); columns per agent %s",
-             cfg.data.kind, Z.shape[0], Z.shape[1], graph.n_agents, graph.n_edges, cfg.graph.kind, counts)
-    return RunInputs(Z, image_shape, counts, graph, device, dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -241,6 +156,15 @@ def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, l
     logger.finished(result, central, hparams=_hparams(cfg), metrics=metrics, images=images,
                     config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
     return summary
+
+
+def make_logger(kind: str, folder, *, flush_secs: int = 30) -> RunLogger:
+    """The logger of ``logger.kind``: ``"tensorboard"`` (events under ``folder``) or ``"none"``."""
+    if kind == "tensorboard":
+        from .tensorboard import TensorBoardLogger
+
+        return TensorBoardLogger(folder, flush_secs=flush_secs)
+    return NullLogger()
 
 
 def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None, resume_from=None) -> dict:

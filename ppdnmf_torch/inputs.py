@@ -1,0 +1,95 @@
+"""Step 1 of a run: what it works on, built from its config: the data, the column split,
+the graph, the device and the dtype (:func:`build_inputs`). The runner and the batched
+experiments build every trial this way, so a trial of :func:`~ppdnmf_torch.run_experiment`
+with seed ``s`` is the CLI run with ``seed=s``. Errors name the config's keys."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from . import data as data_mod
+from ._utils import resolve_device, resolve_dtype
+from .config import RunConfig
+from .errors import ConfigError, PPDNMFError
+from .graph import Graph, make_graph
+
+__all__ = ["RunInputs", "build_inputs", "load_data", "make_split", "build_graph"]
+
+log = logging.getLogger("ppdnmf_torch.runner")
+
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunInputs:
+    """What a run works on: ``Z (L, M)`` float64 on the CPU, its image shape (or None), the
+    columns per agent, the graph, and the resolved device and dtype."""
+
+    Z: torch.Tensor
+    image_shape: tuple | None
+    counts: list
+    graph: Graph
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_data(cfg: RunConfig) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    """``Z (L, M)`` float64 on the CPU, and the image shape (or None) of ``cfg.data``."""
+    d = cfg.data
+    try:
+        if d.kind == "synthetic":
+            Z = data_mod.synthetic(**d.synthetic_kwargs(), seed=cfg.seed).Z
+        else:
+            kw = {"delimiter": d.delimiter if d.delimiter is not None else ","} if d.kind == "csv" else {}
+            Z = data_mod.load_matrix(d.kind, d.path, **kw)
+    except PPDNMFError as exc:
+        raise exc.within("data") from None
+    shape = tuple(d.image_shape) if d.image_shape is not None else None
+    if shape is None and d.kind == "cbcl":
+        shape = tuple(data_mod.CBCL_SHAPE)
+    if shape is not None and shape[0] * shape[1] != Z.shape[0]:
+        raise ConfigError(
+            f"data.image_shape: {shape[0]}x{shape[1]} = {shape[0] * shape[1]} pixels, but the data has "
+            f"L = {Z.shape[0]} rows"
+        )
+    return Z, shape
+
+
+def make_split(cfg: RunConfig, M: int) -> list[int]:
+    """Columns per agent from ``cfg.data.split`` (errors name ``data.split.<key>``)."""
+    s = cfg.data.split
+    N = cfg.n_agents
+    if s.counts is not None:
+        if len(s.counts) != N:
+            raise ConfigError(f"data.split.counts: got {len(s.counts)} counts but n_agents = {N}")
+        if sum(s.counts) != M:
+            raise ConfigError(f"data.split.counts: sum to {sum(s.counts)} but the data has M = {M} columns")
+        return list(s.counts)
+    if M < N:
+        raise ConfigError(f"n_agents: {N} agents, but the data has only M = {M} columns (at least one each)")
+    try:
+        return data_mod.split_counts(M, N, lo=s.lo, hi=s.hi, seed=cfg.seed)
+    except PPDNMFError as exc:
+        raise exc.within("data.split") from None
+
+
+def build_graph(cfg: RunConfig) -> Graph:
+    """The communication graph of ``cfg.graph`` with ``cfg.n_agents`` agents."""
+    g = cfg.graph
+    try:
+        return make_graph(g.kind, cfg.n_agents, seed=cfg.seed, **g.params())
+    except PPDNMFError as exc:
+        raise exc.within("graph") from None
+
+
+def build_inputs(cfg: RunConfig) -> RunInputs:
+    """Step 1: the data, its split over the agents, the graph, the device and the dtype."""
+    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    Z, image_shape = load_data(cfg)
+    counts = make_split(cfg, Z.shape[1])
+    graph = build_graph(cfg)
+    log.info("data %s: Z %d x %d; %d agents, %d edges (%s graph); columns per agent %s",
+             cfg.data.kind, Z.shape[0], Z.shape[1], graph.n_agents, graph.n_edges, cfg.graph.kind, counts)
+    return RunInputs(Z, image_shape, counts, graph, device, dtype)
