@@ -82,7 +82,9 @@ def test_gamma_one_reproduces_i_admm_bit_for_bit(step):
 
 
 def test_zero_start_i_admm_is_the_default():
-    res = cs.IncrementalADMM(ls_loss(4), "i_admm", 3.0).run(0, transcript=True)
+    res = cs.IncrementalADMM(ls_loss(4), "i_admm", 3.0).run(0, transcript=True, watch=[1])
+    assert res.transcript.tokens.shape == (1, 1, 2) and res.transcript.x.shape == (1, 1, 1, 2)
+    assert res.transcript.agents.shape == (0, 1)
     assert torch.count_nonzero(res.x) == 0 and torch.count_nonzero(res.transcript.tokens) == 0
     r2 = cs.IncrementalADMM(ls_loss(4), "pi_admm1", 3.0).run(0)
     assert bool((r2.x > 0).all()) and torch.equal(r2.y, r2.rho.view(1, 1, 1) * r2.x)   # Algorithm 2

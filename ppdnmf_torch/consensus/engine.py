@@ -54,7 +54,8 @@ class IncrementalADMM:
         Overrides the method's start (a warm start).
     compile : {"none", "step", "round"} or bool
         "step" compiles one step (one graph for every agent), "round" a whole round of
-        ``N`` steps as one ``torch.compile`` d graph (True); see docs for when each pays off.
+        ``N`` steps as one ``torch.compile`` d graph (True); eager is the default because a
+        cold compile costs far more than short runs save (measured in docs/PERFORMANCE.md).
     **method_params
         Keywords of the method's constructor when ``method`` is a name.
 
@@ -186,7 +187,8 @@ class IncrementalADMM:
             raise ConfigError(f"loss: expected a LocalLoss with {self.n_agents} agents and shape {self.shape}")
         if loss.batch_size not in (1, self.batch) or self.method.step == "exact" and not loss.has_exact_step:
             raise ConfigError(f"loss: batch size {loss.batch_size} or its steps do not fit this engine")
-        self.loss, self._compiled = loss, None
+        # the compiled round takes the loss as an input: same class and shapes reuse its graph
+        self.loss = loss
 
     @property
     def state(self) -> IncrementalState:
@@ -264,9 +266,9 @@ class IncrementalADMM:
         n_rounds, record_every = self._count(n_rounds, "n_rounds", 0), self._count(record_every, "record_every", 1)
         w = self._watch(watch)
         record = transcript or w is not None
-        hist, tokens, agents, xs, ys = [], [self.z.clone()], [], [], []
+        hist, tokens, agents, xs, ys = [], [self.z.clone().unsqueeze(0)], [], [], []
         if w is not None:
-            xs, ys = [self.x[:, w].clone()], [self.y[:, w].clone()]
+            xs, ys = [self.x[:, w].clone().unsqueeze(0)], [self.y[:, w].clone().unsqueeze(0)]
         stop = self._record(hist, callback)
         for r in range(n_rounds):
             if stop:
@@ -286,7 +288,7 @@ class IncrementalADMM:
                           "linearised step raise rho", UserWarning, stacklevel=2)
         tr = None
         if record:
-            cat = lambda parts: torch.cat([p if p.ndim == parts[-1].ndim else p.unsqueeze(0) for p in parts]).cpu()
+            cat = lambda parts: torch.cat(parts).cpu()
             tr = Transcript(cat(tokens), torch.cat(agents) if agents else torch.empty((0, self.batch), dtype=torch.long),
                             None if w is None else w.cpu(), cat(xs) if w is not None else None,
                             cat(ys) if w is not None else None)

@@ -65,13 +65,13 @@ class Logistic(LocalLoss):
         m = torch.einsum("bnjp,bp->bnj", self.O, x) * self.t
         return torch.nn.functional.softplus(-m).sum((1, 2))
 
-    def solution(self, tol: float = 1e-12, max_iter: int = 100) -> torch.Tensor:
+    def solution(self, tol: float = 1e-14, max_iter: int = 100) -> torch.Tensor:
         """The centralized minimiser by damped Newton in float64.
 
         Parameters
         ----------
         tol : float
-            Stop when ``max |grad| <= tol * (1 + number of samples)``.
+            Stop one Newton step after ``max |grad| <= tol * (1 + number of samples)``.
         max_iter : int
 
         Returns
@@ -85,18 +85,24 @@ class Logistic(LocalLoss):
         x = torch.zeros(Bd, O.shape[-1], dtype=torch.float64, device=O.device)
         f = lambda v: torch.nn.functional.softplus(-t * torch.einsum("bjp,bp->bj", O, v)).sum(1)
         scale = tol * (1 + O.shape[1])
+        polished = False
         for _ in range(max_iter):
             m = t * torch.einsum("bjp,bp->bj", O, x)
             s = torch.sigmoid(-m)
             g = -torch.einsum("bj,bjp->bp", t * s, O)
             if float(g.abs().max()) <= scale:
-                return x.to(self.dtype)
+                if polished:
+                    return x.to(self.dtype)
+                polished = True   # one more Newton step: quadratic convergence takes x to rounding
             H = torch.einsum("bj,bjp,bjq->bpq", s * (1 - s), O, O)
             d = torch.linalg.solve(H, g.unsqueeze(-1)).squeeze(-1)
             step = torch.ones(Bd, 1, dtype=torch.float64, device=O.device)
             f0 = f(x)
+            # Armijo, with the objective's rounding as slack: near the minimiser the decrease
+            # is below f's last bits and an exact test would halve the step for nothing
+            slack = 64 * torch.finfo(torch.float64).eps * (1 + f0.abs())
             for _ in range(30):
-                bad = f(x - step * d) > f0 - 1e-4 * step.squeeze(1) * (g * d).sum(1)
+                bad = f(x - step * d) > f0 - 1e-4 * step.squeeze(1) * (g * d).sum(1) + slack
                 if not bool(bad.any()):
                     break
                 step = torch.where(bad.unsqueeze(1), step / 2, step)
