@@ -5,7 +5,7 @@
 >>> result = pp.fit(data.Z, pp.graph.random_connected(10, 3.0, seed=0), rank=5,
 ...                 negative="allow", bcd_iters=5)
 """
-from . import data, graph, metrics
+from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
 from .api import FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .experiments import ExperimentResult, run_experiment
@@ -22,6 +22,7 @@ __all__ = [
     "FitResult",
     "TrialsResult",
     "ExperimentResult",
+    "consensus",
     "data",
     "graph",
     "metrics",

@@ -18,7 +18,7 @@ LAYERS = {
     "errors": 0, "_utils": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1,
     "problem": 2, "checkpoint": 2, "exchange": 2,
-    "solver": 3,
+    "solver": 3, "consensus": 3,
     "api": 4,
     "config": 5, "inputs": 6,
     "experiments": 7, "loggers": 7, "progress": 7, "outputs": 7, "tensorboard": 8, "runner": 8,

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from .._utils import DataError
+from ..errors import ConvergenceWarning
 from .least_squares import _batched, _same_lead
 from .losses import LocalLoss, take_agent
 
@@ -77,7 +78,7 @@ class Logistic(LocalLoss):
         Returns
         -------
         Tensor (Bd, p)
-            Warns (``UserWarning``) when Newton did not reach ``tol``.
+            Warns (:class:`~ppdnmf_torch.errors.ConvergenceWarning`) when Newton did not reach ``tol``.
         """
         O, t = self.O.double(), self.t.double()
         Bd = max(O.shape[0], t.shape[0])
@@ -108,5 +109,5 @@ class Logistic(LocalLoss):
                 step = torch.where(bad.unsqueeze(1), step / 2, step)
             x = x - step * d
         warnings.warn(f"Logistic.solution: Newton did not reach tol={tol} in {max_iter} iterations "
-                      "(separable data have no minimiser)", UserWarning, stacklevel=2)
+                      "(separable data have no minimiser)", ConvergenceWarning, stacklevel=2)
         return x.to(self.dtype)
