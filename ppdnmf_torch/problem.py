@@ -218,16 +218,16 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     if negative not in NEGATIVE_MODES:
         raise ConfigError(f"negative: unknown mode {negative!r}; use one of {NEGATIVE_MODES}")
     # one pass per block: a NaN makes both extremes NaN, an Inf one of them infinite
-    lows = []
+    lows, highs = [], []
     for i, b in enumerate(blocks):
         lo, hi = (float(v) for v in torch.aminmax(b))
         if not (math.isfinite(lo) and math.isfinite(hi)):
             r, c = (int(v) for v in torch.nonzero(~torch.isfinite(b))[0])
             raise DataError(f"Z: agent {i}'s block has a NaN or Inf entry at row {r}, column {c} (of the block)")
         lows.append(lo)
+        highs.append(hi)
     zmin = min(lows)
-    zmax = max(max(abs(lo), float(b.max())) for lo, b in zip(lows, blocks))
-    text = scale_warning(zmax)
+    text = scale_warning(max(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)))
     if text is not None:
         warnings.warn(text, DataScaleWarning, stacklevel=3)
     if zmin < 0:

@@ -412,11 +412,11 @@ def test_ctrl_c_ends_key_generation_within_two_seconds(tmp_path):
     pytest.importorskip("phe")
     code = textwrap.dedent("""
         import os, sys, time
-        os.environ["PPDNMF_MAX_KEY_BITS"] = "16384"
+        os.environ["PPDNMF_MAX_KEY_BITS"] = "12288"
         from ppdnmf_torch.exchange.paillier.keys import generate_keypair
         print("start", flush=True)
         try:
-            generate_keypair(16384)  # minutes of work: the signal lands in the middle
+            generate_keypair(12288)  # many seconds of work: the signal lands in the middle
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)
