@@ -225,7 +225,7 @@ def _warn_if_degenerate(problem, state, history, sketch_first, n_iter, params) -
     where = "" if X.shape[0] == 1 else f"trials {sorted(found)}: " + ("" if len(found) == 1 else f"(trial {t0}) ")
     zmax = float(problem.Z.abs().amax())
     warnings.warn(f"degenerate result: {where}{'; '.join(found[t0])}; {likely_cause(zmax, params.mu, params.eta)}",
-                  DegenerateResultWarning, stacklevel=4)
+                  DegenerateResultWarning, stacklevel=5)  # the caller of fit (through with_threads)
 
 
 def _no_compiler(exc: BaseException) -> bool:

@@ -229,7 +229,7 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     zmin = min(lows)
     text = scale_warning(max(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)))
     if text is not None:
-        warnings.warn(text, DataScaleWarning, stacklevel=3)
+        warnings.warn(text, DataScaleWarning, stacklevel=4)  # the caller of fit (through with_threads)
     if zmin < 0:
         if negative == "error":
             i = next(k for k, lo in enumerate(lows) if lo < 0)

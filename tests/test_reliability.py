@@ -645,7 +645,7 @@ def test_cli_multirun_goes_on_past_a_failed_job_and_reports_it(cli_dir):
 @pytest.mark.slow
 def test_cli_resume_refuses_changing_overrides_and_applies_more_iterations(cli_dir):
     run_dir = cli_dir / "to_resume"
-    r = _cli([*TINY, "solver.bcd_iters=3", "exchange=quantized", f"hydra.run.dir={run_dir}", "keep_checkpoints=true"],
+    r = _cli([*TINY, "checkpoint_every=1", "exchange=quantized", f"hydra.run.dir={run_dir}", "keep_checkpoints=true"],
              cli_dir)
     assert r.returncode == 0, r.stderr
     (run_dir / "summary.json").unlink()  # as if it had been interrupted after iteration 3
