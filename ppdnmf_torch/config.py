@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 
 from .errors import ConfigError, PPDNMFError
-from .data import DATA_KINDS
+from .data import CBCL_HINT, DATA_KINDS
 from .exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
 from .graph import GRAPH_KINDS, GRAPH_PARAMS
 from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
@@ -96,6 +96,9 @@ class DataConfig:
     noise_var: float | None = _spec(None, ge=0)
     delimiter: str | None = None
     negative: str = _spec("error", choices=NEGATIVE_MODES)
+    # divide Z by its largest absolute entry before the run (mu, eta and g_max are absolute:
+    # data far from unit scale can leave the factors at zero or at their start)
+    normalize: bool = False
     image_shape: list[int] | None = _spec(None, ge=1)
     split: SplitConfig = field(default_factory=SplitConfig)
 
@@ -210,8 +213,16 @@ class RunConfig:
     centralized: bool = True
     n_agents: int = _spec(10, ge=1)
     progress: bool = True
+    # off a terminal: seconds between two progress lines in the log
+    progress_interval: float = _spec(5.0, gt=0)
+    # CPU threads of torch's intra-op pool (None: the package's default, threads.default_threads)
+    threads: int | None = _spec(None, ge=1)
+    # independent trials (seeds seed, seed + 1, ...) run as one batched computation
+    trials: int = _spec(1, ge=1)
     # crash-safe checkpoints in <run dir>/checkpoints every this many BCD iterations (0: only on Ctrl-C)
     checkpoint_every: int = _spec(10, ge=0)
+    # keep the checkpoints of a run that finished (default: removed once the outputs are written)
+    keep_checkpoints: bool = False
     # a previous run's folder: continue it from its newest checkpoint (its own config is used)
     resume: str | None = None
     data: DataConfig = field(default_factory=_paper_synthetic_data)
@@ -376,6 +387,12 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 def _check_cross(cfg: RunConfig):
     """Rules that involve more than one value."""
+    if cfg.resume is not None and not cfg.resume.strip():
+        raise ConfigError("resume: is empty; give the folder of the run to continue (resume=outputs/<date>/<time>), "
+                          "or leave resume out for a fresh run")
+    if cfg.trials > 1 and cfg.resume is not None:
+        raise ConfigError("trials: batched trials keep no checkpoints, so there is nothing to resume; "
+                          "resume a single run (trials=1)")
     if not _DEVICE_RE.match(cfg.device.strip().lower()):
         raise ConfigError(f"device: unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
     N = cfg.n_agents
@@ -390,6 +407,8 @@ def _check_cross(cfg: RunConfig):
             if getattr(d, k) is not None:
                 raise ConfigError(f"data.{k}: applies to data.kind=synthetic only (kind is {d.kind!r})")
         if d.path is None or not str(d.path).strip():
+            if d.kind == "cbcl":
+                raise ConfigError(f"data.path: no CBCL data file given; {CBCL_HINT}")
             raise ConfigError(f"data.path: data.kind={d.kind} needs a file path (data.path=...)")
     if d.delimiter is not None and d.kind != "csv":
         raise ConfigError(f"data.delimiter: applies to data.kind=csv only (kind is {d.kind!r})")

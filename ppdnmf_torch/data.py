@@ -38,6 +38,8 @@ _CBCL_HINT = (
     "variable X (361 x 2429), or a folder of 19x19 .pgm images): data.path=... on the command line, "
     "data_path=... in run_experiment, or the environment variable PPDNMF_CBCL"
 )
+#: where to get the CBCL faces and how to point to them (in the errors that need the file)
+CBCL_HINT = _CBCL_HINT
 
 
 def _as_int(value, what: str, error=ConfigError) -> int:
@@ -289,6 +291,8 @@ def _existing_file(path, what: str) -> str:
     if path is None:
         raise DataError(f"path: a {what} file path is required (pass data.path=...)")
     p = os.fspath(path)
+    if os.path.isdir(p):
+        raise DataError(f"path: {p!r} is a folder; expected a {what} file")
     if not os.path.isfile(p):
         raise DataError(f"path: {what} file not found: {p!r}")
     return p
