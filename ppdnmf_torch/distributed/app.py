@@ -113,15 +113,9 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
     cfg = from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    comm = Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
-                        heartbeat=opts.heartbeat or None)
-    try:
+    with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+                      heartbeat=opts.heartbeat or None) as comm:
         return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume)
-    except BaseException as exc:
-        comm.report_error(exc)
-        raise
-    finally:
-        comm.close()
 
 
 def _fail(exc: BaseException, code: int) -> None:
@@ -153,10 +147,11 @@ def _app(cfg: DictConfig):
             outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
             bad = [o for o in outcomes if o.exitcode != 0]
             if bad:
-                first = min(bad, key=lambda o: (o.error is None, o.rank))
-                raise DistributedError(f"rank {first.rank} failed: {first.error or f'exit code {first.exitcode}'}"
-                                       + "".join(f"; rank {o.rank}: {o.error or f'exit code {o.exitcode}'}"
-                                                 for o in bad if o is not first), failed_rank=first.rank)
+                # the rank whose own error stopped the run (not one that stopped because of it)
+                first = min(bad, key=lambda o: (o.exitcode == EXIT_PEER_FAILED, o.error is None, o.rank))
+                text = f"rank {first.rank}: {first.error or f'exit code {first.exitcode}'}"
+                print(f"ppdnmf: error: {' '.join(text.split())}", file=sys.stderr, flush=True)
+                sys.exit(first.exitcode if first.exitcode in (EXIT_USER_ERROR, EXIT_INTERRUPTED) else EXIT_PEER_FAILED)
             summary = outcomes[0].value
     except DistributedError as exc:
         _fail(exc, EXIT_PEER_FAILED)

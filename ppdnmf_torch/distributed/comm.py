@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -52,6 +53,8 @@ class DistributedError(PPDNMFError):
 
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
+    # gloo's messages: drop the source location and the advice that follows the reason
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", text).split(" This is typically")[0]
     return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
 
 
@@ -145,9 +148,34 @@ class Comm:
             r, msg = min(reports.items())
             return DistributedError(f"rank {self.rank}: stopped during {what}: rank {r} failed: {msg}",
                                     failed_rank=r)
+        silent = self.silent_ranks()
+        who = (f"rank {silent[0]} died or hangs (its heartbeat stopped)" if len(silent) == 1 else
+               f"ranks {silent} died or hang (their heartbeats stopped)" if silent else
+               "no rank reported an error: a rank died or lost its connection")
         return DistributedError(
-            f"rank {self.rank}: {what} failed ({_first_line(exc)}); no rank reported an error: a rank died "
-            f"or lost its connection (each operation waits at most {self.timeout:g} s)")
+            f"rank {self.rank}: {what} failed ({_first_line(exc)}); {who} (each operation waits at most "
+            f"{self.timeout:g} s)", failed_rank=silent[0] if silent else None)
+
+    def silent_ranks(self) -> list:
+        """The other ranks whose heartbeat (:class:`Watchdog`) does not move for three intervals
+        and that did not finish; empty without a watchdog."""
+        if self.watchdog is None:
+            return []
+
+        def beats():
+            out = {}
+            for r in range(self.world_size):
+                if r != self.rank and not self.store.check([f"done/{r}"]) and self.store.check([f"hb/{r}"]):
+                    out[r] = self.store.get(f"hb/{r}")
+            return out
+
+        try:
+            before = beats()
+            time.sleep(3 * self.watchdog.interval)
+            after = beats()
+        except Exception:  # noqa: BLE001 - the store is gone with its host
+            return []
+        return sorted(r for r in before if after.get(r) == before[r])
 
     def reports(self, wait: float = 0.0) -> dict:
         """The errors other ranks posted, ``{rank: message}`` (waits up to ``wait`` seconds for one)."""
@@ -266,13 +294,32 @@ class Comm:
         with self.guard(what):
             dist.barrier()
 
-    def close(self) -> None:
-        """Stop the watchdog and leave the process group."""
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        """Report an error to the other ranks (:meth:`report_error`), then :meth:`close`."""
+        if exc is not None:
+            self.report_error(exc)
+        self.close(finished=exc is None)
+        return False
+
+    def close(self, finished: bool = True) -> None:
+        """Stop the watchdog and leave the process group; ``finished``: tell the other ranks'
+        watchdogs that this rank ended normally (its heartbeat stops without harm)."""
         if self.watchdog is not None:
             self.watchdog.stop()
         try:
-            self.store.set(f"done/{self.rank}", "1")
-        except Exception:  # noqa: BLE001
+            if finished:
+                self.store.set(f"done/{self.rank}", "1")
+            self.store.set(f"left/{self.rank}", "1")
+            if self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                # rank 0 hosts the store: the others read this run's reports from it until they leave
+                deadline = time.monotonic() + 15.0
+                while time.monotonic() < deadline and not self.store.check(
+                        [f"left/{r}" for r in range(self.world_size)]):
+                    time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the store's host is gone
             pass
         if dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -318,6 +365,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="ppdnmf-watchdog", daemon=True)
 
     def start(self) -> None:
+        self.comm.store.set(f"hb/{self.comm.rank}", repr(time.time()))  # alive from now on
         self._thread.start()
 
     def stop(self) -> None:

@@ -119,7 +119,8 @@ class RankLedger:
     def bytes_per_edge(self) -> dict:
         merged = {}
         for part in self.comm.all_gather_object(dict(self.led.edges), what="the per-edge byte counts"):
-            merged.update(part)
+            for k, v in part.items():  # an edge's two directions may be counted on two ranks
+                merged[k] = merged.get(k, 0) + v
         return merged
 
 

@@ -37,6 +37,18 @@ class RankOutcome:
     error: str | None = None
 
 
+def _exit_code(exc: BaseException) -> int:
+    """2 for a user error (as ``ppdnmf``), 3 for another rank's failure, 130 after Ctrl-C, else 1."""
+    from ..errors import PPDNMFError
+    from .comm import EXIT_PEER_FAILED, DistributedError
+
+    if isinstance(exc, DistributedError):
+        return EXIT_PEER_FAILED
+    if isinstance(exc, PPDNMFError):
+        return 2
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
 def _child(rank: int, world_size: int, port: int, target, args, kwargs, queue, env: dict) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
@@ -46,8 +58,7 @@ def _child(rank: int, world_size: int, port: int, target, args, kwargs, queue, e
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then a non-zero exit
         text = " ".join(str(exc).split()) or type(exc).__name__
         queue.put((rank, None, f"{type(exc).__name__}: {text}", traceback.format_exc()))
-        code = getattr(exc, "exit_code", None)
-        os._exit(code if isinstance(code, int) else 1)
+        os._exit(_exit_code(exc))
     # plain pickle: tensors travel by value (a shared-memory handle would die with this process)
     queue.put((rank, pickle.dumps(value), None, None))
 
@@ -55,17 +66,24 @@ def _child(rank: int, world_size: int, port: int, target, args, kwargs, queue, e
 def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: float | None = None,
                  grace: float = 30.0, env: dict | None = None) -> list:
     """Run ``target(*args, **kwargs)`` in ``world_size`` fresh processes, ranks ``0 .. P-1`` of
-    one rendezvous at ``127.0.0.1`` (``env://``: the usual variables are set), and wait.
+    one rendezvous at ``127.0.0.1`` (``env://``: the usual variables are set; this process
+    hosts the store, as torchrun's agent does), and wait.
 
     ``target`` must be importable (a module-level function). Returns a :class:`RankOutcome`
     per rank. A rank that fails or dies gives the others ``grace`` seconds to end on their own;
     then, and at ``timeout`` seconds, the rest are terminated (exit code ``-15``).
     """
+    import torch.distributed as dist
+
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    # this process hosts the rendezvous store, as torchrun's agent does: a rank that fails
+    # or dies takes nothing the others still need with it (its error report, the heartbeats)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
+    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), dict(kwargs or {}), queue,
-                                              dict(env or {})), name=f"ppdnmf-rank{r}") for r in range(world_size)]
+                                              env), name=f"ppdnmf-rank{r}") for r in range(world_size)]
     for p in procs:
         p.start()
     start, first_failure = time.monotonic(), None
@@ -86,6 +104,7 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
         time.sleep(0.05)
     for p in procs:
         p.join(10)
+    del store
     while not queue.empty():
         rank, value, error, tb = queue.get()
         results[rank] = (value, error, tb)
@@ -98,10 +117,14 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
 
 
 def export_slurm_env() -> bool:
-    """Inside a SLURM job step of several tasks (``srun``, or submitit's launcher with
-    ``tasks_per_node`` > 1): set ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and
-    ``LOCAL_RANK`` from SLURM's variables through submitit. Returns whether it did."""
-    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in os.environ:
+    """Inside a job of several tasks that SLURM or submitit started (``srun``, or Hydra's
+    submitit launcher with ``tasks_per_node`` > 1, ``submitit_local`` included): set
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` through
+    submitit. Returns whether it did."""
+    tasks = int(os.environ.get("SLURM_NTASKS") or os.environ.get("SUBMITIT_LOCAL_NTASKS") or 1)
+    if "RANK" in os.environ or tasks <= 1:
+        return False
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SLURM_PROCID" not in os.environ:
         return False
     try:
         from submitit.helpers import TorchDistributedEnvironment
