@@ -88,6 +88,8 @@ class Comm:
         self.sent_log: list = []
         self._what = "setup"
         self.watchdog = None
+        if backend == "nccl":
+            torch.cuda.set_device(self.device)  # NCCL's object collectives use the current device
         if not dist.is_initialized():
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size,
                                     timeout=timedelta(seconds=self.timeout))
