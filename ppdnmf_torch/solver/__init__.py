@@ -19,7 +19,7 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM
 """
 from ..problem import COLUMN_CHUNK, Problem
 from .admm import x_step, y_step
-from .bcd import ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
+from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
 from .state import (CONSENSUS_FORMS, IterationInfo, SolverParams, SolverState, init_state, make_sampler,
                     restore_state)
@@ -32,6 +32,7 @@ __all__ = [
     "ConvergenceWarning",
     "NumericalError",
     "RunInterrupted",
+    "AgentReduction",
     "restore_state",
     "make_sampler",
     "CONSENSUS_FORMS",

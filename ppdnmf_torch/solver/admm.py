@@ -82,7 +82,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     dict
         ``iters`` ``(T, N)`` ADMM iterations per agent, ``primal`` and ``dual`` residuals
         ``(T,)``, ``first_bad`` ``(T, N)``: the first ADMM iteration (1-based) at which an
-        agent's ``U_i`` stopped being finite (0: never).
+        agent's ``U_i`` stopped being finite (0: never), ``residuals_sq`` ``(2, T, N)``: the
+        residuals' squares per agent before the sum over agents (a distributed run sums
+        them across ranks).
     """
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
@@ -127,8 +129,10 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = v.X, v.U, v.P, v.Q, v.Q_prev, step1.g
     # the differences in the loop's scratch, free again; dummy agents add exact zeros
-    sq = residuals_sq(v.X, v.U, U_prev, ws.take("rhs", v.U, (v.X, v.U, U_prev))).sum(-1).sqrt()
-    return {"iters": stop.counts, "primal": sq[0], "dual": params.mu * sq[1], "first_bad": first_bad}
+    per_agent = residuals_sq(v.X, v.U, U_prev, ws.take("rhs", v.U, (v.X, v.U, U_prev)))
+    sq = per_agent.sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": params.mu * sq[1], "first_bad": first_bad,
+            "residuals_sq": per_agent}
 
 
 def y_loop(Y, V, R, plan, stop: StopRule | None, active):
@@ -195,5 +199,5 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
         Y, V, R, V_prev = y_loop(Y, V, R, y_plan(XtZ, G_inv, ws, **plan_kw), stop, stop.active)
         state.Y, state.V, state.R = Y, V, R
         sq = residuals_sq(Y, V, V_prev)
-    sq = sq.sum(-1).sqrt()
-    return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
+    per_agent, sq = sq, sq.sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1], "residuals_sq": per_agent}
