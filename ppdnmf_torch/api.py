@@ -12,9 +12,16 @@ from .exchange.base import accepts_keyword
 from .graph import Graph, complete
 from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank, finite_positive
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
+from .penalties import cap_bounds
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "DEFAULTS", "PAPER_SETTINGS"]
+
+#: the paper's start, caps and Y-step (what ``experiment=paper_*`` and the per-agent
+#: reference in tests/ use)
+PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
+#: the library's defaults of the same keywords (docs/RESULTS.md, "Agreement")
+DEFAULTS = dict(PAPER_SETTINGS)
 
 
 @dataclass
@@ -92,26 +99,41 @@ def _history_single(history: dict) -> dict:
 
 
 def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
-             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False):
+             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False,
+             penalty_schedule="paper", init="ones", y_solver="admm"):
     check_rank(rank, L)
     finite_positive("n_max", n_max, minimum=1.0, inclusive=True)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
                           y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                          consensus_form=consensus_form, fuse=bool(fuse))
+                          consensus_form=consensus_form, fuse=bool(fuse), penalty_schedule=penalty_schedule,
+                          init=init, y_solver=y_solver)
     exch = make_exchange(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          **(exchange_options or {}))
     return params, exch
 
 
-def _preflight(exch, blocks, caps, degree):
-    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts."""
+def _init_seed(init_seed, seed) -> int:
+    """The seed of the seeded start: ``init_seed``, or the run's ``seed`` when None."""
+    value = seed if init_seed is None else init_seed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
+    return int(value)
+
+
+def _preflight(exch, blocks, caps, degree, params=None):
+    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
+
+    With ``penalty_schedule="adaptive"`` the caps can grow during the run: the bound
+    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
+    """
     codec = getattr(exch, "codec", None)
     if codec is None:
         return
     zmax = max(float(b.abs().max()) for b in blocks)
     caps = torch.as_tensor(caps, dtype=torch.float64)
     linked = caps[torch.as_tensor(degree) > 0]
-    codec.preflight(value_scale=zmax, g_max=float(caps.max()),
+    highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
+    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
                     max_degree=int(degree.max()) if degree.numel() else 0,
                     g_min=float(linked.min()) if linked.numel() else None)
 
@@ -202,7 +224,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False) -> FitResult:
+        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False,
+        penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
+        y_solver=DEFAULTS["y_solver"]) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -285,9 +309,11 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     params, exch = _prepare(rank, blocks[0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
-    _preflight(exch, blocks, caps, graph.degree)
-    problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+    _preflight(exch, blocks, caps, graph.degree, params)
+    problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
+                            init_seeds=[_init_seed(init_seed, seed)])
     state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device,
                                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                                        resume_from=resume_from)
@@ -363,7 +389,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                exchange="plain", protocol="aggregated", n_max=1e6, key_bits=2048, g_bits=16,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-               align_trials=True, fuse=False) -> TrialsResult:
+               align_trials=True, fuse=False, penalty_schedule=DEFAULTS["penalty_schedule"],
+               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"]) -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -421,11 +448,16 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     params, exch = _prepare(rank, blocks[0][0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     for b, g, c in zip(blocks, graphs, caps):
-        _preflight(exch, b, c, g.degree)
+        _preflight(exch, b, c, g.degree, params)
+    if init_seeds is not None and len(init_seeds) != T:
+        raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
     problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
-                            rank=rank if align_trials else None)
+                            rank=rank if align_trials else None,
+                            init_seeds=[_init_seed(None if init_seeds is None else init_seeds[t], seeds[t])
+                                        for t in range(T)])
     state, history, info, costs = _run(problem, params, exch, callback, single=False, dtype=dtype, device=device)
     N = problem.n_agents
     return TrialsResult(

@@ -40,6 +40,7 @@ __all__ = [
 SCALAR_TAGS = {
     "nmse": "nmse/distributed",
     "consensus": "consensus",
+    "nmse_worst": "nmse/worst_agent_refit",
     "objective": "objective",
     "x_primal": "admm/x_primal",
     "x_dual": "admm/x_dual",
