@@ -14,14 +14,10 @@ from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, ch
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
 from .penalties import cap_bounds
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
+from .solver.state import DEFAULTS, PAPER_SETTINGS
 
 __all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "DEFAULTS", "PAPER_SETTINGS"]
 
-#: the paper's start, caps and Y-step (what ``experiment=paper_*`` and the per-agent
-#: reference in tests/ use)
-PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
-#: the library's defaults of the same keywords (docs/RESULTS.md, "Agreement")
-DEFAULTS = dict(PAPER_SETTINGS)
 
 
 @dataclass
@@ -37,8 +33,11 @@ class FitResult:
     U : Tensor (N, L, K)
         The ADMM copies ``U_i`` of the last X-step.
     history : dict of lists
-        One entry per BCD iteration: ``nmse``, ``consensus``, ``objective``, ``x_primal``,
-        ``x_dual``, ``y_primal``, ``y_dual``, ``time_x``, ``time_y`` (floats) and
+        One entry per BCD iteration: ``nmse``, ``consensus``, ``nmse_worst`` (the NMSE of
+        the whole data under the left factor of the agent farthest from the mean, right
+        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.solver.refit`),
+        ``objective``, ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual`` (for
+        ``y_solver="hals"``: 0 and the last sweep's change), ``time_x``, ``time_y`` (floats) and
         ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
         counts costs, also ``crypto_<counter>`` (the cumulative values of :attr:`costs`'
         numbers after each BCD iteration; a resumed run continues them).
@@ -267,7 +266,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     negative : {"error", "clip", "shift", "allow"}
         What to do with negative entries of ``Z``.
     seed : int
-        Seeds the penalty draws.
+        Seeds the penalty draws (and the seeded start, unless ``init_seed`` is given).
     device : {"auto", "cpu", "cuda"} or torch.device
     dtype : torch.float64 or torch.float32
     callback : callable, optional
@@ -294,7 +293,29 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         (seconds, once per process while the shape stays among the 8 most recently used
         of each whole-iteration graph; past torch's limit of 8 recompilations of one
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
-        Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so).
+        Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so). The HALS
+        Y-step (``y_solver="hals"``) runs eager either way.
+    penalty_schedule : {"adaptive", "paper"}
+        ``"adaptive"`` (default): each agent raises its own cap ``g_i`` (from ``g_max``, by
+        steps of 1.2x per BCD iteration, to at most 32x ``g_max``) while its copy disagrees
+        with its neighbours' (from the ``S_i`` and ``rho_i`` the secure exchange gives it), and
+        its ``mu_i`` to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller; the draws
+        stay random, monotone and bounded (:mod:`ppdnmf_torch.solver.schedule`). The integer
+        exchanges' range is checked against the 32x bound before the run. ``"paper"``: the
+        fixed caps of Sec. III-B.
+    init : {"random", "ones"}
+        The start ``X_0 = U_0``: ``"random"`` (default) draws it from ``init_seed``, the same
+        on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.solver.state.initial_factor`);
+        ``"ones"`` is the paper's all-ones start, a symmetric saddle that only rounding breaks.
+    init_seed : int, optional
+        Seed of ``init="random"``; None (default) uses ``seed``.
+    y_solver : {"admm", "hals"}
+        The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
+        sweeps (:mod:`ppdnmf_torch.solver.hals`).
+
+    The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
+    (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
+    presets use them.
 
     Returns
     -------
@@ -421,6 +442,10 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse
         As in :func:`fit`. There is no ``columns`` (each trial's blocks are given) and no
         checkpointing.
+    penalty_schedule, init, y_solver
+        As in :func:`fit`.
+    init_seeds : list (T) of int, optional
+        Seeds of ``init="random"``, one per trial; None (default) uses ``seeds``.
     callback : callable, optional
         As in :func:`fit`, with ``info.metrics`` as Tensors ``(T,)``.
 

@@ -79,8 +79,20 @@ def fingerprint(problem, params, exchange=None) -> str:
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
         h.update(t.numpy().tobytes())
     h.update(repr(list(problem.seeds)).encode())
-    h.update(repr(sorted(asdict(params).items())).encode())
+    items = asdict(params)
+    # settings added later are hashed only away from the paper's values, so that a checkpoint
+    # of a paper-settings run written before they existed still resumes
+    for key, value in _LATER_SETTINGS.items():
+        if items.get(key) == value:
+            items.pop(key)
+    if items.get("init") == "random":
+        h.update(repr(("init_seeds", list(problem.init_seeds))).encode())
+    h.update(repr(sorted(items.items())).encode())
     return h.hexdigest()
+
+
+#: solver settings added after checkpoint format 2, with the value that reproduces the older runs
+_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:

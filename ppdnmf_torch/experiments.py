@@ -33,7 +33,8 @@ PAPER_EXPERIMENTS = {
                  "noise_var": 3.6e-4, "negative": "allow"},
         "columns": {"lo": 4, "hi": 40},
         "solver": {"rank": 5, "mu": 0.1, "eta": 1.0, "g_max": 0.033, "bcd_iters": 100, "x_iters": 30,
-                   "y_iters": 30},
+                   "y_iters": 30,
+                   "penalty_schedule": "paper", "init": "ones", "y_solver": "admm"},
     },
     "paper_cbcl": {
         "n_agents": 10,
@@ -41,12 +42,14 @@ PAPER_EXPERIMENTS = {
         "data": {"kind": "cbcl", "path": DEFAULT_CBCL_PATH, "negative": "error"},
         "columns": {"lo": 224, "hi": 245},
         "solver": {"rank": 49, "mu": 2.0, "eta": 2.0, "g_max": 0.05, "bcd_iters": 100, "x_iters": 30,
-                   "y_iters": 30},
+                   "y_iters": 30,
+                   "penalty_schedule": "paper", "init": "ones", "y_solver": "admm"},
     },
 }
 
 _FIT_KEYS = {"rank", "mu", "eta", "g_max", "bcd_iters", "x_iters", "y_iters", "tol", "admm_tol", "exchange",
-             "protocol", "n_max", "key_bits", "g_bits", "penalty", "consensus_form", "exchange_options", "fuse"}
+             "protocol", "n_max", "key_bits", "g_bits", "penalty", "consensus_form", "exchange_options", "fuse",
+             "penalty_schedule", "init", "y_solver"}
 
 
 def make_trial(spec: dict, seed: int, Z=None):
@@ -174,7 +177,9 @@ def run_experiment(name: str, trials: int = 1, seed: int = 0, *, centralized: bo
         These keywords of :func:`ppdnmf_torch.fit`: ``rank``, ``mu``, ``eta``, ``g_max``,
         ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``, ``exchange``,
         ``protocol``, ``n_max``, ``key_bits``, ``g_bits``, ``penalty``, ``consensus_form``,
-        ``exchange_options``, ``fuse``; and ``n_agents``, ``avg_degree``, ``graph`` (a graph
+        ``exchange_options``, ``fuse``, ``penalty_schedule``, ``init``, ``y_solver`` (the
+        presets keep the paper's ``"paper"``, ``"ones"``, ``"admm"``; trial ``t``'s seeded start
+        uses its seed ``seed + t``); and ``n_agents``, ``avg_degree``, ``graph`` (a graph
         spec dict, e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others
         (``negative``, checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
 

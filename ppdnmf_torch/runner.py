@@ -122,6 +122,7 @@ def _solver_kwargs(cfg: RunConfig, device, dtype) -> dict:
               seed=cfg.seed, device=device, dtype=dtype)
     if s.admm_tol is not None:
         kw["admm_tol"] = s.admm_tol
+    kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
     return kw
 
 
@@ -485,7 +486,8 @@ def _hparams(cfg: RunConfig) -> dict:
         "graph": cfg.graph.kind, "rank": s.rank, "mu": s.mu, "eta": s.eta,
         "g_max": s.g_max if isinstance(s.g_max, float) else str(s.g_max),
         "bcd_iters": s.bcd_iters, "x_iters": s.x_iters, "y_iters": s.y_iters, "tol": s.tol,
-        "penalty": s.penalty, "consensus_form": s.consensus_form, "exchange": e.kind,
+        "penalty": s.penalty, "consensus_form": s.consensus_form, "penalty_schedule": s.penalty_schedule,
+        "init": s.init, "y_solver": s.y_solver, "exchange": e.kind,
         "protocol": e.protocol, "n_max": e.n_max, "key_bits": e.key_bits, "dtype": cfg.dtype,
         "device": cfg.device,
     }

@@ -50,7 +50,7 @@ GROWTH = 1.2
 #: relative disagreement ``delta_i`` below which an agent's cap stops growing
 TOL = 1e-4
 #: the caps' bound keeps ``rho_i`` at about this fraction of ``mu_i``
-STABILITY = 0.25
+STABILITY = 0.5
 #: ``mu_i`` is kept at least this fraction of ``tr(Y_i Y_i^T) / K``
 KAPPA = 0.25
 

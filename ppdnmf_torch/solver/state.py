@@ -18,7 +18,7 @@ from .._utils import ConfigError, derive_seed
 from ..penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
-__all__ = ["CONSENSUS_FORMS", "INITS", "Y_SOLVERS", "SolverParams", "SolverState", "IterationInfo", "init_state",
+__all__ = ["CONSENSUS_FORMS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState", "IterationInfo", "init_state",
            "initial_factor", "make_sampler", "restore_state"]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
@@ -26,6 +26,12 @@ CONSENSUS_FORMS = ("derived", "paper_literal")
 INITS = ("ones", "random")
 #: solvers of the Y-step's NNLS: the paper's ADMM (eqs. 12-14) or HALS (:mod:`.hals`)
 Y_SOLVERS = ("admm", "hals")
+#: the paper's caps, start and Y-step (``experiment=paper_*``, the per-agent reference in
+#: tests/, and :class:`SolverParams`' defaults)
+PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
+#: the library's defaults of the same keywords (``fit``, ``fit_trials``, conf/solver/default.yaml):
+#: the combination that met the agreement target on every data set tried (docs/RESULTS.md)
+DEFAULTS = {"penalty_schedule": "adaptive", "init": "random", "y_solver": "admm"}
 
 
 @dataclass(frozen=True)
