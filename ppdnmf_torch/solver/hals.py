@@ -37,27 +37,26 @@ def scaled_system(G: torch.Tensor, C: torch.Tensor):
     return G / d, C / d
 
 
-def hals_sweep(Y: torch.Tensor, Gs: torch.Tensor, Cs: torch.Tensor, width: int) -> torch.Tensor:
-    """One HALS sweep over the ``K`` rows of ``Y (A, K, M)``, in place, on its first ``width`` columns.
+def hals_sweep(Y: torch.Tensor, Gs: torch.Tensor, Cs: torch.Tensor) -> torch.Tensor:
+    """One HALS sweep over the ``K`` rows of ``Y (A, K, W)``, in place.
 
     Parameters
     ----------
-    Y : Tensor (A, K, M)
-        Nonnegative, contiguous; ``A`` agents (trials and agents flattened). Updated in place.
-    Gs, Cs : Tensor (A, K, K), (A, K, M)
+    Y : Tensor (A, K, W)
+        Nonnegative and contiguous (every row update multiplies the whole of it: a strided
+        view would be copied ``K`` times per sweep); ``A`` agents (trials and agents
+        flattened), ``W`` columns. Updated in place.
+    Gs, Cs : Tensor (A, K, K), (A, K, W)
         :func:`scaled_system` of ``G = X^T X`` and ``C = X^T Z``.
-    width : int
-        Real columns: the widest agent's ``M_i`` (columns beyond it are padding, left as they are).
 
     Returns
     -------
     Y
     """
-    Yw, Cw = Y[..., :width], Cs[..., :width]
     for k in range(Y.shape[-2]):
-        row = Yw[:, k:k + 1, :]
+        row = Y[:, k:k + 1, :]
         # row + (C_k - G_k Y) / G_kk, the row's exact minimizer before the projection
-        row.add_(torch.baddbmm(Cw[:, k:k + 1, :], Gs[:, k:k + 1, :], Yw, alpha=-1.0)).clamp_(min=0)
+        row.add_(torch.baddbmm(Cs[:, k:k + 1, :], Gs[:, k:k + 1, :], Y, alpha=-1.0)).clamp_(min=0)
     return Y
 
 
@@ -80,21 +79,30 @@ def hals_loop(Y: torch.Tensor, G: torch.Tensor, C: torch.Tensor, n_sweeps: int, 
         The last iterate and the one before it (for the residual and the stopping rule).
     """
     T, N, K, M = Y.shape
-    Gs, Cs = (t.reshape(T * N, *t.shape[2:]) for t in scaled_system(G, C))
-    Y = Y.clone(memory_format=torch.contiguous_format)
-    Y_prev = Y
+    Gs, Cs = scaled_system(G, C[..., :width])
+    Gs, Cs = Gs.reshape(T * N, K, K), Cs.reshape(T * N, K, width)
+    # the sweeps run on the real columns, copied once; the padding stays zero
+    Yw = Y[..., :width].contiguous() if width < M else Y.clone(memory_format=torch.contiguous_format)
+    Yw_prev = Yw
     active = None if stop is None else stop.active
     for k in range(n_sweeps):
         if stop is not None or k == n_sweeps - 1:  # a copy only where it is read
-            Y_prev = Y.clone()
-        hals_sweep(Y.view(T * N, K, M), Gs, Cs, width)
+            Yw_prev = Yw.clone()
+        hals_sweep(Yw.view(T * N, K, width), Gs, Cs)
         if active is not None:  # stopped agents keep their last Y
-            Y = where_active(active, Y, Y_prev).contiguous()
+            Yw = where_active(active, Yw, Yw_prev).contiguous()
         if stop is not None:
-            if stop.after(k, Y, Y_prev):
+            if stop.after(k, Yw, Yw_prev):
                 break
             active = stop.active
-    return Y, Y_prev
+    return _padded(Yw, M), _padded(Yw_prev, M)
+
+
+def _padded(Yw: torch.Tensor, M: int) -> torch.Tensor:
+    """``Yw (..., W)`` with zero columns appended up to ``M``."""
+    if Yw.shape[-1] == M:
+        return Yw
+    return torch.nn.functional.pad(Yw, (0, M - Yw.shape[-1]))
 
 
 def gram_and_rhs(X: torch.Tensor, Z: torch.Tensor, out=None):
