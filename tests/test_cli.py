@@ -89,7 +89,7 @@ def test_cli_smoke_run(tmp_path):
     acc = _scalars(run_dir / "tb")
     tags = set(acc.Tags()["scalars"])
     for tag in ("nmse/distributed", "nmse/centralized", "consensus", "objective", "admm/x_primal", "admm/x_dual",
-                "admm/y_primal", "admm/y_dual", "time/x_step", "time/y_step"):
+                "admm/y_primal", "admm/y_dual", "time/x_step", "time/y_step", "nmse/worst_agent_refit"):
         assert tag in tags, tag
         assert [e.step for e in acc.Scalars(tag)] == [1, 2, 3], tag
     got = [e.value for e in acc.Scalars("nmse/distributed")]
