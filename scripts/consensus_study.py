@@ -6,9 +6,10 @@ settings (``penalty_schedule="paper"``, ``init="ones"``, ``y_solver="admm"``) an
 library's defaults (:data:`ppdnmf_torch.solver.state.DEFAULTS`), each against its own
 centralized baseline (the same settings, one agent). Reported per row: the final NMSE
 (mean over trials), the centralized run's NMSE on the same blocks, the gap between the
-two means, the range of the per-trial gaps, the whole data's relative error of both, the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||`` (mean and
-worst trial), the worst-agent NMSE (``nmse_worst``: every block scored with the farthest
-agent's ``X_w``, right factors refit) and the wall time per BCD iteration of the batch.
+two means, the range of the per-trial gaps, the whole data's relative error of both,
+the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||`` (mean and worst trial), the
+worst-agent NMSE (``nmse_worst``: every block scored with the farthest agent's ``X_w``,
+right factors refit) and the wall time per BCD iteration of the batch.
 
 ``--timing`` adds single-trial seconds per BCD iteration, paper settings and defaults
 alternated (medians), and the Y-step's solvers compared per iteration and per second
@@ -265,12 +266,14 @@ def main(argv=None) -> int:
     if args.timing:
         out["timing"] = timing(args.cbcl, bcd_iters=5 if args.quick else 10, rounds=1 if args.quick else 3)
         out["y_step"] = y_step_study(args.cbcl, iters=(1, 5) if args.quick else (1, 2, 5, 10, 30))
-        table += "\n\nSeconds per BCD iteration, one trial (medians):\n\n| data | paper | defaults | defaults, HALS |\n|---|---|---|---|\n"
+        table += ("\n\nSeconds per BCD iteration, one trial (medians):\n\n"
+                  "| data | paper | defaults | defaults, HALS |\n|---|---|---|---|\n")
         table += "\n".join(f"| {k} | {v['paper']:.4f} | {v['defaults']:.4f} | {v['defaults_hals']:.4f} |"
                            for k, v in out["timing"].items())
         if out["y_step"]:
-            table += ("\n\nY-step on CBCL (one trial, 10 agents, after 20 BCD iterations): objective above the "
-                      "optimum, seconds\n\n| iterations | ADMM excess | ADMM s | HALS excess | HALS s |\n|---|---|---|---|---|\n")
+            table += ("\n\nY-step on CBCL (one trial, 10 agents, BCD iteration 21): objective above the "
+                      "optimum, seconds\n\n| iterations | ADMM excess | ADMM s | HALS excess | HALS s |\n"
+                      "|---|---|---|---|---|\n")
             ys = out["y_step"]
             table += "\n".join(f"| {k} | {ys['admm'][k]['excess']:.2e} | {ys['admm'][k]['seconds']:.4f} | "
                                f"{ys['hals'][k]['excess']:.2e} | {ys['hals'][k]['seconds']:.4f} |" for k in ys["admm"])

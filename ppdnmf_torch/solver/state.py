@@ -18,8 +18,8 @@ from .._utils import ConfigError, derive_seed
 from ..penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
-__all__ = ["CONSENSUS_FORMS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState", "IterationInfo", "init_state",
-           "initial_factor", "make_sampler", "restore_state"]
+__all__ = ["CONSENSUS_FORMS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
+           "IterationInfo", "init_state", "initial_factor", "make_sampler", "restore_state"]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
 #: starts of Algorithm 1: the paper's all-ones ``X_0``, or one drawn from a seed all agents share
