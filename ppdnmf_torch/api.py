@@ -18,10 +18,12 @@ from .checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint
     fingerprint, load_checkpoint
 from .diagnostics import degenerate_reasons, likely_cause, x_sketch
 from .errors import DegenerateResultWarning
+from .penalties import cap_bounds
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
+from .solver.state import DEFAULTS, PAPER_SETTINGS
 from .threads import with_threads
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "DEFAULTS", "PAPER_SETTINGS"]
 
 
 @dataclass
@@ -37,8 +39,11 @@ class FitResult:
     U : Tensor (N, L, K)
         The ADMM copies ``U_i`` of the last X-step.
     history : dict of lists
-        One entry per BCD iteration: ``nmse``, ``consensus``, ``objective``, ``x_primal``,
-        ``x_dual``, ``y_primal``, ``y_dual``, ``time_x``, ``time_y`` (floats) and
+        One entry per BCD iteration: ``nmse``, ``consensus``, ``nmse_worst`` (the NMSE of
+        the whole data under the left factor of the agent farthest from the mean, right
+        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.solver.refit`),
+        ``objective``, ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual`` (for
+        ``y_solver="hals"``: 0 and the last sweep's change), ``time_x``, ``time_y`` (floats) and
         ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
         counts costs, also ``crypto_<counter>`` (the cumulative values of :attr:`costs`'
         numbers after each BCD iteration; a resumed run continues them).
@@ -99,7 +104,8 @@ def _history_single(history: dict) -> dict:
 
 
 def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
-             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False):
+             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False,
+             penalty_schedule="paper", init="ones", y_solver="admm"):
     """The solver's parameters and the run's exchange (made from its spec here; a given
     :class:`~ppdnmf_torch.exchange.Exchange` is used as it is, its settings checked against
     the flat keywords: nothing is dropped)."""
@@ -111,21 +117,35 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
             finite_positive(name, value, inclusive=True)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
                           y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                          consensus_form=consensus_form, fuse=bool(fuse))
+                          consensus_form=consensus_form, fuse=bool(fuse), penalty_schedule=penalty_schedule,
+                          init=init, y_solver=y_solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
 
 
-def _preflight(exch, blocks, caps, degree):
-    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts."""
+def _init_seed(init_seed, seed) -> int:
+    """The seed of the seeded start: ``init_seed``, or the run's ``seed`` when None."""
+    value = seed if init_seed is None else init_seed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
+    return int(value)
+
+
+def _preflight(exch, blocks, caps, degree, params=None):
+    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
+
+    With ``penalty_schedule="adaptive"`` the caps can grow during the run: the bound
+    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
+    """
     codec = getattr(exch, "codec", None)
     if codec is None:
         return
     zmax = max(float(b.abs().max()) for b in blocks)
     caps = torch.as_tensor(caps, dtype=torch.float64)
     linked = caps[torch.as_tensor(degree) > 0]
-    codec.preflight(value_scale=zmax, g_max=float(caps.max()),
+    highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
+    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
                     max_degree=int(degree.max()) if degree.numel() else 0,
                     g_min=float(linked.min()) if linked.numel() else None)
 
@@ -250,7 +270,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None) -> FitResult:
+        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None,
+        penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
+        y_solver=DEFAULTS["y_solver"]) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -294,7 +316,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     negative : {"error", "clip", "shift", "allow"}
         What to do with negative entries of ``Z``.
     seed : int
-        Seeds the penalty draws.
+        Seeds the penalty draws (and the seeded start, unless ``init_seed`` is given).
     device : {"auto", "cpu", "cuda"} or torch.device
     dtype : torch.float64 or torch.float32
     callback : callable, optional
@@ -327,6 +349,27 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         CPU threads of torch's intra-op pool for this call (restored afterwards); None: the
         package's default (:func:`~ppdnmf_torch.threads.default_threads`: one thread, or
         torch's current count when ``OMP_NUM_THREADS`` is set).
+    penalty_schedule : {"adaptive", "paper"}
+        ``"adaptive"`` (default): each agent raises its own cap ``g_i`` (from ``g_max``, by
+        steps of 1.2x per BCD iteration, to at most 32x ``g_max``) while its copy disagrees
+        with its neighbours' (from the ``S_i`` and ``rho_i`` the secure exchange gives it), and
+        its ``mu_i`` to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller; the draws
+        stay random, monotone and bounded (:mod:`ppdnmf_torch.solver.schedule`). The integer
+        exchanges' range is checked against the 32x bound before the run. ``"paper"``: the
+        fixed caps of Sec. III-B.
+    init : {"random", "ones"}
+        The start ``X_0 = U_0``: ``"random"`` (default) draws it from ``init_seed``, the same
+        on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.solver.state.initial_factor`);
+        ``"ones"`` is the paper's all-ones start, a symmetric saddle that only rounding breaks.
+    init_seed : int, optional
+        Seed of ``init="random"``; None (default) uses ``seed``.
+    y_solver : {"admm", "hals"}
+        The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
+        sweeps (:mod:`ppdnmf_torch.solver.hals`).
+
+    The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
+    (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
+    presets use them.
 
     Returns
     -------
@@ -350,10 +393,12 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     params, exch = _prepare(rank, blocks[0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     try:
-        _preflight(exch, blocks, caps, graph.degree)
-        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+        _preflight(exch, blocks, caps, graph.degree, params)
+        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
+                                init_seeds=[_init_seed(init_seed, seed)])
     except BaseException:
         exch.close()  # fit owns the exchange, also when it fails before the run
         raise
@@ -433,7 +478,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-               align_trials=True, fuse=False, threads=None) -> TrialsResult:
+               align_trials=True, fuse=False, threads=None, penalty_schedule=DEFAULTS["penalty_schedule"],
+               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"]) -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -464,6 +510,10 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, threads
         As in :func:`fit`. There is no ``columns`` (each trial's blocks are given) and no
         checkpointing.
+    penalty_schedule, init, y_solver
+        As in :func:`fit`.
+    init_seeds : list (T) of int, optional
+        Seeds of ``init="random"``, one per trial; None (default) uses ``seeds``.
     callback : callable, optional
         As in :func:`fit`, with ``info.metrics`` as Tensors ``(T,)``.
 
@@ -492,12 +542,17 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     params, exch = _prepare(rank, blocks[0][0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
+                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     try:
         for b, g, c in zip(blocks, graphs, caps):
-            _preflight(exch, b, c, g.degree)
+            _preflight(exch, b, c, g.degree, params)
+        if init_seeds is not None and len(init_seeds) != T:
+            raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
         problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
-                                rank=rank if align_trials else None)
+                                rank=rank if align_trials else None,
+                                init_seeds=[_init_seed(None if init_seeds is None else init_seeds[t], seeds[t])
+                                            for t in range(T)])
     except BaseException:
         exch.close()  # fit_trials owns the exchange, also when it fails before the run
         raise

@@ -126,13 +126,17 @@ def _content_hashes(payload: dict) -> dict:
     }
 
 
-def _expected_state(problem, rank: int) -> dict:
-    """``{name: (shape, dtype)}`` of the solver state of ``problem`` at rank ``rank``."""
+def _expected_state(problem, params) -> dict:
+    """``{name: (shape, dtype)}`` of the solver state of ``problem`` under ``params``
+    (the adaptive penalty schedule adds each agent's caps and ``mu_i``)."""
     T, N, L, M = problem.Z.shape
-    dt = problem.Z.dtype
+    dt, rank = problem.Z.dtype, params.rank
     xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
-    return {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
-            "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
+    out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
+           "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
+    if getattr(params, "penalty_schedule", "paper") == "adaptive":
+        out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
+    return out
 
 
 def check_payload(payload: dict, problem, params) -> None:
@@ -164,7 +168,7 @@ def check_payload(payload: dict, problem, params) -> None:
     state = payload["state"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{where}: its state is not a set of tensors")
-    expected = _expected_state(problem, params.rank)
+    expected = _expected_state(problem, params)
     names = set(state) - {"frozen"}
     if names != set(expected):
         missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
@@ -222,8 +226,20 @@ def fingerprint(problem, params, exchange=None) -> str:
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
         h.update(t.numpy().tobytes())
     h.update(repr(list(problem.seeds)).encode())
-    h.update(repr(sorted((k, v) for k, v in asdict(params).items() if k not in _RESUMABLE_PARAMS)).encode())
+    items = {k: v for k, v in asdict(params).items() if k not in _RESUMABLE_PARAMS}
+    # settings added later are hashed only away from the paper's values, so that a checkpoint
+    # of a paper-settings run written before they existed still resumes
+    for key, value in _LATER_SETTINGS.items():
+        if items.get(key) == value:
+            items.pop(key)
+    if items.get("init") == "random":
+        h.update(repr(("init_seeds", list(problem.init_seeds))).encode())
+    h.update(repr(sorted(items.items())).encode())
     return h.hexdigest()
+
+
+#: solver settings added after checkpoint format 2, with the value that reproduces the older runs
+_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:

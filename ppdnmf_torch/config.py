@@ -24,6 +24,8 @@ from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQ
 from .penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES, check_rank
 from .solver import CONSENSUS_FORMS
+from .penalties import PENALTY_SCHEDULES
+from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
 
 __all__ = [
     "RunConfig",
@@ -145,6 +147,14 @@ class SolverConfig:
     consensus_form: str = _spec("derived", choices=CONSENSUS_FORMS)
     # compile the ADMM iterations with TorchInductor (faster for long runs; see fit)
     fuse: bool = False
+    # the caps g_i: paper (fixed) | adaptive (each agent's consensus-seeking rule; see fit)
+    penalty_schedule: str = _spec(_FIT_DEFAULTS["penalty_schedule"], choices=PENALTY_SCHEDULES)
+    # the start X_0: ones (the paper) | random (drawn from a seed every agent shares)
+    init: str = _spec(_FIT_DEFAULTS["init"], choices=INITS)
+    # seed of init=random (null: the run's seed)
+    init_seed: int | None = _spec(None, ge=0)
+    # the Y-step: admm (eqs. 12-14) | hals (y_iters HALS sweeps)
+    y_solver: str = _spec(_FIT_DEFAULTS["y_solver"], choices=Y_SOLVERS)
 
 
 #: exchange settings that only the Python API takes (pre-made keys, test hooks, transcripts)
@@ -202,9 +212,15 @@ def _paper_synthetic_data() -> DataConfig:
     return DataConfig(kind="synthetic", negative="allow", split=SplitConfig(lo=4, hi=40), **SYNTHETIC_DEFAULTS)
 
 
+def _paper_solver() -> SolverConfig:
+    """The solver of the paper's experiments: the library's defaults but the paper's caps, start and Y-step."""
+    return SolverConfig(**_PAPER_SETTINGS)
+
+
 @dataclass
 class RunConfig:
-    """One run of the app: the paper's synthetic experiment by default."""
+    """One run of the app: the paper's synthetic experiment by default (as ``ppdnmf`` with no
+    arguments, which composes ``experiment=paper_synthetic``)."""
 
     name: str = "custom"
     seed: int = _spec(0, ge=0)
@@ -227,7 +243,7 @@ class RunConfig:
     resume: str | None = None
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
-    solver: SolverConfig = field(default_factory=SolverConfig)
+    solver: SolverConfig = field(default_factory=_paper_solver)
     exchange: ExchangeSpec = field(default_factory=PlainSpec)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .exchange import exchange_spec
 from .graph import complete
 from .inputs import build_graph, load_data, make_split
+from .solver.state import PAPER_SETTINGS
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "CBCL_ENV", "default_cbcl_path"]
 
@@ -46,13 +47,15 @@ PAPER_EXPERIMENTS = {
     "paper_synthetic": RunConfig(
         name="paper_synthetic", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
         data=DataConfig(kind="synthetic", negative="allow", split=SplitConfig(lo=4, hi=40), **SYNTHETIC_DEFAULTS),
-        solver=SolverConfig(rank=5, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100, x_iters=30, y_iters=30),
+        solver=SolverConfig(rank=5, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100, x_iters=30, y_iters=30,
+                            **PAPER_SETTINGS),
     ),
     "paper_cbcl": RunConfig(
         name="paper_cbcl", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
         data=DataConfig(kind="cbcl", path=None, negative="error", image_shape=[19, 19],
                         split=SplitConfig(lo=224, hi=245)),
-        solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=100, x_iters=30, y_iters=30),
+        solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=100, x_iters=30, y_iters=30,
+                            **PAPER_SETTINGS),
     ),
 }
 
@@ -197,11 +200,13 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     **overrides
         The solver keywords of :func:`ppdnmf_torch.fit` (``rank``, ``mu``, ``eta``,
         ``g_max``, ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``,
-        ``penalty``, ``consensus_form``, ``fuse``, ...), its exchange keywords
-        (``exchange``, ``protocol``, ``n_max``, ``key_bits``, ``g_bits``,
-        ``exchange_options``); and ``n_agents``, ``avg_degree``, ``graph`` (a graph section,
-        e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others (``negative``,
-        checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
+        ``penalty``, ``consensus_form``, ``fuse``, ``penalty_schedule``, ``init``,
+        ``init_seed``, ``y_solver``, ...; the presets keep the paper's ``"paper"``, ``"ones"``,
+        ``"admm"``), its exchange keywords (``exchange``, ``protocol``, ``n_max``,
+        ``key_bits``, ``g_bits``, ``exchange_options``); and ``n_agents``, ``avg_degree``,
+        ``graph`` (a graph section, e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``,
+        ``data_path``. Others (``negative``, checkpoints) raise
+        :class:`~ppdnmf_torch.ConfigError`.
 
     Returns
     -------

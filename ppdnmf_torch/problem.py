@@ -49,6 +49,8 @@ class Problem:
     n_agents : int, optional
         The real agents: ``Z.shape[1]`` may hold isolated dummy agents after them
         (alignment padding of batched trials); they are left out of every metric.
+    init_seeds : list of int, optional
+        One seed per trial for the seeded start (``init="random"``); None: ``seeds``.
     """
 
     Z: torch.Tensor
@@ -57,10 +59,13 @@ class Problem:
     caps: torch.Tensor
     seeds: list
     n_agents: int | None = None
+    init_seeds: list | None = None
 
     def __post_init__(self):
         if self.n_agents is None:
             self.n_agents = self.Z.shape[1]
+        if self.init_seeds is None:
+            self.init_seeds = list(self.seeds)
 
     @property
     def shape(self):
@@ -265,7 +270,7 @@ def padded_width(m: int) -> int:
     return -(-int(m) // COLUMN_CHUNK) * COLUMN_CHUNK
 
 
-def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None) -> Problem:
+def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None, init_seeds=None) -> Problem:
     """Stack ``T`` trials into one padded :class:`Problem`.
 
     Parameters
@@ -280,6 +285,8 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
         Where ``Z``, the counts, the caps and the topology live.
     rank : int, optional
         ``K``; with ``T > 1`` it sets the agent padding below.
+    init_seeds : list (T) of int, optional
+        Seeds of the seeded start (``init="random"``); None: ``seeds``.
 
     Notes
     -----
@@ -311,7 +318,8 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     caps_p = torch.ones((T, Np), dtype=torch.float64)
     caps_p[:, :N] = caps
     return Problem(Z=Z.to(device), counts=counts.to(device), topology=topo,
-                   caps=caps_p.to(device=device), seeds=[int(s) for s in seeds], n_agents=N)
+                   caps=caps_p.to(device=device), seeds=[int(s) for s in seeds], n_agents=N,
+                   init_seeds=None if init_seeds is None else [int(s) for s in init_seeds])
 
 
 def check_rank(rank, L: int) -> int:

@@ -83,6 +83,7 @@ def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
               seed=cfg.seed, device=inputs.device, dtype=inputs.dtype, threads=cfg.threads)
     if s.admm_tol is not None:
         kw["admm_tol"] = s.admm_tol
+    kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
     return kw
 
 
@@ -176,7 +177,8 @@ def _hparams(cfg: RunConfig, device) -> dict:
         "n_agents": cfg.n_agents, "data": cfg.data.kind, "graph": cfg.graph.kind, "rank": s.rank, "mu": s.mu,
         "eta": s.eta, "g_max": s.g_max if isinstance(s.g_max, float) else str(s.g_max),
         "bcd_iters": s.bcd_iters, "x_iters": s.x_iters, "y_iters": s.y_iters, "tol": s.tol,
-        "penalty": s.penalty, "consensus_form": s.consensus_form, "exchange": e.kind,
+        "penalty": s.penalty, "consensus_form": s.consensus_form, "penalty_schedule": s.penalty_schedule,
+        "init": s.init, "y_solver": s.y_solver, "exchange": e.kind,
         "protocol": getattr(e, "protocol", None), "n_max": getattr(e, "n_max", None),
         "key_bits": getattr(e, "key_bits", None), "g_bits": getattr(e, "g_bits", None), "dtype": cfg.dtype,
         "device": str(device), "threads": torch.get_num_threads(), "fuse": s.fuse,

@@ -56,6 +56,7 @@ __all__ = [
 #: per-BCD-iteration history keys of :class:`~ppdnmf_torch.api.FitResult` and their tags
 SCALAR_TAGS = {
     "nmse": "1_nmse/distributed",
+    "nmse_worst": "1_nmse/worst_agent_refit",
     "consensus": "2_consensus/error",
     "objective": "3_objective/distributed",
     "x_primal": "admm/x_primal",

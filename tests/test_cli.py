@@ -135,7 +135,7 @@ def test_cli_tensorboard_is_one_run_with_the_headline_first(smoke):
     tags = set(acc.Tags()["scalars"])
     for tag in ("1_nmse/distributed", "1_nmse/centralized", "2_consensus/error", "2_consensus/log10",
                 "3_objective/distributed", "admm/x_primal", "admm/x_dual", "admm/y_primal", "admm/y_dual",
-                "time/x_step", "time/y_step"):
+                "time/x_step", "time/y_step", "1_nmse/worst_agent_refit"):
         assert tag in tags, tag
         assert [e.step for e in acc.Scalars(tag)] == [1, 2, 3], tag
     rows = _read_csv(run_dir / "history.csv")

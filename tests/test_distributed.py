@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch.distributed import (Comm, DistributedError, RankLayout, alignment_period, fit_rank, free_port,
+from ppdnmf_torch.distributed import (Comm, RankLayout, alignment_period, fit_rank, free_port,
                                       launch_local, partition_agents)
 from ppdnmf_torch.distributed.costs import halo_bytes
 from ppdnmf_torch.errors import ConfigError
@@ -87,7 +87,7 @@ def _spawn(P, case, timeout=240):
 
 def _reference(case):
     Z, G, counts = _data(**case["data"])
-    return pp.fit(Z, G, case["data"].get("K", 3), columns=counts, device="cpu", **_fit_kwargs(case))
+    return pp.fit(Z, G, case["data"].get("K", 3), columns=counts, device="cpu", **dict(pp.PAPER_SETTINGS, **_fit_kwargs(case)))
 
 
 def _assert_same(out, ref):

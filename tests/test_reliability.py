@@ -274,8 +274,9 @@ def _fit_warnings(Z, **kw):
 
 
 def test_huge_data_is_warned_up_front_and_its_collapse_flagged():
-    # fit(torch.ones(6, 16) * 1e12, ring4, 2): X == 0, NMSE 1, exit 0 before
-    res, caught = _fit_warnings(torch.ones(6, 16) * 1e12)
+    # fit(torch.ones(6, 16) * 1e12, ring4, 2) with the paper's fixed penalties: X == 0, NMSE 1,
+    # exit 0 before
+    res, caught = _fit_warnings(torch.ones(6, 16) * 1e12, **pp.PAPER_SETTINGS)
     cats = [w.category for w in caught]
     assert DataScaleWarning in cats and DegenerateResultWarning in cats
     assert cats.index(DataScaleWarning) < cats.index(DegenerateResultWarning)  # up front
@@ -290,7 +291,7 @@ def test_huge_data_is_warned_up_front_and_its_collapse_flagged():
 ])
 def test_penalties_far_above_the_data_are_flagged(kw, why, cause):
     Z = pp.data.synthetic(L=12, M=40, K=2, seed=0).Z.clamp(min=0)
-    _, caught = _fit_warnings(Z, **kw)
+    _, caught = _fit_warnings(Z, **kw, **pp.PAPER_SETTINGS)
     msgs = [str(w.message) for w in caught if w.category is DegenerateResultWarning]
     assert len(msgs) == 1 and why in msgs[0] and cause in msgs[0], msgs
 
@@ -301,10 +302,20 @@ def test_a_good_run_is_not_flagged():
     assert not [w for w in caught if w.category in (DegenerateResultWarning, DataScaleWarning)]
 
 
+def test_the_adaptive_schedule_follows_the_data_scale():
+    # the library's defaults raise each mu_i to the data's scale: the 1e12 data that
+    # collapses under the paper's fixed penalties (above) is factorized
+    res, caught = _fit_warnings(torch.ones(6, 16) * 1e12, bcd_iters=10)
+    cats = [w.category for w in caught]
+    assert DataScaleWarning in cats and DegenerateResultWarning not in cats
+    assert res.nmse < 0.1 and bool((res.X > 0).any())
+
+
 def test_data_normalize_rescales_and_the_summary_says_so(tmp_path):
     Z = small_problem(counts=(5, 5, 5, 5))
     np.save(tmp_path / "z.npy", (torch.cat(Z, dim=1) * 1e12).numpy())
-    d = _cfg(data={"kind": "npy", "path": str(tmp_path / "z.npy"), "negative": "error"})
+    d = _cfg(data={"kind": "npy", "path": str(tmp_path / "z.npy"), "negative": "error"},
+             solver={"rank": 2, "bcd_iters": 6, "x_iters": 2, "y_iters": 2, **pp.PAPER_SETTINGS})
     for k in ("L", "M", "K"):
         d["data"].pop(k)
     with warnings.catch_warnings(record=True) as caught:

@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 from .._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _preflight
+from ..api import FitResult, _history_single, _init_seed, _preflight
 from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ..exchange import exchange_spec
 from ..exchange.base import Exchange
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, init_state, restore_state, run_bcd
+from ..threads import with_threads
 from .comm import Comm, DistributedError
 from .costs import halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
@@ -77,7 +78,14 @@ def global_digest(blocks, graph, caps, seed, params, spec) -> str:
     return h.hexdigest()
 
 
-def _check_supported(tol, admm_tol, spec) -> None:
+def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
+    if penalty_schedule != "paper":
+        raise ConfigError(
+            f"penalty_schedule: a distributed run takes the paper's fixed caps (penalty_schedule=paper) in this "
+            f"version, got {penalty_schedule!r}: the adaptive caps of an agent's neighbours on other ranks would "
+            "have to cross ranks every BCD iteration; run it in one process")
+    if y_solver != "admm":
+        raise ConfigError(f"y_solver: a distributed run takes y_solver=admm in this version, got {y_solver!r}")
     if tol != 0 or (admm_tol is not None and admm_tol != 0):
         raise ConfigError(
             "tol: a distributed run takes fixed iteration counts (tol=0, admm_tol=0 or None) in this version: the "
@@ -144,11 +152,13 @@ def _rank_fingerprint(problem, params, exch, part: Partition, rank: int) -> str:
     return h.hexdigest()
 
 
+@with_threads
 def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100,
              x_iters=30, y_iters=30, tol=0.0, admm_tol=None, exchange="plain", protocol=None, n_max=None,
              key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error", seed=0,
              device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
-             checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None) -> RankResult:
+             checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
+             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
     same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
 
@@ -176,6 +186,13 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     partition : {"rcm", "block"} or Partition
     assignment : sequence of N ints, optional
         The rank of every agent (overrides ``partition``).
+    threads : int, optional
+        As :func:`~ppdnmf_torch.fit`.
+    penalty_schedule, init, init_seed, y_solver
+        As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
+        (:data:`~ppdnmf_torch.PAPER_SETTINGS`): this version runs ``penalty_schedule="paper"``
+        and ``y_solver="admm"`` only (others raise :class:`~ppdnmf_torch.ConfigError`);
+        both starts (``init="ones"`` or ``"random"``) give the single-process bits.
 
     Returns
     -------
@@ -190,10 +207,11 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     L = blocks[0].shape[0]
     check_rank(rank, L)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters, y_iters=y_iters,
-                          tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form, fuse=bool(fuse))
+                          tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form, fuse=bool(fuse),
+                          penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
-    _check_supported(tol, admm_tol, spec)
+    _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver)
     part = _resolve_partition(comm, graph, partition, assignment)
     _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -203,6 +221,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                            dtype=dtype, device=device)
+    problem.init_seeds = [_init_seed(init_seed, seed)]
     counts = [b.shape[1] for b in blocks]
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
     caps_e = caps[graph.src[lay.edge_ids]].to(device=device, dtype=torch.float64)
@@ -229,7 +248,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     if payload is not None:
         exch.load_cost_state(payload.get("exchange_costs", {}))
     if state is None:
-        state = init_state(problem, rank)
+        state = init_state(problem, rank, init=params.init)
         # the penalty draws of the rank's edges (the problem's topology has its inner edges only)
         state.g = torch.zeros(lay.edge_ids.numel(), dtype=torch.float64, device=device)
     bcd_start = state.bcd_done

@@ -17,6 +17,7 @@ from .. import metrics
 from ..errors import DataError
 from ..solver import AgentReduction
 from ..solver.bcd import nonfinite_agents, raise_nonfinite
+from ..solver.refit import farthest_agent, refit_errors
 from .comm import Comm
 from .layout import RankLayout
 
@@ -86,24 +87,32 @@ class RankReduction(AgentReduction):
         return z
 
     def _mean(self, X, bcd_iter: int):
-        """``Xbar (T, 1, L, K)``: rank 0's mean of every agent's ``X_i``, shared."""
+        """``Xbar (T, 1, L, K)`` and ``X_w (T, L, K)``: rank 0's mean of every agent's ``X_i`` and
+        the farthest agent's ``X_i`` (the worst-agent metric's factor), shared."""
         what = f"the consensus metric of BCD iteration {bcd_iter}"
         Xg = gather_agents(self.comm, self.layout, X, self.counts, self._agents.__getitem__, what=what,
                            category="metrics")
-        xbar = Xg.mean(dim=-3, keepdim=True) if Xg is not None else torch.empty(
-            (X.shape[0], 1) + tuple(X.shape[2:]), dtype=X.dtype, device=X.device)
-        return self.comm.broadcast(xbar, 0, category="metrics", what=what)
+        T = X.shape[0]
+        if Xg is not None:
+            both = torch.cat([Xg.mean(dim=-3, keepdim=True),
+                              Xg[torch.arange(T, device=Xg.device), farthest_agent(Xg)][:, None]], dim=1)
+        else:
+            both = torch.empty((T, 2) + tuple(X.shape[2:]), dtype=X.dtype, device=X.device)
+        both = self.comm.broadcast(both, 0, category="metrics", what=what)
+        return both[:, :1], both[:, 1]
 
     def metrics(self, problem, state, xi, yi, ws, z_norms, bcd_iter):
         dtype = state.X.dtype
         res = metrics.residual_norms(problem.Z, state.X, state.Y, scratch=ws.take("metrics_XY", problem.Z))
-        xbar = self._mean(state.X, bcd_iter)
+        xbar, xw = self._mean(state.X, bcd_iter)
         num = torch.linalg.matrix_norm(torch.sub(state.X, xbar, out=ws.take("rhs", state.X)))
+        z_own = torch.linalg.matrix_norm(problem.Z)  # the halo slots' 0 are dropped below
+        worst = refit_errors(problem.Z, xw, state.Y, torch.where(z_own > 0, z_own, 1.0), problem.width)
         bad = nonfinite_agents(state.U) | nonfinite_agents(state.Y)
         fields = torch.stack([res.to(torch.float64), num.to(torch.float64), *xi["residuals_sq"].to(torch.float64),
                               *yi["residuals_sq"].to(torch.float64), xi["iters"].to(torch.float64),
                               yi["iters"].to(torch.float64), bad.to(torch.float64),
-                              xi["first_bad"].to(torch.float64)])
+                              xi["first_bad"].to(torch.float64), worst.to(torch.float64)])
         g = self._all_agents(fields, f"the metrics of BCD iteration {bcd_iter}")
         res_g, num_g = g[0].to(dtype), g[1].to(dtype)
         nm, per_agent, obj = metrics.from_residuals(res_g, z_norms)
@@ -114,6 +123,7 @@ class RankReduction(AgentReduction):
         values = {
             "nmse": nm,
             "consensus": (num_g / den).amax(dim=-1),
+            "nmse_worst": g[10].to(dtype).mean(dim=-1),
             "objective": obj,
             "x_primal": x_sq[0],
             "x_dual": self.mu * x_sq[1],

@@ -15,6 +15,8 @@ from ..penalties import PenaltySampler
 from ..problem import Problem
 from .admm import x_step, y_step
 from .kernels import Workspace, rel_change, sync
+from .refit import worst_agent_nmse
+from .schedule import adapt, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
@@ -118,6 +120,7 @@ class AgentReduction:
         values = {
             "nmse": nm,
             "consensus": metrics.consensus_error(Xr, scratch=ws.take("rhs", Xr)),
+            "nmse_worst": worst_agent_nmse(Zr, Xr, Yr, z_norms, problem.width),
             "objective": obj,
             "x_primal": xi["primal"],
             "x_dual": xi["dual"],
@@ -148,6 +151,9 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     t2 = time.perf_counter()
     values, x_iters, y_iters = agents.metrics(problem, state, xi, yi, ws, z_norms, bcd_iter)
     values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
+    if params.penalty_schedule == "adaptive":  # each agent's caps and mu_i for the next BCD iteration
+        adapt(problem, state, xi["rho"])
+        sampler.set_caps(state.caps)
     t3 = time.perf_counter()
     for k, v in values.items():
         log(k, v)
@@ -206,7 +212,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     -------
     state : SolverState
     history : dict of lists
-        Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``objective``,
+        Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``nmse_worst``
+        (:func:`~.refit.worst_agent_nmse`), ``objective``,
         ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual``; floats for ``time_x``,
         ``time_y``, ``time_metrics``; Tensors ``(T, N)`` for ``x_iters``, ``y_iters``.
     info : dict
@@ -214,9 +221,13 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     """
     T, N = problem.Z.shape[:2]
     if state is None:
-        state = init_state(problem, params.rank)
+        state = init_state(problem, params.rank, init=params.init)
     if sampler is None:
         sampler = make_sampler(problem, params)
+    if params.penalty_schedule == "adaptive":
+        if state.caps is None:
+            init_schedule(problem, state, params.mu)
+        sampler.set_caps(state.caps)  # a resumed run continues with the checkpoint's caps
     history = history if history is not None else {}
     agents = agents if agents is not None else AgentReduction()
     z_norms = agents.block_norms(problem)
