@@ -5,9 +5,9 @@
 >>> result = pp.fit(data.Z, pp.graph.random_connected(10, 3.0, seed=0), rank=5,
 ...                 negative="allow", bcd_iters=5)
 """
-from . import data, graph, metrics
+from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .api import FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .estimator import PPDNMF
 from .experiments import ExperimentResult, run_experiment
 from .exchange import CodecRangeError
@@ -21,9 +21,11 @@ __all__ = [
     "fit_centralized",
     "fit_trials",
     "run_experiment",
+    "PAPER_SETTINGS",
     "FitResult",
     "TrialsResult",
     "ExperimentResult",
+    "consensus",
     "data",
     "graph",
     "metrics",

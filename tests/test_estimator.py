@@ -77,7 +77,7 @@ def test_random_state_reproduces_and_differs(data):
 def test_transposed_input_warns(data):
     Z, g = data
     with pytest.warns(TransposedInputWarning, match="Z.T"):
-        pp.PPDNMF(n_components=3, random_state=0, **FAST).fit(Z[:, :20].T.contiguous(), pp.graph.ring(4))
+        pp.PPDNMF(n_components=3, random_state=0, **FAST).fit(Z[:, :20].contiguous(), pp.graph.ring(4))  # 30 x 20
     with warnings.catch_warnings():
         warnings.simplefilter("error", TransposedInputWarning)
         pp.PPDNMF(n_components=3, random_state=0, **FAST).fit(Z, g)  # more columns than rows: no warning

@@ -12,6 +12,9 @@ iterations only.
 * :mod:`.kernels`, :mod:`.eager`, :mod:`.fused`: bit-stable linear algebra and buffers,
   the eager updates, the compiled updates (``fuse=True``);
 * :mod:`.stopping`: the stopping rule of Sec. II-C;
+* :mod:`.hals`: the HALS Y-step (``y_solver="hals"``), batched over agents and trials;
+* :mod:`.schedule`: the consensus-seeking penalty schedule (``penalty_schedule="adaptive"``);
+* :mod:`.refit`: the worst-agent NMSE (``nmse_worst``), a metric that cannot hide disagreement;
 * :mod:`.bcd`: the outer BCD loop (lines 3-24), metrics and finiteness checks.
 
 Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM.md
@@ -19,10 +22,10 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM
 """
 from ..problem import COLUMN_CHUNK, Problem
 from .admm import x_step, y_step
-from .bcd import ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
+from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
-from .state import (CONSENSUS_FORMS, IterationInfo, SolverParams, SolverState, init_state, make_sampler,
-                    restore_state)
+from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, Y_SOLVERS, IterationInfo, SolverParams,
+                    SolverState, init_state, make_sampler, restore_state)
 
 __all__ = [
     "SolverParams",
@@ -32,9 +35,14 @@ __all__ = [
     "ConvergenceWarning",
     "NumericalError",
     "RunInterrupted",
+    "AgentReduction",
     "restore_state",
     "make_sampler",
     "CONSENSUS_FORMS",
+    "INITS",
+    "Y_SOLVERS",
+    "PAPER_SETTINGS",
+    "DEFAULTS",
     "init_state",
     "run_bcd",
     "x_step",
