@@ -8,6 +8,7 @@
 from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
 from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .estimator import PPDNMF
 from .experiments import ExperimentResult, run_experiment
 from .exchange import CodecRangeError
 from .solver import ConvergenceWarning, NumericalError
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "fit",
+    "PPDNMF",
     "fit_centralized",
     "fit_trials",
     "run_experiment",

@@ -20,7 +20,7 @@ LAYERS = {
     "problem": 2, "checkpoint": 2, "exchange": 2,
     "solver": 3, "consensus": 3,
     "api": 4,
-    "config": 5, "inputs": 6,
+    "config": 5, "estimator": 5, "inputs": 6,
     "experiments": 7, "loggers": 7, "progress": 7, "outputs": 7, "costs": 7, "rundir": 7, "tensorboard": 8,
     "runner": 8,
     "audit": 9, "cli": 10, "__main__": 11, "__init__": 11,
