@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .api import FitResult, fit, fit_centralized
+from .api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
 from .config import RunConfig, SolverConfig, to_dict
 from .errors import PPDNMFError
 from .exchange.spec import SPECS
@@ -64,6 +64,12 @@ def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
     return kw
 
 
+def _x_solver_kwargs(cfg: RunConfig) -> dict:
+    """The distributed fit's X-step solver (the centralized baseline keeps the ADMM X-step: one
+    reference curve whatever the distributed X-step)."""
+    return {k: getattr(cfg.solver, k) for k in X_SOLVER_KEYS}
+
+
 def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool) -> FitResult:
     s = cfg.solver
     # one agent has no neighbours: its penalty cap never enters the updates
@@ -107,7 +113,7 @@ def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, 
         t0 = time.perf_counter()
         result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=e,
                      callback=cb, checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
-                     resume_from=resume_from, **common)
+                     resume_from=resume_from, **common, **_x_solver_kwargs(cfg))
     seconds["distributed"] = time.perf_counter() - t0
     return RunFits(result, central, seconds)
 

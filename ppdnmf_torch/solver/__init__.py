@@ -12,6 +12,7 @@ iterations only.
 * :mod:`.kernels`, :mod:`.eager`, :mod:`.fused`: bit-stable linear algebra and buffers,
   the eager updates, the compiled updates (``fuse=True``);
 * :mod:`.stopping`: the stopping rule of Sec. II-C;
+* :mod:`.incremental`: the X-step by the incremental consensus engine (``x_solver``);
 * :mod:`.bcd`: the outer BCD loop (lines 3-24), metrics and finiteness checks.
 
 Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM.md
@@ -19,9 +20,10 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM
 """
 from ..problem import COLUMN_CHUNK, Problem
 from .admm import x_step, y_step
+from .incremental import incremental_x_step
 from .bcd import ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
-from .state import (CONSENSUS_FORMS, IterationInfo, SolverParams, SolverState, init_state, make_sampler,
+from .state import (CONSENSUS_FORMS, X_SOLVERS, X_WALKS, IterationInfo, SolverParams, SolverState, init_state, make_sampler,
                     restore_state)
 
 __all__ = [
@@ -35,6 +37,9 @@ __all__ = [
     "restore_state",
     "make_sampler",
     "CONSENSUS_FORMS",
+    "X_SOLVERS",
+    "X_WALKS",
+    "incremental_x_step",
     "init_state",
     "run_bcd",
     "x_step",

@@ -14,6 +14,7 @@ from ..exchange.base import Exchange
 from ..penalties import PenaltySampler
 from ..problem import Problem
 from .admm import x_step, y_step
+from .incremental import incremental_x_step
 from .kernels import Workspace, rel_change, sync
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
@@ -105,7 +106,8 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
 
     sync(device)
     t0 = time.perf_counter()
-    xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter, ws=ws)
+    step = x_step if params.x_solver == "admm" else incremental_x_step
+    xi = step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter, ws=ws)
     sync(device)
     t1 = time.perf_counter()
     yi = y_step(problem, state, params, ws=ws)
@@ -129,6 +131,8 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     for k, v in values.items():
         log(k, v)
     log("x_iters", xi["iters"][:, :n_real].cpu())
+    for k, v in xi.get("history", {}).items():  # a solver's own counters (the incremental X-step's messages)
+        log(k, v)
     log("y_iters", yi["iters"][:, :n_real].cpu())
     log("time_x", t1 - t0)
     log("time_y", t2 - t1)
