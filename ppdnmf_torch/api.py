@@ -107,10 +107,11 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
                           consensus_form=consensus_form, fuse=bool(fuse), **(x_solver or {}))
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
-    if params.x_solver != "admm" and getattr(spec, "kind", None) != "plain":
-        kind = getattr(spec, "kind", type(spec).__name__)
+    described = spec.spec if isinstance(spec, Exchange) else spec
+    if params.x_solver != "admm" and getattr(described, "kind", None) != "plain":
+        kind = getattr(described, "kind", None) or type(spec).__name__
         if isinstance(spec, Exchange):
-            spec.close()
+            spec.close()  # fit owns the exchange
         raise ConfigError(f"exchange: {{x_solver}}={params.x_solver!r} passes a token and sends no secure sums, "
                           f"so the exchange {kind!r} would go unused; use exchange='plain'")
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))

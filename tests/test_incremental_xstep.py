@@ -286,3 +286,14 @@ def test_runner_error_names_the_config_key(tmp_path):
     with pytest.raises(pp.ConfigError) as err:
         run(cfg, tmp_path)
     assert err.value.key == "solver.x_gamma_spread" and "solver.x_rho" in str(err.value)
+
+
+@pytest.mark.slow
+def test_compiled_rounds_match_eager():
+    """fuse=True compiles each round of the token (one graph, reused across X-steps via set_loss):
+    the same numbers to rounding (not promised bit for bit)."""
+    kw = dict(KW, x_solver="pi_admm", x_rho=0.5, x_gamma_spread=0.2)
+    eager = pp.fit(_blocks(), G5, 2, **kw)
+    fused = pp.fit(_blocks(), G5, 2, fuse=True, **kw)
+    torch.testing.assert_close(fused.X, eager.X, rtol=1e-8, atol=1e-10)
+    assert fused.history["x_vectors"] == eager.history["x_vectors"]

@@ -11,9 +11,9 @@ unchanged); the active agent takes the exact step
     x_i = (Z_i Y_i^T + y_i + c P(z)) (Y_i Y_i^T + c I)^{-1},   c = rho gamma,
 
 with ``P(z) = max(z, 0)``: the token carries the unconstrained average and every agent
-uses its projection. **The paper's analysis does not cover the projection.** (With a
-converged walk, ``x_i = P(z)`` and ``grad f_i(x_i) = y_i``, so the fixed point is the
-nonnegative least-squares solution: ``X = P(X - grad f(X) / rho)`` summed over agents.)
+uses its projection. **The paper's analysis does not cover the projection.** (At a fixed
+point ``x_i = P(z) = X`` and ``grad f_i(X) = y_i``, so the invariant gives
+``X = P(X - sum_i grad f_i(X) / (N rho))``: the nonnegative least-squares condition.)
 
 What carries across BCD iterations (warm starts): ``x_i`` (in ``state.U``; the factor is
 ``X_i = max(x_i, 0)``), the multipliers ``y_i`` (``state.inc_y``), the token
@@ -42,7 +42,7 @@ from ..problem import Problem
 from .kernels import Workspace, column_gram, eigh_psd
 from .state import SolverParams, SolverState
 
-__all__ = ["incremental_x_step", "visiting_orders", "trial_graphs", "method_of"]
+__all__ = ["incremental_x_step", "visiting_orders", "relay_routes", "trial_graphs", "method_of"]
 
 
 def method_of(params: SolverParams):
@@ -79,6 +79,20 @@ def _hops(g: Graph, order) -> int:
     if n == 2:
         return 2
     return sum(g.distances_from(order[k])[order[(k + 1) % n]] for k in range(n))
+
+
+def relay_routes(g: Graph, order) -> list[list[int]]:
+    """The agents that relay the token from ``order[k]`` to the next one (a shortest path's
+    inner nodes, networkx's choice; empty between neighbours), for every ``k``."""
+    import networkx as nx
+
+    n = len(order)
+    if n <= 2:
+        return [[] for _ in range(n)]
+    G = nx.Graph()
+    G.add_nodes_from(range(g.n_agents))
+    G.add_edges_from(g.edges)
+    return [[int(v) for v in nx.shortest_path(G, order[k], order[(k + 1) % n])[1:-1]] for k in range(n)]
 
 
 def _closed_walk_order(g: Graph) -> tuple[int, ...]:
@@ -229,10 +243,16 @@ def incremental_x_step(problem: Problem, state: SolverState, params: SolverParam
         sums.append(eng.x.sum(dim=(-2, -1)))
         tokens[0], tokens[1] = tokens[1], project_nonnegative(eng.z).clone()
 
+    # an exchange with a ``record_tokens`` method (the privacy audit's recorder) gets the
+    # X-step's transcript: what an eavesdropper hears, and the states as ground truth
+    recorder = getattr(exchange, "record_tokens", None)
     with warnings.catch_warnings():
         # non-finite iterates: the solver's finiteness check names the iteration and agents
         warnings.filterwarnings("ignore", message="IncrementalADMM: the iterates are not finite")
-        res = eng.run(rounds, record_every=1, callback=record)
+        res = eng.run(rounds, record_every=1, callback=record, transcript=recorder is not None,
+                      watch=None if recorder is None else range(n))
+    if recorder is not None:
+        recorder(bcd_iter=int(bcd_iter), rho=params.x_rho, **_in_labels(res.transcript, perm))
     x_new, y_new = _unlabel(res.x, rows, perm), _unlabel(res.y, rows, perm)
     U, X = state.U.clone(), state.X.clone()
     U[:, :n] = x_new
@@ -241,6 +261,23 @@ def incremental_x_step(problem: Problem, state: SolverState, params: SolverParam
     inc_y[:, :n] = y_new
     state.U, state.X, state.inc_y, state.inc_z, state.inc_cycle = U, X, inc_y, res.z, perm.clone()
     return _result(problem, params, res, x_new, tokens, sums, perm, hops, rounds, K)
+
+
+def _in_labels(tr, perm) -> dict:
+    """A :class:`~ppdnmf_torch.consensus.Transcript` of the relabelled engine in the agents'
+    own labels: ``tokens (S + 1, T, L, K)``, ``agents (S, T)``, ``order (T, n)`` and every
+    agent's ``x``, ``y`` after ``0 .. S`` steps, ``(S + 1, T, n, L, K)``."""
+    p = perm.cpu()
+    rows = torch.arange(p.shape[0]).unsqueeze(1)
+    agents = p.gather(1, tr.agents.T.contiguous()).T.contiguous()
+    return {"tokens": tr.tokens, "agents": agents, "order": p.clone(),
+            "x": _unlabel_steps(tr.x, rows, p), "y": _unlabel_steps(tr.y, rows, p)}
+
+
+def _unlabel_steps(t, rows, perm):
+    out = torch.empty_like(t)
+    out[:, rows, perm] = t
+    return out
 
 
 def _result(problem, params, res, x_new, tokens, sums, perm, hops, rounds, K) -> dict:
