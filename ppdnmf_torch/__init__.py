@@ -7,7 +7,7 @@
 """
 from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .api import FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .experiments import ExperimentResult, run_experiment
 from .exchange import CodecRangeError
 from .solver import ConvergenceWarning, NumericalError
@@ -19,6 +19,7 @@ __all__ = [
     "fit_centralized",
     "fit_trials",
     "run_experiment",
+    "PAPER_SETTINGS",
     "FitResult",
     "TrialsResult",
     "ExperimentResult",

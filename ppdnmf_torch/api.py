@@ -1,6 +1,7 @@
 """The public entry point :func:`fit` and its result object."""
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -11,11 +12,18 @@ from .exchange import exchange_spec, make_exchange
 from .exchange.base import Exchange
 from .exchange.base import accepts_keyword
 from .graph import Graph, complete
-from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, check_rank
-from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
+from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
+                      check_rank, finite_positive)
+from .checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
+    fingerprint, load_checkpoint
+from .diagnostics import degenerate_reasons, likely_cause, x_sketch
+from .errors import DegenerateResultWarning
+from .penalties import cap_bounds
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
+from .solver.state import DEFAULTS, PAPER_SETTINGS
+from .threads import with_threads
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "DEFAULTS", "PAPER_SETTINGS"]
 
 
 @dataclass
@@ -31,8 +39,11 @@ class FitResult:
     U : Tensor (N, L, K)
         The ADMM copies ``U_i`` of the last X-step.
     history : dict of lists
-        One entry per BCD iteration: ``nmse``, ``consensus``, ``objective``, ``x_primal``,
-        ``x_dual``, ``y_primal``, ``y_dual``, ``time_x``, ``time_y`` (floats) and
+        One entry per BCD iteration: ``nmse``, ``consensus``, ``nmse_worst`` (the NMSE of
+        the whole data under the left factor of the agent farthest from the mean, right
+        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.solver.refit`),
+        ``objective``, ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual`` (for
+        ``y_solver="hals"``: 0 and the last sweep's change), ``time_x``, ``time_y`` (floats) and
         ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
         counts costs, also ``crypto_<counter>`` (the cumulative values of :attr:`costs`'
         numbers after each BCD iteration; a resumed run continues them).
@@ -97,14 +108,21 @@ X_SOLVER_KEYS = ("x_solver", "x_rho", "x_gamma_spread", "x_sigma", "x_rounds", "
 
 
 def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
-             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False, x_solver=None):
+             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False,
+             penalty_schedule="paper", init="ones", y_solver="admm", x_solver=None):
     """The solver's parameters and the run's exchange (made from its spec here; a given
     :class:`~ppdnmf_torch.exchange.Exchange` is used as it is, its settings checked against
     the flat keywords: nothing is dropped). ``x_solver``: the incremental X-step's keywords."""
     check_rank(rank, L)
+    for name, value in (("mu", mu), ("eta", eta)):
+        finite_positive(name, value)  # refuses True and False too: they are not penalties
+    for name, value in (("tol", tol), ("admm_tol", admm_tol)):
+        if value is not None:
+            finite_positive(name, value, inclusive=True)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
                           y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                          consensus_form=consensus_form, fuse=bool(fuse), **(x_solver or {}))
+                          consensus_form=consensus_form, fuse=bool(fuse), penalty_schedule=penalty_schedule,
+                          init=init, y_solver=y_solver, **(x_solver or {}))
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     described = spec.spec if isinstance(spec, Exchange) else spec
@@ -117,15 +135,28 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
 
 
-def _preflight(exch, blocks, caps, degree):
-    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts."""
+def _init_seed(init_seed, seed) -> int:
+    """The seed of the seeded start: ``init_seed``, or the run's ``seed`` when None."""
+    value = seed if init_seed is None else init_seed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
+    return int(value)
+
+
+def _preflight(exch, blocks, caps, degree, params=None):
+    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
+
+    With ``penalty_schedule="adaptive"`` the caps can grow during the run: the bound
+    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
+    """
     codec = getattr(exch, "codec", None)
     if codec is None:
         return
     zmax = max(float(b.abs().max()) for b in blocks)
     caps = torch.as_tensor(caps, dtype=torch.float64)
     linked = caps[torch.as_tensor(degree) > 0]
-    codec.preflight(value_scale=zmax, g_max=float(caps.max()),
+    highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
+    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
                     max_degree=int(degree.max()) if degree.numel() else 0,
                     g_min=float(linked.min()) if linked.numel() else None)
 
@@ -142,15 +173,20 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
                 f"resume_from: checkpoint {payload['path']!r} belongs to a different run (data, graph, "
                 "seed, solver parameters or quantization differ)"
             )
+        check_payload(payload, problem, params)  # content hashes, shapes, dtypes, history vs bcd_done
         state = restore_state(payload, device)
-        if state.U.dtype != dtype:
-            raise CheckpointError(f"resume_from: checkpoint holds {state.U.dtype}, the run asks for {dtype}")
         sampler = make_sampler(problem, params)
         sampler.load_state_dict(payload["sampler"])
         history = payload["history"]
+    check_iteration_buffers(problem, params.rank, params.x_iters)
     checkpointer = None
     if checkpoint_dir is not None:
-        checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every)
+        adopt = ()
+        if resume_from is not None:  # the resumed segment's own files are this run's to prune
+            here = os.path.abspath(os.fspath(checkpoint_dir))
+            if os.path.dirname(os.path.abspath(payload["path"])) == here:
+                adopt = [f for f in checkpoint_files(here) if checkpoint_iteration(f) <= payload["bcd_done"]]
+        checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every, adopt=adopt)
     if accepts_keyword(exch.bind, "fuse"):
         exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
     else:  # an exchange written against the older interface
@@ -163,17 +199,23 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
             )
         exch.load_cost_state(payload.get("exchange_costs", {}))  # cumulative over both segments
 
+    first = {}  # X after the first BCD iteration, sketched, for the degenerate-result check
+
     def cb(info):
-        if single:
-            info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
+        if info.iteration == 1:
+            first["X"] = x_sketch(info.state.X[:, :problem.n_agents])
         # crypto costs for loggers: info.costs (cumulative) comes from run_bcd; here the
         # records of the ADMM iterations since the last call
         info.iteration_costs = exch.pop_iteration_costs()
+        if callback is None:
+            return False
+        if single:
+            info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
         return callback(info)
 
     try:
         try:
-            state, history, info = run_bcd(problem, params, exch, callback=cb if callback else None, state=state,
+            state, history, info = run_bcd(problem, params, exch, callback=cb, state=state,
                                            sampler=sampler, history=history, checkpointer=checkpointer,
                                            fingerprint=fp)
         except Exception as exc:
@@ -192,7 +234,29 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
             costs = dict(costs, transcript=exch.transcript)
     finally:
         exch.close()
+    _warn_if_degenerate(problem, state, history, first.get("X"), info["n_iter"], params)
     return state, history, info, costs
+
+
+def _warn_if_degenerate(problem, state, history, sketch_first, n_iter, params) -> None:
+    """A :class:`~ppdnmf_torch.errors.DegenerateResultWarning` naming what collapsed, in which
+    trials, the likely cause and what to try (:mod:`~ppdnmf_torch.diagnostics`)."""
+    if not history.get("nmse"):
+        return
+    n = problem.n_agents
+    X, nmse = state.X[:, :n], history["nmse"][-1]
+    found = {}
+    for t in range(X.shape[0]):
+        why = degenerate_reasons(X[t], float(nmse[t]), None if sketch_first is None else sketch_first[:, t], n_iter)
+        if why:
+            found[t] = why
+    if not found:
+        return
+    t0 = next(iter(found))
+    where = "" if X.shape[0] == 1 else f"trials {sorted(found)}: " + ("" if len(found) == 1 else f"(trial {t0}) ")
+    zmax = float(problem.Z.abs().amax())
+    warnings.warn(f"degenerate result: {where}{'; '.join(found[t0])}; {likely_cause(zmax, params.mu, params.eta)}",
+                  DegenerateResultWarning, stacklevel=5)  # the caller of fit (through with_threads)
 
 
 def _no_compiler(exc: BaseException) -> bool:
@@ -211,14 +275,16 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+@with_threads
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
         exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False,
-        x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3, x_rounds=None, x_start=None,
-        x_walk="auto") -> FitResult:
+        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None,
+        penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
+        y_solver=DEFAULTS["y_solver"], x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3,
+        x_rounds=None, x_start=None, x_walk="auto") -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -262,7 +328,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     negative : {"error", "clip", "shift", "allow"}
         What to do with negative entries of ``Z``.
     seed : int
-        Seeds the penalty draws.
+        Seeds the penalty draws (and the seeded start, unless ``init_seed`` is given).
     device : {"auto", "cpu", "cuda"} or torch.device
     dtype : torch.float64 or torch.float32
     callback : callable, optional
@@ -292,6 +358,28 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
         Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so). With an
         incremental ``x_solver``: each round of the token runs as one compiled graph.
+    threads : int, optional
+        CPU threads of torch's intra-op pool for this call (restored afterwards); None: the
+        package's default (:func:`~ppdnmf_torch.threads.default_threads`: one thread, or
+        torch's current count when ``OMP_NUM_THREADS`` is set).
+    penalty_schedule : {"adaptive", "paper"}
+        ``"adaptive"`` (default): each agent raises its own cap ``g_i`` (from ``g_max``, by
+        steps of 1.2x per BCD iteration, to at most 32x ``g_max``) while its copy disagrees
+        with its neighbours' (from the ``S_i`` and ``rho_i`` the secure exchange gives it), and
+        its ``mu_i`` to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller; the draws
+        stay random, monotone and bounded (:mod:`ppdnmf_torch.solver.schedule`). The integer
+        exchanges' range is checked against the 32x bound before the run. ``"paper"``: the
+        fixed caps of Sec. III-B.
+    init : {"random", "ones"}
+        The start ``X_0 = U_0``: ``"random"`` (default) draws it from ``init_seed``, the same
+        on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.solver.state.initial_factor`);
+        ``"ones"`` is the paper's all-ones start, a symmetric saddle that only rounding breaks.
+    init_seed : int, optional
+        Seed of ``init="random"``; None (default) uses ``seed``.
+    y_solver : {"admm", "hals"}
+        The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
+        sweeps (:mod:`ppdnmf_torch.solver.hals`).
+
     x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
         The X-step: the paper's decentralized ADMM with the secure exchange (default), or the
         incremental consensus engine (docs/INCREMENTAL.md): one token walks a Hamiltonian
@@ -299,7 +387,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         PI-ADMM2 with Gaussian noise on every new ``x_i``), the agents use its projection
         ``max(z, 0)`` (outside the paper's analysis), and the state carries over between BCD
         iterations. Needs ``exchange="plain"`` (nothing is exchanged but the token); ``mu``
-        and the penalty settings do not enter it. History keys ``x_vectors`` / ``x_bytes``
+        and the penalty settings (``g_max``, ``penalty``, ``penalty_schedule``) do not enter it. History keys ``x_vectors`` / ``x_bytes``
         count its messages per BCD iteration.
     x_rho : float
         The incremental methods' penalty ``rho``.
@@ -317,9 +405,21 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         "cycle" requires a Hamiltonian cycle (a ``GraphError`` otherwise); "auto" falls back
         to a closed walk whose relays forward the token (each hop counts a message).
 
+    The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
+    (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
+    presets use them.
+
     Returns
     -------
     FitResult
+
+    Warns
+    -----
+    DegenerateResultWarning
+        When the result is degenerate (an all-zero ``X_i``, an NMSE of 1, or ``X`` that did
+        not move), with the likely cause and what to try.
+    DataScaleWarning
+        Up front, when the data's largest entry is far from 1.
     """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
@@ -327,15 +427,18 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     N = graph.n_agents
     blocks = check_data(as_blocks(Z, N, columns), negative)
     caps = as_caps(g_max, N)
+    seed = as_seed(seed)
     params, exch = _prepare(rank, blocks[0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     try:
-        _preflight(exch, blocks, caps, graph.degree)
-        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
+        _preflight(exch, blocks, caps, graph.degree, params)
+        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
+                                init_seeds=[_init_seed(init_seed, seed)])
     except BaseException:
         exch.close()  # fit owns the exchange, also when it fails before the run
         raise
@@ -409,13 +512,16 @@ def _history_batched(history: dict) -> dict:
     return out
 
 
+@with_threads
 def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0,
                bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
                exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-               align_trials=True, fuse=False, x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3,
-               x_rounds=None, x_start=None, x_walk="auto") -> TrialsResult:
+               align_trials=True, fuse=False, threads=None, penalty_schedule=DEFAULTS["penalty_schedule"],
+               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"], x_solver="admm",
+               x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3, x_rounds=None, x_start=None,
+               x_walk="auto") -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -443,11 +549,15 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     ----------------
     mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, exchange, protocol, n_max, key_bits
         As in :func:`fit`.
-    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse
+    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, threads
         As in :func:`fit`.
     x_solver, x_rho, x_gamma_spread, x_sigma, x_rounds, x_start, x_walk
         As in :func:`fit` (each trial walks its own graph's cycle). There is no ``columns`` (each trial's blocks are given) and no
         checkpointing.
+    penalty_schedule, init, y_solver
+        As in :func:`fit`.
+    init_seeds : list (T) of int, optional
+        Seeds of ``init="random"``, one per trial; None (default) uses ``seeds``.
     callback : callable, optional
         As in :func:`fit`, with ``info.metrics`` as Tensors ``(T,)``.
 
@@ -463,6 +573,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
             f"trials: got {T} data sets, {len(graphs)} graphs and {len(seeds)} seeds; need the same number >= 1"
         )
     graphs = [as_graph(g) for g in graphs]
+    seeds = [as_seed(s, f"seeds[{t}]") for t, s in enumerate(seeds)]
     N = graphs[0].n_agents
     blocks = [check_data(as_blocks(b, N), negative) for b in block_lists]
     caps_t = torch.as_tensor(g_max, dtype=torch.float64)
@@ -476,13 +587,18 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     try:
         for b, g, c in zip(blocks, graphs, caps):
-            _preflight(exch, b, c, g.degree)
+            _preflight(exch, b, c, g.degree, params)
+        if init_seeds is not None and len(init_seeds) != T:
+            raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
         problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
-                                rank=rank if align_trials else None)
+                                rank=rank if align_trials else None,
+                                init_seeds=[_init_seed(None if init_seeds is None else init_seeds[t], seeds[t])
+                                            for t in range(T)])
     except BaseException:
         exch.close()  # fit_trials owns the exchange, also when it fails before the run
         raise

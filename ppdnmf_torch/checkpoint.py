@@ -10,6 +10,13 @@ Paillier exchange is bit-identical to the emulated one).
 Writes are atomic: the file is written to a temporary name in the same folder,
 flushed to disk, then renamed over the final name, so a kill during a write leaves
 either the old checkpoint or the new one, never a torn file.
+
+Reads are verified (:func:`check_payload`): every state tensor, the sampler's RNG states,
+the history and the run's bookkeeping carry a SHA-256 of their content, checked on load, and
+the key set, shapes and dtypes of the state, and the length of the history against
+``bcd_done``, are checked against the run that resumes; any difference is a
+:class:`CheckpointError` that names it. A :class:`Checkpointer` prunes only the files it
+wrote (or adopted when resuming), never another run's.
 """
 from __future__ import annotations
 
@@ -24,12 +31,19 @@ import torch
 from ._utils import PPDNMFError
 
 __all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
-           "save_checkpoint", "write_atomically", "good_point", "snapshot"]
+           "save_checkpoint", "write_atomically", "good_point", "snapshot", "check_payload",
+           "checkpoint_iteration", "checkpoint_files", "PREFIX"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
-#: format-1 checkpoint could no longer be continued bit for bit
-FORMAT_VERSION = 2
+#: format-1 checkpoint could no longer be continued bit for bit; 3: content hashes, and the
+#: fingerprint leaves out ``bcd_iters`` (a resumed run may run longer)
+FORMAT_VERSION = 3
 _PREFIX = "ckpt_bcd"
+#: checkpoint files are named ``<PREFIX><bcd_done:06d>.pt``
+PREFIX = _PREFIX
+#: solver parameters that do not change the numbers of the iterations already done: a
+#: checkpoint resumes into a run that differs from its own only in these
+_RESUMABLE_PARAMS = ("bcd_iters",)
 
 
 class CheckpointError(PPDNMFError):
@@ -56,7 +70,7 @@ def snapshot(good: dict, history: dict, fp: str) -> dict:
     for k, vals in history.items():
         vals = vals[: good["hist_len"].get(k, 0)]
         hist[k] = [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals]
-    return {
+    payload = {
         "format": FORMAT_VERSION,
         "bcd_done": int(good["bcd_done"]),
         "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
@@ -65,6 +79,141 @@ def snapshot(good: dict, history: dict, fp: str) -> dict:
         "exchange_costs": good.get("exchange_costs", {}),
         "fingerprint": fp,
     }
+    payload["hashes"] = _content_hashes(payload)
+    return payload
+
+
+# --------------------------------------------------------------------------------------
+# Content hashes
+# --------------------------------------------------------------------------------------
+
+
+def _feed(h, value) -> None:
+    """Feed ``value`` (tensors, numbers, strings, lists, dicts, None) into hash ``h``, with its
+    type, shape and dtype, so that two different values never feed the same bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"T{tuple(t.shape)}{t.dtype};".encode())
+        if t.numel():
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)};".encode())
+        for k in sorted(value, key=str):
+            _feed(h, str(k))
+            _feed(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)};".encode())
+        for v in value:
+            _feed(h, v)
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def _digest(value) -> str:
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _content_hashes(payload: dict) -> dict:
+    """SHA-256 of every state tensor, of the sampler's RNG states, of the history and of the
+    bookkeeping (``bcd_done``, the exchange's counters, the fingerprint)."""
+    return {
+        "state": {k: _digest(v) for k, v in payload["state"].items()},
+        "sampler": _digest(payload["sampler"]),
+        "history": _digest(payload["history"]),
+        "meta": _digest([payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]]),
+    }
+
+
+def _expected_state(problem, params) -> dict:
+    """``{name: (shape, dtype)}`` of the solver state of ``problem`` under ``params``
+    (the adaptive penalty schedule adds each agent's caps and ``mu_i``)."""
+    T, N, L, M = problem.Z.shape
+    dt, rank = problem.Z.dtype, params.rank
+    xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
+    out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
+           "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
+    if getattr(params, "penalty_schedule", "paper") == "adaptive":
+        out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
+    if getattr(params, "x_solver", "admm") != "admm":  # the token's state; its walk's length is the run's own
+        out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
+    return out
+
+
+def check_payload(payload: dict, problem, params) -> None:
+    """Verify a loaded checkpoint against its hashes and against the run that resumes it.
+
+    Parameters
+    ----------
+    payload : dict
+        From :func:`load_checkpoint`.
+    problem : Problem
+        The resuming run's problem (``Z (T, N, L, M_max)``, its topology).
+    params : SolverParams
+        The resuming run's parameters (``rank``, ``bcd_iters``).
+
+    Raises
+    ------
+    CheckpointError
+        Naming what differs: a part whose content does not match its hash (a changed or
+        damaged file), a missing or unexpected state tensor, a shape or dtype, or a history
+        whose length does not match ``bcd_done``.
+    """
+    where = f"resume_from: checkpoint {payload.get('path', '?')!r}"
+    hashes = payload.get("hashes")
+    if not isinstance(hashes, dict):
+        raise CheckpointError(f"{where} has no content hashes; it cannot be verified")
+    for key in ("state", "sampler", "history", "bcd_done", "exchange_costs", "fingerprint"):
+        if key not in payload:
+            raise CheckpointError(f"{where} lacks its {key!r} entry")
+    state = payload["state"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{where}: its state is not a set of tensors")
+    expected = _expected_state(problem, params)
+    names = set(state) - {"frozen"}
+    if names != set(expected):
+        missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
+        raise CheckpointError(f"{where}: its state tensors differ from the solver's"
+                              + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
+    if set(hashes.get("state", {})) != set(state):
+        raise CheckpointError(f"{where}: the state tensors {sorted(state)} do not match the hashed set "
+                              f"{sorted(hashes.get('state', {}))}")
+    for name, t in state.items():
+        if _digest(t) != hashes["state"][name]:
+            raise CheckpointError(f"{where}: the content of state tensor {name!r} does not match its hash "
+                                  "(the file was changed or damaged)")
+    for part, value in (("sampler", payload["sampler"]), ("history", payload["history"]),
+                        ("meta", [payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]])):
+        if _digest(value) != hashes.get(part):
+            what = {"meta": "bcd_done, the exchange's counters or the fingerprint"}.get(part, f"the {part}")
+            raise CheckpointError(f"{where}: {what} do not match the hash (the file was changed or damaged)")
+    for name, (shape, dtype) in expected.items():
+        t = state[name]
+        if shape is not None and tuple(t.shape) != shape:
+            raise CheckpointError(f"{where}: state tensor {name!r} has shape {tuple(t.shape)}, the run needs {shape}")
+        if t.dtype != dtype:
+            raise CheckpointError(f"{where}: state tensor {name!r} holds {t.dtype}, the run asks for {dtype}")
+    if "frozen" in state and tuple(state["frozen"].shape) != tuple(problem.Z.shape[:2]):
+        raise CheckpointError(f"{where}: state tensor 'frozen' has shape {tuple(state['frozen'].shape)}, "
+                              f"the run needs {tuple(problem.Z.shape[:2])}")
+    _check_history(where, payload, params)
+
+
+def _check_history(where: str, payload: dict, params) -> None:
+    done, hist = payload["bcd_done"], payload["history"]
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise CheckpointError(f"{where}: bcd_done is {done!r}, not a count of BCD iterations")
+    if not isinstance(hist, dict) or "nmse" not in hist and done > 0:
+        raise CheckpointError(f"{where}: its history has no 'nmse' entries")
+    for key, vals in hist.items():
+        n = len(vals)
+        # a crypto_* counter that the checkpoint's segment did not log can be shorter
+        if n != done and not (str(key).startswith("crypto_") and n < done):
+            raise CheckpointError(f"{where}: bcd_done = {done} but its history holds {n} {key!r} entries")
+    if done > params.bcd_iters:
+        raise CheckpointError(f"bcd_iters: the checkpoint {payload.get('path', '?')!r} has done {done} BCD iterations, "
+                              f"more than bcd_iters = {params.bcd_iters}")
 
 
 def fingerprint(problem, params, exchange=None) -> str:
@@ -79,8 +228,22 @@ def fingerprint(problem, params, exchange=None) -> str:
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
         h.update(t.numpy().tobytes())
     h.update(repr(list(problem.seeds)).encode())
-    h.update(repr(sorted(asdict(params).items())).encode())
+    items = {k: v for k, v in asdict(params).items() if k not in _RESUMABLE_PARAMS}
+    # settings added later are hashed only away from the paper's values, so that a checkpoint
+    # of a paper-settings run written before they existed still resumes
+    for key, value in _LATER_SETTINGS.items():
+        if items.get(key) == value:
+            items.pop(key)
+    if items.get("init") == "random":
+        h.update(repr(("init_seeds", list(problem.init_seeds))).encode())
+    h.update(repr(sorted(items.items())).encode())
     return h.hexdigest()
+
+
+#: solver settings added after checkpoint format 2, with the value that reproduces the older runs
+_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "x_solver": "admm",
+                   "x_rho": 0.1, "x_gamma_spread": 0.05, "x_sigma": 1e-3, "x_rounds": None, "x_start": None,
+                   "x_walk": "auto"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:
@@ -107,6 +270,20 @@ def save_checkpoint(path: str, payload: dict) -> str:
     return write_atomically(path, lambda fh: torch.save(payload, fh))
 
 
+def checkpoint_files(folder) -> list:
+    """The checkpoint files in ``folder``, oldest first (none when it does not exist)."""
+    return sorted(glob.glob(os.path.join(os.fspath(folder), f"{_PREFIX}[0-9]*.pt")))
+
+
+def checkpoint_iteration(path) -> int:
+    """``bcd_done`` of a checkpoint file, from its name (``ckpt_bcd000021.pt`` -> 21)."""
+    stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]
+    digits = stem[len(_PREFIX):]
+    if not stem.startswith(_PREFIX) or not digits.isdigit():
+        raise CheckpointError(f"resume_from: {os.fspath(path)!r} is not named like a checkpoint ({_PREFIX}<n>.pt)")
+    return int(digits)
+
+
 def latest_checkpoint(path: str) -> str:
     """The newest checkpoint file in folder ``path`` (or ``path`` itself if it is a file)."""
     path = os.fspath(path)
@@ -114,9 +291,7 @@ def latest_checkpoint(path: str) -> str:
         return path
     if not os.path.isdir(path):
         raise CheckpointError(f"resume_from: {path!r} is neither a checkpoint file nor a folder")
-    files = sorted(glob.glob(os.path.join(path, f"{_PREFIX}*.pt")))
-    if not files:
-        files = sorted(glob.glob(os.path.join(path, "checkpoints", f"{_PREFIX}*.pt")))
+    files = checkpoint_files(path) or checkpoint_files(os.path.join(path, "checkpoints"))
     if not files:
         raise CheckpointError(f"resume_from: no checkpoint ({_PREFIX}*.pt) in {path!r}")
     return files[-1]
@@ -152,26 +327,32 @@ class Checkpointer:
         How many of the newest checkpoint files to keep.
     """
 
-    def __init__(self, folder: str, every: int = 1, keep: int = 2):
-        if not isinstance(every, int) or every < 0:
+    def __init__(self, folder: str, every: int = 1, keep: int = 2, adopt=()):
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
             raise CheckpointError(f"checkpoint_every: must be an integer >= 0, got {every!r}")
+        folder = os.fspath(folder)
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise CheckpointError(f"checkpoint_dir: {folder!r} is a file, not a folder")
         self.folder = folder
         self.every = every
         self.keep = max(1, int(keep))
-        self.written: list[str] = []
+        #: the files this checkpointer may prune: those it wrote, and those it adopted (the
+        #: checkpoints of the segment a resumed run continues)
+        self.written: list[str] = [os.path.abspath(os.fspath(p)) for p in adopt]
 
     def due(self, bcd_done: int) -> bool:
         return self.every > 0 and bcd_done % self.every == 0
 
     def write(self, snapshot: dict) -> str:
-        """Write a :func:`snapshot` and prune old files."""
+        """Write a :func:`snapshot` and prune the older files of this run (never another run's)."""
         name = os.path.join(self.folder, f"{_PREFIX}{snapshot['bcd_done']:06d}.pt")
         save_checkpoint(name, snapshot)
-        self.written.append(name)
-        existing = sorted(glob.glob(os.path.join(self.folder, f"{_PREFIX}*.pt")))
-        for old in existing[: -self.keep]:
+        full = os.path.abspath(name)
+        self.written = [p for p in self.written if p != full] + [full]
+        for old in sorted(self.written)[: -self.keep]:
             try:
                 os.unlink(old)
             except OSError:
                 pass
+            self.written.remove(old)
         return name

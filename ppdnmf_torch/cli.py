@@ -3,34 +3,49 @@
 Examples::
 
     ppdnmf                                    # the paper's synthetic experiment
-    ppdnmf experiment=paper_cbcl              # the CBCL faces experiment
+    ppdnmf experiment=paper_cbcl data.path=faces.mat   # the CBCL faces experiment
     ppdnmf solver.bcd_iters=20 exchange=quantized exchange.n_max=1e4
+    ppdnmf trials=100                         # 100 seeds as one batched computation
     ppdnmf -m seed=0,1,2                      # one run folder per seed
     ppdnmf --cfg job                          # show the composed config
     ppdnmf resume=outputs/<date>/<time>       # continue an interrupted run
 
 Hydra is used here only: the composed ``DictConfig`` is converted once into the typed
 :class:`~ppdnmf_torch.config.RunConfig`, and :func:`ppdnmf_torch.runner.run` does the work.
-A user error (a bad config value, unreadable data, an invalid graph, a codec overflow)
-is reported as one ``ppdnmf: error: ...`` line on stderr and exit code 2.
+A user error (a bad config value, unreadable data, an invalid graph, a codec overflow, a
+folder in use, a disk that is full or read-only) is reported as one ``ppdnmf: error: ...``
+line on stderr and exit code 2; the package's warnings (a degenerate result, data far
+from unit scale, no convergence) as one ``ppdnmf: warning: ...`` line each. A multirun
+goes on past a failed job and reports the failures at its end (exit code 2). Ctrl-C
+writes a checkpoint and prints the exact command that continues the run.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
+import secrets
+import shlex
 import sys
+import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._utils import ConfigError, PPDNMFError
-from .config import RunConfig, from_dict
+from .config import RunConfig, from_dict, to_dict
+from .errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning
 from .runner import format_summary, run
+from .solver import RunInterrupted
 
-__all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED"]
+__all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
+           "RESUME_SAFE_KEYS", "FAILED_NAME"]
+
 
 def _config_dir() -> str:
     """The config folder: ``ppdnmf_torch/conf`` in an installed package (the wheel ships the
@@ -50,6 +65,22 @@ CONFIG_DIR = _config_dir()
 EXIT_USER_ERROR = 2
 #: exit status after Ctrl-C (128 + SIGINT)
 EXIT_INTERRUPTED = 130
+#: a failed job of a multirun leaves this file (its one-line error) in its folder
+FAILED_NAME = "FAILED"
+#: the config keys ``resume=`` applies when given on the command line (they change no number
+#: of the iterations done); any other override that differs from the run's own is refused
+RESUME_SAFE_KEYS = ("solver.bcd_iters", "progress", "progress_interval", "threads", "checkpoint_every",
+                    "keep_checkpoints", "logger.flush_secs")
+
+
+def _run_id() -> str:
+    """A run folder's name: date, time to the millisecond and six random hex digits."""
+    now = datetime.datetime.now()
+    return f"{now:%Y-%m-%d}/{now:%H-%M-%S}.{now.microsecond // 1000:03d}-{secrets.token_hex(3)}"
+
+
+# cached per config: a run (and a multirun's jobs, which get the master config's cache) sees one id
+OmegaConf.register_new_resolver("ppdnmf.run_id", _run_id, use_cache=True, replace=True)
 
 
 def _resolve_paths(d: dict) -> dict:
@@ -81,14 +112,91 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return from_dict(_resolve_paths(d))
 
 
-def _resume_target(run_dir: str):
-    """``resume=<run dir>``: that run's own config, its folder, and its checkpoints."""
-    folder = os.path.normpath(to_absolute_path(os.path.expanduser(run_dir)))
+# --------------------------------------------------------------------------------------
+# resume=
+# --------------------------------------------------------------------------------------
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _unflat(flat: dict) -> dict:
+    out: dict = {}
+    for key, v in flat.items():
+        node = out
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return out
+
+
+def _overridden(task_overrides) -> list:
+    """The config keys (or groups) a command line set, Hydra's own and ``resume`` left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = []
+    for o in OverridesParser.create().parse_overrides(list(task_overrides)):
+        key = o.key_or_group
+        if key.split(".")[0] in ("hydra", "resume"):
+            continue
+        keys.append(key)
+    return keys
+
+
+def _changes(keys, new: dict, saved: dict) -> dict:
+    """``{flat key: (saved value, new value)}`` for the keys under the overridden ``keys`` whose
+    new value differs from the run's own (``experiment`` covers every key)."""
+    fn, fs = _flat(new), _flat(saved)
+    out = {}
+    for key in keys:
+        under = [k for k in set(fn) | set(fs) if key == "experiment" or k == key or k.startswith(key + ".")]
+        for k in sorted(under):
+            if k == "resume" or fs.get(k) == fn.get(k):
+                continue
+            section = k.rsplit(".", 1)[0] if "." in k else ""
+            if (k not in fn or k not in fs) and fs.get(f"{section}.kind") != fn.get(f"{section}.kind"):
+                continue  # a key of one kind only: the change of kind says it
+            out[k] = (fs.get(k), fn.get(k))
+    return out
+
+
+def _load_saved(folder: str) -> dict:
     cfg_file = os.path.join(folder, "config.yaml")
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"resume: {folder!r} is not a ppdnmf run folder (no config.yaml)")
-    with open(cfg_file, encoding="utf-8") as fh:
-        d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
+    try:
+        with open(cfg_file, encoding="utf-8") as fh:
+            d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
+    except Exception as exc:  # yaml's and omegaconf's many error types: the file is damaged
+        raise ConfigError(f"resume: {cfg_file} is not a readable run config ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the run cannot be resumed "
+                          "from it") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"resume: {cfg_file} does not hold a run config (a mapping), it holds {type(d).__name__}")
+    return d
+
+
+def _resume_target(run_dir: str, new: RunConfig | None = None, task_overrides=()):
+    """``resume=<run dir>``: that run's own config (with the safe overrides of this command line
+    applied, :data:`RESUME_SAFE_KEYS`), its folder, and its checkpoints.
+
+    Raises
+    ------
+    ConfigError
+        For a folder that is not an unfinished run with checkpoints, a damaged config, or an
+        override that would change the run (all of them listed).
+    """
+    folder = os.path.normpath(to_absolute_path(os.path.expanduser(run_dir)))
+    d = _load_saved(folder)
     if os.path.isfile(os.path.join(folder, "summary.json")):
         raise ConfigError(f"resume: {folder!r} holds a finished run (it has summary.json); nothing to resume, "
                           "and its outputs are left as they are")
@@ -97,61 +205,210 @@ def _resume_target(run_dir: str):
         raise ConfigError(f"resume: {folder!r} has no checkpoints: the run stopped before writing one (during the "
                           "centralized baseline, say); start it again")
     d["resume"] = None
-    return from_dict(d), folder, ckpt
+    try:
+        saved = to_dict(from_dict(d))
+    except PPDNMFError as exc:
+        raise ConfigError(f"resume: {os.path.join(folder, 'config.yaml')} holds an invalid run config ({exc})") from None
+    if new is not None:
+        changes = _changes(_overridden(task_overrides), to_dict(new), saved)
+        unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
+        if unsafe:
+            shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in unsafe.items())
+            raise ConfigError(f"resume: these overrides would change the run being resumed: {shown}; a resumed run "
+                              f"keeps its own config and takes only {', '.join(RESUME_SAFE_KEYS)}; start a fresh "
+                              "run for the others")
+        if changes:
+            flat = _flat(saved)
+            flat.update({k: b for k, (a, b) in changes.items()})
+            saved = _unflat(flat)
+    return from_dict(saved), folder, ckpt
 
 
-def _to_log_files(text: str, run_dir: str | None = None) -> None:
+# --------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------
+
+
+def _file_handlers():
+    return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and h.level <= logging.INFO]
+
+
+def _to_log_files(text: str, run_dir: str | None = None, level: int = logging.INFO) -> None:
     """The run's result lines into the log file Hydra keeps for this call (``ppdnmf.log``)
     and, for a resumed run, into the resumed run's own ``ppdnmf.log``; the console already
     got them from ``print``."""
-    handlers = [h for h in logging.getLogger().handlers
-                if isinstance(h, logging.FileHandler) and h.level <= logging.INFO]
+    handlers = _file_handlers()
     extra = None
     if run_dir is not None:
         path = os.path.abspath(os.path.join(run_dir, "ppdnmf.log"))
         if not any(os.path.abspath(h.baseFilename) == path for h in handlers):
-            extra = logging.FileHandler(path, encoding="utf-8")
-            if handlers:
+            try:
+                extra = logging.FileHandler(path, encoding="utf-8")
+            except OSError:
+                extra = None
+            if extra is not None and handlers:
                 extra.setFormatter(handlers[0].formatter)
     try:
         for handler in handlers + ([extra] if extra is not None else []):
             for line in text.splitlines():
-                handler.handle(logging.LogRecord(__name__, logging.INFO, __file__, 0, line, None, None))
+                try:
+                    handler.handle(logging.LogRecord(__name__, level, __file__, 0, line, None, None))
+                except OSError:  # a full disk must not hide the message itself
+                    pass
     finally:
         if extra is not None:
             extra.close()
 
 
-def _fail(exc: BaseException) -> None:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+#: the warnings the CLI shows as one line (with their category's reader-facing name)
+_OWN_WARNINGS = (DegenerateResultWarning, DataScaleWarning, ConvergenceWarning)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+    if not issubclass(category, _OWN_WARNINGS) and category.__name__ != "InsecureKeyWarning":
+        return _default(message, category, filename, lineno, file, line)
+    text = " ".join(str(message).split())
+    print(f"ppdnmf: warning: {text}", file=sys.stderr, flush=True)
+    _to_log_files(f"warning: {text}", level=logging.WARNING)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _io_text(exc: OSError, out_dir: str | None) -> str:
+    what = exc.strerror or type(exc).__name__
+    where = f"cannot write {exc.filename}" if exc.filename else "a file operation failed"
+    text = f"{where}: {what}" + (f" (errno {exc.errno})" if exc.errno else "")
+    ckpt = os.path.join(out_dir, "checkpoints") if out_dir else None
+    if ckpt and os.path.isdir(ckpt) and any(n.startswith("ckpt_bcd") for n in os.listdir(ckpt)):
+        text += f"; the checkpoints written so far are kept in {ckpt} (free the space, then: ppdnmf resume={shlex.quote(out_dir)})"
+    return text
+
+
+def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
+    if isinstance(exc, RunInterrupted):
+        if exc.checkpoint:
+            return (f"interrupted after BCD iteration {exc.bcd_done}; checkpoint {exc.checkpoint}; continue with: "
+                    f"ppdnmf resume={shlex.quote(out_dir)}")
+        return (f"interrupted after BCD iteration {exc.bcd_done}; this run keeps no checkpoints (batched trials): "
+                "there is nothing to resume")
+    return f"interrupted: {_one_line(exc)}" if str(exc) else "interrupted"
+
+
+def _is_multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # no Hydra config (called outside the app)
+        return False
+
+
+def _fail(text: str, out_dir: str | None) -> None:
+    """One ``ppdnmf: error:`` line; exit 2, or in a multirun a FAILED file and on to the next job."""
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_USER_ERROR)
+    _to_log_files(f"error: {text}", level=logging.ERROR)
+    if not _is_multirun():
+        sys.exit(EXIT_USER_ERROR)
+    if out_dir:
+        try:
+            with open(os.path.join(out_dir, FAILED_NAME), "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError:
+            pass
+
+
+def _check_writable(key: str, folder: str) -> None:
+    """Before Hydra writes into ``folder``: create it and write a probe file, or stop with one
+    line naming ``key`` (a read-only or full disk), exit 2."""
+    probe = os.path.join(folder, ".ppdnmf_probe")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "w", encoding="utf-8") as fh:
+            fh.write("ppdnmf\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.unlink(probe)
+    except OSError as exc:
+        where = exc.filename if exc.filename else folder
+        print(f"ppdnmf: error: {key}: cannot write {where}: {exc.strerror or type(exc).__name__}"
+              + (f" (errno {exc.errno})" if exc.errno else "") + "; choose another folder or free space",
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+
+
+class AppCallbacks(Callback):
+    """Hydra callbacks of the app: the run (or sweep) folder is checked to be writable before
+    Hydra writes into it (one error line instead of Hydra's traceback); at the end of a
+    multirun the failed jobs (their ``FAILED`` files) are listed, one line each, with exit
+    code 2 when any failed."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _check_writable("hydra.run.dir", os.path.abspath(str(config.hydra.run.dir)))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _check_writable("hydra.sweep.dir", os.path.abspath(str(config.hydra.sweep.dir)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep = str(config.hydra.sweep.dir)
+        if not os.path.isdir(sweep):
+            return
+        jobs, failed = 0, []
+        for name in sorted(os.listdir(sweep), key=lambda n: (len(n), n)):
+            job = os.path.join(sweep, name)
+            if os.path.isdir(os.path.join(job, ".hydra")):
+                jobs += 1
+                path = os.path.join(job, FAILED_NAME)
+                if os.path.isfile(path):
+                    with open(path, encoding="utf-8") as fh:
+                        failed.append((name, fh.read().strip()))
+        if failed:
+            lines = [f"ppdnmf: {len(failed)} of {jobs} jobs failed:"]
+            lines += [f"  job {name}: {text}" for name, text in failed]
+            print("\n".join(lines), file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+
+
+# --------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig):
+    out_dir = resume_from = None
     try:
-        run_cfg = to_run_config(cfg)
         out_dir = HydraConfig.get().runtime.output_dir
-        resume_from = None
+        run_cfg = to_run_config(cfg)
         if run_cfg.resume:
-            run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume)
+            run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume, run_cfg,
+                                                           HydraConfig.get().overrides.task)
         summary = run(run_cfg, out_dir, resume_from=resume_from)
     except PPDNMFError as exc:
-        _fail(exc)
+        key = exc.key or ""
+        if key == "out_dir":  # the folder: the one resumed, or the one Hydra made
+            where = "resume" if resume_from is not None else (
+                "hydra.sweep.dir" if _is_multirun() else "hydra.run.dir")
+            exc.renamed({"out_dir": where})
+        return _fail(_one_line(exc), out_dir)
+    except OSError as exc:  # a full disk, a read-only folder
+        return _fail(_io_text(exc, out_dir), out_dir)
     except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)
-        detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
-        print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
+        text = _interrupted_text(exc, out_dir)
+        print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
+        _to_log_files(text, level=logging.WARNING)
         sys.exit(EXIT_INTERRUPTED)
     text = format_summary(summary)
     print(text, flush=True)
     _to_log_files(text, out_dir if resume_from is not None else None)
     # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
-    return summary["nmse"]["distributed"]
+    nm = summary["nmse"]["distributed"]
+    return nm["mean"] if isinstance(nm, dict) else nm
 
 
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
+    warnings.showwarning = _show_warning
+    logging.raiseExceptions = False  # a log file on a full disk: no traceback per record
     _app()
 
 

@@ -17,13 +17,15 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 
 from .errors import ConfigError, PPDNMFError
-from .data import DATA_KINDS
+from .data import CBCL_HINT, DATA_KINDS
 from .exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
 from .graph import GRAPH_KINDS, GRAPH_PARAMS
 from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
 from .penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES, check_rank
 from .solver import CONSENSUS_FORMS, X_SOLVERS, X_WALKS
+from .penalties import PENALTY_SCHEDULES
+from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
 
 __all__ = [
     "RunConfig",
@@ -96,6 +98,9 @@ class DataConfig:
     noise_var: float | None = _spec(None, ge=0)
     delimiter: str | None = None
     negative: str = _spec("error", choices=NEGATIVE_MODES)
+    # divide Z by its largest absolute entry before the run (mu, eta and g_max are absolute:
+    # data far from unit scale can leave the factors at zero or at their start)
+    normalize: bool = False
     image_shape: list[int] | None = _spec(None, ge=1)
     split: SplitConfig = field(default_factory=SplitConfig)
 
@@ -142,6 +147,14 @@ class SolverConfig:
     consensus_form: str = _spec("derived", choices=CONSENSUS_FORMS)
     # compile the ADMM iterations with TorchInductor (faster for long runs; see fit)
     fuse: bool = False
+    # the caps g_i: paper (fixed) | adaptive (each agent's consensus-seeking rule; see fit)
+    penalty_schedule: str = _spec(_FIT_DEFAULTS["penalty_schedule"], choices=PENALTY_SCHEDULES)
+    # the start X_0: ones (the paper) | random (drawn from a seed every agent shares)
+    init: str = _spec(_FIT_DEFAULTS["init"], choices=INITS)
+    # seed of init=random (null: the run's seed)
+    init_seed: int | None = _spec(None, ge=0)
+    # the Y-step: admm (eqs. 12-14) | hals (y_iters HALS sweeps)
+    y_solver: str = _spec(_FIT_DEFAULTS["y_solver"], choices=Y_SOLVERS)
     # the X-step's solver: the paper's ADMM, or the incremental consensus engine (see fit)
     x_solver: str = _spec("admm", choices=X_SOLVERS)
     x_rho: float = _spec(0.1, gt=0)
@@ -207,9 +220,15 @@ def _paper_synthetic_data() -> DataConfig:
     return DataConfig(kind="synthetic", negative="allow", split=SplitConfig(lo=4, hi=40), **SYNTHETIC_DEFAULTS)
 
 
+def _paper_solver() -> SolverConfig:
+    """The solver of the paper's experiments: the library's defaults but the paper's caps, start and Y-step."""
+    return SolverConfig(**_PAPER_SETTINGS)
+
+
 @dataclass
 class RunConfig:
-    """One run of the app: the paper's synthetic experiment by default."""
+    """One run of the app: the paper's synthetic experiment by default (as ``ppdnmf`` with no
+    arguments, which composes ``experiment=paper_synthetic``)."""
 
     name: str = "custom"
     seed: int = _spec(0, ge=0)
@@ -218,13 +237,21 @@ class RunConfig:
     centralized: bool = True
     n_agents: int = _spec(10, ge=1)
     progress: bool = True
+    # off a terminal: seconds between two progress lines in the log
+    progress_interval: float = _spec(5.0, gt=0)
+    # CPU threads of torch's intra-op pool (None: the package's default, threads.default_threads)
+    threads: int | None = _spec(None, ge=1)
+    # independent trials (seeds seed, seed + 1, ...) run as one batched computation
+    trials: int = _spec(1, ge=1)
     # crash-safe checkpoints in <run dir>/checkpoints every this many BCD iterations (0: only on Ctrl-C)
     checkpoint_every: int = _spec(10, ge=0)
+    # keep the checkpoints of a run that finished (default: removed once the outputs are written)
+    keep_checkpoints: bool = False
     # a previous run's folder: continue it from its newest checkpoint (its own config is used)
     resume: str | None = None
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
-    solver: SolverConfig = field(default_factory=SolverConfig)
+    solver: SolverConfig = field(default_factory=_paper_solver)
     exchange: ExchangeSpec = field(default_factory=PlainSpec)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
@@ -384,6 +411,12 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 def _check_cross(cfg: RunConfig):
     """Rules that involve more than one value."""
+    if cfg.resume is not None and not cfg.resume.strip():
+        raise ConfigError("resume: is empty; give the folder of the run to continue (resume=outputs/<date>/<time>), "
+                          "or leave resume out for a fresh run")
+    if cfg.trials > 1 and cfg.resume is not None:
+        raise ConfigError("trials: batched trials keep no checkpoints, so there is nothing to resume; "
+                          "resume a single run (trials=1)")
     if not _DEVICE_RE.match(cfg.device.strip().lower()):
         raise ConfigError(f"device: unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
     N = cfg.n_agents
@@ -398,6 +431,8 @@ def _check_cross(cfg: RunConfig):
             if getattr(d, k) is not None:
                 raise ConfigError(f"data.{k}: applies to data.kind=synthetic only (kind is {d.kind!r})")
         if d.path is None or not str(d.path).strip():
+            if d.kind == "cbcl":
+                raise ConfigError(f"data.path: no CBCL data file given; {CBCL_HINT}")
             raise ConfigError(f"data.path: data.kind={d.kind} needs a file path (data.path=...)")
     if d.delimiter is not None and d.kind != "csv":
         raise ConfigError(f"data.delimiter: applies to data.kind=csv only (kind is {d.kind!r})")

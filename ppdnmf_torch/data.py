@@ -19,6 +19,7 @@ from ._utils import ConfigError, DataError, derive_seed, resolve_device, resolve
 __all__ = [
     "SyntheticData",
     "synthetic",
+    "sparse_poisson",
     "load_cbcl",
     "load_npy",
     "load_csv",
@@ -38,6 +39,8 @@ _CBCL_HINT = (
     "variable X (361 x 2429), or a folder of 19x19 .pgm images): data.path=... on the command line, "
     "data_path=... in run_experiment, or the environment variable PPDNMF_CBCL"
 )
+#: where to get the CBCL faces and how to point to them (in the errors that need the file)
+CBCL_HINT = _CBCL_HINT
 
 
 def _as_int(value, what: str, error=ConfigError) -> int:
@@ -143,6 +146,82 @@ def synthetic(
     Y = torch.empty(K, M, dtype=f64).exponential_(1.0 / float(y_mean), generator=gen)
     noise = torch.randn(L, M, dtype=f64, generator=gen) * math.sqrt(float(noise_var))
     Z = X @ Y + noise
+    return SyntheticData(
+        Z=Z.to(device=device, dtype=dtype),
+        X=X.to(device=device, dtype=dtype),
+        Y=Y.to(device=device, dtype=dtype),
+    )
+
+
+def sparse_poisson(
+    L=64,
+    M=400,
+    K=8,
+    density=0.25,
+    mean_count=30.0,
+    seed=0,
+    dtype=torch.float64,
+    device=None,
+) -> SyntheticData:
+    """Sparse nonnegative factors seen through Poisson counts: ``Z = Poisson(c X Y) / c``.
+
+    A structure unlike the paper's synthetic data (dense exponential factors, Gaussian
+    noise): each entry of ``X (L, K)`` and ``Y (K, M)`` is nonzero with probability
+    ``density`` (then exponential with mean 1), every column of ``X`` and of ``Y`` keeps
+    at least one nonzero entry (a row drawn uniformly), and the noise is Poisson, so its
+    variance grows with the signal, many entries of ``Z`` are exactly 0 and none is
+    negative. ``c`` scales ``X Y`` to ``mean_count`` counts per entry on average
+    (``E[Z] = X Y``; the relative noise of an average entry is about ``1/sqrt(mean_count)``).
+
+    All draws are made on the CPU in float64 from one ``torch.Generator`` seeded with
+    ``derive_seed(seed, "sparse_poisson")``, in the order: ``X``'s masks, values and kept
+    rows, then ``Y``'s, then the counts.
+
+    Parameters
+    ----------
+    L, M, K : int, default 64, 400, 8
+    density : float in (0, 1], default 0.25
+    mean_count : float > 0, default 30
+    seed : int, default 0
+    dtype : torch.dtype or str, default torch.float64
+    device : torch.device or str, optional
+
+    Returns
+    -------
+    SyntheticData
+        ``Z (L, M)``, ``X (L, K)``, ``Y (K, M)`` with ``E[Z] = X Y``.
+
+    Raises
+    ------
+    ConfigError
+        If a size is not a positive integer, ``density`` is not in ``(0, 1]`` or
+        ``mean_count`` is not positive.
+    """
+    L, M, K = (_as_int(v, name) for v, name in ((L, "L"), (M, "M"), (K, "K")))
+    for name, v in (("L", L), ("M", M), ("K", K)):
+        if v < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {v}")
+    if not (isinstance(density, (int, float)) and math.isfinite(density) and 0 < density <= 1):
+        raise ConfigError(f"density: must be a number in (0, 1], got {density!r}")
+    if not (isinstance(mean_count, (int, float)) and math.isfinite(mean_count) and mean_count > 0):
+        raise ConfigError(f"mean_count: must be a finite number > 0, got {mean_count!r}")
+    dtype = resolve_dtype(dtype)
+    device = _device(device)
+    gen = torch.Generator(device="cpu").manual_seed(derive_seed(_as_int(seed, "seed"), "sparse_poisson"))
+    f64 = torch.float64
+
+    def sparse(rows, cols):
+        mask = torch.rand(rows, cols, dtype=f64, generator=gen) < density
+        values = torch.empty(rows, cols, dtype=f64).exponential_(1.0, generator=gen)
+        keep = torch.randint(rows, (cols,), generator=gen)  # one nonzero per column at least
+        mask[keep, torch.arange(cols)] = True
+        return values * mask
+
+    X = sparse(L, K)
+    Y = sparse(K, M)
+    rates = X @ Y
+    c = float(mean_count) / float(rates.mean())
+    Z = torch.poisson(rates * c, generator=gen) / c
     return SyntheticData(
         Z=Z.to(device=device, dtype=dtype),
         X=X.to(device=device, dtype=dtype),
@@ -289,6 +368,8 @@ def _existing_file(path, what: str) -> str:
     if path is None:
         raise DataError(f"path: a {what} file path is required (pass data.path=...)")
     p = os.fspath(path)
+    if os.path.isdir(p):
+        raise DataError(f"path: {p!r} is a folder; expected a {what} file")
     if not os.path.isfile(p):
         raise DataError(f"path: {what} file not found: {p!r}")
     return p

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning"]
+__all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
+           "DataScaleWarning"]
 
 # a leading "key: " (dotted, indexed or composite names: data.split.counts[0], key_bits/n_max)
 _HEAD = re.compile(r"^([A-Za-z_][\w.\[\]]*(?:/[A-Za-z_][\w.\[\]]*)*): (.*)$", re.S)
@@ -90,3 +91,7 @@ class ConvergenceWarning(UserWarning):
 
 class DegenerateResultWarning(UserWarning):
     """A run finished, but its factors are degenerate (all-zero, no better than zero, unmoved)."""
+
+
+class DataScaleWarning(UserWarning):
+    """The data's largest entry is far from 1 (the penalties act on absolute values)."""

@@ -28,11 +28,19 @@ from .errors import ConfigError
 from .exchange import exchange_spec
 from .graph import complete
 from .inputs import build_graph, load_data, make_split
+from .solver.state import PAPER_SETTINGS
 
-__all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "DEFAULT_CBCL_PATH"]
+__all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "CBCL_ENV", "default_cbcl_path"]
 
-#: where the tests and scripts look for the CBCL file unless told otherwise
-DEFAULT_CBCL_PATH = "../shared/data/cbcl_faces_train.mat"
+#: the environment variable that names the CBCL file when no path is given (as in the CLI)
+CBCL_ENV = "PPDNMF_CBCL"
+
+
+def default_cbcl_path() -> str | None:
+    """The CBCL file named by ``$PPDNMF_CBCL``, or None: there is no default path (the error
+    that follows says where to get the file)."""
+    return os.environ.get(CBCL_ENV) or None
+
 
 #: The paper's parameters (Sec. IV) as run configs; ``conf/experiment/*.yaml`` compose to the
 #: same values (tests/test_experiments.py checks that they agree).
@@ -40,13 +48,15 @@ PAPER_EXPERIMENTS = {
     "paper_synthetic": RunConfig(
         name="paper_synthetic", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
         data=DataConfig(kind="synthetic", negative="allow", split=SplitConfig(lo=4, hi=40), **SYNTHETIC_DEFAULTS),
-        solver=SolverConfig(rank=5, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100, x_iters=30, y_iters=30),
+        solver=SolverConfig(rank=5, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100, x_iters=30, y_iters=30,
+                            **PAPER_SETTINGS),
     ),
     "paper_cbcl": RunConfig(
         name="paper_cbcl", n_agents=10, graph=GraphConfig(kind="random", avg_degree=3.0),
-        data=DataConfig(kind="cbcl", path=DEFAULT_CBCL_PATH, negative="error", image_shape=[19, 19],
+        data=DataConfig(kind="cbcl", path=None, negative="error", image_shape=[19, 19],
                         split=SplitConfig(lo=224, hi=245)),
-        solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=100, x_iters=30, y_iters=30),
+        solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=100, x_iters=30, y_iters=30,
+                            **PAPER_SETTINGS),
     ),
 }
 # The same setups with the X-step of the privacy-preserving incremental ADMM (arXiv 2003.10615,
@@ -162,9 +172,9 @@ def _resolve(experiment, overrides: dict) -> RunConfig:
         else:
             raise ConfigError(f"{key}: not an option of run_experiment; use one of "
                               f"{sorted(set(_SOLVER_KEYS) | set(_EXCHANGE_KEYS) | set(_OTHER_KEYS))}")
-    if d["data"]["kind"] == "cbcl" and "data_path" not in overrides and d["data"]["path"] == DEFAULT_CBCL_PATH:
+    if d["data"]["kind"] == "cbcl" and "data_path" not in overrides and d["data"]["path"] is None:
         # not given: the environment's, as the CLI's default does
-        d["data"]["path"] = os.environ.get("PPDNMF_CBCL", DEFAULT_CBCL_PATH)
+        d["data"]["path"] = default_cbcl_path()
     kind = flat.pop("exchange", cfg.exchange.kind)
     base = {k: v for k, v in d.pop("exchange").items() if k != "kind"} if kind == cfg.exchange.kind else {}
     spec = exchange_spec(kind, **flat, options={**base, **options})
@@ -174,7 +184,7 @@ def _resolve(experiment, overrides: dict) -> RunConfig:
 
 
 def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = True,
-                   device="auto", dtype=torch.float64, callback=None, **overrides) -> ExperimentResult:
+                   device="auto", dtype=torch.float64, callback=None, threads=None, **overrides) -> ExperimentResult:
     """Run an experiment as ``trials`` batched independent trials.
 
     Parameters
@@ -195,14 +205,18 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
         As in :func:`ppdnmf_torch.fit`.
     callback : callable, optional
         Receives the distributed run's :class:`~ppdnmf_torch.solver.IterationInfo`.
+    threads : int, optional
+        As in :func:`ppdnmf_torch.fit` (None: the package's default).
     **overrides
         The solver keywords of :func:`ppdnmf_torch.fit` (``rank``, ``mu``, ``eta``,
         ``g_max``, ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``,
-        ``penalty``, ``consensus_form``, ``fuse``, ...), its exchange keywords
-        (``exchange``, ``protocol``, ``n_max``, ``key_bits``, ``g_bits``,
-        ``exchange_options``); and ``n_agents``, ``avg_degree``, ``graph`` (a graph section,
-        e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``, ``data_path``. Others (``negative``,
-        checkpoints) raise :class:`~ppdnmf_torch.ConfigError`.
+        ``penalty``, ``consensus_form``, ``fuse``, ``penalty_schedule``, ``init``,
+        ``init_seed``, ``y_solver``, ...; the presets keep the paper's ``"paper"``, ``"ones"``,
+        ``"admm"``), its exchange keywords (``exchange``, ``protocol``, ``n_max``,
+        ``key_bits``, ``g_bits``, ``exchange_options``); and ``n_agents``, ``avg_degree``,
+        ``graph`` (a graph section, e.g. ``{"kind": "ring"}``), ``columns=(lo, hi)``,
+        ``data_path``. Others (``negative``, checkpoints) raise
+        :class:`~ppdnmf_torch.ConfigError`.
 
     Returns
     -------
@@ -213,12 +227,13 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     cfg = _resolve(name, overrides)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     seeds = [int(seed) + t for t in range(trials)]
-    Z_fixed = data_mod.load_cbcl(cfg.data.path) if cfg.data.kind == "cbcl" else None
+    # a file's matrix is the same in every trial: loaded (and normalized) once
+    Z_fixed = load_data(cfg)[0] if cfg.data.kind != "synthetic" else None
     pairs = [make_trial(cfg, s, Z_fixed) for s in seeds]
     block_lists, graphs = [p[0] for p in pairs], [p[1] for p in pairs]
     solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if v is not None}
     rank = solver.pop("rank")
-    common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, **solver)
+    common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, threads=threads, **solver)
     t0 = time.perf_counter()
     dist = fit_trials(block_lists, graphs, rank, exchange=cfg.exchange, callback=callback, **common)
     seconds = {"distributed": time.perf_counter() - t0}

@@ -4,6 +4,7 @@ experiments build every trial this way, so a trial of :func:`~ppdnmf_torch.run_e
 with seed ``s`` is the CLI run with ``seed=s``. Errors name the config's keys."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -33,10 +34,22 @@ class RunInputs:
     graph: Graph
     device: torch.device
     dtype: torch.dtype
+    #: what the data were divided by (``data.normalize``; 1.0 otherwise): ``Z = scale * self.Z``
+    scale: float = 1.0
+
+
+def normalized(Z: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``(Z / max|Z|, max|Z|)`` (``data.normalize``): the largest entry becomes 1 (an all-zero
+    ``Z`` is left as it is, with scale 1)."""
+    scale = float(Z.abs().max()) if Z.numel() else 0.0
+    if not scale > 0 or scale == 1.0:
+        return Z, 1.0
+    return Z / scale, scale
 
 
 def load_data(cfg: RunConfig) -> tuple[torch.Tensor, tuple[int, int] | None]:
-    """``Z (L, M)`` float64 on the CPU, and the image shape (or None) of ``cfg.data``."""
+    """``Z (L, M)`` float64 on the CPU (divided by its largest absolute entry with
+    ``data.normalize``), and the image shape (or None) of ``cfg.data``."""
     d = cfg.data
     try:
         if d.kind == "synthetic":
@@ -46,6 +59,8 @@ def load_data(cfg: RunConfig) -> tuple[torch.Tensor, tuple[int, int] | None]:
             Z = data_mod.load_matrix(d.kind, d.path, **kw)
     except PPDNMFError as exc:
         raise exc.within("data") from None
+    if d.normalize:
+        Z = normalized(Z)[0]
     shape = tuple(d.image_shape) if d.image_shape is not None else None
     if shape is None and d.kind == "cbcl":
         shape = tuple(data_mod.CBCL_SHAPE)
@@ -87,9 +102,16 @@ def build_graph(cfg: RunConfig) -> Graph:
 def build_inputs(cfg: RunConfig) -> RunInputs:
     """Step 1: the data, its split over the agents, the graph, the device and the dtype."""
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    normalize = cfg.data.normalize
+    if normalize:  # load as is, to know the scale; load_data would divide without saying by what
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, normalize=False))
     Z, image_shape = load_data(cfg)
+    scale = 1.0
+    if normalize:
+        Z, scale = normalized(Z)
     counts = make_split(cfg, Z.shape[1])
     graph = build_graph(cfg)
-    log.info("data %s: Z %d x %d; %d agents, %d edges (%s graph); columns per agent %s",
-             cfg.data.kind, Z.shape[0], Z.shape[1], graph.n_agents, graph.n_edges, cfg.graph.kind, counts)
-    return RunInputs(Z, image_shape, counts, graph, device, dtype)
+    log.info("data %s: Z %d x %d%s; %d agents, %d edges (%s graph); columns per agent %s",
+             cfg.data.kind, Z.shape[0], Z.shape[1], f" (divided by {scale:.6g})" if scale != 1.0 else "",
+             graph.n_agents, graph.n_edges, cfg.graph.kind, counts)
+    return RunInputs(Z, image_shape, counts, graph, device, dtype, scale)

@@ -20,9 +20,11 @@ import torch
 
 from ._utils import ConfigError, derive_seed
 
-__all__ = ["PenaltySampler", "PENALTY_MODES"]
+__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds"]
 
 PENALTY_MODES = ("random", "fixed")
+#: how the caps ``g_i`` evolve: fixed (the paper), or each agent's consensus-seeking rule
+PENALTY_SCHEDULES = ("paper", "adaptive")
 
 
 class PenaltySampler:
@@ -47,11 +49,19 @@ class PenaltySampler:
             raise ConfigError(f"penalty: unknown mode {mode!r}; use one of {PENALTY_MODES}")
         self.mode = mode
         self.cap_e = caps[src]
+        self._src = src
         self.edges_per_trial = list(edges_per_trial)
         self.x_iters = int(x_iters)
         self.generators = [torch.Generator().manual_seed(derive_seed(s, "penalties")) for s in seeds]
         self._block = None
         self._block_host = None
+        self._cap_host = self.cap_e.cpu()
+
+    def set_caps(self, caps: torch.Tensor) -> None:
+        """New per-node caps ``(A,)`` float64 (``penalty_schedule="adaptive"``), from the next
+        draw on; a cap never falls below the draws already made, so the draws stay in
+        ``(g_prev, g_i]``."""
+        self.cap_e = caps.to(device=self.cap_e.device, dtype=torch.float64)[self._src]
         self._cap_host = self.cap_e.cpu()
 
     def initial(self) -> torch.Tensor:
@@ -109,3 +119,16 @@ class PenaltySampler:
     def load_state_dict(self, state: dict) -> None:
         for gen, s in zip(self.generators, state["generators"]):
             gen.set_state(s)
+
+
+#: ``penalty_schedule="adaptive"`` grows a cap to at most this many times its configured value
+MAX_CAP_RATIO = 32.0
+
+
+def cap_bounds(caps: torch.Tensor, schedule: str) -> torch.Tensor:
+    """The largest value each cap can take during a run: the caps themselves (``paper``), or
+    :data:`MAX_CAP_RATIO` times them (``adaptive``, :mod:`ppdnmf_torch.solver.schedule`).
+    The integer codec's range is checked against these before a run starts."""
+    if schedule not in PENALTY_SCHEDULES:
+        raise ConfigError(f"penalty_schedule: unknown value {schedule!r}; use one of {PENALTY_SCHEDULES}")
+    return caps * MAX_CAP_RATIO if schedule == "adaptive" else caps

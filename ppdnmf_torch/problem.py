@@ -3,6 +3,10 @@ caps) into a validated one (:func:`build_problem`)."""
 from __future__ import annotations
 
 import math
+import numbers
+import operator
+import os
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
@@ -10,11 +14,13 @@ from typing import Sequence
 import torch
 
 from ._utils import ConfigError, DataError
+from .diagnostics import scale_warning
+from .errors import DataScaleWarning
 from .graph.topology import Topology
 from .graph import Graph, from_adjacency
 
-__all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "check_data", "build_problem",
-           "padded_width", "NEGATIVE_MODES"]
+__all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "as_seed", "check_data", "build_problem",
+           "padded_width", "check_iteration_buffers", "NEGATIVE_MODES"]
 
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
 
@@ -43,6 +49,8 @@ class Problem:
     n_agents : int, optional
         The real agents: ``Z.shape[1]`` may hold isolated dummy agents after them
         (alignment padding of batched trials); they are left out of every metric.
+    init_seeds : list of int, optional
+        One seed per trial for the seeded start (``init="random"``); None: ``seeds``.
     """
 
     Z: torch.Tensor
@@ -51,10 +59,13 @@ class Problem:
     caps: torch.Tensor
     seeds: list
     n_agents: int | None = None
+    init_seeds: list | None = None
 
     def __post_init__(self):
         if self.n_agents is None:
             self.n_agents = self.Z.shape[1]
+        if self.init_seeds is None:
+            self.init_seeds = list(self.seeds)
 
     @property
     def shape(self):
@@ -93,12 +104,43 @@ def _to_tensor(x, what: str) -> torch.Tensor:
         try:
             import numpy as np  # only for array-likes handed in by the user
 
-            t = torch.as_tensor(np.asarray(x, dtype=np.float64))
+            arr = np.asarray(x)
+            if np.iscomplexobj(arr):  # float64 conversion would drop the imaginary parts
+                raise DataError(f"{what}: expected a real numeric matrix, got complex values (dtype {arr.dtype})")
+            t = torch.as_tensor(np.asarray(arr, dtype=np.float64))
         except (TypeError, ValueError) as exc:
+            if isinstance(exc, DataError):
+                raise
             raise DataError(f"{what}: cannot be read as a numeric matrix ({exc})") from None
     if not (t.is_floating_point() or t.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
         raise DataError(f"{what}: expected a real numeric matrix, got dtype {t.dtype}")
     return t.to(torch.float64)
+
+
+def _is_block_list(Z) -> bool:
+    """A list or tuple of per-agent blocks (each 2-D), as opposed to a nested list of rows."""
+    if not isinstance(Z, (list, tuple)) or not Z:
+        return False
+    return all(isinstance(b, torch.Tensor) and b.dim() == 2 or hasattr(b, "ndim") and b.ndim == 2
+               or isinstance(b, (list, tuple)) and b and isinstance(b[0], (list, tuple)) for b in Z)
+
+
+def _as_counts(columns, n_agents: int) -> list:
+    """``columns`` as a list of integer counts (integral floats accepted; a string, a
+    fractional count or a bool is refused, never truncated)."""
+    if isinstance(columns, (str, bytes)) or not hasattr(columns, "__iter__"):
+        raise ConfigError(f"columns: expected a sequence of {n_agents} integer counts, got {columns!r}")
+    out = []
+    for i, c in enumerate(list(columns.tolist() if hasattr(columns, "tolist") else columns)):
+        if isinstance(c, bool) or not isinstance(c, numbers.Real):
+            raise ConfigError(f"columns: count {i} is {c!r}; every count must be an integer")
+        if isinstance(c, numbers.Integral):
+            out.append(int(c))
+        elif math.isfinite(c) and float(c).is_integer():
+            out.append(int(c))
+        else:
+            raise ConfigError(f"columns: count {i} is {c!r}; every count must be an integer (none is rounded)")
+    return out
 
 
 def as_blocks(Z, n_agents: int, columns: Sequence[int] | None = None) -> list[torch.Tensor]:
@@ -106,7 +148,7 @@ def as_blocks(Z, n_agents: int, columns: Sequence[int] | None = None) -> list[to
 
     ``columns=None`` splits as evenly as possible (the first ``M mod N`` agents get one more).
     """
-    if isinstance(Z, (list, tuple)):
+    if _is_block_list(Z):
         if columns is not None:
             raise ConfigError("columns: give either a list of per-agent blocks or a matrix with columns=, not both")
         blocks = [_to_tensor(b, f"Z[{i}]") for i, b in enumerate(Z)]
@@ -117,6 +159,8 @@ def as_blocks(Z, n_agents: int, columns: Sequence[int] | None = None) -> list[to
                 raise DataError(f"Z[{i}]: expected a 2-D block (L, M_i), got shape {tuple(b.shape)}")
             if b.shape[1] < 1:
                 raise DataError(f"Z[{i}]: agent {i} has no columns")
+            if b.shape[0] < 1:
+                raise DataError(f"Z[{i}]: the block is empty (shape {tuple(b.shape)}); it needs at least one row")
             if b.shape[0] != blocks[0].shape[0]:
                 raise DataError(
                     f"Z[{i}]: has {b.shape[0]} rows but Z[0] has {blocks[0].shape[0]}; all blocks need the same L"
@@ -126,12 +170,15 @@ def as_blocks(Z, n_agents: int, columns: Sequence[int] | None = None) -> list[to
     if Zt.dim() != 2:
         raise DataError(f"Z: expected a 2-D matrix (L, M), got shape {tuple(Zt.shape)}")
     L, M = Zt.shape
+    if L == 0 or M == 0:
+        raise DataError(f"Z: the matrix is empty (shape {tuple(Zt.shape)}); it needs at least one row and one "
+                        "column per agent")
     if columns is None:
         if M < n_agents:
             raise DataError(f"Z: has {M} columns, fewer than the {n_agents} agents; every agent needs a column")
         base, extra = divmod(M, n_agents)
         columns = [base + (1 if i < extra else 0) for i in range(n_agents)]
-    columns = [int(c) for c in columns]
+    columns = _as_counts(columns, n_agents)
     if len(columns) != n_agents:
         raise DataError(f"columns: got {len(columns)} counts but the graph has {n_agents} agents")
     if any(c < 1 for c in columns):
@@ -147,7 +194,13 @@ def as_caps(g_max, n_agents: int) -> torch.Tensor:
     if isinstance(g_max, (int, float)) and not isinstance(g_max, bool):
         caps = torch.full((n_agents,), float(g_max), dtype=torch.float64)
     else:
-        caps = torch.as_tensor(list(g_max) if not isinstance(g_max, torch.Tensor) else g_max, dtype=torch.float64).reshape(-1)
+        if g_max is None or isinstance(g_max, (bool, str, bytes)) or not hasattr(g_max, "__iter__"):
+            raise ConfigError(f"g_max: expected a number > 0 or a sequence of {n_agents} numbers, got {g_max!r}")
+        vals = list(g_max) if not isinstance(g_max, torch.Tensor) else g_max
+        if not isinstance(vals, torch.Tensor) and any(isinstance(v, bool) or not isinstance(v, numbers.Real)
+                                                      for v in vals):
+            raise ConfigError(f"g_max: every cap must be a number > 0, got {list(vals)!r}")
+        caps = torch.as_tensor(vals, dtype=torch.float64).reshape(-1)
         if caps.numel() != n_agents:
             raise ConfigError(f"g_max: got {caps.numel()} caps but there are {n_agents} agents")
     if not bool(torch.isfinite(caps).all()) or not bool((caps > 0).all()):
@@ -170,14 +223,18 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     if negative not in NEGATIVE_MODES:
         raise ConfigError(f"negative: unknown mode {negative!r}; use one of {NEGATIVE_MODES}")
     # one pass per block: a NaN makes both extremes NaN, an Inf one of them infinite
-    lows = []
+    lows, highs = [], []
     for i, b in enumerate(blocks):
         lo, hi = (float(v) for v in torch.aminmax(b))
         if not (math.isfinite(lo) and math.isfinite(hi)):
             r, c = (int(v) for v in torch.nonzero(~torch.isfinite(b))[0])
             raise DataError(f"Z: agent {i}'s block has a NaN or Inf entry at row {r}, column {c} (of the block)")
         lows.append(lo)
+        highs.append(hi)
     zmin = min(lows)
+    text = scale_warning(max(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)))
+    if text is not None:
+        warnings.warn(text, DataScaleWarning, stacklevel=4)  # the caller of fit (through with_threads)
     if zmin < 0:
         if negative == "error":
             i = next(k for k, lo in enumerate(lows) if lo < 0)
@@ -213,7 +270,7 @@ def padded_width(m: int) -> int:
     return -(-int(m) // COLUMN_CHUNK) * COLUMN_CHUNK
 
 
-def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None) -> Problem:
+def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None, init_seeds=None) -> Problem:
     """Stack ``T`` trials into one padded :class:`Problem`.
 
     Parameters
@@ -228,6 +285,8 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
         Where ``Z``, the counts, the caps and the topology live.
     rank : int, optional
         ``K``; with ``T > 1`` it sets the agent padding below.
+    init_seeds : list (T) of int, optional
+        Seeds of the seeded start (``init="random"``); None: ``seeds``.
 
     Notes
     -----
@@ -259,7 +318,8 @@ def build_problem(block_lists, graphs, caps, seeds, *, dtype, device, rank=None)
     caps_p = torch.ones((T, Np), dtype=torch.float64)
     caps_p[:, :N] = caps
     return Problem(Z=Z.to(device), counts=counts.to(device), topology=topo,
-                   caps=caps_p.to(device=device), seeds=[int(s) for s in seeds], n_agents=N)
+                   caps=caps_p.to(device=device), seeds=[int(s) for s in seeds], n_agents=N,
+                   init_seeds=None if init_seeds is None else [int(s) for s in init_seeds])
 
 
 def check_rank(rank, L: int) -> int:
@@ -277,3 +337,42 @@ def finite_positive(name, value, *, minimum=0.0, inclusive=False):
         rel = ">=" if inclusive else ">"
         raise ConfigError(f"{name}: must be a finite number {rel} {minimum:g}, got {value!r}")
     return value
+
+
+def as_seed(seed, name: str = "seed") -> int:
+    """``seed`` as a Python int (numpy integers accepted; a float, a bool or None is refused,
+    never truncated)."""
+    if isinstance(seed, bool):
+        raise ConfigError(f"{name}: must be an integer, got {seed!r}")
+    try:
+        return operator.index(seed)
+    except TypeError:
+        raise ConfigError(f"{name}: must be an integer, got {seed!r} ({type(seed).__name__})") from None
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no bound known
+        return None
+
+
+def check_iteration_buffers(problem: Problem, rank: int, x_iters: int) -> None:
+    """Refuse an X-step whose per-ADMM-iteration buffers (the penalty draws of every directed
+    edge and the per-agent penalty sums and spectral factors, each ``x_iters`` long) would
+    not fit in this machine's memory, before they are allocated.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``x_iters``, with the size asked for and the memory there is.
+    """
+    T, N = problem.Z.shape[:2]
+    per_iter = 8 * (T * N * (int(rank) + 2) + 6 * int(problem.topology.n_directed_edges))
+    need, have = per_iter * int(x_iters), _memory_bytes()
+    if have is not None and need > have // 2:
+        raise ConfigError(
+            f"x_iters: {x_iters} ADMM iterations per X-step need about {need / 2**30:.3g} GiB of per-iteration "
+            f"buffers (penalty draws and sums, {per_iter} bytes per iteration), more than half of this machine's "
+            f"{have / 2**30:.3g} GiB; use fewer iterations"
+        )

@@ -1,31 +1,135 @@
-"""Progress of a CLI run: a tqdm bar on a terminal (stderr), nothing elsewhere."""
+"""Progress of a CLI run: a tqdm bar on a terminal, log lines everywhere else.
+
+On a terminal (stderr is a tty) each phase shows a tqdm bar, as before. Off a terminal
+(nohup, a scheduler, joblib workers, a pipe) there is no bar: every ``interval`` seconds,
+and at the first and the last BCD iteration, one line goes to the ``ppdnmf_torch.progress``
+logger (iteration, NMSE, consensus error, elapsed time, ETA), so Hydra's ``ppdnmf.log`` and
+the console get it. On a terminal those lines still go to the log files, never to a
+terminal the bar is drawn on.
+"""
 from __future__ import annotations
 
-__all__ = ["Progress"]
+import logging
+import sys
+import time
+
+__all__ = ["Progress", "format_seconds", "log"]
+
+log = logging.getLogger("ppdnmf_torch.progress")
+
+
+def format_seconds(s: float) -> str:
+    """``"4.2 s"``, ``"3 min 12 s"``, ``"2 h 19 min"``."""
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(round(s)), 60)
+    if m < 60:
+        return f"{m} min {sec} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
+
+
+class _OffTerminal(logging.Filter):
+    """Drops progress records on handlers that write to a terminal (where the bar is)."""
+
+    def filter(self, record):
+        return record.name != log.name
+
+
+def _stream_is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 class Progress:
     """One phase of a run (the centralized baseline, the distributed fit), ``total`` BCD iterations.
 
-    :meth:`update` after every BCD iteration with the values to show; :meth:`close` at the end.
+    Parameters
+    ----------
+    enabled : bool
+        Report at all (a bar on a terminal, log lines elsewhere).
+    total : int
+        BCD iterations of the phase.
+    label : str
+    interval : float
+        Seconds between two log lines (off a terminal).
+    start : int
+        Iterations already done (a resumed run).
+    bar : bool, optional
+        Force the bar on (True) or off (False); default: when stderr is a terminal.
+
+    :meth:`update` after every BCD iteration with the iteration and its metrics; :meth:`close`
+    at the end.
     """
 
-    def __init__(self, enabled: bool, total: int, label: str):
+    def __init__(self, enabled: bool, total: int, label: str, *, interval: float = 5.0, start: int = 0,
+                 bar: bool | None = None):
+        self.enabled, self.total, self.label = bool(enabled), int(total), label
+        self.interval, self.start = float(interval), int(start)
         self.bar = None
-        if enabled:
+        self._t0 = time.perf_counter()
+        self._last_line = None
+        self._filtered = []
+        if not self.enabled:
+            return
+        if bar if bar is not None else _stream_is_tty(sys.stderr):
             from tqdm.auto import tqdm
 
-            # disable=None: tqdm switches itself off when stderr is not a terminal
-            self.bar = tqdm(total=total, desc=label, unit="it", leave=True, dynamic_ncols=True, disable=None)
+            self.bar = tqdm(total=self.total, initial=self.start, desc=label, unit="it", leave=True,
+                            dynamic_ncols=True)
+            self._keep_lines_off_terminal()
 
-    def update(self, shown: dict) -> None:
+    def _keep_lines_off_terminal(self) -> None:
+        handlers = set(logging.getLogger().handlers) | set(log.handlers)
+        for h in handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
+                    and _stream_is_tty(getattr(h, "stream", None)):
+                f = _OffTerminal()
+                h.addFilter(f)
+                self._filtered.append((h, f))
+
+    def line(self, iteration: int, metrics: dict) -> str:
+        """The log line of ``iteration`` (``metrics``: floats; ``nmse``, ``consensus``, ``central``)."""
+        elapsed = time.perf_counter() - self._t0
+        done = iteration - self.start
+        parts = [f"{self.label}: BCD iteration {iteration}/{self.total}"]
+        if "nmse" in metrics:
+            parts.append(f"NMSE {metrics['nmse']:.6g}")
+        if "consensus" in metrics:
+            parts.append(f"consensus {metrics['consensus']:.3g}")
+        if "central" in metrics:
+            parts.append(f"centralized {metrics['central']:.6g}")
+        parts.append(f"elapsed {format_seconds(elapsed)}")
+        if 0 < done and iteration < self.total:
+            parts.append(f"ETA {format_seconds(elapsed / done * (self.total - iteration))}")
+        return ", ".join(parts)
+
+    def update(self, iteration: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
         if self.bar is not None:
+            shown = {"nmse": f"{metrics['nmse']:.4g}"} if "nmse" in metrics else {}
+            if "consensus" in metrics:
+                shown["cons"] = f"{metrics['consensus']:.2g}"
+            if "central" in metrics:
+                shown["central"] = f"{metrics['central']:.4g}"
             self.bar.update(1)
             self.bar.set_postfix(shown, refresh=False)
+        now = time.perf_counter()
+        due = self._last_line is None or now - self._last_line >= self.interval or iteration >= self.total
+        if due:
+            self._last_line = now
+            log.info(self.line(iteration, metrics))
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        for h, f in self._filtered:
+            h.removeFilter(f)
+        self._filtered = []
 
     def __enter__(self):
         return self

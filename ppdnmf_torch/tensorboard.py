@@ -4,20 +4,32 @@ Only the runner, the CLI and this module import :mod:`torch.utils.tensorboard`; 
 numerical core never does. The image helpers (:func:`make_grid`, :func:`basis_images`,
 :func:`column_images`) are plain torch and need no torchvision.
 
-Tags written by :class:`TensorBoardLogger`, one step per BCD iteration:
+One run is one TensorBoard run: every event of it, the hparams summary included, is in its
+``log_dir`` (no ``hparams/`` sub-run). The headline charts come first: TensorBoard orders
+tag groups by name, so they carry a number, and the Custom Scalars tab holds a layout with
+the distributed and centralized NMSE in one chart and the consensus error on a log scale.
+Tags, one step per BCD iteration:
 
-* ``nmse/distributed``, ``nmse/centralized``, ``consensus``, ``objective``,
-  ``centralized/objective``
-* ``admm/x_primal``, ``admm/x_dual``, ``admm/y_primal``, ``admm/y_dual``
+* ``1_nmse/distributed``, ``1_nmse/centralized``: the paper's NMSE (not squared);
+* ``2_consensus/error`` and ``2_consensus/log10`` (its base-10 logarithm: TensorBoard has no
+  default log axis per chart, and the consensus error spans many decades);
+* ``3_objective/distributed``, ``3_objective/centralized``;
+* ``admm/x_primal``, ``admm/x_dual``, ``admm/y_primal``, ``admm/y_dual``;
 * ``time/x_step``, ``time/y_step`` (seconds per step), ``time/iteration`` (wall time
-  between two callbacks, metrics and logging included)
+  between two callbacks, metrics and logging included);
 * ``crypto/<name>``: cumulative exchange costs (after each BCD iteration, when the
   exchange reports any); ``crypto_admm/<name>``: per-ADMM-iteration records, step
-  ``(bcd_iter - 1) * x_iters + admm_iter``
-* ``images/basis``, ``images/samples`` for image data; an hparams summary under ``hparams/``.
+  ``(bcd_iter - 1) * x_iters + admm_iter``;
+* ``images/basis``, ``images/samples`` for image data; the hparams summary (with
+  ``hparam/<metric>`` scalars) at the end.
+
+A resumed run (``resume_at``) first rewrites the folder's earlier event files without the
+events after its checkpoint (and without the centralized baseline, which it runs again), so
+that no step is shown twice.
 """
 from __future__ import annotations
 
+import glob
 import math
 import numbers
 import os
@@ -36,19 +48,37 @@ __all__ = [
     "column_images",
     "numeric_items",
     "SCALAR_TAGS",
+    "CENTRAL_TAGS",
+    "CONSENSUS_LOG_TAG",
+    "LAYOUT",
 ]
 
 #: per-BCD-iteration history keys of :class:`~ppdnmf_torch.api.FitResult` and their tags
 SCALAR_TAGS = {
-    "nmse": "nmse/distributed",
-    "consensus": "consensus",
-    "objective": "objective",
+    "nmse": "1_nmse/distributed",
+    "nmse_worst": "1_nmse/worst_agent_refit",
+    "consensus": "2_consensus/error",
+    "objective": "3_objective/distributed",
     "x_primal": "admm/x_primal",
     "x_dual": "admm/x_dual",
     "y_primal": "admm/y_primal",
     "y_dual": "admm/y_dual",
 }
+#: the centralized baseline's tags
+CENTRAL_TAGS = {"nmse": "1_nmse/centralized", "objective": "3_objective/centralized"}
+#: the base-10 logarithm of the consensus error
+CONSENSUS_LOG_TAG = "2_consensus/log10"
 _TIME_TAGS = {"time_x": "time/x_step", "time_y": "time/y_step"}
+
+#: the Custom Scalars tab: the headline charts
+LAYOUT = {
+    "PPDNMF": {
+        "NMSE: distributed and centralized": ["Multiline", [SCALAR_TAGS["nmse"], CENTRAL_TAGS["nmse"]]],
+        "consensus error (log10)": ["Multiline", [CONSENSUS_LOG_TAG]],
+        "objective: distributed and centralized": ["Multiline", [SCALAR_TAGS["objective"],
+                                                                 CENTRAL_TAGS["objective"]]],
+    },
+}
 
 
 def numeric_items(d: dict | None):
@@ -146,10 +176,37 @@ class TensorBoardLogger(RunLogger):
     :meth:`log_images` and :meth:`log_hparams` as they apply, then :meth:`close`.
     """
 
-    def __init__(self, log_dir, flush_secs: int = 30):
+    def __init__(self, log_dir, flush_secs: int = 30, *, resume_at: int | None = None, x_iters: int = 1):
         self.log_dir = os.fspath(log_dir)
+        old = sorted(glob.glob(os.path.join(self.log_dir, "events.out.tfevents.*"))) if resume_at is not None else []
         self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs)
         self._last = None
+        if old:
+            self._carry_over(old, int(resume_at), int(x_iters))
+        else:
+            self.writer.add_custom_scalars(LAYOUT)
+
+    def _carry_over(self, files, resume_at: int, x_iters: int) -> None:
+        """Copy the events of ``files`` up to the checkpoint (BCD iteration ``resume_at``; the
+        ADMM records up to ``resume_at * x_iters``) into this run's new file, leaving out the
+        centralized baseline's, then remove ``files``."""
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+        central = set(CENTRAL_TAGS.values())
+        fw = self.writer._get_file_writer()
+        for path in files:
+            for event in LegacyEventFileLoader(path).Load():  # the events as written, unconverted
+                if not event.HasField("summary"):
+                    continue  # file_version and the like: the new file has its own
+                tags = [v.tag for v in event.summary.value]
+                if any(t in central for t in tags):
+                    continue
+                limit = resume_at * x_iters if any(t.startswith("crypto_admm/") for t in tags) else resume_at
+                if event.step <= limit or any(t == "custom_scalars__config__" for t in tags):
+                    fw.add_event(event)
+        self.writer.flush()
+        for path in files:
+            os.unlink(path)
 
     # -- the runner's interface ---------------------------------------------------------
     def centralized(self, history: dict) -> None:
@@ -163,8 +220,9 @@ class TensorBoardLogger(RunLogger):
         self.log_iteration_costs(info.iteration_costs, x_iters)
 
     def finished(self, result, central, *, hparams, metrics, images=None, config_text=""):
-        self.log_timing(result.history)  # crypto/ costs were logged after every BCD iteration
-        if images is not None:
+        if result is not None:
+            self.log_timing(result.history)  # crypto/ costs were logged after every BCD iteration
+        if images is not None and result is not None:
             recons = {"distributed": result.reconstruction()}
             if central is not None:
                 recons["centralized"] = central.reconstruction()
@@ -173,7 +231,7 @@ class TensorBoardLogger(RunLogger):
                             scale=images["scale"])
         if config_text:
             self.log_text("config", config_text)
-        self.log_hparams(hparams, metrics)
+        self.log_hparams(hparams, metrics, step=result.n_iter if result is not None else 0)
 
     # -- per BCD iteration ---------------------------------------------------------------
     def callback(self, info) -> bool:
@@ -183,6 +241,9 @@ class TensorBoardLogger(RunLogger):
         for key, tag in SCALAR_TAGS.items():
             if key in metrics:
                 self.writer.add_scalar(tag, metrics[key], step)
+        c = metrics.get("consensus")
+        if c is not None and c > 0 and math.isfinite(c):
+            self.writer.add_scalar(CONSENSUS_LOG_TAG, math.log10(c), step)
         now = time.perf_counter()
         elapsed = float(getattr(info, "elapsed", 0.0))
         if self._last is None:
@@ -206,8 +267,8 @@ class TensorBoardLogger(RunLogger):
         self.log_history(history, _TIME_TAGS)
 
     def log_centralized(self, history: dict) -> None:
-        """The centralized baseline's history: ``nmse/centralized`` and ``centralized/objective``."""
-        self.log_history(history, {"nmse": "nmse/centralized", "objective": "centralized/objective"})
+        """The centralized baseline's history: ``1_nmse/centralized`` and ``3_objective/centralized``."""
+        self.log_history(history, CENTRAL_TAGS)
 
     # -- crypto costs ------------------------------------------------------------------
     def log_costs(self, costs: dict | None, step: int, prefix: str = "crypto") -> None:
@@ -272,17 +333,25 @@ class TensorBoardLogger(RunLogger):
     def log_text(self, tag: str, text: str, step: int = 0) -> None:
         self.writer.add_text(tag, text, step)
 
-    def log_hparams(self, hparams: dict, metrics: dict) -> None:
-        """An hparams summary (written to ``<log_dir>/hparams``); values other than
-        bool/int/float/str become strings, None values are left out; metrics are
-        logged under ``hparam/<name>``."""
+    def log_hparams(self, hparams: dict, metrics: dict, step: int = 0) -> None:
+        """An hparams summary, in this run's own folder (not a sub-run); values other than
+        bool/int/float/str become strings, None values are left out; metrics are logged
+        under ``hparam/<name>`` at ``step``."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
         hp = {}
         for k, v in hparams.items():
             if v is None:
                 continue
-            hp[k] = v if isinstance(v, (bool, int, float, str)) else str(v)
+            if isinstance(v, bool):  # else stored as the number 1 or 0
+                v = "true" if v else "false"
+            hp[k] = v if isinstance(v, (int, float, str)) else str(v)
         md = {f"hparam/{k}": float(v) for k, v in numeric_items(metrics)}
-        self.writer.add_hparams(hp, md, run_name="hparams")
+        fw = self.writer._get_file_writer()
+        for summary in hparams_summary(hp, md):
+            fw.add_summary(summary, int(step))
+        for k, v in md.items():
+            self.writer.add_scalar(k, v, int(step))
 
     def flush(self) -> None:
         self.writer.flush()

@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-cbcl", action="store_true", help="run the synthetic experiment only")
     p.add_argument("--skip-synthetic", action="store_true", help="run the CBCL experiment only")
     p.add_argument("--data-path", type=Path, default=None,
-                   help="CBCL training set (.mat or folder of .pgm); default "
-                        "../shared/data/cbcl_faces_train.mat relative to the repository root")
+                   help="CBCL training set (.mat or folder of .pgm); default: $PPDNMF_CBCL "
+                        "(get it from http://cbcl.mit.edu/software-datasets/FaceData2.html)")
     p.add_argument("--paillier-check", action=argparse.BooleanOptionalAction, default=True,
                    help="small real-Paillier run compared with the quantized run of the same trial (default: on)")
     p.add_argument("--paillier-trials", type=int, default=1)
@@ -608,17 +608,22 @@ def _json_default(o):
 
 
 def _resolve_data_path(arg: Path | None) -> tuple[Path | None, str | None]:
-    from ppdnmf_torch.experiments import DEFAULT_CBCL_PATH
+    from ppdnmf_torch.experiments import CBCL_ENV, default_cbcl_path
 
     if arg is not None:
         p = arg if arg.is_absolute() else (Path.cwd() / arg)
         if not p.exists():
             return None, f"CBCL data not found at {p} (given with --data-path)"
         return p, None
-    p = (REPO_ROOT / DEFAULT_CBCL_PATH).resolve()
+    where = default_cbcl_path()
+    hint = ("get the MIT-CBCL training set (2429 faces, 19x19) from "
+            "http://cbcl.mit.edu/software-datasets/FaceData2.html and pass --data-path (or set "
+            f"${CBCL_ENV}), or use --skip-cbcl")
+    if where is None:
+        return None, f"no CBCL data path given; {hint}"
+    p = Path(where).resolve()
     if not p.exists():
-        return None, (f"CBCL data not found at {p}; get the MIT-CBCL training set (2429 faces, 19x19) and pass "
-                      f"--data-path, or use --skip-cbcl")
+        return None, f"CBCL data not found at {p} (from ${CBCL_ENV}); {hint}"
     return p, None
 
 

@@ -199,18 +199,21 @@ def test_checkpoint_of_another_format_is_refused_by_name(tmp_path):
         load_checkpoint(str(tmp_path))
 
 
-def test_resume_of_a_checkpoint_without_cost_counters_warns_and_keeps_rows_aligned(tmp_path):
-    # a checkpoint of the previous format holds no exchange costs (and no crypto_* history):
-    # the resumed run says its costs cover its own segment, and pads the rows before it
+def test_resume_of_a_checkpoint_without_cost_counters_keeps_rows_aligned(tmp_path):
+    # a checkpoint of a run without the cost model holds no counters (and no crypto_* history):
+    # the resumed run with the model pads the rows before its own segment
+    from ppdnmf_torch.checkpoint import _content_hashes
+
     kw = dict(KW, **_exchange_kw("quantized"), exchange_options={"cost_model": FAKE_COSTS})
     pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path / "ck", callback=_stop_at(3), **kw)
     newest = load_checkpoint(str(tmp_path / "ck"))
-    old = {k: v for k, v in newest.items() if k not in ("exchange_costs", "path")}
+    old = {k: v for k, v in newest.items() if k != "path"}
+    old["exchange_costs"] = {}
     old["history"] = {k: v for k, v in old["history"].items() if not k.startswith("crypto_")}
+    old["hashes"] = _content_hashes(old)
     (tmp_path / "old").mkdir()
     save_checkpoint(str(tmp_path / "old" / "ckpt_bcd000003.pt"), old)
-    with pytest.warns(UserWarning, match="predates the exchange's cost counters"):
-        resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path / "old", **kw)
+    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path / "old", **kw)
     enc = resumed.history["crypto_encryptions"]
     assert len(enc) == len(resumed.history["nmse"]) == 6
     assert all(v != v for v in enc[:3]) and all(v > 0 for v in enc[3:])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -20,8 +21,12 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 TINY = ["solver.bcd_iters=3", "solver.x_iters=3", "solver.y_iters=3"]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def _env():
     env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")  # this tree, installed or not
     # tiny problems: one thread avoids OpenMP oversubscription on shared CI cores
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONWARNINGS="ignore")
     return env
@@ -43,9 +48,30 @@ def _read_csv(path: Path):
         return list(csv.DictReader(fh))
 
 
-def test_cli_smoke_run(tmp_path):
-    run_dir = tmp_path / "run"
-    r = _cli([*TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One CLI run of the default experiment, 3 BCD iterations, shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    run_dir = tmp / "run"
+    r = _cli([*TINY, f"hydra.run.dir={run_dir}", "progress_interval=1e-6"], cwd=tmp)
+    return r, run_dir
+
+
+def _hparams(tb_dir: Path) -> dict:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = _scalars(tb_dir)
+    content = acc.PluginTagToContent("hparams")
+    for blob in content.values():
+        data = plugin_data_pb2.HParamsPluginData.FromString(blob)
+        if data.HasField("session_start_info"):
+            hp = data.session_start_info.hparams
+            return {k: (v.string_value or v.number_value or v.bool_value) for k, v in hp.items()}
+    raise AssertionError("no hparams in the run's own events")
+
+
+def test_cli_smoke_run(smoke):
+    r, run_dir = smoke
     assert r.returncode == 0, r.stderr
     assert "distributed" in r.stdout and "centralized" in r.stdout
     assert "Traceback" not in r.stderr
@@ -85,16 +111,58 @@ def test_cli_smoke_run(tmp_path):
     assert summary["device"] == "cpu" or summary["device"].startswith("cuda")
     assert summary["sizes"]["n_edges"] == 15 and summary["n_iter"]["distributed"] == 3
     assert set(summary["wall_time"]) >= {"distributed", "centralized", "total"}
-    # TensorBoard
-    acc = _scalars(run_dir / "tb")
+    # the run is finished: its checkpoints are gone (keep_checkpoints=true keeps them)
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_cli_logs_progress_lines_off_a_terminal(smoke):
+    # stderr is a pipe here: no bar, one log line per interval (iteration, NMSE, consensus, times)
+    r, run_dir = smoke
+    log = (run_dir / "ppdnmf.log").read_text()
+    for i in (1, 2, 3):
+        assert f"PPDNMF (plain): BCD iteration {i}/3, NMSE " in log
+    line = next(ln for ln in log.splitlines() if "PPDNMF (plain): BCD iteration 2/3" in ln)
+    assert "consensus " in line and "elapsed " in line and "ETA " in line
+    assert "centralized: BCD iteration 3/3, NMSE" in log
+    assert "it/s" not in r.stderr  # no tqdm bar off a terminal
+
+
+def test_cli_tensorboard_is_one_run_with_the_headline_first(smoke):
+    r, run_dir = smoke
+    tb = run_dir / "tb"
+    assert [p for p in tb.iterdir() if p.is_dir()] == []  # no hparams/ (or any) sub-run
+    acc = _scalars(tb)
     tags = set(acc.Tags()["scalars"])
-    for tag in ("nmse/distributed", "nmse/centralized", "consensus", "objective", "admm/x_primal", "admm/x_dual",
-                "admm/y_primal", "admm/y_dual", "time/x_step", "time/y_step"):
+    for tag in ("1_nmse/distributed", "1_nmse/centralized", "2_consensus/error", "2_consensus/log10",
+                "3_objective/distributed", "admm/x_primal", "admm/x_dual", "admm/y_primal", "admm/y_dual",
+                "time/x_step", "time/y_step", "1_nmse/worst_agent_refit"):
         assert tag in tags, tag
         assert [e.step for e in acc.Scalars(tag)] == [1, 2, 3], tag
-    got = [e.value for e in acc.Scalars("nmse/distributed")]
+    rows = _read_csv(run_dir / "history.csv")
+    got = [e.value for e in acc.Scalars("1_nmse/distributed")]
     assert got == pytest.approx([float(r["nmse"]) for r in rows], rel=1e-6)
-    assert list((run_dir / "tb" / "hparams").glob("events.out.tfevents.*"))
+    logc = [e.value for e in acc.Scalars("2_consensus/log10")]
+    assert logc == pytest.approx([math.log10(float(r["consensus"])) for r in rows], rel=1e-5)
+    assert sorted(tags)[0].startswith("1_nmse/")  # TensorBoard orders groups by name: NMSE first
+    # the Custom Scalars tab: distributed and centralized NMSE in one chart
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    chart = layout.category[0].chart[0]
+    assert list(chart.multiline.tag) == ["1_nmse/distributed", "1_nmse/centralized"]
+    hp = _hparams(tb)
+    assert hp["device"] == "cpu" and hp["dataset"] == "synthetic" and hp["name"] == "paper_synthetic"
+
+
+def test_cli_help_describes_the_app_and_its_groups(tmp_path):
+    r = _cli(["--help"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("ppdnmf: privacy-preserving distributed nonnegative matrix factorization")
+    for group in ("data:", "graph:", "exchange:", "experiment:", "solver:", "logger:"):
+        assert group in out, group
+    assert "NMSE" in out and "resume=" in out and "trials=" in out and "Powered by Hydra" not in out
 
 
 def test_cli_multirun(tmp_path):

@@ -30,6 +30,9 @@ GROUPS = ("data", "graph", "solver", "consensus", "exchange", "logger", "experim
 
 # values a group option needs before it converts (file kinds need a path)
 _NEEDS = {
+    ("data", "cbcl"): ["data.path=/nonexistent/faces.mat"],
+    ("experiment", "paper_cbcl"): ["data.path=/nonexistent/faces.mat"],
+    ("experiment", "incremental_cbcl"): ["data.path=/nonexistent/faces.mat"],
     ("data", "npy"): ["data.path=/nonexistent/z.npy"],
     ("data", "csv"): ["data.path=/nonexistent/z.csv"],
     ("graph", "file"): ["graph.path=/nonexistent/edges.txt"],
@@ -92,10 +95,11 @@ def test_default_is_paper_synthetic():
     assert replace(RunConfig(), name="paper_synthetic") == rc
 
 
-def test_paper_cbcl_experiment():
-    rc = to_run_config(_compose(["experiment=paper_cbcl"]))
+def test_paper_cbcl_experiment(monkeypatch):
+    monkeypatch.delenv("PPDNMF_CBCL", raising=False)
+    rc = to_run_config(_compose(["experiment=paper_cbcl", "data.path=faces/cbcl_faces_train.mat"]))
     assert rc.data.kind == "cbcl" and rc.data.image_shape == [19, 19]
-    assert Path(rc.data.path).is_absolute() and rc.data.path.endswith("cbcl_faces_train.mat")
+    assert Path(rc.data.path).is_absolute() and rc.data.path.endswith("faces/cbcl_faces_train.mat")
     assert (rc.data.split.lo, rc.data.split.hi) == (224, 245)
     assert (rc.n_agents, rc.graph.kind, rc.graph.avg_degree) == (10, "random", 3.0)
     s = rc.solver
@@ -106,6 +110,15 @@ def test_cbcl_path_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("PPDNMF_CBCL", str(tmp_path / "faces.mat"))
     rc = to_run_config(_compose(["experiment=paper_cbcl"]))
     assert rc.data.path == str(tmp_path / "faces.mat")
+
+
+def test_cbcl_has_no_default_path_and_says_where_to_get_the_file(monkeypatch):
+    # no path outside the repository: data.path or $PPDNMF_CBCL, else an error with the source
+    monkeypatch.delenv("PPDNMF_CBCL", raising=False)
+    with pytest.raises(ConfigError, match=r"^data\.path: no CBCL data file given.*cbcl\.mit\.edu.*PPDNMF_CBCL"):
+        to_run_config(_compose(["experiment=paper_cbcl"]))
+    text = (CONF / "data" / "cbcl.yaml").read_text()
+    assert "shared" not in text and "../" not in text
 
 
 def test_crypto_exchange_defaults():

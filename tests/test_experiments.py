@@ -21,7 +21,7 @@ def test_batched_trials_equal_one_by_one(exchange):
     for t in range(4):
         blocks, g = make_trial(PAPER_EXPERIMENTS["paper_synthetic"], 3 + t)
         one = pp.fit(blocks, g, 5, negative="allow", seed=3 + t, mu=0.1, eta=1.0, g_max=0.033,
-                     exchange=exchange, device="cpu", **nmax, **SHORT)
+                     exchange=exchange, device="cpu", **nmax, **pp.PAPER_SETTINGS, **SHORT)
         assert torch.equal(one.X, res.distributed.X[t])
         for a, b in zip(one.Y, res.distributed.trial_Y(t)):
             assert torch.equal(a, b)
@@ -29,14 +29,14 @@ def test_batched_trials_equal_one_by_one(exchange):
         # the batched centralized baseline is not trial-aligned: equal up to rounding, which
         # the symmetric all-ones start amplifies, so compare its first iterations tightly
         cent = pp.fit_centralized(torch.cat(blocks, dim=1), 5, negative="allow", seed=3 + t, mu=0.1, eta=1.0,
-                                  g_max=0.033, device="cpu", **SHORT)
+                                  g_max=0.033, device="cpu", **pp.PAPER_SETTINGS, **SHORT)
         np.testing.assert_allclose(cent.history["nmse"][:2], res.history["centralized_nmse"][:2, t], rtol=1e-10)
 
 
 def test_single_trial_reproduces_a_single_run():
     res = run_experiment("paper_synthetic", trials=1, seed=5, **SHORT)
     blocks, g = make_trial(PAPER_EXPERIMENTS["paper_synthetic"], 5)
-    one = pp.fit(blocks, g, 5, negative="allow", seed=5, device="cpu", **SHORT)
+    one = pp.fit(blocks, g, 5, negative="allow", seed=5, device="cpu", **pp.PAPER_SETTINGS, **SHORT)
     assert torch.equal(one.X, res.distributed.X[0])
     assert one.history["nmse"] == res.history["nmse"][:, 0].tolist()
 

@@ -16,15 +16,17 @@ from ppdnmf_torch.runner import run
 @pytest.fixture
 def recorded_keys(monkeypatch):
     """Every key pair the run generates, recorded on the side (the run never hands them out)."""
+    from ppdnmf_torch.exchange.paillier import keys
+
     made = []
-    real = phe.generate_paillier_keypair
+    real = keys.generate_keypair
 
     def spy(*args, **kwargs):
         pk, sk = real(*args, **kwargs)
         made.append(sk)
         return pk, sk
 
-    monkeypatch.setattr(phe, "generate_paillier_keypair", spy)
+    monkeypatch.setattr(keys, "generate_keypair", spy)
     return made
 
 
@@ -53,7 +55,7 @@ def test_the_scan_finds_keys_stored_as_bytes(tmp_path):
 @pytest.mark.parametrize("protocol", ["aggregated", "paper"])
 def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, protocol):
     cfg = from_dict({
-        "n_agents": 4, "progress": False, "checkpoint_every": 1,
+        "n_agents": 4, "progress": False, "checkpoint_every": 1, "keep_checkpoints": True,
         "data": {"kind": "synthetic", "negative": "allow", "L": 6, "M": 16, "K": 2},
         "graph": {"kind": "ring"},
         "solver": {"rank": 2, "bcd_iters": 2, "x_iters": 2, "y_iters": 2},

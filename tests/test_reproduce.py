@@ -109,11 +109,13 @@ def test_reproduce_smoke(tmp_path, cbcl_path_or_none):
 def test_missing_default_cbcl_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
     mod = _load_script()
     monkeypatch.setattr(mod, "REPO_ROOT", tmp_path / "nowhere" / "repo")
+    monkeypatch.delenv("PPDNMF_CBCL", raising=False)  # no default path: the message says where to get it
     res = mod.main(["--out", str(tmp_path / "o"), "--no-copy-figures", "--no-tensorboard", "--trials", "1",
                     "--bcd-iters", "1", "--admm-iters", "2", "--nmax", "1e3", "--skip-synthetic",
                     "--no-paillier-check"])
     assert "cbcl" not in res["curves"] and not res["figures"]
-    assert "CBCL data not found" in res["summary"]["experiments"]["cbcl"]["skipped"]
+    why = res["summary"]["experiments"]["cbcl"]["skipped"]
+    assert "no CBCL data path given" in why and "cbcl.mit.edu" in why and "--data-path" in why
     assert "skipped" in capsys.readouterr().out
 
 

@@ -16,9 +16,12 @@ ARGS = ["solver.bcd_iters=150", "solver.x_iters=30", "solver.y_iters=30", "check
         "logger=none", "progress=false", "centralized=false"]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def _env():
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(ROOT)  # this tree, whatever is installed
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return env
 
@@ -64,6 +67,8 @@ def test_killed_run_resumes_bit_identical(tmp_path, uninterrupted, sig):
     if sig == signal.SIGINT:
         assert proc.returncode == 130
         assert b"interrupted" in err and b"Traceback" not in err
+        # the message gives the exact command that continues the run
+        assert f"continue with: ppdnmf resume={run_dir}".encode() in err, err
     else:
         assert proc.returncode == -signal.SIGKILL
     # resume, from another working directory, by naming the run folder

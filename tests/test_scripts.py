@@ -25,7 +25,7 @@ def test_gpu_check_is_valid_bash():
 
 def test_gpu_check_steps_fit_one_device_call():
     limits = [int(s) for s in re.findall(r"\btimeout (\d+)\b", GPU_CHECK.read_text())]
-    assert len(limits) == 3  # tests, bench_solver, bench_crypto: each step is bounded
+    assert len(limits) == 4  # tests, bench_solver, bench_crypto, bench_distributed: each step is bounded
     assert sum(limits) <= GPU_CHECK_SECONDS
 
 

@@ -13,6 +13,9 @@ from ppdnmf_torch.solver import ConvergenceWarning
 from conftest import small_problem
 from reference import reference_fit
 
+#: the paper's start, caps and Y-step: what the per-agent reference implements
+PAPER = dict(pp.PAPER_SETTINGS)
+
 GRAPHS = {
     "path3": (3, [(0, 1), (1, 2)]),
     "cycle4": (4, [(0, 1), (1, 2), (2, 3), (0, 3)]),
@@ -31,7 +34,7 @@ def _fit_both(name, *, bcd_iters=2, **kw):
     blocks = small_problem(counts=COUNTS[n], seed=n)
     g = graph.Graph(n, edges)
     fuse = kw.pop("fuse", False)
-    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", fuse=fuse, **kw)
+    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", fuse=fuse, **PAPER, **kw)
     ref = reference_fit(blocks, edges, 3, bcd_iters=bcd_iters, **kw)
     return r, ref
 
@@ -87,7 +90,7 @@ def test_single_agent_equals_centralized():
     assert torch.equal(r1.X, rc.X)
     assert torch.equal(r1.Y[0], rc.Y[0])
     ref = reference_fit(blocks, [], 3, bcd_iters=3, x_iters=5, y_iters=5)
-    r3 = pp.fit_centralized(blocks[0], 3, bcd_iters=3, x_iters=5, y_iters=5, device="cpu")
+    r3 = pp.fit_centralized(blocks[0], 3, bcd_iters=3, x_iters=5, y_iters=5, device="cpu", **PAPER)
     assert _rel(r3.X[0], ref["X"][0]) < 1e-10
 
 
@@ -108,7 +111,7 @@ def test_padding_is_exact():
     """Padded columns stay exactly zero, and padding changes no number of the real ones."""
     blocks = small_problem(counts=(2, 9, 4, 5))
     g = graph.ring(4)
-    kw = dict(bcd_iters=2, x_iters=6, y_iters=6, device="cpu", seed=3)
+    kw = dict(bcd_iters=2, x_iters=6, y_iters=6, device="cpu", seed=3, **PAPER)
     seen = {}
 
     def grab(info):
@@ -163,10 +166,10 @@ def paper_synthetic():
 def test_derived_form_reaches_consensus_and_paper_literal_does_not(paper_synthetic):
     """Documents ALGORITHM.md's finding on the paper's synthetic setup (100 BCD iterations)."""
     Z, g, cols = paper_synthetic
-    kw = dict(columns=cols, negative="allow", device="cpu", seed=0)
+    kw = dict(columns=cols, negative="allow", device="cpu", seed=0, **PAPER)
     derived = pp.fit(Z, g, 5, consensus_form="derived", **kw)
     literal = pp.fit(Z, g, 5, consensus_form="paper_literal", **kw)
-    central = pp.fit_centralized(Z, 5, negative="allow", device="cpu")
+    central = pp.fit_centralized(Z, 5, negative="allow", device="cpu", **PAPER)
     assert derived.history["consensus"][-1] < 1e-3
     assert literal.history["consensus"][-1] > 0.1
     # the distributed fit tracks the centralized one

@@ -111,7 +111,13 @@ class TokenRecording:
 
 
 def record_incremental_fit(blocks, graph, rank, *, x_solver="pi_admm", **fit_kw) -> TokenRecording:
-    """Run :func:`~ppdnmf_torch.fit` with the incremental X-step and record its tokens."""
+    """Run :func:`~ppdnmf_torch.fit` with the incremental X-step and record its tokens.
+
+    The start is the paper's public all-ones ``X^0`` unless ``init`` says otherwise: the
+    adversaries assume they know it (the premise of recursion (11))."""
+    fit_kw.setdefault("init", "ones")
+    if fit_kw["init"] != "ones":
+        raise ConfigError("init: the token audit's adversaries assume the public all-ones start (init=ones)")
     if x_solver == "admm":
         raise ConfigError("x_solver: the token audit needs an incremental X-step (i_admm, pi_admm, pi_admm2)")
     ex = make_exchange(PlainSpec(), mixin=TokenRecorder)

@@ -25,7 +25,14 @@ def _is_networkx_like(obj) -> bool:
 
 
 def _entries_from_networkx(g):
-    nodes = sorted(g.nodes)
+    try:
+        nodes = sorted(g.nodes)
+    except TypeError:  # labels that do not compare (ints and strings): no agent order to read
+        kinds = sorted({type(v).__name__ for v in g.nodes})
+        raise GraphError(
+            f"adjacency: the networkx graph's node labels mix types ({', '.join(kinds)}), so they have no order "
+            "that maps them to agents 0..N-1; relabel them first (networkx.convert_node_labels_to_integers)"
+        ) from None
     index = {v: k for k, v in enumerate(nodes)}
     n = len(nodes)
     directed = bool(g.is_directed()) if callable(getattr(g, "is_directed", None)) else False
@@ -124,7 +131,7 @@ def _edges_from_entries(name: str, n: int, rows, cols, vals, labels) -> list[tup
     if bad.numel():
         k = int(bad[0])
         raise GraphError(
-            f"{name}: entry {_who(rows, cols, labels, k)} is {vals[k].item():g}; entries must be 0 or 1 "
+            f"{name}: entry {_who(rows, cols, labels, k)} is {vals[k].item()!r}; entries must be 0 or 1 "
             "(weighted graphs are not supported)"
         )
     loops = (rows == cols).nonzero()

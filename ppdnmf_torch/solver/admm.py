@@ -20,13 +20,14 @@ from ..penalties import PenaltySampler
 from ..problem import Problem
 from . import kernels
 from .eager import spectral_factors
+from .hals import hals_loop
 from .kernels import (Workspace, agent_group, agent_rows, agent_slices, bmm, column_gram, eigh_psd, is_large,
                       residuals_sq, spd_inverse, where_active)
 from .plans import XFixed, XVars, x_plan, y_plan
 from .state import SolverParams, SolverState
 from .stopping import StopRule
 
-__all__ = ["x_step", "y_step", "y_loop"]
+__all__ = ["x_step", "y_step", "y_loop", "hals_y_step"]
 
 
 class _Step1:
@@ -82,7 +83,11 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     dict
         ``iters`` ``(T, N)`` ADMM iterations per agent, ``primal`` and ``dual`` residuals
         ``(T,)``, ``first_bad`` ``(T, N)``: the first ADMM iteration (1-based) at which an
-        agent's ``U_i`` stopped being finite (0: never).
+        agent's ``U_i`` stopped being finite (0: never), ``residuals_sq`` ``(2, T, N)``: the
+        residuals' squares per agent before the sum over agents (a distributed run sums
+        them across ranks; the dual one scaled by ``mu_i^2`` under the adaptive schedule);
+        ``rho`` ``(T, N)``: the penalty sums ``rho_i`` of the last ADMM iteration, as each
+        agent obtained them.
     """
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
@@ -91,7 +96,9 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # loop's scratch, free until then) and Y Y^T = E diag(lam) E^T (eq. 9)
     ZYt = column_gram(Z, state.Y, out=ws.take("ZYt", state.U), scratch=ws.take("rhs", state.U))
     lam, E = eigh_psd(column_gram(state.Y, state.Y))
-    fixed = XFixed(ZYt, lam, E, E.mT.contiguous(), params.mu, params.consensus_form == "derived")
+    # the schedule's mu_i per agent, or the one mu of the paper
+    mu = params.mu if state.mu is None else state.mu.to(state.U.dtype).view(T, N, 1, 1)
+    fixed = XFixed(ZYt, lam, E, E.mT.contiguous(), mu, params.consensus_form == "derived")
     stop = StopRule(state.frozen, params.inner_tol, params.x_iters, topo, (T, N), Z.device)
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; inspected
     # once after the loop (no device synchronization per iteration)
@@ -105,6 +112,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     pass_out = accepts_keyword(exchange.exchange, "out")
     v = XVars(state.X, state.U, state.P, state.Q, state.Q_prev)
     active = stop.active
+    rho = None
     for m in range(params.x_iters):
         g, rho, d = step1.at(m, active)  # 1. penalties and rho_i
         op = plan.neighbour_operator(exchange, g, active)  # steps 5-6 inside the plan, where it can
@@ -127,8 +135,14 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     first_bad = torch.where(bad.any(0), bad.to(torch.int8).argmax(0) + 1, 0)
     state.X, state.U, state.P, state.Q, state.Q_prev, state.g = v.X, v.U, v.P, v.Q, v.Q_prev, step1.g
     # the differences in the loop's scratch, free again; dummy agents add exact zeros
-    sq = residuals_sq(v.X, v.U, U_prev, ws.take("rhs", v.U, (v.X, v.U, U_prev))).sum(-1).sqrt()
-    return {"iters": stop.counts, "primal": sq[0], "dual": params.mu * sq[1], "first_bad": first_bad}
+    per_agent = residuals_sq(v.X, v.U, U_prev, ws.take("rhs", v.U, (v.X, v.U, U_prev)))
+    sq = per_agent.sum(-1).sqrt()
+    if state.mu is None:
+        dual = params.mu * sq[1]
+    else:  # each agent's own mu_i weighs its dual residual
+        dual = (state.mu.to(per_agent.dtype).square() * per_agent[1]).sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": dual, "first_bad": first_bad,
+            "residuals_sq": per_agent, "rho": rho.view(T, N)}
 
 
 def y_loop(Y, V, R, plan, stop: StopRule | None, active):
@@ -164,6 +178,8 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
     (:data:`~.kernels.Y_TILE_BYTES`), each group through all its iterations while it is in
     the cache: the agents do not communicate in the Y-step, so the bits are the same.
     """
+    if params.y_solver == "hals":
+        return hals_y_step(problem, state, params, ws=ws)
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
     K, eta = params.rank, params.eta
@@ -195,5 +211,26 @@ def y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Wo
         Y, V, R, V_prev = y_loop(Y, V, R, y_plan(XtZ, G_inv, ws, **plan_kw), stop, stop.active)
         state.Y, state.V, state.R = Y, V, R
         sq = residuals_sq(Y, V, V_prev)
-    sq = sq.sum(-1).sqrt()
-    return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1]}
+    per_agent, sq = sq, sq.sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": sq[0], "dual": eta * sq[1], "residuals_sq": per_agent}
+
+
+def hals_y_step(problem: Problem, state: SolverState, params: SolverParams, *, ws: Workspace | None = None):
+    """The Y-step by ``y_iters`` HALS sweeps (``y_solver="hals"``, :mod:`.hals`), warm-started
+    from the last ``Y``; no communication, eager whatever ``fuse`` says.
+
+    Updates ``state.Y`` (``V`` and ``R``, the ADMM variables, stay unused). Returns iteration
+    counts like :func:`y_step`, ``primal`` 0 (every sweep's ``Y`` is feasible) and ``dual`` the
+    last sweep's change ``||Y - Y_prev||`` summed over agents, per trial.
+    """
+    Z, topo = problem.Z, problem.topology
+    T, N = Z.shape[:2]
+    ws = ws if ws is not None else Workspace()
+    X = state.X
+    G = bmm(X.mT, X)
+    C = bmm(X.mT, Z, out=ws.take("XtZ", state.Y))
+    stop = StopRule(state.frozen, params.inner_tol, params.y_iters, topo, (T, N), Z.device)
+    Y, Y_prev = hals_loop(state.Y, G, C, params.y_iters, problem.width, stop if stop.track else None)
+    state.Y = Y
+    change = torch.linalg.matrix_norm(Y - Y_prev).square().sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": torch.zeros_like(change), "dual": change}

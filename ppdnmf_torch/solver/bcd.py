@@ -16,10 +16,12 @@ from ..problem import Problem
 from .admm import x_step, y_step
 from .incremental import incremental_x_step
 from .kernels import Workspace, rel_change, sync
+from .refit import worst_agent_nmse
+from .schedule import adapt, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
-__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted"]
+__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite"]
 
 
 class NumericalError(PPDNMFError):
@@ -79,27 +81,63 @@ def check_finite(problem, state, bcd_iter, per_agent_nmse, first_bad):
     bad = ~torch.isfinite(per_agent_nmse)
     for name in ("U", "Y"):
         bad |= nonfinite_agents(getattr(state, name)[:, :n])
+    raise_nonfinite(bad, first_bad[:, :n], bcd_iter, problem.Z.shape[0] > 1)
+
+
+def raise_nonfinite(bad, first_bad, bcd_iter, batched: bool) -> None:
+    """Raise :class:`NumericalError` if any agent of ``bad (T, N)`` is hit; ``first_bad (T, N)``
+    as :func:`~.admm.x_step` returns it (the agents' columns only)."""
     if bool(bad.any()):
         where = torch.nonzero(bad).tolist()
         agents = sorted({a for _, a in where})
         trials = sorted({t for t, _ in where})
-        fb = first_bad[:, :n][bad]
+        fb = first_bad[bad]
         fb = fb[fb > 0]
         step = (f"X-step ADMM iteration {int(fb.min())}" if fb.numel() else "Y-step")
         raise NumericalError(
             f"NaN or Inf in the iterates at BCD iteration {bcd_iter}, {step}: agents {agents}"
-            + (f" in trials {trials}" if problem.Z.shape[0] > 1 else "")
+            + (f" in trials {trials}" if batched else "")
             + "; check the data scale, mu/eta and the penalty caps (checkpoints written so far are kept)"
         )
 
 
-def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history) -> dict:
+class AgentReduction:
+    """How the BCD loop reduces over the agent dimension: here, over every agent of the
+    problem in this process. A rank of a distributed run (:mod:`ppdnmf_torch.distributed`)
+    holds some agents only and overrides both methods to reduce across ranks, in this order."""
+
+    def block_norms(self, problem: Problem) -> torch.Tensor:
+        """``||Z_i||_F (T, N)`` of the real agents (a block of norm 0 is refused)."""
+        return _block_norms(problem)
+
+    def metrics(self, problem: Problem, state: SolverState, xi: dict, yi: dict, ws: Workspace, z_norms, bcd_iter):
+        """One BCD iteration's metrics ``{name: Tensor (T,)}`` and the per-agent ADMM counts
+        ``(T, N)`` of both steps; raises :class:`NumericalError` on NaN or Inf."""
+        n_real = problem.n_agents
+        Zr, Xr, Yr = problem.Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
+        res = metrics.residual_norms(Zr, Xr, Yr, scratch=ws.take("metrics_XY", Zr))
+        nm, per_agent, obj = metrics.from_residuals(res, z_norms)
+        check_finite(problem, state, bcd_iter, per_agent, xi["first_bad"])
+        values = {
+            "nmse": nm,
+            "consensus": metrics.consensus_error(Xr, scratch=ws.take("rhs", Xr)),
+            "nmse_worst": worst_agent_nmse(Zr, Xr, Yr, z_norms, problem.width),
+            "objective": obj,
+            "x_primal": xi["primal"],
+            "x_dual": xi["dual"],
+            "y_primal": yi["primal"],
+            "y_dual": yi["dual"],
+        }
+        return values, xi["iters"][:, :n_real], yi["iters"][:, :n_real]
+
+
+def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
+                   agents: AgentReduction) -> dict:
     """One BCD iteration: the X-step, the Y-step, the metrics (logged into ``history``).
 
     Returns the metrics ``{name: Tensor (T,)}`` on the CPU, float64.
     """
     device = problem.Z.device
-    n_real = problem.n_agents
 
     def log(key, value):
         history.setdefault(key, []).append(value)
@@ -113,27 +151,19 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     yi = y_step(problem, state, params, ws=ws)
     sync(device)
     t2 = time.perf_counter()
-    Zr, Xr, Yr = problem.Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
-    res = metrics.residual_norms(Zr, Xr, Yr, scratch=ws.take("metrics_XY", Zr))
-    nm, per_agent, obj = metrics.from_residuals(res, z_norms)
-    check_finite(problem, state, bcd_iter, per_agent, xi["first_bad"])
-    values = {
-        "nmse": nm,
-        "consensus": metrics.consensus_error(Xr, scratch=ws.take("rhs", Xr)),
-        "objective": obj,
-        "x_primal": xi["primal"],
-        "x_dual": xi["dual"],
-        "y_primal": yi["primal"],
-        "y_dual": yi["dual"],
-    }
+    values, x_iters, y_iters = agents.metrics(problem, state, xi, yi, ws, z_norms, bcd_iter)
     values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
+    # each agent's caps and mu_i for the next BCD iteration (the ADMM X-step's: the token has neither)
+    if params.penalty_schedule == "adaptive" and params.x_solver == "admm":
+        adapt(problem, state, xi["rho"])
+        sampler.set_caps(state.caps)
     t3 = time.perf_counter()
     for k, v in values.items():
         log(k, v)
-    log("x_iters", xi["iters"][:, :n_real].cpu())
+    log("x_iters", x_iters.cpu())
     for k, v in xi.get("history", {}).items():  # a solver's own counters (the incremental X-step's messages)
         log(k, v)
-    log("y_iters", yi["iters"][:, :n_real].cpu())
+    log("y_iters", y_iters.cpu())
     log("time_x", t1 - t0)
     log("time_y", t2 - t1)
     log("time_metrics", t3 - t2)
@@ -158,7 +188,7 @@ def _log_costs(exchange: Exchange, history: dict) -> dict:
 
 def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
             sampler: PenaltySampler | None = None, callback=None, history: dict | None = None,
-            checkpointer=None, fingerprint: str = ""):
+            checkpointer=None, fingerprint: str = "", agents: AgentReduction | None = None):
     """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems.
 
     Parameters
@@ -179,12 +209,16 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         is raised).
     fingerprint : str
         Stored in checkpoints to match them to this run.
+    agents : AgentReduction, optional
+        How the metrics reduce over the agents (default: every agent of ``problem``, in
+        this process; a rank of a distributed run passes its own).
 
     Returns
     -------
     state : SolverState
     history : dict of lists
-        Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``objective``,
+        Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``nmse_worst``
+        (:func:`~.refit.worst_agent_nmse`), ``objective``,
         ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual``; floats for ``time_x``,
         ``time_y``, ``time_metrics``; Tensors ``(T, N)`` for ``x_iters``, ``y_iters``.
     info : dict
@@ -192,11 +226,16 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     """
     T, N = problem.Z.shape[:2]
     if state is None:
-        state = init_state(problem, params.rank)
+        state = init_state(problem, params.rank, init=params.init)
     if sampler is None:
         sampler = make_sampler(problem, params)
+    if params.penalty_schedule == "adaptive":
+        if state.caps is None:
+            init_schedule(problem, state, params.mu)
+        sampler.set_caps(state.caps)  # a resumed run continues with the checkpoint's caps
     history = history if history is not None else {}
-    z_norms = _block_norms(problem)
+    agents = agents if agents is not None else AgentReduction()
+    z_norms = agents.block_norms(problem)
     tol = params.tol
     bflags = state.frozen if state.frozen is not None else torch.zeros((T, N), dtype=torch.bool,
                                                                        device=problem.Z.device)
@@ -210,7 +249,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             bcd_iter = n + 1
             # the workspace overwrites state buffers: the stopping rule keeps its own copy
             X_before, Y_before = (state.X.clone(), state.Y.clone()) if tol > 0 else (None, None)
-            values = _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history)
+            values = _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
+                                    agents)
             state.bcd_done = bcd_iter
             if tol > 0 and bcd_iter > 1:
                 # both factors: X alone can sit still while Y moves. Not on the first BCD

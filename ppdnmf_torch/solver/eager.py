@@ -15,11 +15,12 @@ __all__ = ["x_pre", "x_pre_into", "spectral_factors", "inverse_factors", "u_upda
            "x_post_grouped", "y_iteration"]
 
 
-def x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_old, group: int = 0):
+def x_pre(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, ws: Workspace, X_old, group: int = 0):
     """Eq. 8 and the right-hand side of eq. 9.
 
     ``X = max(0, U + P)``; ``rhs = Z Y^T + mu (X - P) + c`` with the consensus term
     ``c = rho U + 2 Q - Q_prev`` (derived) or ``rho (U + 2 Q - Q_prev)`` (as printed).
+    ``mu``: a float, or one per agent ``(T, N, 1, 1)`` (``penalty_schedule="adaptive"``).
     ``group > 0`` (large problems, see :data:`~.kernels.X_TILE_BYTES`): the chain runs on
     ``group`` agents at a time.
 
@@ -31,17 +32,21 @@ def x_pre(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, ws: Workspace, X_
     if not group:
         return x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived, X_new, rhs, ws.take("tmp_lk", U))
     Uf, Pf, Zf, Qf, Qpf, rf, Xf, Rf = agent_rows(U, P, ZYt, Q, Q_prev, rho, X_new, rhs)
+    mf = agent_rows(mu)[0] if isinstance(mu, torch.Tensor) else None
     tmp = ws.child("x_groups").take("tmp_lk", Uf[:group])
     for sl in agent_slices(Uf.shape[0], group):
-        x_pre_into(Uf[sl], Pf[sl], Zf[sl], Qf[sl], Qpf[sl], rf[sl], mu, derived, Xf[sl], Rf[sl],
-                   tmp[: sl.stop - sl.start])
+        x_pre_into(Uf[sl], Pf[sl], Zf[sl], Qf[sl], Qpf[sl], rf[sl], mu if mf is None else mf[sl], derived, Xf[sl],
+                   Rf[sl], tmp[: sl.stop - sl.start])
     return X_new, rhs
 
 
-def x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, X_out, rhs_out, tmp):
+def x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu, derived: bool, X_out, rhs_out, tmp):
     """:func:`x_pre` into ``X_out`` and ``rhs_out`` (fresh tensors where None), ``tmp`` a scratch."""
     X_new = torch.add(U, P, out=X_out).clamp_(min=0)
-    rhs = torch.add(ZYt, torch.sub(X_new, P, out=tmp), alpha=mu, out=rhs_out)
+    if isinstance(mu, torch.Tensor):  # one mu_i per agent
+        rhs = torch.addcmul(ZYt, torch.sub(X_new, P, out=tmp), mu, out=rhs_out)
+    else:
+        rhs = torch.add(ZYt, torch.sub(X_new, P, out=tmp), alpha=mu, out=rhs_out)
     if derived:
         rhs.addcmul_(rho, U).add_(Q, alpha=2.0).sub_(Q_prev)
     else:
@@ -49,9 +54,10 @@ def x_pre_into(U, P, ZYt, Q, Q_prev, rho, mu: float, derived: bool, X_out, rhs_o
     return X_new, rhs
 
 
-def spectral_factors(lam, rho, mu: float):
-    """``d = 1 / (lam + mu + rho_i)``, ``(..., T, N, K)`` from ``rho (..., T, N, 1, 1)``."""
-    return torch.add(lam, rho[..., 0] + mu).reciprocal_()
+def spectral_factors(lam, rho, mu):
+    """``d = 1 / (lam + mu + rho_i)``, ``(..., T, N, K)`` from ``rho (..., T, N, 1, 1)`` and ``mu``
+    (a float, or ``(T, N, 1, 1)``)."""
+    return torch.add(lam, rho[..., 0] + (mu[..., 0] if isinstance(mu, torch.Tensor) else mu)).reciprocal_()
 
 
 def inverse_factors(E, Et, d, ws: Workspace | None = None):

@@ -53,7 +53,7 @@ class XFixed:
     lam: torch.Tensor
     E: torch.Tensor
     Et: torch.Tensor
-    mu: float
+    mu: float | torch.Tensor  # a float, or mu_i per agent (T, N, 1, 1) (penalty_schedule="adaptive")
     derived: bool
 
 
@@ -223,7 +223,7 @@ def x_plan(fixed: XFixed, ws: Workspace, u_sums, *, fuse: bool, track: bool, n_i
             group = agent_group(T * N, 8 * L * K * U.element_size(), kernels.X_TILE_BYTES)
         return EagerXPlan(fixed, ws, u_sums, group)
     # compiled code takes mu as a 0-d tensor: a Python float would compile anew for every value
-    mu_c = torch.tensor(fixed.mu, dtype=U.dtype, device=U.device)
+    mu_c = fixed.mu if isinstance(fixed.mu, torch.Tensor) else torch.tensor(fixed.mu, dtype=U.dtype, device=U.device)
     small = U.shape[-1] ** 3 < SMALL_BMM
     if not large:
         return WholeXPlan(fixed, ws, u_sums, fused, mu_c, small)

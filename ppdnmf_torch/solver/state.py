@@ -14,14 +14,24 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .._utils import ConfigError
-from ..penalties import PENALTY_MODES, PenaltySampler
+from .._utils import ConfigError, derive_seed
+from ..penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
-__all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "SolverParams", "SolverState", "IterationInfo", "init_state", "make_sampler",
-           "restore_state"]
+__all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
+           "IterationInfo", "init_state", "initial_factor", "make_sampler", "restore_state"]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
+#: starts of Algorithm 1: the paper's all-ones ``X_0``, or one drawn from a seed all agents share
+INITS = ("ones", "random")
+#: solvers of the Y-step's NNLS: the paper's ADMM (eqs. 12-14) or HALS (:mod:`.hals`)
+Y_SOLVERS = ("admm", "hals")
+#: the paper's caps, start and Y-step (``experiment=paper_*``, the per-agent reference in
+#: tests/, and :class:`SolverParams`' defaults)
+PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
+#: the library's defaults of the same keywords (``fit``, ``fit_trials``, conf/solver/default.yaml):
+#: the combination that met the agreement target on every data set tried (docs/RESULTS.md)
+DEFAULTS = {"penalty_schedule": "adaptive", "init": "random", "y_solver": "admm"}
 #: the X-step's solvers: the paper's decentralized ADMM (eqs. 8-11), or the incremental
 #: consensus engine (:mod:`.incremental`): I-ADMM, PI-ADMM1 (perturbed step), PI-ADMM2 (noise)
 X_SOLVERS = ("admm", "i_admm", "pi_admm", "pi_admm2")
@@ -53,8 +63,17 @@ class SolverParams:
     consensus_form : {"derived", "paper_literal"}
     fuse : bool
         Compile the ADMM iterations with TorchInductor (see :mod:`.fused`; a
-        compilation per new shape; rounding differs slightly). With an incremental
-        ``x_solver``: compile each round of the token (``compile="round"``).
+        compilation per new shape; rounding differs slightly). The HALS Y-step runs
+        eager either way.
+    penalty_schedule : {"paper", "adaptive"}
+        The penalty caps: the paper's fixed ``g_i``, or each agent's own consensus-seeking
+        rule (:mod:`ppdnmf_torch.penalties`, :class:`~ppdnmf_torch.penalties.CapSchedule`).
+    init : {"ones", "random"}
+        The start ``X_0 = U_0``: all ones (the paper), or drawn from each trial's
+        ``init_seeds`` entry (:func:`initial_factor`).
+    y_solver : {"admm", "hals"}
+        The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14) or ``y_iters`` HALS sweeps
+        (:mod:`.hals`).
     x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
         The X-step: the paper's decentralized ADMM (default), or the incremental consensus
         engine (:mod:`.incremental`, docs/INCREMENTAL.md): I-ADMM, PI-ADMM1 (``gamma``
@@ -87,6 +106,9 @@ class SolverParams:
     consensus_form: str = "derived"
     admm_tol: float | None = None
     fuse: bool = False
+    penalty_schedule: str = "paper"
+    init: str = "ones"
+    y_solver: str = "admm"
     x_solver: str = "admm"
     x_rho: float = 0.1
     x_gamma_spread: float = 0.05
@@ -122,6 +144,9 @@ class SolverParams:
             raise ConfigError(
                 f"consensus_form: unknown form {self.consensus_form!r}; use one of {CONSENSUS_FORMS}"
             )
+        for name, choices in (("penalty_schedule", PENALTY_SCHEDULES), ("init", INITS), ("y_solver", Y_SOLVERS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name}: unknown value {getattr(self, name)!r}; use one of {choices}")
         _check_x_solver(self)
 
     @property
@@ -182,22 +207,50 @@ class SolverState:
     inc_y: torch.Tensor | None = None
     inc_z: torch.Tensor | None = None
     inc_cycle: torch.Tensor | None = None
+    # penalty_schedule="adaptive" only (None otherwise): the agents' caps g_i (T * N,) and
+    # X-step penalties mu_i (T, N), both float64 (see .schedule)
+    caps: torch.Tensor | None = None
+    mu: torch.Tensor | None = None
 
     def tensors(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
 
-def init_state(problem: Problem, rank: int, dtype=None) -> SolverState:
-    """Algorithm 1's initial values: ``X = U = 1``, ``P = Q = Q_prev = 0``, ``Y = V = R = 0``, ``g = 0``."""
+def initial_factor(seed: int, L: int, rank: int) -> torch.Tensor:
+    """The seeded start ``X_0 (L, K)`` of one trial, float64 on the CPU.
+
+    Entries i.i.d. uniform on ``[0, 2)`` (mean 1, the all-ones start's scale), from
+    ``torch.rand((L, K), generator=torch.Generator().manual_seed(derive_seed(seed, "init")),
+    dtype=torch.float64) * 2``. Every agent of the trial draws it from the same seed (agreed
+    on like the graph, no data involved), so the local copies start equal and no agent
+    shares anything; unlike the all-ones start, the ``K`` columns differ, so the symmetry
+    that only rounding breaks is gone.
+    """
+    gen = torch.Generator().manual_seed(derive_seed(int(seed), "init"))
+    return torch.rand((L, rank), generator=gen, dtype=torch.float64).mul_(2.0)
+
+
+def init_state(problem: Problem, rank: int, dtype=None, init: str = "ones") -> SolverState:
+    """Algorithm 1's initial values: ``X = U = X_0``, ``P = Q = Q_prev = 0``, ``Y = V = R = 0``, ``g = 0``.
+
+    ``init="ones"``: ``X_0 = 1`` (the paper); ``"random"``: trial ``t``'s agents all start from
+    :func:`initial_factor` of ``problem.init_seeds[t]``.
+    """
     Z = problem.Z
     dtype = dtype or Z.dtype
     T, N, L, M = Z.shape
-    ones = torch.ones((T, N, L, rank), dtype=dtype, device=Z.device)
-    zx = torch.zeros_like(ones)
+    if init == "ones":
+        start = torch.ones((T, N, L, rank), dtype=dtype, device=Z.device)
+    elif init == "random":
+        X0 = torch.stack([initial_factor(s, L, rank) for s in problem.init_seeds])  # (T, L, K)
+        start = X0[:, None].expand(T, N, L, rank).to(device=Z.device, dtype=dtype).contiguous()
+    else:
+        raise ConfigError(f"init: unknown value {init!r}; use one of {INITS}")
+    zx = torch.zeros_like(start)
     zy = torch.zeros((T, N, rank, M), dtype=dtype, device=Z.device)
     g = torch.zeros(problem.topology.n_directed_edges, dtype=torch.float64, device=Z.device)
     return SolverState(
-        X=ones.clone(), U=ones, P=zx, Q=zx.clone(), Q_prev=zx.clone(),
+        X=start.clone(), U=start, P=zx, Q=zx.clone(), Q_prev=zx.clone(),
         Y=zy, V=zy.clone(), R=zy.clone(), g=g,
     )
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import random
 import time
 
-import phe
 
 from ..costmodel import PaillierOpCosts
-from .keys import RawPaillier
+from .keys import RawPaillier, generate_keypair
 
 __all__ = ["calibrate"]
 
@@ -37,7 +36,7 @@ def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 3
     if not refresh and cache_key in _CACHE:
         return _CACHE[cache_key]
     t0 = time.perf_counter()
-    pub, priv = phe.generate_paillier_keypair(n_length=key_bits)
+    pub, priv = generate_keypair(key_bits)  # interruptible, and refuses sizes above the limit
     keygen = time.perf_counter() - t0
     raw = RawPaillier(None)
     rng = random.Random(12345)  # plaintexts only; the obfuscators come from phe's SystemRandom

@@ -7,9 +7,17 @@
   cannot be pickled, copied or printed with key material (:class:`~.obfuscation.HoldsPrivateKey`).
 * :func:`generate_keypairs` (tests, benchmarks, the audit) and :func:`make_agents` (the
   agents of a bound exchange, from handed-in or freshly generated keys).
+
+Key generation draws each prime as a uniformly random odd number with its top two bits set
+and tests candidates one by one (:func:`generate_keypair`), so Ctrl-C ends it between two
+candidates (milliseconds at the usual sizes) instead of waiting out one long C call; key
+sizes above :data:`MAX_KEY_BITS` are refused (:func:`check_key_bits`) unless
+``$PPDNMF_MAX_KEY_BITS`` raises the limit.
 """
 from __future__ import annotations
 
+import os
+import secrets
 import time
 
 import gmpy2
@@ -29,9 +37,75 @@ __all__ = [
     "RawPaillier",
     "generate_keypairs",
     "make_agents",
+    "generate_keypair",
+    "check_key_bits",
     "SECURE_KEY_BITS",
     "MIN_KEY_BITS",
+    "MAX_KEY_BITS",
+    "MAX_KEY_BITS_ENV",
 ]
+
+#: the largest key size accepted by default: one key pair of it takes minutes to make, the
+#: next size up (16384 bits) hours
+MAX_KEY_BITS = 8192
+#: the environment variable that raises (or lowers) :data:`MAX_KEY_BITS`
+MAX_KEY_BITS_ENV = "PPDNMF_MAX_KEY_BITS"
+
+
+def check_key_bits(key_bits: int) -> int:
+    """Refuse key sizes above the limit (:data:`MAX_KEY_BITS`, or ``$PPDNMF_MAX_KEY_BITS``).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``key_bits``, the limit and the way past it.
+    """
+    raw = os.environ.get(MAX_KEY_BITS_ENV, "").strip()
+    try:
+        limit = int(raw) if raw else MAX_KEY_BITS
+    except ValueError:
+        raise ConfigError(f"key_bits: the environment variable {MAX_KEY_BITS_ENV} must be an integer number of "
+                          f"bits, got {raw!r}") from None
+    if int(key_bits) > limit:
+        raise ConfigError(
+            f"key_bits: {key_bits}-bit Paillier keys are above the limit of {limit} bits (making one key pair of "
+            f"{key_bits} bits takes hours, and every operation grows with the cube of the size); set the "
+            f"environment variable {MAX_KEY_BITS_ENV}={key_bits} to go past it"
+        )
+    return int(key_bits)
+
+
+#: the product of the odd primes below 2000: a candidate sharing a factor with it is composite
+_SMALL_PRIMES = int(gmpy2.mpz(1))
+for _p in range(3, 2000, 2):
+    if gmpy2.is_prime(_p):
+        _SMALL_PRIMES *= _p
+_SMALL_PRIMES = gmpy2.mpz(_SMALL_PRIMES)
+
+
+def _random_prime(bits: int) -> int:
+    """A uniformly random prime of exactly ``bits`` bits with its top two bits set (so that
+    the product of two of them has exactly ``2 bits`` bits). Every candidate is tested by
+    short C calls (a gcd with the small primes, one strong base-2 test, then 40 rounds on
+    the rare survivor), so a KeyboardInterrupt gets through between two of them."""
+    top = 3 << (bits - 2)
+    while True:
+        c = gmpy2.mpz(secrets.randbits(bits) | top | 1)
+        if gmpy2.gcd(c, _SMALL_PRIMES) == 1 and gmpy2.is_strong_prp(c, 2) and gmpy2.is_prime(c, 40):
+            return int(c)
+
+
+def generate_keypair(key_bits: int):
+    """One Paillier key pair ``(public, private)`` with an exactly ``key_bits``-bit modulus
+    (the keys phe's ``generate_paillier_keypair`` makes, made interruptibly)."""
+    check_key_bits(key_bits)
+    half = int(key_bits) // 2
+    p = _random_prime(half)
+    q = p
+    while q == p:
+        q = _random_prime(key_bits - half)
+    pub = phe.PaillierPublicKey(p * q)
+    return pub, phe.PaillierPrivateKey(pub, p, q)
 
 
 class InsecureKeyWarning(UserWarning):
@@ -246,7 +320,7 @@ def generate_keypairs(key_bits: int, count: int, existing=()) -> list:
     out = list(existing)
     seen = {pk.n for pk, _ in out}
     while len(out) < count:
-        pk, sk = phe.generate_paillier_keypair(n_length=key_bits)
+        pk, sk = generate_keypair(key_bits)
         if pk.n not in seen:
             seen.add(pk.n)
             out.append((pk, sk))
@@ -277,9 +351,10 @@ def make_agents(keypairs, *, n_nodes: int, n_agents: int, codec: IntegerCodec, r
         for node, (pk, sk) in enumerate(keypairs):
             agents.append(_Agent(node, n_agents, pk, sk, codec, raw))
     else:
+        check_key_bits(kb)
         t0 = time.perf_counter()
         for node in range(n_nodes):
-            pk, sk = phe.generate_paillier_keypair(n_length=kb)
+            pk, sk = generate_keypair(kb)
             agents.append(_Agent(node, n_agents, pk, sk, codec, raw))
         raw.ledger.add("time_keygen", time.perf_counter() - t0)
     return tuple(agents)

@@ -29,13 +29,20 @@ side, through ``gmpy2.powmod_base_list``, which releases the GIL.
 by the pool ahead of use, so the protocol's critical path only multiplies. In *batch*
 mode (a pool without ``precompute``) it computes a round's obfuscators in parallel when
 the round asks for them. Without a pool it computes them in-process.
+
+Workers die with the process that started them: each one asks the kernel for SIGKILL when
+its parent (the forkserver) dies (``prctl(PR_SET_PDEATHSIG)`` on Linux), and a watchdog
+thread in it ends it within :data:`WATCH_SECONDS` once the starting process is gone (a
+SIGKILLed run leaves no worker behind, on any system).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -107,6 +114,45 @@ def _main_hidden():
             d.update(saved)
 
 
+#: how often a worker's watchdog checks that the process that started it is alive (seconds)
+WATCH_SECONDS = 0.5
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _watch(pid: int) -> None:
+    while _alive(pid):
+        time.sleep(WATCH_SECONDS)
+    os._exit(0)
+
+
+def _worker_init(owner: int) -> None:
+    """Worker side, once: die with the forkserver (Linux) and with the process ``owner`` that
+    started the pool (everywhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_watch, args=(int(owner),), name="ppdnmf-watchdog", daemon=True).start()
+
+
 def _run_task(name: str, payload: bytes):
     """Worker side: one public task by name, arguments from bytes."""
     return PUBLIC_TASKS[name](*pickle.loads(payload))
@@ -128,7 +174,8 @@ class WorkerPool:
         self.workers = int(workers)
         self.audit = audit
         self.tasks_sent = 0
-        self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context())
+        self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context(),
+                                             initializer=_worker_init, initargs=(os.getpid(),))
         try:
             # start every worker now (one task each), with the caller's main script hidden
             with _main_hidden():

@@ -1,0 +1,148 @@
+"""What a Paillier run will cost, said before it starts, and its costs with units after.
+
+:func:`paillier_estimate` counts the operations and the ciphertext bytes of a whole run
+from the cost model's formulas (:mod:`ppdnmf_torch.exchange.costmodel`: every ADMM iteration
+of every BCD iteration, the packed counts when the fast path packs) and prices them with the
+per-operation costs measured on this machine (:func:`~ppdnmf_torch.exchange.paillier.calibration.calibrate`,
+one key pair and a dozen operations at the run's key size). The price is the model's: every
+operation at its naive serial cost, so the figure bounds the fast paths from above.
+:func:`format_estimate` says it, and names the switches that make the run faster with what
+each one assumes; :func:`format_costs` writes a run's cost counters with units.
+"""
+from __future__ import annotations
+
+from .exchange.costmodel import estimate_seconds, round_counts, round_edge_bytes
+from .exchange.packing import derive_layout
+from .progress import format_seconds
+
+__all__ = ["paillier_estimate", "format_estimate", "format_costs", "format_bytes"]
+
+
+def format_bytes(n: float) -> str:
+    """``"812 B"``, ``"3.4 kB"``, ``"12.3 MB"``, ``"1.2 GB"`` (powers of 1000)."""
+    n = float(n)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _run_counts(spec, graph, lk: int, x_iters: int, bcd_iters: int) -> tuple:
+    """``(operation counts, ciphertext bytes)`` of the whole run: one penalty round (the
+    aggregated protocol's step 1) and one exchange round per ADMM iteration."""
+    src = [i for i, j in graph.edges] + [j for i, j in graph.edges]
+    dst = [j for i, j in graph.edges] + [i for i, j in graph.edges]
+    senders = int((graph.degree > 0).sum())
+    slots = derive_layout(spec.codec(), packing=spec.packing, slot_bits=spec.slot_bits).slots if spec.fast else 1
+    rounds = x_iters * bcd_iters
+    counts, nbytes = {}, 0
+    for phase, p in (("penalty", 0), ("exchange", lk)):
+        c = round_counts(spec.protocol, phase, n_edges=len(src), n_senders=senders, lk=p, slots=slots)
+        for k, v in c.items():
+            counts[k] = counts.get(k, 0) + v * rounds
+        nbytes += rounds * sum(b for _, _, b in round_edge_bytes(spec.protocol, phase, src, dst,
+                                                                 key_bits=spec.key_bits, lk=p, slots=slots))
+    return counts, nbytes, slots
+
+
+def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None) -> dict:
+    """The estimated cost of a Paillier run before it starts.
+
+    Parameters
+    ----------
+    spec : PaillierSpec
+    graph : Graph
+        The agents' graph (one trial).
+    L, rank : int
+        Message size ``P = L K`` values.
+    x_iters, bcd_iters : int
+    op_costs : PaillierOpCosts, optional
+        Per-operation seconds (default: measured now at ``spec.key_bits``, cached per size).
+
+    Returns
+    -------
+    dict
+        ``counts`` (operations), ``ciphertext_bytes``, ``slots``, ``seconds_operations``
+        (serial, naive), ``seconds_keygen`` (one key pair per agent), ``seconds`` (both),
+        ``key_pairs``, ``op_costs``.
+    """
+    counts, nbytes, slots = _run_counts(spec, graph, int(L) * int(rank), int(x_iters), int(bcd_iters))
+    if op_costs is None:
+        from .exchange.paillier.calibration import calibrate  # imports phe: only for a paillier run
+
+        op_costs = calibrate(spec.key_bits)
+    ops = estimate_seconds(counts, op_costs)
+    keygen = graph.n_agents * op_costs.keygen
+    return {"counts": counts, "ciphertext_bytes": nbytes, "slots": slots, "seconds_operations": ops,
+            "seconds_keygen": keygen, "seconds": ops + keygen, "key_pairs": graph.n_agents, "op_costs": op_costs}
+
+
+def _faster(spec, slots_packed: int | None) -> list:
+    """The switches that would make ``spec`` faster, each with what it assumes."""
+    out = []
+    if not spec.fast:
+        out.append("exchange.fast=true: the fast path (packing, precomputed CRT obfuscators, workers), "
+                   "bit-identical to the naive one")
+        return out
+    if not spec.djn:
+        out.append("exchange.djn=true: short-exponent (Damgard-Jurik-Nielsen) obfuscators, much cheaper "
+                   "encryptions; assumes DCR stays hard with short exponents")
+    if not spec.packing and slots_packed and slots_packed > 1:
+        out.append(f"exchange.packing=true: {slots_packed} values per ciphertext at {spec.key_bits} bits "
+                   f"({slots_packed}x fewer operations and bytes); assumes the values fit their slots (checked "
+                   "every round)")
+    if not spec.precompute:
+        out.append("exchange.precompute=true: obfuscators made ahead, off the critical path; assumes spare cores")
+    if spec.workers is not None and spec.workers < 2:
+        out.append("exchange.workers=<k>: k worker processes for the public-key work; assumes k free cores")
+    return out
+
+
+def format_estimate(spec, est: dict) -> str:
+    """The lines the CLI prints before a Paillier run."""
+    c = est["counts"]
+    packed = None
+    if spec.fast and not spec.packing:
+        packed = derive_layout(spec.codec(), packing=True, slot_bits=spec.slot_bits).slots
+    switches = (f"protocol={spec.protocol}, fast={str(spec.fast).lower()}, packing={str(spec.packing).lower()} "
+                f"({est['slots']} value{'s' if est['slots'] != 1 else ''} per ciphertext), "
+                f"precompute={str(spec.precompute).lower()}, djn={str(spec.djn).lower()}, "
+                f"workers={'auto' if spec.workers is None else spec.workers}")
+    lines = [
+        f"paillier estimate at {spec.key_bits}-bit keys ({switches}): at most {format_seconds(est['seconds'])} "
+        f"(key generation {format_seconds(est['seconds_keygen'])} for {est['key_pairs']} key pairs, operations "
+        f"{format_seconds(est['seconds_operations'])} priced at their naive serial cost), "
+        f"{format_bytes(est['ciphertext_bytes'])} of ciphertexts; {c['encryptions']:,} encryptions, "
+        f"{c['decryptions']:,} decryptions, {c['homomorphic_additions']:,} homomorphic additions, "
+        f"{c['scalar_multiplications']:,} scalar multiplications",
+    ]
+    faster = _faster(spec, packed)
+    if faster:
+        lines.append("faster: " + "; ".join(faster))
+    return "\n".join(lines)
+
+
+#: the counters of a costs dict, how to say them, and their unit kind
+_COUNT_NAMES = (("encryptions", "encryptions"), ("decryptions", "decryptions"),
+                ("homomorphic_additions", "homomorphic additions"),
+                ("scalar_multiplications", "scalar multiplications"), ("key_pairs", "key pairs"))
+_TIME_NAMES = (("time_keygen", "key generation"), ("time_encrypt", "encryption"),
+               ("time_homomorphic", "homomorphic operations"), ("time_decrypt", "decryption"),
+               ("time_transfer", "transfer"), ("estimated_seconds", "estimated operations (cost model)"),
+               ("estimated_seconds_keygen", "estimated key generation (cost model)"))
+
+
+def format_costs(costs: dict) -> str:
+    """A run's cost counters with units: counts, bytes (``ciphertext_bytes``), seconds."""
+    parts = [f"{int(costs[k]):,} {name}" for k, name in _COUNT_NAMES if k in costs]
+    if "ciphertext_bytes" in costs:
+        parts.append(f"{format_bytes(costs['ciphertext_bytes'])} of ciphertexts")
+    times = [f"{name} {float(costs[k]):.3g} s" for k, name in _TIME_NAMES if k in costs]
+    known = {k for k, _ in _COUNT_NAMES} | {k for k, _ in _TIME_NAMES} | {"ciphertext_bytes"}
+    other = [f"{k} {v:.4g}" for k, v in costs.items() if k not in known and isinstance(v, (int, float))]
+    text = ", ".join(parts)
+    if times:
+        text += "; time: " + ", ".join(times)
+    if other:
+        text += "; " + ", ".join(other)
+    return text

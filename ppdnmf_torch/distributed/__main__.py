@@ -1,0 +1,5 @@
+"""``python -m ppdnmf_torch.distributed`` (and ``torchrun ... -m ppdnmf_torch.distributed``)."""
+from .app import main
+
+if __name__ == "__main__":
+    main()

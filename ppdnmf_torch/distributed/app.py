@@ -1,0 +1,179 @@
+"""``python -m ppdnmf_torch.distributed``: the ``ppdnmf`` app with its agents over several ranks.
+
+It takes the same Hydra overrides as ``ppdnmf`` and a ``distributed`` section of its own::
+
+    python -m ppdnmf_torch.distributed distributed.nproc=2 solver.bcd_iters=20      # 2 local ranks
+    torchrun --nproc-per-node 4 -m ppdnmf_torch.distributed exchange=quantized     # 4 ranks by torchrun
+    python -m ppdnmf_torch.distributed -m hydra/launcher=submitit_slurm \\
+        hydra.launcher.tasks_per_node=4 seed=0,1,2                                  # SLURM jobs of 4 ranks
+
+Under ``torchrun`` (or in a SLURM job of several tasks, through submitit) every process
+is a rank; otherwise this process starts ``distributed.nproc`` local ranks (gloo on
+127.0.0.1) and waits for them. Rank 0 writes the outputs into Hydra's run folder and
+prints the summary; the other ranks write their checkpoints only.
+
+Exit status: 0, 2 for a user error (as ``ppdnmf``), 3 on a rank whose peer failed or died
+(:data:`~.comm.EXIT_PEER_FAILED`), 130 after Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ..cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
+from ..errors import ConfigError, PPDNMFError
+from .comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
+from .launch import env_world, launch_local
+from .partition import PARTITION_METHODS
+
+__all__ = ["DistConfig", "main", "rank_main", "CONFIG_NAME"]
+
+#: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
+CONFIG_NAME = "ppdnmf_distributed"
+
+
+@dataclass
+class DistConfig:
+    """The ``distributed`` section.
+
+    Attributes
+    ----------
+    nproc : int
+        Local ranks to start when no launcher (torchrun, SLURM) started this process.
+    partition : {"rcm", "block"}
+        How agents are assigned to ranks (:func:`~.partition.partition_agents`).
+    assignment : list of int, optional
+        The rank of every agent (overrides ``partition``).
+    backend : {"auto", "gloo", "nccl"}
+    timeout : float
+        Seconds any one exchange between ranks may wait.
+    heartbeat : float
+        Seconds without a peer's heartbeat before a rank gives up (0: no watchdog).
+    """
+
+    nproc: int = 1
+    partition: str = "rcm"
+    assignment: list | None = None
+    backend: str = "auto"
+    timeout: float = 300.0
+    heartbeat: float = 60.0
+
+    def __post_init__(self):
+        if not isinstance(self.nproc, int) or isinstance(self.nproc, bool) or self.nproc < 1:
+            raise ConfigError(f"distributed.nproc: must be an integer >= 1, got {self.nproc!r}")
+        if self.partition not in PARTITION_METHODS:
+            raise ConfigError(f"distributed.partition: unknown method {self.partition!r}; use one of "
+                              f"{PARTITION_METHODS}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"distributed.backend: unknown backend {self.backend!r}; use one of {BACKENDS}")
+        for name in ("timeout", "heartbeat"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (name == "timeout" and v == 0):
+                raise ConfigError(f"distributed.{name}: must be a number {'>' if name == 'timeout' else '>='} 0, "
+                                  f"got {v!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "DistConfig":
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"distributed.{unknown[0]}: unknown key; the section takes "
+                              f"{sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+
+ConfigStore.instance().store(name=CONFIG_NAME, node={"defaults": ["config", "_self_"],
+                                                      "distributed": asdict(DistConfig())})
+
+
+def _device_of(cfg, local_rank: int):
+    """The rank's device: ``cuda:<local rank>`` for a CUDA run, else the CPU."""
+    import torch
+
+    from .._utils import resolve_device
+
+    dev = resolve_device(cfg.device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    return dev
+
+
+def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank: int | None = None):
+    """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
+    process group, run, and leave; errors are reported to the other ranks before they rise."""
+    from ..config import from_dict
+    from .engine import run_rank
+
+    cfg = from_dict(cfg_dict)
+    opts = DistConfig.from_dict(dist)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+                      heartbeat=opts.heartbeat or None) as comm:
+        return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume)
+
+
+def _fail(exc: BaseException, code: int) -> None:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
+def _app(cfg: DictConfig):
+    from ..runner import format_summary
+
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        dist = raw.pop("distributed", None)
+        opts = DistConfig.from_dict(dist)
+        run_cfg = to_run_config(OmegaConf.create(raw))
+        out_dir, resume = HydraConfig.get().runtime.output_dir, False
+        if run_cfg.resume:
+            run_cfg, out_dir, _ = _resume_target(run_cfg.resume)
+            resume = True
+        from ..config import to_dict
+
+        args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
+        world = env_world()
+        if world is not None:
+            summary = rank_main(*args, local_rank=world[2])
+        else:
+            outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
+            bad = [o for o in outcomes if o.exitcode != 0]
+            if bad:
+                # the rank whose own error stopped the run (not one that stopped because of it)
+                first = min(bad, key=lambda o: (o.exitcode == EXIT_PEER_FAILED, o.error is None, o.rank))
+                text = f"rank {first.rank}: {first.error or f'exit code {first.exitcode}'}"
+                print(f"ppdnmf: error: {' '.join(text.split())}", file=sys.stderr, flush=True)
+                sys.exit(first.exitcode if first.exitcode in (EXIT_USER_ERROR, EXIT_INTERRUPTED) else EXIT_PEER_FAILED)
+            summary = outcomes[0].value
+    except DistributedError as exc:
+        _fail(exc, EXIT_PEER_FAILED)
+    except PPDNMFError as exc:
+        _fail(exc, EXIT_USER_ERROR)
+    except KeyboardInterrupt as exc:
+        detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
+        print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if summary is None:  # a rank other than 0
+        return None
+    print(format_summary(summary), flush=True)
+    return summary["nmse"]["distributed"]
+
+
+def main() -> None:
+    """``python -m ppdnmf_torch.distributed``: ranks other than 0 of a torchrun or SLURM start
+    log nothing and keep Hydra's files out of the run folder (rank 0 writes it)."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID") if int(os.environ.get("SLURM_NTASKS", "1")) > 1
+                          else None)
+    if rank not in (None, "0") and "-m" not in sys.argv and "--multirun" not in sys.argv:
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+        if not any(a.startswith("hydra.run.dir=") for a in sys.argv):
+            sys.argv.append("hydra.run.dir=.")
+    _app()

@@ -1,0 +1,378 @@
+"""One rank of a distributed run: :func:`fit_rank` (the API's :func:`~ppdnmf_torch.fit` on a
+rank's agents) and :func:`run_rank` (a CLI run: the same config, outputs on rank 0).
+
+Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
+edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
+neighbours (:class:`~.halo.HaloExchange`) and reduces the metrics across ranks
+(:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
+(:func:`ppdnmf_torch.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
+the single-process eager run's (``fuse=False``).
+
+Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/``, with ``partition.json`` beside
+them; a resumed run (same world size, same partition) continues from the newest BCD
+iteration every rank has a checkpoint of, bit for bit.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .._utils import ConfigError, resolve_dtype
+from ..api import FitResult, _history_single, _init_seed, _preflight
+from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
+from ..exchange import exchange_spec
+from ..exchange.base import Exchange
+from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
+from ..solver import SolverParams, init_state, restore_state, run_bcd
+from ..threads import with_threads
+from .comm import Comm, DistributedError
+from .costs import halo_bytes
+from .halo import HALO_KINDS, HaloExchange, RankSampler
+from .layout import RankLayout, rank_problem
+from .partition import Partition, partition_agents
+from .reduce import RankReduction, gather_agents
+
+__all__ = ["RankResult", "fit_rank", "run_rank", "global_digest"]
+
+
+@dataclass
+class RankResult:
+    """What :func:`fit_rank` returns on every rank.
+
+    Attributes
+    ----------
+    result : FitResult or None
+        The whole run's result, on rank 0 (None on the other ranks).
+    partition : Partition
+    ranks : list of dict
+        On rank 0: every rank's layout (:meth:`~.layout.RankLayout.summary`), bytes sent
+        per category (``sent``) and the halo's model of them per ADMM iteration
+        (``model_per_admm_iteration``); on other ranks, its own only.
+    admm_iterations : int
+        ADMM iterations of the X-steps this process ran (a resumed run: its own).
+    """
+
+    result: FitResult | None
+    partition: Partition
+    ranks: list = field(default_factory=list)
+    admm_iterations: int = 0
+
+
+def global_digest(blocks, graph, caps, seed, params, spec) -> str:
+    """SHA-256 of what every rank must agree on: the data, the graph, the caps, the seed, the
+    solver parameters and the exchange."""
+    h = hashlib.sha256()
+    for b in blocks:
+        t = b.detach().cpu().contiguous()
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    h.update(repr((graph.n_agents, graph.edges, caps.tolist(), int(seed), sorted(asdict(params).items()),
+                   repr(spec))).encode())
+    return h.hexdigest()
+
+
+def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
+    if penalty_schedule != "paper":
+        raise ConfigError(
+            f"penalty_schedule: a distributed run takes the paper's fixed caps (penalty_schedule=paper) in this "
+            f"version, got {penalty_schedule!r}: the adaptive caps of an agent's neighbours on other ranks would "
+            "have to cross ranks every BCD iteration; run it in one process")
+    if y_solver != "admm":
+        raise ConfigError(f"y_solver: a distributed run takes y_solver=admm in this version, got {y_solver!r}")
+    if tol != 0 or (admm_tol is not None and admm_tol != 0):
+        raise ConfigError(
+            "tol: a distributed run takes fixed iteration counts (tol=0, admm_tol=0 or None) in this version: the "
+            "stopping rule's flags would have to cross ranks every iteration")
+    if isinstance(spec, Exchange):
+        raise ConfigError("exchange: a distributed run builds its exchange on every rank; pass a kind name or a spec")
+    if spec.kind not in HALO_KINDS:
+        raise ConfigError(
+            f"exchange: the {spec.kind!r} kind has no cross-rank protocol yet (this version carries "
+            f"{' and '.join(HALO_KINDS)}); run it in one process")
+
+
+def _resolve_partition(comm: Comm, graph, partition, assignment) -> Partition:
+    part = partition if isinstance(partition, Partition) else (
+        partition_agents(graph, comm.world_size, partition, assignment) if comm.rank == 0 else None)
+    part = comm.broadcast_object(part, 0, what="the partition")
+    if part.world_size != comm.world_size or part.n_agents != graph.n_agents:
+        raise ConfigError(f"partition: made for {part.world_size} ranks and {part.n_agents} agents, the run has "
+                          f"{comm.world_size} ranks and {graph.n_agents} agents")
+    return part
+
+
+def _agree(comm: Comm, digest: str) -> None:
+    """Every rank runs the same problem, or every rank stops with the same error."""
+    digests = comm.all_gather_object(digest, category="setup", what="the check that every rank runs the same problem")
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise DistributedError(f"ranks {odd} run another problem than rank 0 (data, graph, caps, seed, solver or "
+                               "exchange settings differ): give every rank the same inputs")
+
+
+def _rank_dir(checkpoint_dir, rank: int) -> str:
+    return os.path.join(os.fspath(checkpoint_dir), f"rank{rank:03d}")
+
+
+def _checkpoint_numbers(folder: str) -> list:
+    return sorted(int(os.path.basename(f)[len("ckpt_bcd"):-3]) for f in glob.glob(os.path.join(folder, "ckpt_bcd*.pt")))
+
+
+def _resume_payload(comm: Comm, checkpoint_dir, part: Partition) -> dict:
+    """The checkpoint of the newest BCD iteration that every rank has (after checks)."""
+    meta = os.path.join(os.fspath(checkpoint_dir), "partition.json")
+    if os.path.isfile(meta):
+        with open(meta, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        if saved.get("world_size") != part.world_size or list(saved.get("owner", [])) != list(part.owner):
+            raise CheckpointError(
+                f"resume_from: the checkpoints in {os.fspath(checkpoint_dir)!r} were written by "
+                f"{saved.get('world_size')} ranks with another partition; resume with the same world size and "
+                "partition (the run's agents are laid out per rank)")
+    mine = _checkpoint_numbers(_rank_dir(checkpoint_dir, comm.rank))
+    every = comm.all_gather_object(mine, category="setup", what="the checkpoints' iterations")
+    common = set(every[0]).intersection(*map(set, every[1:]))
+    if not common:
+        raise CheckpointError(f"resume_from: no BCD iteration has a checkpoint on every rank in "
+                              f"{os.fspath(checkpoint_dir)!r} (ranks have {every})")
+    n = max(common)
+    return load_checkpoint(os.path.join(_rank_dir(checkpoint_dir, comm.rank), f"ckpt_bcd{n:06d}.pt"))
+
+
+def _rank_fingerprint(problem, params, exch, part: Partition, rank: int) -> str:
+    h = hashlib.sha256(fingerprint(problem, params, exch).encode())
+    h.update(repr((rank, part.world_size, part.owner)).encode())
+    return h.hexdigest()
+
+
+@with_threads
+def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100,
+             x_iters=30, y_iters=30, tol=0.0, admm_tol=None, exchange="plain", protocol=None, n_max=None,
+             key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error", seed=0,
+             device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
+             checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
+             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm") -> RankResult:
+    """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
+    same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
+
+    Parameters
+    ----------
+    comm : Comm
+    Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
+        As :func:`~ppdnmf_torch.fit`. Every rank reads the whole ``Z`` and keeps its agents' blocks.
+    tol, admm_tol
+        0 (and None): fixed iteration counts; the stopping rule is not distributed yet.
+    exchange, protocol, n_max, key_bits, g_bits, exchange_options
+        As :func:`~ppdnmf_torch.fit`, for the kinds :data:`~.halo.HALO_KINDS`.
+    device : torch.device, optional
+        Default: ``comm.device``.
+    callback : callable, optional
+        Called on every rank after every BCD iteration (``info.metrics`` as floats, the
+        same on every rank); the run stops after an iteration where any rank's returns True.
+    checkpoint_dir, checkpoint_every
+        Per-rank checkpoints in ``checkpoint_dir/rank<r>``.
+    resume : bool
+        Continue from the newest BCD iteration every rank has a checkpoint of.
+    fuse : bool
+        As :func:`~ppdnmf_torch.fit`; the bits equal the single-process run's with
+        ``fuse=False`` (the fused plans round differently anyway).
+    partition : {"rcm", "block"} or Partition
+    assignment : sequence of N ints, optional
+        The rank of every agent (overrides ``partition``).
+    threads : int, optional
+        As :func:`~ppdnmf_torch.fit`.
+    penalty_schedule, init, init_seed, y_solver
+        As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
+        (:data:`~ppdnmf_torch.PAPER_SETTINGS`): this version runs ``penalty_schedule="paper"``
+        and ``y_solver="admm"`` only (others raise :class:`~ppdnmf_torch.ConfigError`);
+        both starts (``init="ones"`` or ``"random"``) give the single-process bits.
+
+    Returns
+    -------
+    RankResult
+    """
+    dtype = resolve_dtype(dtype)
+    device = comm.device if device is None else torch.device(device)
+    graph = as_graph(adjacency)
+    N = graph.n_agents
+    blocks = check_data(as_blocks(Z, N, columns), negative)
+    caps = as_caps(g_max, N)
+    L = blocks[0].shape[0]
+    check_rank(rank, L)
+    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters, y_iters=y_iters,
+                          tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form, fuse=bool(fuse),
+                          penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+    spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
+                         options=exchange_options)
+    _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver)
+    part = _resolve_partition(comm, graph, partition, assignment)
+    _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
+    exch = HaloExchange(spec, lay, comm)
+    _preflight(exch, blocks, caps, graph.degree)
+    width = max(b.shape[1] for b in blocks)
+    problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
+                           dtype=dtype, device=device)
+    problem.init_seeds = [_init_seed(init_seed, seed)]
+    counts = [b.shape[1] for b in blocks]
+    del blocks, Z  # the rank keeps its own blocks only (in the problem)
+    caps_e = caps[graph.src[lay.edge_ids]].to(device=device, dtype=torch.float64)
+    sampler = RankSampler(caps_e, lay.edge_ids, graph.src.numel(), seed, penalty, x_iters)
+    fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
+    state = history = payload = None
+    if resume:
+        if checkpoint_dir is None:
+            raise ConfigError("resume: needs the checkpoint folder (checkpoint_dir)")
+        payload = _resume_payload(comm, checkpoint_dir, part)
+        if payload["fingerprint"] != fp:
+            raise CheckpointError(f"resume_from: checkpoint {payload['path']!r} belongs to a different run (data, "
+                                  "graph, seed, solver parameters, quantization or partition differ)")
+        state = restore_state(payload, device)
+        sampler.load_state_dict(payload["sampler"])
+        history = payload["history"]
+    checkpointer = None
+    if checkpoint_dir is not None:
+        checkpointer = Checkpointer(_rank_dir(checkpoint_dir, comm.rank), every=checkpoint_every)
+        if comm.rank == 0:
+            meta = os.path.join(os.fspath(checkpoint_dir), "partition.json")
+            write_atomically(meta, lambda fh: json.dump(part.summary(), fh), binary=False)
+    exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
+    if payload is not None:
+        exch.load_cost_state(payload.get("exchange_costs", {}))
+    if state is None:
+        state = init_state(problem, rank, init=params.init)
+        # the penalty draws of the rank's edges (the problem's topology has its inner edges only)
+        state.g = torch.zeros(lay.edge_ids.numel(), dtype=torch.float64, device=device)
+    bcd_start = state.bcd_done
+    agents = RankReduction(lay, comm, part, mu=mu, eta=eta)
+
+    def cb(info):
+        info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
+        info.iteration_costs = exch.pop_iteration_costs()
+        stop = bool(callback(info)) if callback is not None else False
+        flag = comm.all_reduce(torch.tensor([int(stop)], dtype=torch.int64), category="metrics",
+                               what=f"the stop decision of BCD iteration {info.iteration}")
+        return bool(int(flag[0]))
+
+    try:
+        state, history, info = run_bcd(problem, params, exch, state=state, sampler=sampler, callback=cb,
+                                       history=history, checkpointer=checkpointer, fingerprint=fp, agents=agents)
+        costs = exch.costs()
+        per_edge = exch.bytes_per_edge()
+        if per_edge:
+            costs = dict(costs, bytes_per_edge=_edge_order(per_edge, graph))
+    finally:
+        exch.close()
+    iters = (state.bcd_done - bcd_start) * x_iters
+    model = halo_bytes(lay, L * rank, itemsize)
+    gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
+                                    what=f"the output gather of {name}") for name in ("X", "U", "Y")}
+    mine = dict(lay.summary(), sent=dict(comm.sent), admm_iterations=iters, model_per_admm_iteration=model)
+    ranks = comm.all_gather_object(mine, what="the ranks' summaries")
+    result = None
+    if comm.rank == 0:
+        X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
+        result = FitResult(X=X, Y=[Y[i, :, :c] for i, c in enumerate(counts)], U=U,
+                           history=_history_single(history), graph=graph, columns=counts, n_iter=info["n_iter"],
+                           converged=info["converged"], costs=costs)
+    return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters)
+
+
+def _edge_order(per_edge: dict, graph) -> dict:
+    """The per-edge byte counts in the single-process order (both directions of each directed
+    edge, in CSR order, first occurrence first)."""
+    order = {}
+    for a, b in zip(graph.src.tolist(), graph.dst.tolist()):
+        for key in (f"{a}->{b}", f"{b}->{a}"):
+            if key in per_edge and key not in order:
+                order[key] = per_edge[key]
+    order.update({k: v for k, v in per_edge.items() if k not in order})
+    return order
+
+
+# --------------------------------------------------------------------------------------
+# A CLI run
+# --------------------------------------------------------------------------------------
+
+
+def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resume: bool = False,
+             callback=None) -> dict | None:
+    """One rank of ``ppdnmf`` run on ``comm``'s ranks: the config's inputs and fit, outputs
+    (``config.yaml``, ``factors.pt``, histories, TensorBoard, ``summary.json`` with the
+    ``distributed`` section) written by rank 0 only, into ``out_dir`` (rank 0's is used).
+
+    Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in
+    ``out_dir`` from its checkpoints (same world size and partition).
+    """
+    from ..config import to_dict
+    from ..errors import PPDNMFError
+    from ..inputs import build_inputs
+    from ..loggers import NullLogger
+    from ..outputs import write_summary, write_yaml
+    from ..runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
+
+    t_start = time.perf_counter()
+    out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))
+    try:
+        cfg.validate()
+        inputs = build_inputs(cfg)
+        if comm.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if not resume:
+                (out / "summary.json").unlink(missing_ok=True)
+            write_yaml(out / "config.yaml", to_dict(cfg))
+        logger = (make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs) if comm.rank == 0
+                  else NullLogger())
+        with logger:
+            s = cfg.solver
+            if s.x_solver != "admm":
+                raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
+                                  f"version, got {s.x_solver!r}; run the incremental X-step in one process")
+            kw = _solver_kwargs(cfg, inputs)
+            kw.pop("device")
+
+            def cb(info):
+                if comm.rank == 0:
+                    logger.iteration(info, s.x_iters)
+                return bool(callback(info)) if callback is not None else False
+
+            t0 = time.perf_counter()
+            fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
+                           exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
+                           checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
+                           assignment=assignment, **kw)
+            seconds = {"distributed": time.perf_counter() - t0}
+            if comm.rank != 0:
+                return None
+            central = None
+            if cfg.centralized:
+                t0 = time.perf_counter()
+                central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
+                seconds["centralized"] = time.perf_counter() - t0
+                logger.centralized(central.history)
+            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger)
+    except PPDNMFError as exc:
+        raise exc.renamed(CONFIG_KEYS) from None
+    summary["distributed"] = distributed_summary(comm, fit)
+    summary["wall_time"]["total"] = time.perf_counter() - t_start
+    write_summary(out / "summary.json", summary)
+    return summary
+
+
+def distributed_summary(comm: Comm, fit: RankResult) -> dict:
+    """The ``distributed`` section of ``summary.json``: world size, backend, the partition (with
+    its cut) and, per rank, its layout, the bytes it sent and the halo's model of them."""
+    per_iter = []
+    for r in fit.ranks:
+        n = max(1, r["admm_iterations"])
+        per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty")})
+    return {"world_size": comm.world_size, "backend": comm.backend, "partition": fit.partition.summary(),
+            "ranks": fit.ranks, "bytes_per_admm_iteration": per_iter}

@@ -1,0 +1,146 @@
+"""Starting ranks: on this machine (:func:`launch_local`, ``P`` processes and a rendezvous on
+``127.0.0.1``), or joining one that ``torchrun`` or SLURM started (:func:`env_world`).
+
+:func:`launch_local` watches its processes: when one fails or dies, the others get
+``grace`` seconds to notice and stop with their own error (they do, through the
+transport's errors and the watchdog, :mod:`.comm`) before it terminates them; an overall
+``timeout`` bounds the whole run.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+
+__all__ = ["free_port", "RankOutcome", "launch_local", "env_world", "export_slurm_env"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RankOutcome:
+    """How one rank of :func:`launch_local` ended: ``exitcode`` (negative: killed by that
+    signal), its return value (``value``) or the error it raised (``error``, one line)."""
+
+    rank: int
+    exitcode: int | None
+    value: object = None
+    error: str | None = None
+
+
+def _exit_code(exc: BaseException) -> int:
+    """2 for a user error (as ``ppdnmf``), 3 for another rank's failure, 130 after Ctrl-C, else 1."""
+    from ..errors import PPDNMFError
+    from .comm import EXIT_PEER_FAILED, DistributedError
+
+    if isinstance(exc, DistributedError):
+        return EXIT_PEER_FAILED
+    if isinstance(exc, PPDNMFError):
+        return 2
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _child(rank: int, world_size: int, port: int, target, args, kwargs, queue, env: dict) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
+    os.environ.update(env)
+    try:
+        value = target(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then a non-zero exit
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        queue.put((rank, None, f"{type(exc).__name__}: {text}", traceback.format_exc()))
+        os._exit(_exit_code(exc))
+    # plain pickle: tensors travel by value (a shared-memory handle would die with this process)
+    queue.put((rank, pickle.dumps(value), None, None))
+
+
+def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: float | None = None,
+                 grace: float = 30.0, env: dict | None = None) -> list:
+    """Run ``target(*args, **kwargs)`` in ``world_size`` fresh processes, ranks ``0 .. P-1`` of
+    one rendezvous at ``127.0.0.1`` (``env://``: the usual variables are set; this process
+    hosts the store, as torchrun's agent does), and wait.
+
+    ``target`` must be importable (a module-level function). Returns a :class:`RankOutcome`
+    per rank. A rank that fails or dies gives the others ``grace`` seconds to end on their own;
+    then, and at ``timeout`` seconds, the rest are terminated (exit code ``-15``).
+    """
+    import torch.distributed as dist
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    # this process hosts the rendezvous store, as torchrun's agent does: a rank that fails
+    # or dies takes nothing the others still need with it (its error report, the heartbeats)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
+    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), dict(kwargs or {}), queue,
+                                              env), name=f"ppdnmf-rank{r}") for r in range(world_size)]
+    for p in procs:
+        p.start()
+    start, first_failure = time.monotonic(), None
+    results = {}
+    while any(p.is_alive() for p in procs):
+        while not queue.empty():
+            rank, value, error, tb = queue.get()
+            results[rank] = (value, error, tb)
+        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+            first_failure = time.monotonic()
+        now = time.monotonic()
+        late = first_failure is not None and now - first_failure > grace
+        if late or (timeout is not None and now - start > timeout):
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            break
+        time.sleep(0.05)
+    for p in procs:
+        p.join(10)
+    del store
+    while not queue.empty():
+        rank, value, error, tb = queue.get()
+        results[rank] = (value, error, tb)
+    out = []
+    for r, p in enumerate(procs):
+        value, error, _ = results.get(r, (None, None, None))
+        value = pickle.loads(value) if isinstance(value, bytes) else value
+        out.append(RankOutcome(r, p.exitcode, value, error))
+    return out
+
+
+def export_slurm_env() -> bool:
+    """Inside a job of several tasks that SLURM or submitit started (``srun``, or Hydra's
+    submitit launcher with ``tasks_per_node`` > 1, ``submitit_local`` included): set
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` through
+    submitit. Returns whether it did."""
+    tasks = int(os.environ.get("SLURM_NTASKS") or os.environ.get("SUBMITIT_LOCAL_NTASKS") or 1)
+    if "RANK" in os.environ or tasks <= 1:
+        return False
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SLURM_PROCID" not in os.environ:
+        return False
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:  # pragma: no cover - the [cluster] extra is not installed
+        from ..errors import ConfigError
+
+        raise ConfigError("distributed: a SLURM job of several tasks needs submitit to find its ranks "
+                          "(pip install 'ppdnmf_torch[cluster]'), or start the ranks with torchrun") from None
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
+
+
+def env_world():
+    """``(rank, world_size, local_rank)`` of a process that ``torchrun`` (or SLURM through
+    :func:`export_slurm_env`) started, or None outside one."""
+    export_slurm_env()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))

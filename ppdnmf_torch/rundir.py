@@ -1,0 +1,148 @@
+"""A run's folder: written by one run at a time, never taken over by another run.
+
+* :class:`RunFolderLock` holds ``<folder>/.ppdnmf.lock`` (an ``flock`` on a file that names
+  its owner: process, host, start time, command) while a run writes; a second run into the
+  same folder is refused with the owner named. The kernel drops the lock when its holder
+  dies, so a killed run never leaves the folder locked.
+* :func:`refuse_foreign_checkpoints`: a fresh run refuses a folder that holds the checkpoints
+  of an interrupted run (they are someone's work; the message says how to resume them).
+* :func:`remove_checkpoints`: a run that finished removes its own checkpoints (unless told
+  to keep them), once every output is written.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import socket
+import sys
+
+from .checkpoint import PREFIX, checkpoint_files
+from .errors import PPDNMFError
+
+__all__ = ["RunFolderError", "RunFolderLock", "refuse_foreign_checkpoints", "remove_checkpoints", "LOCK_NAME"]
+
+LOCK_NAME = ".ppdnmf.lock"
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: the lock file alone, without flock
+    fcntl = None
+
+
+class RunFolderError(PPDNMFError):
+    """A run folder is in use by another run, or holds another run's work."""
+
+
+def _owner_text() -> str:
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    argv = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv and sys.argv[0] else "python"
+    return f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {argv}"
+
+
+class RunFolderLock:
+    """An exclusive lock on a run folder (:data:`LOCK_NAME` inside it), held until :meth:`release`.
+
+    Raises
+    ------
+    RunFolderError
+        From :meth:`acquire`, naming ``out_dir`` and the run that holds the folder.
+    """
+
+    def __init__(self, folder):
+        self.folder = os.path.abspath(os.fspath(folder))
+        self.path = os.path.join(self.folder, LOCK_NAME)
+        self._fd = None
+
+    def acquire(self) -> "RunFolderLock":
+        os.makedirs(self.folder, exist_ok=True)
+        for _ in range(10):  # the holder may remove the file between our open and our lock
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    owner = _read(fd)
+                    os.close(fd)
+                    raise RunFolderError(
+                        f"out_dir: {self.folder} is being written by another ppdnmf run ({owner or 'owner unknown'}); "
+                        "wait for it to end, or give this run another folder"
+                    ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        else:  # pragma: no cover - a folder whose lock file keeps changing under us
+            raise RunFolderError(f"out_dir: cannot lock {self.folder}: its lock file keeps changing")
+        os.ftruncate(fd, 0)
+        os.write(fd, (_owner_text() + "\n").encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.unlink(self.path)  # while still locked: a waiting run then sees a new file
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def _read(fd) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.read(fd, 4096).decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def refuse_foreign_checkpoints(folder) -> None:
+    """Refuse a fresh run in ``folder`` when ``folder/checkpoints`` holds an interrupted run's
+    checkpoints: pruning or overwriting them would lose that run.
+
+    Raises
+    ------
+    RunFolderError
+        Naming ``out_dir``, the newest checkpoint and the three ways on.
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    files = checkpoint_files(os.path.join(folder, "checkpoints"))
+    if files:
+        raise RunFolderError(
+            f"out_dir: {folder} holds the checkpoints of an interrupted run (newest: {os.path.basename(files[-1])}); "
+            f"continue it with: ppdnmf resume={shlex.quote(folder)}; or remove {os.path.join(folder, 'checkpoints')} "
+            "to start over there; or give this run another folder"
+        )
+
+
+def remove_checkpoints(folder) -> int:
+    """Remove the checkpoints (and leftover temporary files) in ``folder/checkpoints``, and the
+    folder when it is then empty; returns the number of files removed."""
+    ckpt = os.path.join(os.fspath(folder), "checkpoints")
+    if not os.path.isdir(ckpt):
+        return 0
+    removed = 0
+    for name in os.listdir(ckpt):
+        if name.startswith(PREFIX) and name.endswith(".pt") or name.startswith(".tmp_"):
+            try:
+                os.unlink(os.path.join(ckpt, name))
+                removed += 1
+            except OSError:
+                pass
+    try:
+        os.rmdir(ckpt)
+    except OSError:  # not empty: other files the user put there stay
+        pass
+    return removed

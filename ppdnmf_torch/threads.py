@@ -1,0 +1,76 @@
+"""CPU threads of torch's intra-op pool: one setting, set once at the edge and restored.
+
+torch's default (one thread per core) collapses when a core is busy with other work: the
+solver's many small operations each end in an OpenMP barrier that waits for a thread the
+scheduler has parked (docs/PERFORMANCE.md, "Threads"). :func:`default_threads` is the
+package's choice instead; :func:`using_threads` applies a setting for one call and puts
+torch's back afterwards, so that :func:`ppdnmf_torch.fit` leaves the caller's process as
+it found it. An explicit ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment is
+the user's choice and wins over the default.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["default_threads", "resolve_threads", "using_threads", "with_threads", "THREAD_ENV"]
+
+#: environment variables that, when set, make torch's current thread count the default
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def default_threads() -> int:
+    """The package's default: one thread (measured: never far from the fastest setting on an
+    idle machine, and the only one that does not collapse when a core is busy; see
+    docs/PERFORMANCE.md, "Threads"), or torch's current count when ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` is set."""
+    if any(os.environ.get(k, "").strip() for k in THREAD_ENV):
+        return torch.get_num_threads()
+    return 1
+
+
+def resolve_threads(threads) -> int:
+    """``threads`` (None: :func:`default_threads`; an integer >= 1) as a thread count.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``threads`` for anything but None or an integer >= 1.
+    """
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads: must be None (the default) or an integer >= 1, got {threads!r}")
+    return threads
+
+
+@contextlib.contextmanager
+def using_threads(threads):
+    """Run the ``with`` block with torch's intra-op threads at ``threads`` (see
+    :func:`resolve_threads`) and restore the previous count after it."""
+    want = resolve_threads(threads)
+    before = torch.get_num_threads()
+    if want != before:
+        torch.set_num_threads(want)
+    try:
+        yield want
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def with_threads(fn):
+    """Decorate an entry point that takes a ``threads=`` keyword: the call runs under
+    :func:`using_threads` (nested entry points keep the outer setting when given the same)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with using_threads(kwargs.get("threads")):
+            return fn(*args, **kwargs)
+
+    return wrapper

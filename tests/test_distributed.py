@@ -1,0 +1,358 @@
+"""Agents over torch.distributed ranks (ppdnmf_torch.distributed): partitions, rank layouts,
+and spawned gloo process groups on 127.0.0.1 that give the single-process bits.
+
+The default run has the unit tests, a world of one rank in this process and one spawned
+run of 3 ranks (bit identity, the byte model, the byte scan); the rest is ``slow``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ppdnmf_torch as pp
+from ppdnmf_torch.distributed import (Comm, RankLayout, alignment_period, fit_rank, free_port,
+                                      launch_local, partition_agents)
+from ppdnmf_torch.distributed.costs import halo_bytes
+from ppdnmf_torch.errors import ConfigError
+from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
+from ppdnmf_torch.graph import Graph, erdos_renyi, ring
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
+                             homomorphic_addition=1e-6, scalar_multiplication=1e-5)
+SHORT = dict(bcd_iters=3, x_iters=4, y_iters=3)
+
+
+def _data(N=9, L=8, K=3, seed=0, p=0.5):
+    """``Z (L, M)`` of rank ``K`` plus noise, an Erdos-Renyi graph and uneven columns per agent."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [int(c) for c in torch.randint(2, 9, (N,), generator=gen)]
+    M = sum(counts)
+    Z = torch.rand(L, K, generator=gen, dtype=torch.float64) @ torch.rand(K, M, generator=gen, dtype=torch.float64)
+    Z = Z + 0.01 * torch.rand(L, M, generator=gen, dtype=torch.float64)
+    return Z, erdos_renyi(N, p, seed=seed), counts
+
+
+def _fit_kwargs(case):
+    kw = dict(SHORT, **case.get("fit", {}))
+    if case.get("cost_model"):
+        kw["exchange_options"] = {"cost_model": FAKE_COSTS}
+    return kw
+
+
+# -- what every spawned rank runs (module level: the spawned processes import it) ----------
+def _rank_fit(case: dict):
+    with Comm.connect("env://", timeout=case.get("timeout", 60), heartbeat=case.get("heartbeat", 30),
+                      record=case.get("record", False)) as comm:
+        Z, G, counts = _data(**case["data"])
+        kw = _fit_kwargs(case)
+
+        def cb(info):
+            act = case.get("act")
+            if act and comm.rank == act[0] and info.iteration == act[1]:
+                if act[2] == "raise":
+                    raise RuntimeError("injected failure")
+                if act[2] == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if act[2] == "hang":
+                    time.sleep(600)
+            return case.get("stop_at") == info.iteration
+
+        r = fit_rank(comm, Z, G, case["data"].get("K", 3), columns=counts, callback=cb,
+                     partition=case.get("partition", "rcm"), assignment=case.get("assignment"),
+                     checkpoint_dir=case.get("checkpoint_dir"), checkpoint_every=1, resume=case.get("resume", False),
+                     **kw)
+        out = {"ranks": r.ranks, "sent": dict(comm.sent), "owner": r.partition.owner}
+        if case.get("record"):
+            out["log"] = comm.sent_log
+            out["agents"] = r.partition.agents(comm.rank)
+        if r.result is not None:
+            out.update(X=r.result.X, U=r.result.U, Y=r.result.Y, history=r.result.history, costs=r.result.costs)
+        return out
+
+
+def _spawn(P, case, timeout=240):
+    outs = launch_local(P, _rank_fit, (case,), timeout=timeout, grace=90)
+    return outs
+
+
+def _reference(case):
+    Z, G, counts = _data(**case["data"])
+    return pp.fit(Z, G, case["data"].get("K", 3), columns=counts, device="cpu", **dict(pp.PAPER_SETTINGS, **_fit_kwargs(case)))
+
+
+def _assert_same(out, ref):
+    assert torch.equal(out["X"], ref.X) and torch.equal(out["U"], ref.U)
+    assert len(out["Y"]) == len(ref.Y) and all(torch.equal(a, b) for a, b in zip(out["Y"], ref.Y))
+    keys = [k for k in ref.history if "time" not in k and "seconds" not in k]
+    assert sorted(keys) == sorted(k for k in out["history"] if "time" not in k and "seconds" not in k)
+    for k in keys:
+        assert out["history"][k] == ref.history[k], k
+    for k, v in ref.costs.items():
+        if "seconds" not in k:
+            assert out["costs"][k] == v, k
+
+
+def _holds(blob: bytes, needle: bytes) -> bool:
+    return len(needle) >= 16 and needle in blob
+
+
+def _data_pieces(case, agents):
+    """Every row and every column of the agents' data blocks, as bytes (float64)."""
+    Z, G, counts = _data(**case["data"])
+    blocks = torch.split(Z, counts, dim=1)
+    out = []
+    for i in agents:
+        b = blocks[i].contiguous()
+        out += [r.numpy().tobytes() for r in b] + [c.contiguous().numpy().tobytes() for c in b.T]
+    return out
+
+
+# -- partitions ------------------------------------------------------------------------
+def _brute_cut(graph, owner):
+    return sum(1 for i, j in graph.edges if owner[i] != owner[j])
+
+
+@pytest.mark.parametrize("method", ["rcm", "block"])
+@pytest.mark.parametrize("P", [1, 2, 3, 5])
+def test_partition_methods_balance_and_count_the_cut(method, P):
+    g = erdos_renyi(23, 0.2, seed=4)
+    part = partition_agents(g, P, method)
+    assert sorted(set(part.owner)) == list(range(P))
+    assert max(part.counts()) - min(part.counts()) <= 1
+    assert part.cut_edges == _brute_cut(g, part.owner)
+    assert sorted(sum((part.agents(r) for r in range(P)), [])) == list(range(23))
+
+
+def test_rcm_keeps_neighbours_together():
+    # a ring numbered at random: consecutive blocks of ids cut it everywhere; RCM walks the ring
+    # both ways from its start, so each piece is at most two arcs
+    n, P = 40, 4
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
+    g = Graph(n, [(perm[k], perm[(k + 1) % n]) for k in range(n)])
+    rcm, block = partition_agents(g, P, "rcm"), partition_agents(g, P, "block")
+    assert rcm.cut_edges <= 2 * P < block.cut_edges
+
+
+def test_partition_given_and_errors():
+    g = ring(6)
+    part = partition_agents(g, 3, assignment=[2, 2, 0, 0, 1, 1])
+    assert part.method == "given" and part.owner == (2, 2, 0, 0, 1, 1) and part.cut_edges == 3
+    for bad, key in [(dict(world_size=7), "world_size"), (dict(world_size=0), "world_size"),
+                     (dict(world_size=3, assignment=[0, 1, 1, 1, 1, 1]), "assignment"),
+                     (dict(world_size=2, assignment=[0, 1, 2, 0, 1, 0]), "assignment"),
+                     (dict(world_size=2, assignment=[0, 1]), "assignment"),
+                     (dict(world_size=2, method="metis"), "partition")]:
+        with pytest.raises(ConfigError) as info:
+            partition_agents(g, bad.pop("world_size"), **bad)
+        assert info.value.key == key
+
+
+# -- rank layouts ------------------------------------------------------------------------
+@pytest.mark.parametrize("L,K,itemsize,p", [(8, 3, 8, 8), (8, 5, 8, 8), (20, 8, 8, 1), (30, 10, 8, 2),
+                                             (361, 49, 8, 8), (16, 4, 4, 1), (9, 3, 4, 16)])
+def test_alignment_period(L, K, itemsize, p):
+    assert alignment_period(L, K, itemsize) == p
+
+
+@pytest.mark.parametrize("N,P,K", [(7, 2, 3), (13, 3, 5), (30, 5, 3), (12, 3, 8)])
+def test_layout_keeps_alignment_and_halo_lists_match(N, P, K):
+    g = erdos_renyi(N, 0.3, seed=N)
+    part = partition_agents(g, P, "rcm")
+    lays = [RankLayout.build(part, g, r, L=8, K=K, itemsize=8) for r in range(P)]
+    edges = []
+    for lay in lays:
+        p = lay.period
+        assert torch.equal(lay.slots % p, lay.agents % p)  # an agent's blocks keep their alignment
+        assert (lay.n_slots - N) % p == 0 and lay.slots.unique().numel() == lay.n_own
+        assert lay.dummy_slots.numel() == lay.n_slots - lay.n_own
+        assert torch.equal(lay.ext_nodes, lay.ext_nodes.sort().values)  # CSR rows in global column order
+        edges += lay.edge_ids.tolist()
+        assert (g.src[lay.edge_ids] == lay.agents[torch.searchsorted(lay.agents, g.src[lay.edge_ids])]).all()
+    assert sorted(edges) == list(range(g.src.numel()))  # every directed edge drawn by one rank
+    for r, s in itertools.permutations(range(P), 2):
+        a, b = lays[r], lays[s]
+        if s not in a.peers:
+            assert r not in b.peers
+            continue
+        # what r sends s is what s expects from r, in the same order
+        slot_to_agent = dict(zip(a.slots.tolist(), a.agents.tolist()))
+        sent = [slot_to_agent[x] for x in a.send_rows[s].tolist()]
+        assert sent == b.ext_nodes[b.recv_nodes[r]].tolist()
+        assert a.edge_ids[a.send_edges[s]].tolist() == b.ext_edge_ids[b.recv_edges[r]].tolist()
+
+
+def test_halo_byte_model_counts_boundary_rows_and_cut_edges():
+    g = ring(6)
+    part = partition_agents(g, 2, assignment=[0, 0, 0, 1, 1, 1])
+    lay = RankLayout.build(part, g, 0, L=4, K=2, itemsize=8)
+    # agents 0 and 2 border rank 1 (edges 0-5 and 2-3): two rows of L K values, two penalties
+    assert halo_bytes(lay, 8, 8) == {"halo": 2 * 8 * 8, "penalty": 2 * 8}
+
+
+# -- one rank in this process ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def solo():
+    comm = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=30, heartbeat=None)
+    yield comm
+    comm.close()
+
+
+def test_one_rank_gives_the_single_process_bits(solo):
+    case = {"data": dict(N=6, K=3), "fit": {"exchange": "quantized"}, "cost_model": True}
+    Z, G, counts = _data(**case["data"])
+    r = fit_rank(solo, Z, G, 3, columns=counts, **_fit_kwargs(case))
+    out = dict(X=r.result.X, U=r.result.U, Y=r.result.Y, history=r.result.history, costs=r.result.costs)
+    _assert_same(out, _reference(case))
+    assert r.partition.world_size == 1 and r.ranks[0]["peers"] == []
+
+
+@pytest.mark.parametrize("kw,key", [(dict(tol=1e-4), "tol"), (dict(admm_tol=1e-3), "tol"),
+                                    (dict(exchange="paillier", key_bits=128), "exchange")])
+def test_unsupported_settings_are_refused(solo, kw, key):
+    Z, G, counts = _data(N=4)
+    with pytest.raises(ConfigError) as info:
+        fit_rank(solo, Z, G, 2, columns=counts, **dict(SHORT, **kw))
+    assert info.value.key == key
+
+
+# -- spawned ranks -------------------------------------------------------------------------
+def test_three_ranks_same_bits_bytes_as_modelled_and_no_data_crosses():
+    """3 gloo ranks, quantized with the cost model, a cut edge between every pair of ranks in
+    both directions: the single-process bits (factors, every history key, the costs), the halo
+    bytes per ADMM iteration as the layout predicts, and no row or column of a data block in
+    anything a rank sends."""
+    case = {"data": dict(N=9, K=3), "fit": {"exchange": "quantized"}, "cost_model": True, "record": True}
+    outs = _spawn(3, case)
+    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
+    _assert_same(outs[0].value, _reference(case))
+    ranks = outs[0].value["ranks"]
+    assert all(sorted(r["peers"]) == sorted(set(range(3)) - {r["rank"]}) for r in ranks)
+    for r in ranks:
+        n = r["admm_iterations"]
+        assert n == SHORT["bcd_iters"] * SHORT["x_iters"]
+        assert r["sent"]["halo"] == n * r["model_per_admm_iteration"]["halo"] > 0
+        assert r["sent"]["penalty"] == n * r["model_per_admm_iteration"]["penalty"] > 0
+    for o in outs:
+        pieces = _data_pieces(case, o.value["agents"])
+        blob = b"".join(msg for _, _, msg in o.value["log"])
+        assert blob and not any(_holds(blob, piece) for piece in pieces)
+        assert _holds(blob + pieces[0], pieces[0])  # the scan finds a block where there is one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("P,N,K,kind", [(2, 5, 3, "plain"), (2, 12, 5, "quantized"), (3, 23, 5, "plain"),
+                                         (3, 12, 3, "quantized"), (2, 23, 3, "plain"), (3, 7, 5, "plain")])
+def test_same_bits_across_ranks_sizes_and_kinds(P, N, K, kind):
+    case = {"data": dict(N=N, K=K, p=0.3), "fit": {"exchange": kind}}
+    outs = _spawn(P, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_same(outs[0].value, _reference(case))
+
+
+@pytest.mark.slow
+def test_plain_two_ranks_given_assignment_and_options():
+    case = {"data": dict(N=8, K=3), "assignment": [1, 0, 1, 0, 1, 0, 1, 0],
+            "fit": {"exchange": "plain", "penalty": "fixed", "consensus_form": "paper_literal"}}
+    outs = _spawn(2, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    assert outs[0].value["owner"] == tuple(case["assignment"])
+    _assert_same(outs[0].value, _reference(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act", ["raise", "kill", "hang"])
+def test_a_failing_rank_stops_every_rank_with_a_clear_error(act):
+    case = {"data": dict(N=9, K=3), "fit": {"bcd_iters": 40}, "act": (1, 2, act), "timeout": 20, "heartbeat": 10}
+    t0 = time.monotonic()
+    outs = _spawn(3, case, timeout=200)
+    assert time.monotonic() - t0 < 150
+    assert all(o.exitcode not in (0, None) for o in outs), [(o.exitcode, o.error) for o in outs]
+    if act == "raise":
+        assert outs[1].error == "RuntimeError: injected failure"
+    for o in (outs[0], outs[2]):
+        assert o.error is not None and o.error.startswith("DistributedError") and f"rank {o.rank}" in o.error
+        if act == "raise":
+            assert "rank 1 failed: RuntimeError: injected failure" in o.error
+        elif act == "kill":
+            assert "rank 1 died" in o.error
+    if act == "hang":  # the hung rank is ended by its watchdog once the others are gone
+        assert outs[1].exitcode == 3
+
+
+@pytest.mark.slow
+def test_resume_on_the_same_ranks_is_bit_for_bit(tmp_path):
+    full = {"data": dict(N=10, K=3), "fit": {"exchange": "quantized", "bcd_iters": 5}, "cost_model": True}
+    case = dict(full, checkpoint_dir=str(tmp_path / "ck"), stop_at=3)
+    outs = _spawn(3, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    assert json.loads((tmp_path / "ck" / "partition.json").read_text())["world_size"] == 3
+    # rank 2 lost its newest checkpoint: every rank continues from the newest one all have
+    (tmp_path / "ck" / "rank002" / "ckpt_bcd000003.pt").unlink()
+    outs = _spawn(3, dict(case, stop_at=None, resume=True))
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    assert outs[0].value["ranks"][0]["admm_iterations"] == 3 * SHORT["x_iters"]
+    _assert_same(outs[0].value, _reference(full))
+    # another world size is refused, on every rank, with the same reason
+    outs = _spawn(2, dict(case, stop_at=None, resume=True))
+    assert all("2 ranks" not in (o.error or "") and "3 ranks with another partition" in (o.error or "")
+               for o in outs), [o.error for o in outs]
+
+
+def _cli(args, cwd, module="ppdnmf_torch.distributed", timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+CLI_ARGS = ["solver.bcd_iters=3", "solver.x_iters=4", "solver.y_iters=3", "centralized=false", "n_agents=8",
+            "exchange=quantized"]
+
+
+@pytest.mark.slow
+def test_cli_app_writes_what_ppdnmf_writes_from_rank_zero(tmp_path):
+    one = _cli(CLI_ARGS + ["logger=none", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, module="ppdnmf_torch")
+    assert one.returncode == 0, one.stderr
+    two = _cli(CLI_ARGS + ["logger=tensorboard", "distributed.nproc=2", "distributed.partition=block",
+                           f"hydra.run.dir={tmp_path / 'two'}"], tmp_path)
+    assert two.returncode == 0, two.stderr
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    dist = summary["distributed"]
+    assert dist["world_size"] == 2 and dist["partition"]["method"] == "block"
+    assert dist["partition"]["owner"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    a, b = (json.loads((tmp_path / d / "history.json").read_text())["distributed"] for d in ("one", "two"))
+    measured = ("time", "seconds")
+    assert ({k: v for k, v in a.items() if not any(m in k for m in measured)}
+            == {k: v for k, v in b.items() if not any(m in k for m in measured)})
+    fa, fb = (torch.load(tmp_path / d / "factors.pt") for d in ("one", "two"))
+    assert torch.equal(fa["X"], fb["X"]) and all(torch.equal(x, y) for x, y in zip(fa["Y"], fb["Y"]))
+    assert any((tmp_path / "two" / "tb").iterdir())  # TensorBoard on rank 0, in the run folder
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir()) == ["partition.json"]
+
+
+@pytest.mark.slow
+def test_cli_app_user_error_exits_2(tmp_path):
+    res = _cli(["solver.tol=1e-3", "distributed.nproc=2", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert res.returncode == 2 and "rank 0: ConfigError: solver.tol: a distributed run takes fixed" in res.stderr
+    res = _cli(["distributed.nproc=0", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert res.returncode == 2 and "distributed.nproc" in res.stderr
+
+
+@pytest.mark.slow
+def test_submitit_local_sweep_of_distributed_runs(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    res = _cli(["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", "seed=0,1", "logger=none",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}"] + CLI_ARGS, tmp_path, timeout=500)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for job in ("0", "1"):
+        summary = json.loads((tmp_path / "sweep" / job / "summary.json").read_text())
+        assert summary["distributed"]["world_size"] == 2
