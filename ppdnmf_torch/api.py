@@ -103,12 +103,16 @@ def _history_single(history: dict) -> dict:
     return out
 
 
+#: the incremental X-step's keywords of fit / fit_trials and their defaults (SolverParams' fields)
+X_SOLVER_KEYS = ("x_solver", "x_rho", "x_gamma_spread", "x_sigma", "x_rounds", "x_start", "x_walk")
+
+
 def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
              consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False,
-             penalty_schedule="paper", init="ones", y_solver="admm"):
+             penalty_schedule="paper", init="ones", y_solver="admm", x_solver=None):
     """The solver's parameters and the run's exchange (made from its spec here; a given
     :class:`~ppdnmf_torch.exchange.Exchange` is used as it is, its settings checked against
-    the flat keywords: nothing is dropped)."""
+    the flat keywords: nothing is dropped). ``x_solver``: the incremental X-step's keywords."""
     check_rank(rank, L)
     for name, value in (("mu", mu), ("eta", eta)):
         finite_positive(name, value)  # refuses True and False too: they are not penalties
@@ -118,9 +122,16 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
                           y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                           consensus_form=consensus_form, fuse=bool(fuse), penalty_schedule=penalty_schedule,
-                          init=init, y_solver=y_solver)
+                          init=init, y_solver=y_solver, **(x_solver or {}))
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
+    described = spec.spec if isinstance(spec, Exchange) else spec
+    if params.x_solver != "admm" and getattr(described, "kind", None) != "plain":
+        kind = getattr(described, "kind", None) or type(spec).__name__
+        if isinstance(spec, Exchange):
+            spec.close()  # fit owns the exchange
+        raise ConfigError(f"exchange: {{x_solver}}={params.x_solver!r} passes a token and sends no secure sums, "
+                          f"so the exchange {kind!r} would go unused; use exchange='plain'")
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
 
 
@@ -272,7 +283,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
         checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None,
         penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
-        y_solver=DEFAULTS["y_solver"]) -> FitResult:
+        y_solver=DEFAULTS["y_solver"], x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3,
+        x_rounds=None, x_start=None, x_walk="auto") -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -344,7 +356,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         (seconds, once per process while the shape stays among the 8 most recently used
         of each whole-iteration graph; past torch's limit of 8 recompilations of one
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
-        Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so).
+        Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so). With an
+        incremental ``x_solver``: each round of the token runs as one compiled graph.
     threads : int, optional
         CPU threads of torch's intra-op pool for this call (restored afterwards); None: the
         package's default (:func:`~ppdnmf_torch.threads.default_threads`: one thread, or
@@ -366,6 +379,31 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     y_solver : {"admm", "hals"}
         The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
         sweeps (:mod:`ppdnmf_torch.solver.hals`).
+
+    x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
+        The X-step: the paper's decentralized ADMM with the secure exchange (default), or the
+        incremental consensus engine (docs/INCREMENTAL.md): one token walks a Hamiltonian
+        cycle of the graph (I-ADMM; PI-ADMM1 with a private step size per activation;
+        PI-ADMM2 with Gaussian noise on every new ``x_i``), the agents use its projection
+        ``max(z, 0)`` (outside the paper's analysis), and the state carries over between BCD
+        iterations. Needs ``exchange="plain"`` (nothing is exchanged but the token); ``mu``
+        and the penalty settings (``g_max``, ``penalty``, ``penalty_schedule``) do not enter it. History keys ``x_vectors`` / ``x_bytes``
+        count its messages per BCD iteration.
+    x_rho : float
+        The incremental methods' penalty ``rho``.
+    x_gamma_spread : float
+        ``pi_admm``: ``gamma ~ U(1 - s / x_rho, 1 + s / x_rho)``, ``s < x_rho``.
+    x_sigma : float
+        ``pi_admm2``: the noise's standard deviation.
+    x_rounds : int, optional
+        Rounds of the token per X-step (each agent solves once per round); default
+        ``x_iters``: the same local work as the ADMM X-step.
+    x_start : (low, high), optional
+        The private start offsets ``v_i ~ U(low, high)`` (Algorithm 2 around ``X = 1``);
+        default ``(0, 0)`` for ``i_admm``, ``(-1, 1)`` for the PI-ADMMs.
+    x_walk : {"auto", "cycle"}
+        "cycle" requires a Hamiltonian cycle (a ``GraphError`` otherwise); "auto" falls back
+        to a closed walk whose relays forward the token (each hop counts a message).
 
     The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
     (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
@@ -394,7 +432,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
-                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
+                            x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
+                                          x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     try:
         _preflight(exch, blocks, caps, graph.degree, params)
         problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
@@ -479,7 +519,9 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
                align_trials=True, fuse=False, threads=None, penalty_schedule=DEFAULTS["penalty_schedule"],
-               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"]) -> TrialsResult:
+               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"], x_solver="admm",
+               x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3, x_rounds=None, x_start=None,
+               x_walk="auto") -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -508,7 +550,9 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, exchange, protocol, n_max, key_bits
         As in :func:`fit`.
     g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, threads
-        As in :func:`fit`. There is no ``columns`` (each trial's blocks are given) and no
+        As in :func:`fit`.
+    x_solver, x_rho, x_gamma_spread, x_sigma, x_rounds, x_start, x_walk
+        As in :func:`fit` (each trial walks its own graph's cycle). There is no ``columns`` (each trial's blocks are given) and no
         checkpointing.
     penalty_schedule, init, y_solver
         As in :func:`fit`.
@@ -543,7 +587,9 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
-                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
+                            x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
+                                          x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     try:
         for b, g, c in zip(blocks, graphs, caps):
             _preflight(exch, b, c, g.degree, params)

@@ -136,6 +136,8 @@ def _expected_state(problem, params) -> dict:
            "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
     if getattr(params, "penalty_schedule", "paper") == "adaptive":
         out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
+    if getattr(params, "x_solver", "admm") != "admm":  # the token's state; its walk's length is the run's own
+        out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
     return out
 
 
@@ -188,7 +190,7 @@ def check_payload(payload: dict, problem, params) -> None:
             raise CheckpointError(f"{where}: {what} do not match the hash (the file was changed or damaged)")
     for name, (shape, dtype) in expected.items():
         t = state[name]
-        if tuple(t.shape) != shape:
+        if shape is not None and tuple(t.shape) != shape:
             raise CheckpointError(f"{where}: state tensor {name!r} has shape {tuple(t.shape)}, the run needs {shape}")
         if t.dtype != dtype:
             raise CheckpointError(f"{where}: state tensor {name!r} holds {t.dtype}, the run asks for {dtype}")
@@ -239,7 +241,9 @@ def fingerprint(problem, params, exchange=None) -> str:
 
 
 #: solver settings added after checkpoint format 2, with the value that reproduces the older runs
-_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
+_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "x_solver": "admm",
+                   "x_rho": 0.1, "x_gamma_spread": 0.05, "x_sigma": 1e-3, "x_rounds": None, "x_start": None,
+                   "x_walk": "auto"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:

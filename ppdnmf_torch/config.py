@@ -23,7 +23,7 @@ from .graph import GRAPH_KINDS, GRAPH_PARAMS
 from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
 from .penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES, check_rank
-from .solver import CONSENSUS_FORMS
+from .solver import CONSENSUS_FORMS, X_SOLVERS, X_WALKS
 from .penalties import PENALTY_SCHEDULES
 from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
 
@@ -155,6 +155,14 @@ class SolverConfig:
     init_seed: int | None = _spec(None, ge=0)
     # the Y-step: admm (eqs. 12-14) | hals (y_iters HALS sweeps)
     y_solver: str = _spec(_FIT_DEFAULTS["y_solver"], choices=Y_SOLVERS)
+    # the X-step's solver: the paper's ADMM, or the incremental consensus engine (see fit)
+    x_solver: str = _spec("admm", choices=X_SOLVERS)
+    x_rho: float = _spec(0.1, gt=0)
+    x_gamma_spread: float = _spec(0.05, ge=0)
+    x_sigma: float = _spec(1e-3, ge=0)
+    x_rounds: int | None = _spec(None, ge=1)
+    x_start: list[float] | None = None
+    x_walk: str = _spec("auto", choices=X_WALKS)
 
 
 #: exchange settings that only the Python API takes (pre-made keys, test hooks, transcripts)
@@ -468,6 +476,11 @@ def _check_cross(cfg: RunConfig):
             check_rank(cfg.solver.rank, L)  # the rule fit applies, before any data is loaded
         except ConfigError as exc:
             raise exc.within("solver") from None
+    if cfg.solver.x_start is not None and len(cfg.solver.x_start) != 2:
+        raise ConfigError(f"solver.x_start: expected [low, high] or null, got {cfg.solver.x_start!r}")
+    if cfg.solver.x_solver != "admm" and cfg.exchange.kind != "plain":
+        raise ConfigError(f"exchange.kind: solver.x_solver={cfg.solver.x_solver} passes a token and sends no "
+                          f"secure sums; use exchange=plain (got {cfg.exchange.kind})")
     if isinstance(cfg.solver.g_max, list) and len(cfg.solver.g_max) != N:
         raise ConfigError(f"solver.g_max: got {len(cfg.solver.g_max)} caps but n_agents = {N}")
     # graph: the parameters of the kind, and only those

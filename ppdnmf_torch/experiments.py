@@ -2,7 +2,8 @@
 
 An experiment is a :class:`~ppdnmf_torch.config.RunConfig`, the same typed config the CLI
 runs: the paper's two setups are the presets :data:`PAPER_EXPERIMENTS` (``conf/experiment/``
-composes to the same values; a test checks it). Each trial has its own data draw, graph,
+composes to the same values; a test checks it), with ``incremental_*`` beside them: the same
+setups with the incremental X-step (``x_solver="pi_admm"``). Each trial has its own data draw, graph,
 column split and penalty draws, all derived from one integer seed (trial ``t`` of a run
 with ``seed=s`` uses ``s + t``), exactly as a CLI run with ``seed=s + t`` builds them
 (:func:`~ppdnmf_torch.runner.build_inputs`). With ``trials=1`` a run is the single run of
@@ -20,7 +21,7 @@ import torch
 
 from . import data as data_mod
 from ._utils import resolve_device, resolve_dtype
-from .api import TrialsResult, fit_trials
+from .api import X_SOLVER_KEYS, TrialsResult, fit_trials
 from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConfig, SYNTHETIC_DEFAULTS,
                      from_dict, to_dict)
 from .errors import ConfigError
@@ -58,6 +59,15 @@ PAPER_EXPERIMENTS = {
                             **PAPER_SETTINGS),
     ),
 }
+# The same setups with the X-step of the privacy-preserving incremental ADMM (arXiv 2003.10615,
+# PI-ADMM1; docs/INCREMENTAL.md): one token on a Hamiltonian cycle (or a relaying closed walk),
+# 30 rounds per X-step (the ADMM X-step's local work), rho = 0.1 (a sweep on both data sets),
+# gamma in [0.5, 1.5]; exchange plain (nothing else is sent).
+for _name in ("synthetic", "cbcl"):
+    _base = PAPER_EXPERIMENTS[f"paper_{_name}"]
+    PAPER_EXPERIMENTS[f"incremental_{_name}"] = dataclasses.replace(
+        _base, name=f"incremental_{_name}",
+        solver=dataclasses.replace(_base.solver, x_solver="pi_admm", x_rho=0.1, x_gamma_spread=0.05))
 
 _SOLVER_KEYS = tuple(f.name for f in dataclasses.fields(SolverConfig))
 _EXCHANGE_KEYS = ("exchange", "protocol", "n_max", "key_bits", "g_bits")
@@ -234,7 +244,9 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
         t0 = time.perf_counter()
         # one agent per trial would be padded to 8 to align the trials (8x the work): the
         # baseline runs unaligned, equal to single centralized runs up to rounding
-        cent = fit_trials(whole, [complete(1)] * trials, rank, align_trials=False, **common)
+        # the ADMM X-step: one reference curve whatever the distributed X-step
+        cent_kw = {k: v for k, v in common.items() if k not in X_SOLVER_KEYS}
+        cent = fit_trials(whole, [complete(1)] * trials, rank, align_trials=False, **cent_kw)
         seconds["centralized"] = time.perf_counter() - t0
         history["centralized_nmse"] = cent.history["nmse"]
     return ExperimentResult(name=cfg.name, history=history, distributed=dist, centralized=cent, config=cfg,

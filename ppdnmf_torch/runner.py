@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ._utils import resolve_device
-from .api import FitResult, fit, fit_centralized
+from .api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
 from .checkpoint import checkpoint_iteration, latest_checkpoint
 from .config import RunConfig, SolverConfig, to_dict
 from .costs import format_estimate, paillier_estimate
@@ -85,6 +85,12 @@ def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
         kw["admm_tol"] = s.admm_tol
     kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
     return kw
+
+
+def _x_solver_kwargs(cfg: RunConfig) -> dict:
+    """The distributed fit's X-step solver (the centralized baseline keeps the ADMM X-step: one
+    reference curve whatever the distributed X-step)."""
+    return {k: getattr(cfg.solver, k) for k in X_SOLVER_KEYS}
 
 
 def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool) -> FitResult:
@@ -147,7 +153,7 @@ def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, 
         t0 = time.perf_counter()
         result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=e,
                      callback=cb, checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
-                     resume_from=resume_from, **common)
+                     resume_from=resume_from, **common, **_x_solver_kwargs(cfg))
     seconds["distributed"] = time.perf_counter() - t0
     why = degenerate_reasons(result.X, result.nmse, first.get("sketch"), result.n_iter)
     return RunFits(result, central, seconds, why)

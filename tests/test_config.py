@@ -26,12 +26,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from ppdnmf_torch.cli import CONFIG_DIR, to_run_config  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
-GROUPS = ("data", "graph", "solver", "exchange", "logger", "experiment")
+GROUPS = ("data", "graph", "solver", "consensus", "exchange", "logger", "experiment")
 
 # values a group option needs before it converts (file kinds need a path)
 _NEEDS = {
     ("data", "cbcl"): ["data.path=/nonexistent/faces.mat"],
     ("experiment", "paper_cbcl"): ["data.path=/nonexistent/faces.mat"],
+    ("experiment", "incremental_cbcl"): ["data.path=/nonexistent/faces.mat"],
     ("data", "npy"): ["data.path=/nonexistent/z.npy"],
     ("data", "csv"): ["data.path=/nonexistent/z.csv"],
     ("graph", "file"): ["graph.path=/nonexistent/edges.txt"],
@@ -58,7 +59,8 @@ def test_config_tree_is_complete():
     assert opts["solver"] == {"default"}
     assert opts["exchange"] == {"plain", "quantized", "paillier"}
     assert opts["logger"] == {"tensorboard", "none"}
-    assert opts["experiment"] == {"paper_synthetic", "paper_cbcl"}
+    assert opts["consensus"] == {"admm", "i_admm", "pi_admm", "pi_admm2"}
+    assert opts["experiment"] == {"paper_synthetic", "paper_cbcl", "incremental_synthetic", "incremental_cbcl"}
 
 
 @pytest.mark.parametrize("group,name", list(_options()), ids=lambda x: str(x))
@@ -70,6 +72,8 @@ def test_every_group_option_composes_and_converts(group, name):
         assert rc.name == name
     elif group == "solver":
         assert rc.solver.rank >= 1
+    elif group == "consensus":
+        assert rc.solver.x_solver == name
     else:
         assert getattr(rc, group).kind == name
 

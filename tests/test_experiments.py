@@ -86,7 +86,7 @@ def test_paper_synthetic_100_trials():
     assert low.history["consensus"][-1].mean() > res.history["consensus"][-1].mean()
 
 
-@pytest.mark.parametrize("name", ["paper_synthetic", "paper_cbcl"])
+@pytest.mark.parametrize("name", ["paper_synthetic", "paper_cbcl", "incremental_synthetic", "incremental_cbcl"])
 def test_hydra_experiment_configs_match_the_python_presets(name):
     """conf/experiment/*.yaml compose to the PAPER_EXPERIMENTS run configs (every section)."""
     from hydra import compose, initialize_config_dir
@@ -95,7 +95,7 @@ def test_hydra_experiment_configs_match_the_python_presets(name):
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         # the CBCL file need not exist: only the values are compared
-        extra = ["data.path=/nonexistent/x.mat"] if name == "paper_cbcl" else []
+        extra = ["data.path=/nonexistent/x.mat"] if name.endswith("cbcl") else []
         cfg = to_run_config(compose(config_name="config", overrides=[f"experiment={name}", *extra]))
     preset = PAPER_EXPERIMENTS[name]
     for section in ("graph", "solver", "exchange", "logger"):

@@ -36,8 +36,12 @@ def _transcript(tokens, agents, n_agents):
     return z, a.tolist()
 
 
-def eavesdrop_recursion(tokens, agents, n_agents: int, rho: float, x0=None, y0=None):
+def eavesdrop_recursion(tokens, agents, n_agents: int, rho: float, x0=None, y0=None, projection=None):
     """The states of every agent from the tokens, by recursion (11) and (4b).
+
+    With a projection ``P`` (agents use ``P(z^k)``, the token keeps the plain average) the
+    same two equations read ``x_new = (N (z^{k+1} - z^k) + x_old + P(z^k)) / 2`` and
+    ``y_new = y_old + rho (P(z^k) - x_new)``.
 
     Parameters
     ----------
@@ -49,6 +53,8 @@ def eavesdrop_recursion(tokens, agents, n_agents: int, rho: float, x0=None, y0=N
     rho : float
     x0, y0 : Tensor (N, *shape), optional
         The assumed start (default zero: I-ADMM's).
+    projection : callable, optional
+        The public ``P`` the agents apply to the token (e.g. ``max(z, 0)``).
 
     Returns
     -------
@@ -59,10 +65,11 @@ def eavesdrop_recursion(tokens, agents, n_agents: int, rho: float, x0=None, y0=N
     shape = tuple(z.shape[1:])
     x = torch.zeros((n_agents, *shape), dtype=torch.float64) if x0 is None else torch.as_tensor(x0).double().clone()
     y = torch.zeros_like(x) if y0 is None else torch.as_tensor(y0).double().clone()
+    zt = z if projection is None else projection(z)
     xs, ys = [x.clone()], [y.clone()]
     for k, i in enumerate(a):
-        x[i] = (n_agents * (z[k + 1] - z[k]) + x[i] + z[k]) / 2
-        y[i] = y[i] + rho * (z[k] - x[i])
+        x[i] = (n_agents * (z[k + 1] - z[k]) + x[i] + zt[k]) / 2
+        y[i] = y[i] + rho * (zt[k] - x[i])
         xs.append(x.clone())
         ys.append(y.clone())
     return torch.stack(xs), torch.stack(ys)
@@ -118,24 +125,26 @@ class LsqrAttack:
     residual: float
 
 
-def _system(z, a, n, rho, gamma, start_rows, kkt):
+def _system(z, a, n, rho, gamma, start_rows, kkt, zt=None, u0=None):
     """Rows ``(cols, vals, rhs)`` of the eavesdropper's model and the variable layout."""
     counts = [0] * n
     for i in a:
         counts[i] += 1
     xoff = np.cumsum([0] + [c + 1 for c in counts])
     yoff = xoff[-1] + xoff[:-1]
+    zt = z if zt is None else zt
+    u0 = np.zeros(n) if u0 is None else u0
     rows, act, where = [], [0] * n, []
     for k, i in enumerate(a):
         s = act[i]
         xo, xn, yo, yn = xoff[i] + s, xoff[i] + s + 1, yoff[i] + s, yoff[i] + s + 1
         c = rho * gamma
         rows.append(([xn, yn, xo, yo], [1.0, -1.0 / rho, -1.0, 1.0 / rho], n * (z[k + 1] - z[k])))  # (5)
-        rows.append(([yn, yo, xn], [1.0, -1.0, c], c * z[k]))                                      # (13)
+        rows.append(([yn, yo, xn], [1.0, -1.0, c], c * zt[k]))                                     # (13)
         where.append(xn)
         act[i] = s + 1
-    if start_rows:  # Algorithm 2: y_i^0 = rho x_i^0
-        rows += [([xoff[i], yoff[i]], [1.0, -1.0 / rho], 0.0) for i in range(n)]
+    if start_rows:  # Algorithm 2: y_i^0 = rho (x_i^0 - u_i^0), u_i^0 public (0 in the paper)
+        rows += [([xoff[i], yoff[i]], [1.0, -1.0 / rho], float(u0[i])) for i in range(n)]
     if kkt:  # the KKT condition sum_i y_i = 0 at the last states
         rows.append(([yoff[i] + counts[i] for i in range(n)], [1.0] * n, 0.0))
     return rows, where, xoff, yoff, 2 * int(xoff[-1])
@@ -143,7 +152,8 @@ def _system(z, a, n, rho, gamma, start_rows, kkt):
 
 def lsqr_attack(tokens, agents, n_agents: int, rho: float, target: int = 0, coord: int = 0,
                 gamma: float = 1.0, start_rows: bool = True, kkt: bool = True, substitute_last: bool = True,
-                atol: float = 1e-12, btol: float = 1e-12, iter_lim: int | None = None) -> LsqrAttack:
+                atol: float = 1e-12, btol: float = 1e-12, iter_lim: int | None = None, projection=None,
+                u0=None) -> LsqrAttack:
     """Least-squares estimate of agent ``target``'s trajectory from the tokens (Sec. V).
 
     The unknowns are every agent's ``x`` and ``y`` at its start and after each of its
@@ -172,6 +182,12 @@ def lsqr_attack(tokens, agents, n_agents: int, rho: float, target: int = 0, coor
     atol, btol, iter_lim
         scipy's lsqr tolerances (tight by default: the estimate, not the solver, is studied);
         ``iter_lim`` defaults to ``10 * n_cols``.
+    projection : callable, optional
+        The public ``P`` the agents apply to the token: rows (13) and the substitution use
+        ``P(z)`` (PPDNMF's X-step: ``max(z, 0)``).
+    u0 : Tensor (N, *shape), optional
+        The public ``u_i^0 = x_i^0 - y_i^0 / rho`` of the start rows (default 0, Algorithm 2
+        as resolved; PPDNMF's X-step starts around ``X^0``: ``u_i^0 = X^0``).
 
     Returns
     -------
@@ -182,9 +198,11 @@ def lsqr_attack(tokens, agents, n_agents: int, rho: float, target: int = 0, coor
 
     z3, a = _transcript(tokens, agents, n_agents)
     z = z3.reshape(z3.shape[0], -1)[:, coord].numpy()
+    zt = z if projection is None else projection(z3).reshape(z3.shape[0], -1)[:, coord].numpy()
+    u = None if u0 is None else torch.as_tensor(u0).double().reshape(n_agents, -1)[:, coord].numpy()
     if not 0 <= target < n_agents:
         raise ConfigError(f"target: must lie in 0..{n_agents - 1}, got {target}")
-    rows, where, xoff, yoff, m = _system(z, a, n_agents, float(rho), float(gamma), start_rows, kkt)
+    rows, where, xoff, yoff, m = _system(z, a, n_agents, float(rho), float(gamma), start_rows, kkt, zt, u)
     r_idx = np.concatenate([np.full(len(c), r) for r, (c, _, _) in enumerate(rows)])
     A = csr_matrix((np.concatenate([v for _, v, _ in rows]), (r_idx, np.concatenate([c for c, _, _ in rows]))),
                    shape=(len(rows), m))
@@ -195,7 +213,7 @@ def lsqr_attack(tokens, agents, n_agents: int, rho: float, target: int = 0, coor
         K = len(a)
         for k in range(max(0, K - n_agents), K):
             known[where[k]] = True
-            values[where[k]] = z[k + 1]
+            values[where[k]] = zt[k + 1]
     b = b - A[:, known] @ values[known]
     free = np.flatnonzero(~known)
     A_free = A[:, free]

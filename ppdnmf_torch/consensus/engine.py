@@ -190,6 +190,27 @@ class IncrementalADMM:
         # the compiled round takes the loss as an input: same class and shapes reuse its graph
         self.loss = loss
 
+    def load_state(self, state: IncrementalState) -> None:
+        """Overwrite ``x``, ``y``, ``z`` in place with ``state``'s (a warm start that keeps the
+        compiled round: the same tensors go in). ``state.z`` None: from the invariant."""
+        if not isinstance(state, IncrementalState):
+            raise ConfigError(f"state: expected an IncrementalState, got {type(state).__name__}")
+        B, n, shp = self.batch, self.n_agents, self.shape
+        x = check_tensor(state.x, (B, n, *shp), "state.x", self.device, self.dtype)
+        y = check_tensor(state.y, (B, n, *shp), "state.y", self.device, self.dtype)
+        z = (x - y / self.rho.unsqueeze(1)).mean(1) if state.z is None else \
+            check_tensor(state.z, (B, *shp), "state.z", self.device, self.dtype)
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.z.copy_(z)
+
+    def reseed(self, seeds) -> None:
+        """Fresh random streams from ``seeds`` (an int ``s``: ``s, s+1, ...``; or ``B`` ints),
+        e.g. one set per PPDNMF X-step, so that a step's draws depend on its seeds only."""
+        self.streams = TrialStreams(trial_seeds(seeds, self.batch))
+        if self.cycles is None:
+            self.current = self.streams.first_agents(self.n_agents)
+
     @property
     def state(self) -> IncrementalState:
         """A copy of the current ``x``, ``y``, ``z``."""

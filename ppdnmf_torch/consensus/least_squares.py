@@ -19,7 +19,7 @@ from .losses import LocalLoss, take_agent
 __all__ = ["LeastSquares"]
 
 
-def _batched(t, ndim: int, name: str) -> torch.Tensor:
+def _batched(t, ndim: int, name: str, check_finite: bool = True) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise DataError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -29,7 +29,7 @@ def _batched(t, ndim: int, name: str) -> torch.Tensor:
     if t.ndim != ndim:
         raise DataError(f"{name}: expected {ndim - 1} or {ndim} dimensions (with a leading batch "
                         f"dimension), got shape {tuple(t.shape)}")
-    if not bool(torch.isfinite(t).all()):
+    if check_finite and not bool(torch.isfinite(t).all()):
         raise DataError(f"{name}: contains NaN or infinite entries")
     return t
 
@@ -51,16 +51,20 @@ class LeastSquares(LocalLoss):
     cross : Tensor (Bd, N, K) / (N, K) for a vector variable, or (Bd, N, L, K) / (N, L, K)
         ``C_i``: the gradient is ``X H_i - C_i``.
 
+    check_finite : bool
+        Refuse NaN or infinite entries (False: a caller with its own finiteness check, such
+        as PPDNMF's solver, lets them through to the iterates).
+
     Notes
     -----
     Use :meth:`from_samples` for ``1/2 sum_j (o_ij^T x - t_ij)^2`` and :meth:`from_factors`
     for PPDNMF's ``1/2 ||Z_i - X Y_i||_F^2``. Zero-padded samples or columns contribute nothing.
     """
 
-    def __init__(self, gram: torch.Tensor, cross: torch.Tensor, _eig=None):
-        H = _batched(gram, 4, "gram")
+    def __init__(self, gram: torch.Tensor, cross: torch.Tensor, _eig=None, *, check_finite: bool = True):
+        H = _batched(gram, 4, "gram", check_finite)
         vector = isinstance(cross, torch.Tensor) and cross.ndim in (2, 3) and cross.ndim == gram.ndim - 1
-        C = _batched(cross, 3 if vector else 4, "cross")
+        C = _batched(cross, 3 if vector else 4, "cross", check_finite)
         _same_lead(H, C, "gram", "cross")
         K = H.shape[-1]
         if H.shape[-2] != K:
@@ -147,7 +151,7 @@ class LeastSquares(LocalLoss):
         def g(t):
             return t.expand(B, *t.shape[1:])[rows, perm]
 
-        return LeastSquares(g(self.H), g(self.C), _eig=(g(self.lam), g(self.Q)))
+        return LeastSquares(g(self.H), g(self.C), _eig=(g(self.lam), g(self.Q)), check_finite=False)
 
     def solution(self) -> torch.Tensor:
         """The centralized minimiser ``X* = (sum_i C_i)(sum_i H_i)^{-1}``, in float64 then cast.

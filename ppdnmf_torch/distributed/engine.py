@@ -333,6 +333,9 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
                   else NullLogger())
         with logger:
             s = cfg.solver
+            if s.x_solver != "admm":
+                raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
+                                  f"version, got {s.x_solver!r}; run the incremental X-step in one process")
             kw = _solver_kwargs(cfg, inputs)
             kw.pop("device")
 

@@ -12,6 +12,7 @@ iterations only.
 * :mod:`.kernels`, :mod:`.eager`, :mod:`.fused`: bit-stable linear algebra and buffers,
   the eager updates, the compiled updates (``fuse=True``);
 * :mod:`.stopping`: the stopping rule of Sec. II-C;
+* :mod:`.incremental`: the X-step by the incremental consensus engine (``x_solver``);
 * :mod:`.hals`: the HALS Y-step (``y_solver="hals"``), batched over agents and trials;
 * :mod:`.schedule`: the consensus-seeking penalty schedule (``penalty_schedule="adaptive"``);
 * :mod:`.refit`: the worst-agent NMSE (``nmse_worst``), a metric that cannot hide disagreement;
@@ -22,10 +23,11 @@ Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM
 """
 from ..problem import COLUMN_CHUNK, Problem
 from .admm import x_step, y_step
+from .incremental import incremental_x_step
 from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
-from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, Y_SOLVERS, IterationInfo, SolverParams,
-                    SolverState, init_state, make_sampler, restore_state)
+from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, X_SOLVERS, X_WALKS, Y_SOLVERS, IterationInfo,
+                    SolverParams, SolverState, init_state, make_sampler, restore_state)
 
 __all__ = [
     "SolverParams",
@@ -39,6 +41,9 @@ __all__ = [
     "restore_state",
     "make_sampler",
     "CONSENSUS_FORMS",
+    "X_SOLVERS",
+    "X_WALKS",
+    "incremental_x_step",
     "INITS",
     "Y_SOLVERS",
     "PAPER_SETTINGS",

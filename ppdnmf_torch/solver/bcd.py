@@ -14,6 +14,7 @@ from ..exchange.base import Exchange
 from ..penalties import PenaltySampler
 from ..problem import Problem
 from .admm import x_step, y_step
+from .incremental import incremental_x_step
 from .kernels import Workspace, rel_change, sync
 from .refit import worst_agent_nmse
 from .schedule import adapt, init_schedule
@@ -143,7 +144,8 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
 
     sync(device)
     t0 = time.perf_counter()
-    xi = x_step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter, ws=ws)
+    step = x_step if params.x_solver == "admm" else incremental_x_step
+    xi = step(problem, state, params, exchange, sampler, bcd_iter=bcd_iter, ws=ws)
     sync(device)
     t1 = time.perf_counter()
     yi = y_step(problem, state, params, ws=ws)
@@ -151,13 +153,16 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     t2 = time.perf_counter()
     values, x_iters, y_iters = agents.metrics(problem, state, xi, yi, ws, z_norms, bcd_iter)
     values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
-    if params.penalty_schedule == "adaptive":  # each agent's caps and mu_i for the next BCD iteration
+    # each agent's caps and mu_i for the next BCD iteration (the ADMM X-step's: the token has neither)
+    if params.penalty_schedule == "adaptive" and params.x_solver == "admm":
         adapt(problem, state, xi["rho"])
         sampler.set_caps(state.caps)
     t3 = time.perf_counter()
     for k, v in values.items():
         log(k, v)
     log("x_iters", x_iters.cpu())
+    for k, v in xi.get("history", {}).items():  # a solver's own counters (the incremental X-step's messages)
+        log(k, v)
     log("y_iters", y_iters.cpu())
     log("time_x", t1 - t0)
     log("time_y", t2 - t1)

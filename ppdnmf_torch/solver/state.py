@@ -18,7 +18,7 @@ from .._utils import ConfigError, derive_seed
 from ..penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
-__all__ = ["CONSENSUS_FORMS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
+__all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
            "IterationInfo", "init_state", "initial_factor", "make_sampler", "restore_state"]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
@@ -32,6 +32,12 @@ PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm
 #: the library's defaults of the same keywords (``fit``, ``fit_trials``, conf/solver/default.yaml):
 #: the combination that met the agreement target on every data set tried (docs/RESULTS.md)
 DEFAULTS = {"penalty_schedule": "adaptive", "init": "random", "y_solver": "admm"}
+#: the X-step's solvers: the paper's decentralized ADMM (eqs. 8-11), or the incremental
+#: consensus engine (:mod:`.incremental`): I-ADMM, PI-ADMM1 (perturbed step), PI-ADMM2 (noise)
+X_SOLVERS = ("admm", "i_admm", "pi_admm", "pi_admm2")
+#: the incremental X-step's walk: a Hamiltonian cycle when one is found, else a closed walk
+#: that relays the token ("auto"), or a Hamiltonian cycle only ("cycle")
+X_WALKS = ("auto", "cycle")
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,25 @@ class SolverParams:
     y_solver : {"admm", "hals"}
         The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14) or ``y_iters`` HALS sweeps
         (:mod:`.hals`).
+    x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
+        The X-step: the paper's decentralized ADMM (default), or the incremental consensus
+        engine (:mod:`.incremental`, docs/INCREMENTAL.md): I-ADMM, PI-ADMM1 (``gamma``
+        drawn per activation), PI-ADMM2 (Gaussian noise on every new ``x_i``).
+    x_rho : float
+        The incremental methods' penalty ``rho`` (``mu`` is the ADMM X-step's).
+    x_gamma_spread : float
+        ``pi_admm``: ``gamma ~ U(1 - s / rho, 1 + s / rho)``; needs ``s < x_rho``.
+    x_sigma : float
+        ``pi_admm2``: the noise's standard deviation.
+    x_rounds : int or None
+        Rounds of the token per X-step (each agent solves once per round); None: ``x_iters``
+        (equal local work with the ADMM X-step).
+    x_start : (low, high) or None
+        Algorithm 2's private start around the solver's ``X^0``: ``x_i^0 = X^0 + v_i``,
+        ``v_i ~ U(low, high)``, ``y_i^0 = x_rho v_i``, ``z^0 = X^0``. None: ``(0, 0)`` for
+        ``i_admm`` (the public start), ``(-1, 1)`` for the PI-ADMMs.
+    x_walk : {"auto", "cycle"}
+        See :data:`X_WALKS`.
     """
 
     rank: int
@@ -84,6 +109,13 @@ class SolverParams:
     penalty_schedule: str = "paper"
     init: str = "ones"
     y_solver: str = "admm"
+    x_solver: str = "admm"
+    x_rho: float = 0.1
+    x_gamma_spread: float = 0.05
+    x_sigma: float = 1e-3
+    x_rounds: int | None = None
+    x_start: tuple | None = None
+    x_walk: str = "auto"
 
     @property
     def inner_tol(self) -> float:
@@ -115,6 +147,44 @@ class SolverParams:
         for name, choices in (("penalty_schedule", PENALTY_SCHEDULES), ("init", INITS), ("y_solver", Y_SOLVERS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name}: unknown value {getattr(self, name)!r}; use one of {choices}")
+        _check_x_solver(self)
+
+    @property
+    def x_start_range(self) -> tuple:
+        """``(low, high)`` of the incremental start's private offsets (``x_start`` resolved)."""
+        if self.x_start is not None:
+            return self.x_start
+        return (0.0, 0.0) if self.x_solver == "i_admm" else (-1.0, 1.0)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_x_solver(p: "SolverParams") -> None:
+    """The incremental X-step's parameters (checked whatever ``x_solver``: a bad value is a bad value)."""
+    if p.x_solver not in X_SOLVERS:
+        raise ConfigError(f"x_solver: unknown solver {p.x_solver!r}; use one of {X_SOLVERS}")
+    if p.x_walk not in X_WALKS:
+        raise ConfigError(f"x_walk: unknown walk {p.x_walk!r}; use one of {X_WALKS}")
+    for name, low in (("x_rho", None), ("x_gamma_spread", 0.0), ("x_sigma", 0.0)):
+        v = getattr(p, name)
+        if not _finite(v) or (v <= 0 if low is None else v < low):
+            raise ConfigError(f"{name}: must be a finite number {'> 0' if low is None else '>= 0'}, got {v!r}")
+    if p.x_solver == "pi_admm" and not p.x_gamma_spread < p.x_rho:
+        raise ConfigError(f"x_gamma_spread: gamma ~ U(1 - s / rho, 1 + s / rho) needs s < {{x_rho}} = {p.x_rho} "
+                          f"to keep gamma > 0, got {p.x_gamma_spread}")
+    if p.x_rounds is not None and (not isinstance(p.x_rounds, int) or isinstance(p.x_rounds, bool)
+                                   or p.x_rounds < 1):
+        raise ConfigError(f"x_rounds: must be None or an integer >= 1, got {p.x_rounds!r}")
+    if p.x_start is not None:
+        try:
+            lo, hi = p.x_start
+        except (TypeError, ValueError):
+            raise ConfigError(f"x_start: expected None or a pair (low, high), got {p.x_start!r}") from None
+        if not (_finite(lo) and _finite(hi) and lo <= hi):
+            raise ConfigError(f"x_start: expected finite low <= high, got {p.x_start!r}")
+        object.__setattr__(p, "x_start", (float(lo), float(hi)))
 
 
 @dataclass
@@ -132,6 +202,11 @@ class SolverState:
     g: torch.Tensor  # (2E,) float64 penalty draws, carried over
     bcd_done: int = 0  # completed BCD iterations
     frozen: torch.Tensor | None = None  # (T, N) bool, agents stopped by the BCD-level rule
+    # the incremental X-step's own variables (x_solver != "admm"; its x_i are U): the
+    # multipliers y_i (T, N, L, K), the token z (T, L, K), each trial's visiting order (T, n)
+    inc_y: torch.Tensor | None = None
+    inc_z: torch.Tensor | None = None
+    inc_cycle: torch.Tensor | None = None
     # penalty_schedule="adaptive" only (None otherwise): the agents' caps g_i (T * N,) and
     # X-step penalties mu_i (T, N), both float64 (see .schedule)
     caps: torch.Tensor | None = None
