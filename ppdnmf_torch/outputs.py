@@ -194,6 +194,7 @@ def summary_of(cfg, inputs, fits, out: Path) -> dict:
         "data": {"kind": cfg.data.kind, "name": dataset_name(cfg), "scale": inputs.scale},
         "nmse": both(lambda r: r.nmse),
         "consensus": result.consensus,
+        "nmse_worst": result.history["nmse_worst"][-1] if result.history.get("nmse_worst") else None,
         "objective": both(lambda r: r.history["objective"][-1]),
         "n_iter": both(lambda r: r.n_iter),
         "converged": both(lambda r: r.converged),
@@ -247,7 +248,8 @@ def format_summary(summary: dict) -> str:
             f"final NMSE after {summary['n_iter']['distributed']} BCD iterations: "
             f"distributed {nm['distributed']:.6g}"
             + (f" | centralized {central:.6g}" if central is not None else "")
-            + f" | consensus {summary['consensus']:.3g}",
+            + f" | consensus {summary['consensus']:.3g}"
+            + (f" | worst agent {summary['nmse_worst']:.6g}" if summary.get("nmse_worst") is not None else ""),
         ]
     lines.append(f"wall time: distributed {wt['distributed']:.2f} s"
                  + (f", centralized {wt['centralized']:.2f} s" if wt.get("centralized") is not None else "")

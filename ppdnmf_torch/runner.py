@@ -220,6 +220,7 @@ def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, l
         images = {"shape": inputs.image_shape, "Z": inputs.Z, "scale": cfg.logger.image_scale,
                   "columns": _sample_columns(inputs.Z.shape[1], cfg.logger.n_samples)}
     metrics = {"nmse_distributed": result.nmse, "consensus": result.consensus,
+               **({"nmse_worst": result.history["nmse_worst"][-1]} if result.history.get("nmse_worst") else {}),
                "wall_time": fits.seconds["distributed"], **_cost_metrics(result.costs)}
     if central is not None:
         metrics["nmse_centralized"] = central.nmse

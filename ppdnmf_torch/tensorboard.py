@@ -11,6 +11,8 @@ the distributed and centralized NMSE in one chart and the consensus error on a l
 Tags, one step per BCD iteration:
 
 * ``1_nmse/distributed``, ``1_nmse/centralized``: the paper's NMSE (not squared);
+  ``1_nmse/worst_agent_refit``: every block scored with the farthest agent's ``X_i``, right
+  factors refit (``nmse_worst``: it cannot hide disagreement);
 * ``2_consensus/error`` and ``2_consensus/log10`` (its base-10 logarithm: TensorBoard has no
   default log axis per chart, and the consensus error spans many decades);
 * ``3_objective/distributed``, ``3_objective/centralized``;

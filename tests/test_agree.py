@@ -322,6 +322,22 @@ def test_worst_agent_metric_has_a_tensorboard_tag():
     assert "nmse_worst" in SCALAR_TAGS
 
 
+def test_worst_agent_metric_is_in_the_run_summary(tmp_path):
+    import json
+
+    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.outputs import format_summary
+    from ppdnmf_torch.runner import run
+
+    cfg = from_dict({"n_agents": 4, "centralized": False, "progress": False, "logger": {"kind": "none"},
+                     "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 24, "K": 2},
+                     "graph": {"kind": "ring"}, "solver": {"rank": 2, "bcd_iters": 3, "x_iters": 2, "y_iters": 2}})
+    summary = run(cfg, tmp_path / "run")
+    hist = json.loads((tmp_path / "run" / "history.json").read_text())["distributed"]
+    assert summary["nmse_worst"] == hist["nmse_worst"][-1] > 0
+    assert f"worst agent {summary['nmse_worst']:.6g}" in format_summary(summary)
+
+
 # ------------------------------------------------------------------ the generated data set
 def test_sparse_poisson_data():
     a, b = pp.data.sparse_poisson(seed=1), pp.data.sparse_poisson(seed=1)
