@@ -454,7 +454,7 @@ def test_make_exchange_of_a_spec_has_that_spec(spec):
 
 
 def test_spec_kinds_and_options_are_the_specs_fields():
-    assert tuple(s.kind for s in SPEC_CASES) == EXCHANGE_KINDS and PROTOCOLS == ("aggregated", "paper")
+    assert tuple(s.kind for s in SPEC_CASES) == EXCHANGE_KINDS and PROTOCOLS == ("masked", "aggregated", "paper")
     assert all(isinstance(s, ExchangeSpec) for s in SPEC_CASES)
     assert EXCHANGE_OPTIONS == {"plain": (), "quantized": ("cost_model", "packing", "slot_bits"),
                                 "paillier": ("cost_model", "fast", "packing", "slot_bits", "precompute", "djn",
