@@ -9,6 +9,7 @@ from . import data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
 from .api import FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .experiments import ExperimentResult, run_experiment
+from .errors import DegreeOneWarning
 from .exchange import CodecRangeError
 from .solver import ConvergenceWarning, NumericalError
 
@@ -31,6 +32,7 @@ __all__ = [
     "GraphError",
     "CodecRangeError",
     "ConvergenceWarning",
+    "DegreeOneWarning",
     "NumericalError",
     "resolve_device",
     "resolve_dtype",

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._utils import ConfigError, resolve_device, resolve_dtype
+from ._utils import ConfigError, GraphError, resolve_device, resolve_dtype
+from .errors import DegreeOneWarning
 from .exchange import exchange_spec, make_exchange
 from .exchange.base import Exchange
 from .exchange.base import accepts_keyword
@@ -15,7 +16,7 @@ from .problem import as_blocks, as_caps, as_graph, build_problem, check_data, ch
 from .checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "check_min_degree"]
 
 
 @dataclass
@@ -104,6 +105,47 @@ def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
+
+
+def check_min_degree(graph, min_degree, trial=None) -> None:
+    """Refuse a graph with an agent of fewer than ``min_degree`` neighbours (None: no rule).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``min_degree``, when it is not None or an integer ``>= 1``.
+    GraphError
+        Naming ``min_degree`` and the agents with fewer neighbours.
+    """
+    if min_degree is None:
+        return
+    if isinstance(min_degree, bool) or not isinstance(min_degree, int) or min_degree < 1:
+        raise ConfigError(f"min_degree: expected None or an integer >= 1, got {min_degree!r}")
+    degree = graph.degree.tolist()
+    low = [a for a, d in enumerate(degree) if d < min_degree]
+    if low:
+        where = "" if trial is None else f" (trial {trial})"
+        raise GraphError(
+            f"min_degree: agents {low}{where} have fewer than {min_degree} neighbours (degrees "
+            f"{[degree[a] for a in low]}); an agent with a single neighbour learns that neighbour's U_j from "
+            "the sums of any secure exchange, so such graphs are refused; add edges, or lower min_degree"
+        )
+
+
+def _warn_degree_one(exch, graphs) -> None:
+    """:class:`~ppdnmf_torch.errors.DegreeOneWarning` naming the agents with one neighbour, for the
+    integer (secure) exchange kinds: there the sums an agent obtains are its neighbour's term."""
+    if getattr(exch, "codec", None) is None:
+        return
+    found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
+    if not found:
+        return
+    names = ([a for _, a in found] if len(graphs) == 1
+             else [f"{a} (trial {t})" for t, a in found])
+    warnings.warn(
+        f"agents {names} have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
+        "exactly from the sums the exchange gives it (S_i and rho_i are that neighbour's term); pass "
+        "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
 
 
 def _preflight(exch, blocks, caps, degree):
@@ -205,7 +247,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False) -> FitResult:
+        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, min_degree=None) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -238,8 +280,10 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     protocol, n_max, key_bits, g_bits : optional
         Shorthand for the integer kinds' spec fields (None: the spec's default; a value
         that does not apply to the kind, or contradicts a given spec or exchange, is a
-        :class:`~ppdnmf_torch.ConfigError`). ``protocol``: ``"aggregated"`` (default) or
-        ``"paper"``; ``n_max``: quantization scale (the paper's ``N_max``, default 1e6);
+        :class:`~ppdnmf_torch.ConfigError`). ``protocol``: ``"masked"`` (hides each
+        neighbour's term from the receiver), ``"aggregated"`` or ``"paper"`` (the printed
+        protocols; docs/SECURE_EXCHANGE.md), the spec's default if not given; ``n_max``:
+        quantization scale (the paper's ``N_max``, default 1e6);
         ``key_bits``: Paillier key size (default 2048; smaller sizes warn); ``g_bits``:
         penalties are scaled by ``2^g_bits`` (default 16).
     penalty : {"random", "fixed"}
@@ -278,6 +322,11 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         of each whole-iteration graph; past torch's limit of 8 recompilations of one
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).
         Needs a C++ compiler on CPU (without one, a ``ConfigError`` says so).
+    min_degree : int, optional
+        Refuse graphs with an agent of fewer neighbours (:class:`~ppdnmf_torch.GraphError`).
+        ``min_degree=2`` refuses agents with a single neighbour, whose sums are that
+        neighbour's term under any protocol; without it, an integer exchange (``quantized``,
+        ``paillier``) warns naming them (:class:`~ppdnmf_torch.DegreeOneWarning`).
 
     Returns
     -------
@@ -286,6 +335,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
     graph = as_graph(adjacency)
+    check_min_degree(graph, min_degree)
     N = graph.n_agents
     blocks = check_data(as_blocks(Z, N, columns), negative)
     caps = as_caps(g_max, N)
@@ -293,6 +343,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
+    _warn_degree_one(exch, [graph])
     try:
         _preflight(exch, blocks, caps, graph.degree)
         problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device)
@@ -374,7 +425,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-               align_trials=True, fuse=False) -> TrialsResult:
+               align_trials=True, fuse=False, min_degree=None) -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -402,7 +453,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     ----------------
     mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, exchange, protocol, n_max, key_bits
         As in :func:`fit`.
-    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse
+    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, min_degree
         As in :func:`fit`. There is no ``columns`` (each trial's blocks are given) and no
         checkpointing.
     callback : callable, optional
@@ -420,6 +471,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
             f"trials: got {T} data sets, {len(graphs)} graphs and {len(seeds)} seeds; need the same number >= 1"
         )
     graphs = [as_graph(g) for g in graphs]
+    for t, g in enumerate(graphs):
+        check_min_degree(g, min_degree, trial=t)
     N = graphs[0].n_agents
     blocks = [check_data(as_blocks(b, N), negative) for b in block_lists]
     caps_t = torch.as_tensor(g_max, dtype=torch.float64)
@@ -433,6 +486,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
                             consensus_form=consensus_form, exchange=exchange, protocol=protocol,
                             key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse)
+    _warn_degree_one(exch, graphs)
     try:
         for b, g, c in zip(blocks, graphs, caps):
             _preflight(exch, b, c, g.degree)

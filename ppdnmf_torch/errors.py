@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning"]
+__all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
+           "DegreeOneWarning"]
 
 # a leading "key: " (dotted, indexed or composite names: data.split.counts[0], key_bits/n_max)
 _HEAD = re.compile(r"^([A-Za-z_][\w.\[\]]*(?:/[A-Za-z_][\w.\[\]]*)*): (.*)$", re.S)
@@ -90,3 +91,9 @@ class ConvergenceWarning(UserWarning):
 
 class DegenerateResultWarning(UserWarning):
     """A run finished, but its factors are degenerate (all-zero, no better than zero, unmoved)."""
+
+
+class DegreeOneWarning(UserWarning):
+    """Agents with a single neighbour on a secure exchange: the sums such an agent obtains are
+    that neighbour's term, so it learns the neighbour's ``U_j`` whatever the protocol
+    (docs/THREAT_MODEL.md); ``min_degree=2`` refuses such graphs."""

@@ -19,10 +19,12 @@ from __future__ import annotations
 import gmpy2
 from gmpy2 import mpz
 
-__all__ = ["odd_powers", "multi_exp", "signed_multi_exps", "WINDOW"]
+__all__ = ["odd_powers", "multi_exp", "signed_multi_exps", "WINDOW", "SEPARATE_MAX_BASES"]
 
 #: window width of the sliding windows (odd powers up to ``2^WINDOW - 1`` per base)
 WINDOW = 4
+#: up to this many bases, separate ``powmod`` calls (in C) beat the interpreted Straus loop
+SEPARATE_MAX_BASES = 4
 
 
 def odd_powers(base, mod, window: int = WINDOW) -> list:
@@ -66,14 +68,21 @@ def multi_exp(tables, exps, mod, window: int = WINDOW):
 def signed_multi_exps(bases, rows, mod, window: int = WINDOW) -> list:
     """``[prod_t B_t^(e_bt) mod mod for each row b]`` for signed integer exponents ``e_bt``.
 
-    A row shorter than ``bases`` has zeros after its entries. One base: ``gmpy2.powmod`` per
-    entry (it inverts for negative exponents). Several: :func:`multi_exp` with the offset of
-    the module docstring. Every base must be a unit mod ``mod``.
+    A row shorter than ``bases`` has zeros after its entries. Up to :data:`SEPARATE_MAX_BASES`
+    bases: one ``gmpy2.powmod`` per entry (it inverts for negative exponents; below that many
+    bases the shared squarings save less than the interpreted loop costs). More:
+    :func:`multi_exp` with the offset of the module docstring. Every base must be a unit mod
+    ``mod``.
     """
     mod = mpz(mod)
-    if len(bases) == 1:
-        b = mpz(bases[0])
-        return [gmpy2.powmod(b, int(row[0]), mod) if len(row) else mpz(1) for row in rows]
+    if len(bases) <= SEPARATE_MAX_BASES:
+        out = []
+        for row in rows:
+            acc = mpz(1)
+            for b, e in zip(bases, row):
+                acc = acc * gmpy2.powmod(b, int(e), mod) % mod
+            out.append(acc)
+        return out
     top = max((abs(int(e)).bit_length() for row in rows for e in row), default=0)
     if top == 0:
         return [mpz(1) for _ in rows]

@@ -91,17 +91,22 @@ def unit_stream(seed: bytes, receiver: int, round_no: int, n, count: int) -> lis
     nsq = n * n
     nbytes = (int(nsq).bit_length() + MASK_EXTRA_BITS + 7) // 8
     head = _DOMAIN + seed + struct.pack(">QQ", int(receiver), int(round_no))
-    out: list = []
-    have = 0
     want = int(count)
+    raw = hashlib.shake_256(head).digest(want * nbytes)
+    xs = [mpz(int.from_bytes(raw[k * nbytes:(k + 1) * nbytes], "big")) % nsq for k in range(want)]
+    prod = mpz(1)
+    for x in xs:  # one gcd for the whole stream: all are units iff their product is
+        prod = prod * x % n
+    if gmpy2.gcd(prod, n) == 1:
+        return xs
+    # a non-unit (probability about 2^-(key_bits / 2)) is skipped, and the stream continues:
+    # every holder of the seed does the same
+    out, k = [], 0
     while len(out) < want:
-        more = want - len(out) + 1
-        raw = hashlib.shake_256(head).digest((have + more) * nbytes)
-        for k in range(have, have + more):
-            x = mpz(int.from_bytes(raw[k * nbytes:(k + 1) * nbytes], "big")) % nsq
-            if gmpy2.gcd(x, n) == 1 and len(out) < want:
-                out.append(x)
-        have += more
+        k += 1
+        raw = hashlib.shake_256(head).digest((want + k) * nbytes)
+        out = [x for x in (mpz(int.from_bytes(raw[i * nbytes:(i + 1) * nbytes], "big")) % nsq
+                           for i in range(want + k)) if gmpy2.gcd(x, n) == 1][:want]
     return out
 
 
