@@ -51,7 +51,7 @@ class QuantizedExchange(Exchange):
 
     name = "quantized"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False, packing: bool = False,
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "masked", cost_model=False, packing: bool = False,
                  slot_bits=None):
         super().__init__()
         # the settings' rules (the spec's); the same spec comes back from ``spec``

@@ -101,7 +101,7 @@ class IntegerSpec(ExchangeSpec):
     codec (:class:`~.codec.IntegerCodec`: ``n_max``, ``key_bits``, ``g_bits``) and the cost
     model (``cost_model``: True, False or a :class:`~.costmodel.PaillierOpCosts`)."""
 
-    protocol: str = "aggregated"
+    protocol: str = "masked"
     n_max: float = 1e6
     key_bits: int = 2048
     g_bits: int = 16

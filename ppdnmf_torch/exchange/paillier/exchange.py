@@ -17,6 +17,19 @@ return bit-identical ``S`` and ``rho``. Negative integers are encrypted as resid
 
 Message flows (``i`` an agent, ``j in N_i``; ``E_i`` encryption under ``kp_i``)
 --------------------------------------------------------------------------------
+``protocol="masked"`` (default; :mod:`.masked`, docs/SECURE_EXCHANGE.md): in :meth:`bind`,
+the public keys and the mask seeds (per agent ``i`` and pair ``j < k`` of its neighbours,
+drawn by ``j`` and sent to ``k`` through ``i`` under ``k``'s key; per edge, between its ends).
+Then per ADMM iteration:
+
+1. step 1: ``i -> j``: ``E_i(gamma_ij)``; ``j -> i``: ``E_i(gamma_ij)^{gamma_ji}`` times ``j``'s mask
+   unit; ``i`` multiplies the replies (the masks cancel) and decrypts ``rho_int_i``;
+2. step 5: ``i -> j``: the shifted encryptions ``E_i(gamma_ij 2^{w t})``; ``j -> i``: per packed
+   block ``E_i(gamma_ij gamma_ji M(q_j))`` times its mask unit; ``i`` multiplies, decrypts
+   ``A_i = sum_j rho_ij q_j`` and computes ``S_int_i = A_i - rho_int_i q_i``.
+
+Every reply, decrypted on its own, is uniformly random; only the products carry the sums.
+
 ``protocol="paper"`` (lines 10-16 as printed):
 
 1. step 1: the simulation hands ``rho_i = sum_j gamma_ij gamma_ji / 4^s`` to agent ``i``.
@@ -27,7 +40,7 @@ Message flows (``i`` an agent, ``j in N_i``; ``E_i`` encryption under ``kp_i``)
 4. ``i`` decrypts every neighbour's reply on its own, multiplies by its ``gamma_ij`` and
    sums: ``S_int_i = sum_j gamma_ij gamma_ji (q_j - q_i)``.
 
-``protocol="aggregated"`` (default):
+``protocol="aggregated"``:
 
 1. step 1 (:meth:`PaillierExchange.penalty_sums`, an encrypted mini-round):
    ``i -> j``: ``kp_i``; ``j -> i``: ``E_i(gamma_ji)``; ``i`` raises each reply to
@@ -42,10 +55,10 @@ If agent ``i`` decrypts only the two sums, it learns ``S_i`` and ``rho_i`` and n
 neighbour (with one neighbour, ``rho_i`` still reveals that neighbour's penalty). But every
 reply is encrypted under ``i``'s own key: an honest-but-curious ``i`` that decrypts each
 reply learns ``gamma_ji`` and then ``q_j`` exactly, as in the ``paper`` protocol. Both
-protocols protect against eavesdroppers, not against curious neighbours (measured by
-:mod:`ppdnmf_torch.audit`; see docs/THREAT_MODEL.md).
+printed protocols protect against eavesdroppers, not against curious neighbours; ``masked``
+protects against both (measured by :mod:`ppdnmf_torch.audit`; see docs/THREAT_MODEL.md).
 
-The operation counts and bytes of both protocols are derived in
+The operation counts and bytes of the three protocols are derived in
 :mod:`ppdnmf_torch.exchange.costmodel`; :meth:`PaillierExchange.costs` reports what this
 stage actually performed (the tests check that the two agree).
 
@@ -150,7 +163,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
 
     name = "paillier"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", keypairs=None, cost_model=False,
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "masked", keypairs=None, cost_model=False,
                  record_transcript: bool = False, fast: bool = True, packing: bool = True, slot_bits=None,
                  precompute: bool = True, djn: bool = False, djn_exponent_bits=None, workers=None,
                  pool_audit=None):

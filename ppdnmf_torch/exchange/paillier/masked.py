@@ -222,12 +222,14 @@ class FastMasked(_Masked):
         blocks = {j: _blocks(qh[j], S) for j in set(dst)}
         rnd = plan.next_round()
 
-        def reply(e):  # j: per block, prod_t B_t^{gamma_ji q_t} = E_i(rho_ij M(q_j,b)), masked
+        def reply(e):  # j: per block, prod_t (B_t^{gamma_ji})^{q_t} = E_i(rho_ij M(q_j,b)), masked
             i, j = src[e], dst[e]
             g = gh[rev[e]]
             if g < 0:
                 raise ValueError("scalar multiplication needs a nonnegative integer exponent")
-            cores = signed_multi_exps(bases[e], [[g * v for v in blk] for blk in blocks[j]], agents[i].nsquare)
+            nsq = agents[i].nsquare
+            scaled = gmpy2.powmod_base_list(bases[e], gmpy2.mpz(g), nsq)  # E_i(rho_ij 2^{w t}), in C
+            cores = signed_multi_exps(scaled, blocks[j], nsq)
             return self._mask(e, rnd, cores, fresh[i] if plan.designated[i] == j else None)
 
         with led.timed("time_homomorphic"):

@@ -250,6 +250,27 @@ def _crt_halves(bases_p, exp_p, mod_p, bases_q, exp_q, mod_q, threaded: bool):
     return xp, (gmpy2.powmod_base_list(bases_q, exp_q, mod_q) if fut is None else fut.result())
 
 
+def _chain(xs, step, count: int, mod) -> list:
+    """``[xs, xs^step, xs^(step^2), ...]`` (``count`` levels) mod ``mod``, elementwise."""
+    levels = [xs]
+    for _ in range(count - 1):
+        levels.append(gmpy2.powmod_base_list(levels[-1], step, mod))
+    return levels
+
+
+def _crt_chains(xp, xq, step, count: int, psq, qsq, threaded: bool):
+    """:func:`_chain` modulo ``p^2`` and ``q^2``, the ``q`` half in the helper thread when ``threaded``
+    (one hand-over for the whole chain)."""
+    fut = None
+    if threaded and xp:
+        try:
+            fut = _half_thread().submit(_chain, xq, step, count, qsq)
+        except RuntimeError:  # the interpreter is shutting down (no new threads): one thread then
+            fut = None
+    lp = _chain(xp, step, count, psq)
+    return lp, (_chain(xq, step, count, qsq) if fut is None else fut.result())
+
+
 def _refuse(obj):
     raise TypeError(f"{type(obj).__name__} holds Paillier private-key material (or mask seeds) and cannot be "
                     "pickled, copied or serialized; checkpoint the solver state instead and regenerate keys on "
@@ -331,11 +352,7 @@ class PrivateCRT(HoldsPrivateKey):
         psq, qsq, inv = self._psq, self._qsq, self._psq_inv
         step = mpz(1) << int(step_bits)
         xp, xq = [c % psq for c in cts], [c % qsq for c in cts]
-        levels_p, levels_q = [xp], [xq]
-        for _ in range(int(count) - 1):
-            xp, xq = _crt_halves(xp, step, psq, xq, step, qsq, self._threaded)
-            levels_p.append(xp)
-            levels_q.append(xq)
+        levels_p, levels_q = _crt_chains(xp, xq, step, int(count), psq, qsq, self._threaded)
         out = [[c] for c in cts]
         for lp, lq in zip(levels_p[1:], levels_q[1:]):
             for row, a, b in zip(out, lp, lq):
