@@ -140,10 +140,9 @@ def _warn_degree_one(exch, graphs) -> None:
     found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
     if not found:
         return
-    names = ([a for _, a in found] if len(graphs) == 1
-             else [f"{a} (trial {t})" for t, a in found])
+    names = ", ".join(str(a) if len(graphs) == 1 else f"{a} (trial {t})" for t, a in found)
     warnings.warn(
-        f"agents {names} have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
+        f"agents [{names}] have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
         "exactly from the sums the exchange gives it (S_i and rho_i are that neighbour's term); pass "
         "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
 
