@@ -279,6 +279,29 @@ def test_cost_state_carries_the_setup_into_a_resumed_run():
     assert b.costs()["setup_encryptions"] == 2 * a.costs()["setup_encryptions"]  # each segment's own setup
 
 
+@pytest.mark.crypto
+def test_resume_from_a_checkpoint_gives_the_same_bits(tmp_path, paillier_keypairs):
+    """A masked Paillier run interrupted after BCD iteration 2 and resumed (new keys, new seeds)
+    ends with the bits of the uninterrupted run; the rounds' counters continue, and each
+    segment counts its own setup."""
+    G = random_connected(6, 2.5, seed=2)
+    blocks = _problem(6, seed=7)
+    kw = dict(bcd_iters=4, x_iters=3, y_iters=2, device="cpu", seed=4, exchange="paillier", protocol="masked",
+              n_max=1e5, key_bits=128)
+    opts = {"workers": 0, "cost_model": FAKE_COSTS}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegreeOneWarning)
+        full = fit(blocks, G, 2, exchange_options=dict(opts, keypairs=paillier_keypairs(128, 6)), **kw)
+        fit(blocks, G, 2, checkpoint_dir=tmp_path, callback=lambda info: info.iteration == 2, exchange_options=opts,
+            **kw)
+        resumed = fit(blocks, G, 2, resume_from=tmp_path, exchange_options=opts, **kw)
+    assert torch.equal(resumed.X, full.X) and torch.equal(resumed.U, full.U)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.Y, full.Y))
+    assert resumed.history["nmse"] == full.history["nmse"]
+    assert {k: resumed.costs[k] for k in COUNT_KEYS} == {k: full.costs[k] for k in COUNT_KEYS}
+    assert {k: resumed.costs[k] for k in SETUP_KEYS} == {k: 2 * full.costs[k] for k in SETUP_KEYS}
+
+
 # ------------------------------------------------------------------ degree-1 agents
 def test_fit_warns_naming_the_degree1_agents_and_min_degree_refuses_them():
     blocks = _problem(3)
