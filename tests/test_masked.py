@@ -383,3 +383,28 @@ def test_run_audit_takes_user_scenarios_and_reports_masked(tmp_path):
     assert sc["protocols"]["masked"]["summary"]["exact_recovery_pairs"] == 0  # no agent of degree 1
     md = audit.format_markdown(rep)
     assert "### Protocol `masked`" in md and "Two colluding agents" in md and "| degree |" in md
+
+
+@pytest.mark.crypto
+def test_tensorboard_crypto_curves_cover_the_setup(tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.runner import run
+
+    cfg = from_dict({
+        "n_agents": 4, "centralized": False, "progress": False,
+        "data": {"kind": "synthetic", "negative": "allow", "L": 6, "M": 16, "K": 2},
+        "graph": {"kind": "ring", "min_degree": 2},
+        "solver": {"rank": 2, "bcd_iters": 2, "x_iters": 2, "y_iters": 2},
+        "exchange": {"kind": "quantized", "n_max": 1e3, "key_bits": 256, "cost_model": True},
+    })
+    summary = run(cfg, tmp_path / "q")
+    assert summary["costs"]["setup_encryptions"] == setup_counts(
+        [0, 0, 1, 1, 2, 2, 3, 3], [1, 3, 0, 2, 1, 3, 0, 2], key_bits=256)["setup_encryptions"]
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "q" / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"crypto/setup_encryptions", "crypto/setup_ciphertext_bytes", "crypto/estimated_seconds_setup",
+            "crypto/encryptions", "crypto_admm/encryptions"} <= tags
+    assert not any(t.startswith("crypto_admm/setup") for t in tags)  # once per run, not per iteration
