@@ -10,6 +10,7 @@ from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_dev
 from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .estimator import PPDNMF
 from .experiments import ExperimentResult, run_experiment
+from .errors import DegreeOneWarning
 from .exchange import CodecRangeError
 from .solver import ConvergenceWarning, NumericalError
 
@@ -35,6 +36,7 @@ __all__ = [
     "GraphError",
     "CodecRangeError",
     "ConvergenceWarning",
+    "DegreeOneWarning",
     "NumericalError",
     "resolve_device",
     "resolve_dtype",

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._utils import ConfigError, resolve_device, resolve_dtype
+from ._utils import ConfigError, GraphError, resolve_device, resolve_dtype
+from .errors import DegreeOneWarning
 from .exchange import exchange_spec, make_exchange
 from .exchange.base import Exchange
 from .exchange.base import accepts_keyword
@@ -23,7 +24,8 @@ from .solver import SolverParams, make_sampler, restore_state, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS
 from .threads import with_threads
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "DEFAULTS", "PAPER_SETTINGS"]
+__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "check_min_degree", "DEFAULTS",
+           "PAPER_SETTINGS"]
 
 
 @dataclass
@@ -141,6 +143,46 @@ def _init_seed(init_seed, seed) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
     return int(value)
+
+
+def check_min_degree(graph, min_degree, trial=None) -> None:
+    """Refuse a graph with an agent of fewer than ``min_degree`` neighbours (None: no rule).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``min_degree``, when it is not None or an integer ``>= 1``.
+    GraphError
+        Naming ``min_degree`` and the agents with fewer neighbours.
+    """
+    if min_degree is None:
+        return
+    if isinstance(min_degree, bool) or not isinstance(min_degree, int) or min_degree < 1:
+        raise ConfigError(f"min_degree: expected None or an integer >= 1, got {min_degree!r}")
+    degree = graph.degree.tolist()
+    low = [a for a, d in enumerate(degree) if d < min_degree]
+    if low:
+        where = "" if trial is None else f" (trial {trial})"
+        raise GraphError(
+            f"min_degree: agents {low}{where} have fewer than {min_degree} neighbours (degrees "
+            f"{[degree[a] for a in low]}); an agent with a single neighbour learns that neighbour's U_j from "
+            "the sums of any secure exchange, so such graphs are refused; add edges, or lower min_degree"
+        )
+
+
+def _warn_degree_one(exch, graphs) -> None:
+    """:class:`~ppdnmf_torch.errors.DegreeOneWarning` naming the agents with one neighbour, for the
+    integer (secure) exchange kinds: there the sums an agent obtains are its neighbour's term."""
+    if getattr(exch, "codec", None) is None:
+        return
+    found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
+    if not found:
+        return
+    names = ", ".join(str(a) if len(graphs) == 1 else f"{a} (trial {t})" for t, a in found)
+    warnings.warn(
+        f"agents [{names}] have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
+        "exactly from the sums the exchange gives it (S_i and rho_i are that neighbour's term); pass "
+        "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
 
 
 def _preflight(exch, blocks, caps, degree, params=None):
@@ -284,7 +326,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None,
         penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
         y_solver=DEFAULTS["y_solver"], x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3,
-        x_rounds=None, x_start=None, x_walk="auto") -> FitResult:
+        x_rounds=None, x_start=None, x_walk="auto", min_degree=None) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -317,8 +359,10 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     protocol, n_max, key_bits, g_bits : optional
         Shorthand for the integer kinds' spec fields (None: the spec's default; a value
         that does not apply to the kind, or contradicts a given spec or exchange, is a
-        :class:`~ppdnmf_torch.ConfigError`). ``protocol``: ``"aggregated"`` (default) or
-        ``"paper"``; ``n_max``: quantization scale (the paper's ``N_max``, default 1e6);
+        :class:`~ppdnmf_torch.ConfigError`). ``protocol``: ``"masked"`` (hides each
+        neighbour's term from the receiver), ``"aggregated"`` or ``"paper"`` (the printed
+        protocols; docs/SECURE_EXCHANGE.md), the spec's default if not given; ``n_max``:
+        quantization scale (the paper's ``N_max``, default 1e6);
         ``key_bits``: Paillier key size (default 2048; smaller sizes warn); ``g_bits``:
         penalties are scaled by ``2^g_bits`` (default 16).
     penalty : {"random", "fixed"}
@@ -408,6 +452,11 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
     (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
     presets use them.
+    min_degree : int, optional
+        Refuse graphs with an agent of fewer neighbours (:class:`~ppdnmf_torch.GraphError`).
+        ``min_degree=2`` refuses agents with a single neighbour, whose sums are that
+        neighbour's term under any protocol; without it, an integer exchange (``quantized``,
+        ``paillier``) warns naming them (:class:`~ppdnmf_torch.DegreeOneWarning`).
 
     Returns
     -------
@@ -424,6 +473,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
     graph = as_graph(adjacency)
+    check_min_degree(graph, min_degree)
     N = graph.n_agents
     blocks = check_data(as_blocks(Z, N, columns), negative)
     caps = as_caps(g_max, N)
@@ -435,6 +485,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
+    _warn_degree_one(exch, [graph])
     try:
         _preflight(exch, blocks, caps, graph.degree, params)
         problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
@@ -521,7 +572,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                align_trials=True, fuse=False, threads=None, penalty_schedule=DEFAULTS["penalty_schedule"],
                init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"], x_solver="admm",
                x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3, x_rounds=None, x_start=None,
-               x_walk="auto") -> TrialsResult:
+               x_walk="auto", min_degree=None) -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -549,7 +600,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     ----------------
     mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, exchange, protocol, n_max, key_bits
         As in :func:`fit`.
-    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, threads
+    g_bits, penalty, consensus_form, negative, device, dtype, exchange_options, fuse, threads,
+    min_degree
         As in :func:`fit`.
     x_solver, x_rho, x_gamma_spread, x_sigma, x_rounds, x_start, x_walk
         As in :func:`fit` (each trial walks its own graph's cycle). There is no ``columns`` (each trial's blocks are given) and no
@@ -574,6 +626,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
         )
     graphs = [as_graph(g) for g in graphs]
     seeds = [as_seed(s, f"seeds[{t}]") for t, s in enumerate(seeds)]
+    for t, g in enumerate(graphs):
+        check_min_degree(g, min_degree, trial=t)
     N = graphs[0].n_agents
     blocks = [check_data(as_blocks(b, N), negative) for b in block_lists]
     caps_t = torch.as_tensor(g_max, dtype=torch.float64)
@@ -590,6 +644,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
+    _warn_degree_one(exch, graphs)
     try:
         for b, g, c in zip(blocks, graphs, caps):
             _preflight(exch, b, c, g.degree, params)

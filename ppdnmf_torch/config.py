@@ -114,6 +114,8 @@ class GraphConfig:
     """The communication graph (:func:`ppdnmf_torch.graph.make_graph`); see :data:`GRAPH_PARAMS`.
 
     Parameters left at None take make_graph's defaults (e.g. ``avg_degree=3``).
+    ``min_degree`` (not a generator parameter) refuses a graph with an agent of fewer
+    neighbours (``2``: no agent whose exchange sums are a single neighbour's term).
     """
 
     kind: str = _spec("random", choices=GRAPH_KINDS)
@@ -124,6 +126,7 @@ class GraphConfig:
     radius: float | None = _spec(None, gt=0)
     max_tries: int | None = _spec(None, ge=1)
     path: str | None = None
+    min_degree: int | None = _spec(None, ge=1)
 
     def params(self) -> dict:
         """The keyword arguments of ``make_graph`` for this kind (nulls left out)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
-           "DataScaleWarning"]
+           "DataScaleWarning", "DegreeOneWarning"]
 
 # a leading "key: " (dotted, indexed or composite names: data.split.counts[0], key_bits/n_max)
 _HEAD = re.compile(r"^([A-Za-z_][\w.\[\]]*(?:/[A-Za-z_][\w.\[\]]*)*): (.*)$", re.S)
@@ -95,3 +95,9 @@ class DegenerateResultWarning(UserWarning):
 
 class DataScaleWarning(UserWarning):
     """The data's largest entry is far from 1 (the penalties act on absolute values)."""
+
+
+class DegreeOneWarning(UserWarning):
+    """Agents with a single neighbour on a secure exchange: the sums such an agent obtains are
+    that neighbour's term, so it learns the neighbour's ``U_j`` whatever the protocol
+    (docs/THREAT_MODEL.md); ``min_degree=2`` refuses such graphs."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from . import data as data_mod
+from .api import check_min_degree
 from ._utils import resolve_device, resolve_dtype
 from .config import RunConfig
 from .errors import ConfigError, PPDNMFError
@@ -94,9 +95,11 @@ def build_graph(cfg: RunConfig) -> Graph:
     """The communication graph of ``cfg.graph`` with ``cfg.n_agents`` agents."""
     g = cfg.graph
     try:
-        return make_graph(g.kind, cfg.n_agents, seed=cfg.seed, **g.params())
+        graph = make_graph(g.kind, cfg.n_agents, seed=cfg.seed, **g.params())
+        check_min_degree(graph, g.min_degree)
     except PPDNMFError as exc:
         raise exc.within("graph") from None
+    return graph
 
 
 def build_inputs(cfg: RunConfig) -> RunInputs:

@@ -14,7 +14,8 @@ times, the exchange's timers, estimated seconds) are left out of the hashes: the
 from run to run. Everything else in the history is hashed, in key order.
 
 Configurations: both consensus forms; ``plain``, ``quantized`` and ``paillier`` (128-bit
-keys, both protocols, fast and naive host paths); eager and ``fuse=True`` (whole
+keys, the printed protocols, fast and naive host paths; pinned to ``protocol="aggregated"``
+where they ran with the default before ``masked`` became it); eager and ``fuse=True`` (whole
 iterations and buffered chains); a stopping rule; batched trials; resume from a
 checkpoint after Ctrl-C; the centralized baseline; and N = 2000 agents with CBCL sizes
 (L = 361, K = 49, about 243 columns each) for one BCD iteration of 2 + 2 ADMM iterations.
@@ -121,7 +122,7 @@ def _fit_syn(**kw):
 
 def _resumed():
     Z, g, cols = _synthetic()
-    kw = dict(SYN, bcd_iters=6, x_iters=10, y_iters=10, exchange="quantized", n_max=1e5)
+    kw = dict(SYN, bcd_iters=6, x_iters=10, y_iters=10, exchange="quantized", protocol="aggregated", n_max=1e5)
 
     def stop_at_3(info):
         if info.iteration == 3:
@@ -153,7 +154,7 @@ def _n2000():
 
 def _trials():
     res = pp.run_experiment("paper_synthetic", trials=3, seed=0, bcd_iters=4, x_iters=8, y_iters=8,
-                            exchange="quantized", n_max=1e4, device="cpu", **PAPER)
+                            exchange="quantized", protocol="aggregated", n_max=1e4, device="cpu", **PAPER)
     return res.distributed, res.centralized
 
 
@@ -161,23 +162,29 @@ CONFIGS = {
     "plain_derived": lambda: _fit_syn(),
     "plain_paper_literal": lambda: _fit_syn(consensus_form="paper_literal"),
     "plain_fixed_penalty": lambda: _fit_syn(penalty="fixed"),
-    "quantized_aggregated": lambda: _fit_syn(exchange="quantized", n_max=1e4),
+    "quantized_aggregated": lambda: _fit_syn(exchange="quantized", protocol="aggregated", n_max=1e4),
     "quantized_paper": lambda: _fit_syn(exchange="quantized", protocol="paper", n_max=1e6),
-    "quantized_float32": lambda: _fit_syn(exchange="quantized", n_max=1e4, dtype=torch.float32),
-    "paillier128_aggregated": lambda: _fit_syn(exchange="paillier", key_bits=128, n_max=1e4, bcd_iters=2,
-                                               x_iters=3, y_iters=3),
+    "quantized_float32": lambda: _fit_syn(exchange="quantized", protocol="aggregated", n_max=1e4,
+                                          dtype=torch.float32),
+    "paillier128_aggregated": lambda: _fit_syn(exchange="paillier", protocol="aggregated", key_bits=128, n_max=1e4,
+                                               bcd_iters=2, x_iters=3, y_iters=3),
     "paillier128_paper": lambda: _fit_syn(exchange="paillier", protocol="paper", key_bits=128, n_max=1e4,
                                           bcd_iters=2, x_iters=3, y_iters=3),
-    "paillier128_naive": lambda: _fit_syn(exchange="paillier", key_bits=128, n_max=1e4, bcd_iters=1, x_iters=2,
-                                          y_iters=2, exchange_options={"fast": False}),
-    "quantized_like_paillier128": lambda: _fit_syn(exchange="quantized", key_bits=128, n_max=1e4, bcd_iters=2,
-                                                   x_iters=3, y_iters=3),
+    "paillier128_naive": lambda: _fit_syn(exchange="paillier", protocol="aggregated", key_bits=128, n_max=1e4,
+                                          bcd_iters=1, x_iters=2, y_iters=2, exchange_options={"fast": False}),
+    # the masked protocol: X, Y and U equal the aggregated runs' above bit for bit
+    "quantized_masked": lambda: _fit_syn(exchange="quantized", protocol="masked", n_max=1e4),
+    "paillier128_masked": lambda: _fit_syn(exchange="paillier", protocol="masked", key_bits=128, n_max=1e4,
+                                           bcd_iters=2, x_iters=3, y_iters=3),
+    "quantized_like_paillier128": lambda: _fit_syn(exchange="quantized", protocol="aggregated", key_bits=128,
+                                                   n_max=1e4, bcd_iters=2, x_iters=3, y_iters=3),
     "stopping_rule": lambda: _fit_syn(tol=1e-3, bcd_iters=30),
-    "stopping_rule_admm": lambda: _fit_syn(tol=1e-4, admm_tol=1e-2, bcd_iters=8, exchange="quantized"),
+    "stopping_rule_admm": lambda: _fit_syn(tol=1e-4, admm_tol=1e-2, bcd_iters=8, exchange="quantized",
+                                           protocol="aggregated"),
     "fused_small_plain": lambda: _fit_syn(fuse=True),
-    "fused_small_quantized": lambda: _fit_syn(fuse=True, exchange="quantized", n_max=1e4),
+    "fused_small_quantized": lambda: _fit_syn(fuse=True, exchange="quantized", protocol="aggregated", n_max=1e4),
     "fused_large_plain": lambda: _large(fuse=True),
-    "fused_large_quantized": lambda: _large(fuse=True, exchange="quantized", n_max=1e4),
+    "fused_large_quantized": lambda: _large(fuse=True, exchange="quantized", protocol="aggregated", n_max=1e4),
     "fused_large_stopping_rule": lambda: _large(fuse=True, tol=1e-4, bcd_iters=3),
     "eager_large_stopping_rule": lambda: _large(tol=1e-4, bcd_iters=3),
     "resume_from_checkpoint": _resumed,

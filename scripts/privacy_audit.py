@@ -10,10 +10,12 @@ Runs :func:`ppdnmf_torch.audit.run_audit` and writes, under ``<out>`` (default
   agent; the flags);
 * ``report.md``: the same as tables.
 
-Two views of the ``aggregated`` protocol are reported: the honest-but-curious agent, which
-decrypts each neighbour's reply on its own (every reply is under its own key; attack
-``decrypt_each``), and an agent that decrypts only the two sums the protocol asks for
-(``sums_only``, attack ``nbr_mean``).
+Three protocols: ``paper`` and ``aggregated`` (the printed ones; two views of ``aggregated``:
+the honest-but-curious agent, which decrypts each neighbour's reply on its own, attack
+``decrypt_each``, and an agent that decrypts only the two sums, ``sums_only``) and ``masked``
+(the default: the attacks on the sums, two colluding agents, and, per scenario, a real
+Paillier run whose replies are decrypted one by one and tested for uniformity and
+independence from ``q_j``; see docs/THREAT_MODEL.md).
 
 Default: the paper's synthetic setup (``make_trial(PAPER_EXPERIMENTS["paper_synthetic"],
 seed)``: N = 10, average degree 3) with 10 BCD x 30 ADMM iterations, the same data on a
@@ -45,7 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default outputs/privacy_audit/<timestamp>/)")
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
-    p.add_argument("--protocols", nargs="+", choices=("paper", "aggregated"), default=["paper", "aggregated"])
+    p.add_argument("--protocols", nargs="+", choices=("paper", "aggregated", "masked"),
+                   default=["paper", "aggregated", "masked"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bcd-iters", type=int, default=10)
     p.add_argument("--x-iters", type=int, default=30)
@@ -57,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--no-plain", action="store_true", help="skip the plain-exchange eavesdropper runs")
     p.add_argument("--paillier-bcd-iters", type=int, default=2)
     p.add_argument("--paillier-x-iters", type=int, default=3)
+    p.add_argument("--masked-bcd-iters", type=int, default=2,
+                   help="BCD iterations of the real masked run per scenario whose replies are decrypted one by "
+                        "one (0: none)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for name in ("bcd_iters", "x_iters", "y_iters", "paillier_bcd_iters", "paillier_x_iters"):
@@ -78,7 +84,8 @@ def main(argv=None) -> int:
         tuple(args.scenarios), seed=args.seed, bcd_iters=args.bcd_iters, x_iters=args.x_iters,
         y_iters=args.y_iters, n_max=args.n_max, g_bits=args.g_bits, key_bits=args.key_bits,
         protocols=tuple(args.protocols), paillier=not args.no_paillier, plain=not args.no_plain,
-        paillier_bcd_iters=args.paillier_bcd_iters, paillier_x_iters=args.paillier_x_iters, progress=say,
+        paillier_bcd_iters=args.paillier_bcd_iters, paillier_x_iters=args.paillier_x_iters,
+        masked_bcd_iters=args.masked_bcd_iters, progress=say,
     )
     report["meta"]["command"] = " ".join(["python", "scripts/privacy_audit.py", *(argv or sys.argv[1:])])
     (out / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
@@ -92,11 +99,24 @@ def main(argv=None) -> int:
                       f"{sm['pairs_informative']:2d} pairs, beats baseline {sm['beats_baseline_pairs']:2d}; "
                       f"median rel. error baseline {sm['baseline_rel_err_median']:.3g}, "
                       f"best attack {sm['best_rel_err_median']:.3g}")
+                if proto == "masked":
+                    print(f"{'':16s} {'(masked)':10s} exact recovery by receivers of degree >= 2: "
+                          f"{sm['exact_recovery_pairs_degree2plus']}; of degree 1 (inherent): "
+                          f"{sm['exact_recovery_pairs_degree1']}")
                 if "sums_only_exact_recovery_pairs" in sm:
                     print(f"{'':16s} {'(sums only)':10s} exact recovery {sm['sums_only_exact_recovery_pairs']:2d}/"
                           f"{sm['pairs_informative']:2d} pairs, beats baseline "
                           f"{sm['sums_only_beats_baseline_pairs']:2d}; median rel. error "
                           f"{sm['sums_only_best_rel_err_median']:.3g} (an agent that decrypts only the sums)")
+        for sname, sc in report["scenarios"].items():
+            mc = sc.get("masked_ciphertexts")
+            if mc:
+                ind = mc["independence"]["unmasked_term"]
+                print(f"{sname:16s} masked replies decrypted one by one: uniform {mc['uniformity']['uniform']}, "
+                      f"|r| with the term {abs(ind['r']):.4f} < {ind['bound']:.4f}: {ind['independent']}, "
+                      f"plaintext matches {mc['plaintext_matches']}, listening neighbour unmasked "
+                      f"{mc['eavesdropping_neighbour']['unmasked']}, colluders (degree >= 3) unmasked "
+                      f"{mc['collusion']['higher_unmasked']}")
         for proto, ev in report["eavesdropper_paillier"].items():
             sc = ev["scan"]
             print(f"paillier/{proto}: {sc['n_hits']} plaintexts on the wire out of {sc['n_plaintexts']} checked, "

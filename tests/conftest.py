@@ -57,7 +57,7 @@ def _graphs():
 
 
 PATH3, PATH4, CYCLE4 = _graphs()
-PROTOCOLS = ["aggregated", "paper"]
+PROTOCOLS = ["masked", "aggregated", "paper"]
 
 
 def _fake_costs():

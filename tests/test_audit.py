@@ -361,8 +361,8 @@ def test_script_writes_report(tmp_path):
 @pytest.mark.slow
 @pytest.mark.crypto
 def test_default_audit_headline_numbers():
-    """The numbers docs/THREAT_MODEL.md quotes (default settings, seed 0)."""
-    rep = audit.run_audit()
+    """The numbers docs/THREAT_MODEL.md quotes (scripts/privacy_audit.py's default settings, seed 0)."""
+    rep = audit.run_audit(masked_bcd_iters=2)  # the script's default
     for name in ("paper_synthetic", "random_caps", "short_admm"):
         s = rep["scenarios"][name]["protocols"]
         assert s["paper"]["summary"]["exact_recovery_pairs"] == 30
@@ -376,3 +376,14 @@ def test_default_audit_headline_numbers():
         assert ev["scan"]["clean"] and ev["scan"]["n_hits"] == 0
     de = rep["eavesdropper_paillier"]["aggregated"]["decrypt_each"]
     assert de["penalties_match"] and de["replies_match"] and de["q_exact"] == de["informative"] > 0
+    for name, sc in rep["scenarios"].items():  # masked: only the inherent degree-1 receivers
+        sm = sc["protocols"]["masked"]["summary"]
+        assert sm["exact_recovery_pairs_degree2plus"] == 0
+        assert sm["exact_recovery_pairs_degree1"] == (9 if name == "star" else 2)
+        assert sc["collusion"]["summary"]["exact_other"] == 0
+        mc = sc["masked_ciphertexts"]
+        assert mc["uniformity"]["uniform"] and mc["plaintext_matches"] == 0
+        assert all(c["independent"] for c in mc["independence"].values())
+        assert mc["eavesdropping_neighbour"]["unmasked"] == 0 and mc["collusion"]["higher_unmasked"] == 0
+        assert sum(v["exact"] for v in mc["decrypt_each"].values()) == 0
+        assert mc["scan"]["n_hits"] == 0

@@ -84,7 +84,9 @@ def _stop_at(n):
 def test_resumed_run_continues_the_cost_counters(tmp_path, every):
     # cumulative counts, bytes (per edge too), the predicted seconds and the per-BCD
     # crypto_* history cover both segments, as in one uninterrupted run
-    kw = dict(KW, **_exchange_kw("quantized"), exchange_options={"cost_model": FAKE_COSTS, "packing": True})
+    # (aggregated: the masked protocol's setup is counted once per segment, test_masked.py)
+    kw = dict(KW, **_exchange_kw("quantized"), protocol="aggregated",
+              exchange_options={"cost_model": FAKE_COSTS, "packing": True})
     full = pp.fit(_blocks(), G, 2, **kw)
     assert full.costs["encryptions"] > 0 and full.history["crypto_encryptions"][0] > 0
     pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, checkpoint_every=every, callback=_stop_at(3), **kw)

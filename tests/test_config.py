@@ -126,7 +126,7 @@ def test_crypto_exchange_defaults():
 
     for kind in ("quantized", "paillier"):
         e = to_run_config(_compose([f"exchange={kind}"])).exchange
-        assert (e.kind, e.protocol, e.key_bits, e.n_max, e.g_bits) == (kind, "aggregated", 2048, 1e6, 16)
+        assert (e.kind, e.protocol, e.key_bits, e.n_max, e.g_bits) == (kind, "masked", 2048, 1e6, 16)
     # the YAML of a kind holds that kind's keys: quantized counts as the packing real stage does
     assert to_run_config(_compose(["exchange=quantized"])).exchange == QuantizedSpec(cost_model=True, packing=True)
     assert to_run_config(_compose(["exchange=plain"])).exchange == PlainSpec()

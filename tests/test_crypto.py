@@ -256,8 +256,15 @@ def test_range_errors_are_identical(protocol, paillier_keypairs):
 
 
 # ------------------------------------------------------------------------------ costs
-def expected_counts(protocol, D, A1, P):
-    """Per ADMM iteration; ``P`` is the number of ciphertexts per message (values, unpacked)."""
+def expected_counts(protocol, D, A1, P, lk=None):
+    """Per ADMM iteration; ``P`` is the number of ciphertexts per message (values, unpacked),
+    ``lk`` the values per message (default ``P``)."""
+    lk = P if lk is None else lk
+    if protocol == "masked":
+        used = min(-(-lk // P), lk)  # slots in use
+        return {"encryptions": D + A1 + A1 * P, "decryptions": A1 + A1 * P,
+                "homomorphic_additions": (D - A1) * (1 + P) + D * (lk - P),
+                "scalar_multiplications": D + D * (used - 1) + D * lk}
     if protocol == "paper":
         return {"encryptions": (A1 + D) * P, "decryptions": D * P,
                 "homomorphic_additions": D * P, "scalar_multiplications": D * P}
@@ -292,7 +299,7 @@ def test_counters_match_formulas_and_cost_model(protocol, case, paillier_keypair
                bcd_iter=2, admm_iter=1)
     rq, rp = q.pop_iteration_costs(), p.pop_iteration_costs()
     assert len(rq) == len(rp) == n_iter + 1
-    want = expected_counts(protocol, 14, 8, n_ct)
+    want = expected_counts(protocol, 14, 8, n_ct, lk=P)
     for a, b in zip(rq, rp):
         for k in COUNT_KEYS + ("bcd_iter", "admm_iter"):
             assert a[k] == b[k], k

@@ -174,7 +174,13 @@ def test_quantized_is_deterministic_and_rho_agrees():
 
 # ------------------------------------------------------------------------ cost model
 def expected_counts(protocol, D, A1, P, with_penalty_round=True):
-    """The formulas of the costmodel docstring, written out once more, per ADMM iteration."""
+    """The formulas of the costmodel docstring, written out once more, per ADMM iteration
+    (unpacked: ``P`` values, one per ciphertext)."""
+    pen = with_penalty_round
+    if protocol == "masked":
+        return {"encryptions": A1 * P + (D + A1) * pen, "decryptions": A1 * P + A1 * pen,
+                "homomorphic_additions": (D - A1) * P + (D - A1) * pen,
+                "scalar_multiplications": D * P + D * pen}
     if protocol == "paper":
         return {"encryptions": (A1 + D) * P, "decryptions": D * P,
                 "homomorphic_additions": D * P, "scalar_multiplications": D * P}
@@ -186,10 +192,12 @@ def expected_counts(protocol, D, A1, P, with_penalty_round=True):
 
 def expected_bytes(protocol, D, P, key_bits):
     C, B = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits)
+    if protocol == "masked":
+        return D * (2 * C + P * C)  # E_i(gamma_ij) and its masked reply; the P masked replies
     return D * (2 * P * C + B) if protocol == "paper" else D * (2 * P * C + B + C)
 
 
-@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
+@pytest.mark.parametrize("protocol", ["masked", "aggregated", "paper"])
 @pytest.mark.parametrize("graphs", [[PATH3], [CYCLE4], [CYCLE4, Graph(4, [(0, 1), (1, 2), (2, 3)])]],
                          ids=["path3", "cycle4", "two-trials"])
 def test_cost_model_counts_follow_the_formulas(protocol, graphs):
@@ -238,7 +246,7 @@ def test_paper_counts_match_the_algorithm_page():
 
 def test_cost_model_with_an_isolated_node():
     topo = isolated_topology()
-    for protocol in ("aggregated", "paper"):
+    for protocol in ("masked", "aggregated", "paper"):
         ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), protocol=protocol, cost_model=FAKE_COSTS), topo)
         U, g = random_inputs(topo, 4, 0)
         ex.penalty_sums(g, admm_iter=1)
@@ -249,9 +257,10 @@ def test_cost_model_with_an_isolated_node():
         assert {k: rec[k] for k in want} == want
 
 
-def test_aggregated_model_counts_a_penalty_round_when_step_1_was_skipped():
+@pytest.mark.parametrize("protocol", ["masked", "aggregated"])
+def test_model_counts_a_penalty_round_when_step_1_was_skipped(protocol):
     topo = Topology.from_graphs([CYCLE4])
-    ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), cost_model=FAKE_COSTS), topo)
+    ex = bound(QuantizedExchange(IntegerCodec(key_bits=128), protocol=protocol, cost_model=FAKE_COSTS), topo)
     U, g = random_inputs(topo, 3, 0)
     ex.exchange(U, g, admm_iter=1)  # no penalty_sums first: the mini-round runs in step 5
     ex.penalty_sums(g, admm_iter=2)
@@ -259,8 +268,8 @@ def test_aggregated_model_counts_a_penalty_round_when_step_1_was_skipped():
     ex.penalty_sums(g, admm_iter=3)
     ex.exchange(U, g * 0.5, admm_iter=3)  # different penalties: a second mini-round
     recs = ex.pop_iteration_costs()
-    one = round_counts("aggregated", "penalty", n_edges=8, n_senders=4)["encryptions"]
-    base = round_counts("aggregated", "exchange", n_edges=8, n_senders=4, lk=3)["encryptions"]
+    one = round_counts(protocol, "penalty", n_edges=8, n_senders=4)["encryptions"]
+    base = round_counts(protocol, "exchange", n_edges=8, n_senders=4, lk=3)["encryptions"]
     assert [r["encryptions"] for r in recs] == [base + one, base + one, base + 2 * one]
 
 
@@ -276,7 +285,7 @@ def test_cost_model_is_off_by_default_and_fit_leaves_it_off():
     assert res.costs == {}
     res = fit(Z, CYCLE4, 2, bcd_iters=1, x_iters=2, y_iters=2, exchange="quantized", key_bits=128,
               exchange_options={"cost_model": FAKE_COSTS})
-    want = expected_counts("aggregated", 8, 4, 5 * 2)
+    want = expected_counts("masked", 8, 4, 5 * 2)  # the default protocol
     assert {k: res.costs[k] for k in want} == {k: 2 * v for k, v in want.items()}
     assert res.costs["estimated_seconds"] > 0
 
@@ -454,7 +463,7 @@ def test_make_exchange_of_a_spec_has_that_spec(spec):
 
 
 def test_spec_kinds_and_options_are_the_specs_fields():
-    assert tuple(s.kind for s in SPEC_CASES) == EXCHANGE_KINDS and PROTOCOLS == ("aggregated", "paper")
+    assert tuple(s.kind for s in SPEC_CASES) == EXCHANGE_KINDS and PROTOCOLS == ("masked", "aggregated", "paper")
     assert all(isinstance(s, ExchangeSpec) for s in SPEC_CASES)
     assert EXCHANGE_OPTIONS == {"plain": (), "quantized": ("cost_model", "packing", "slot_bits"),
                                 "paillier": ("cost_model", "fast", "packing", "slot_bits", "precompute", "djn",
@@ -549,7 +558,7 @@ def test_make_exchange_flat_keywords_are_never_dropped():
     with pytest.raises(ConfigError, match="^protocol: does not apply"):
         make_exchange("plain", protocol="gossip")
     q = QuantizedExchange(IntegerCodec(key_bits=128))
-    assert make_exchange(q, protocol="aggregated", n_max=1e6, key_bits=128, g_bits=16) is q
+    assert make_exchange(q, protocol="masked", n_max=1e6, key_bits=128, g_bits=16) is q
     with pytest.raises(ConfigError, match=r"^key_bits: 512 contradicts the given exchange's key_bits=128"):
         make_exchange(q, key_bits=512)
     with pytest.raises(ConfigError, match=r"^packing: True contradicts"):

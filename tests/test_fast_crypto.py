@@ -151,13 +151,16 @@ class _SeededSecrets:
     def randbits(self, k):
         return self._r.getrandbits(k)
 
+    def token_bytes(self, k):
+        return self._r.randbytes(k)
+
 
 @pytest.mark.parametrize("djn", [False, True])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_thread_lanes_send_the_same_messages_as_one_thread(protocol, djn, paillier_keypairs, monkeypatch):
     """With reproducible obfuscators, lanes and a serial loop put the same ciphertexts on the
     wire in the same order, and count the same operations in every iteration."""
-    from ppdnmf_torch.exchange.paillier import obfuscation
+    from ppdnmf_torch.exchange.paillier import obfuscation, seeds
 
     topo = Topology.from_graphs([CYCLE4, PATH4])
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=256)
@@ -165,6 +168,7 @@ def test_thread_lanes_send_the_same_messages_as_one_thread(protocol, djn, pailli
     runs = []
     for lanes in (None, ThreadLanes(3)):
         monkeypatch.setattr(obfuscation, "secrets", _SeededSecrets(7))
+        monkeypatch.setattr(seeds, "_token", _SeededSecrets(11).token_bytes)  # the masked protocol's seeds
         ex = bound(PaillierExchange(codec, protocol=protocol, keypairs=keys, workers=0, djn=djn,
                                     record_transcript=True), topo)
         ex.rounds.lanes = lanes
@@ -553,11 +557,14 @@ def test_fast_and_naive_transcripts_have_the_same_shape(paillier_keypairs):
             return [(m.bcd_iter, m.admm_iter, m.sender, m.receiver, m.kind, len(m.payload)) for m in ex.transcript]
 
         assert shape(naive) == shape(fast)
-        # packed: the same messages, 2 values per ciphertext
+        # packed: the same messages, 2 values per ciphertext (and, masked, the shifted encryptions
+        # of the second slot, which an unpacked message does not need)
         kinds = [(m.sender, m.receiver, m.kind) for m in naive.transcript]
-        assert kinds == [(m.sender, m.receiver, m.kind) for m in packed.transcript]
-        for a, b in zip(naive.transcript, packed.transcript):
-            if a.kind in ("enc_neg_u", "enc_reply"):
+        packed_msgs = [m for m in packed.transcript if m.kind != "enc_shifted"]
+        assert kinds == [(m.sender, m.receiver, m.kind) for m in packed_msgs]
+        assert (protocol == "masked") == any(m.kind == "enc_shifted" for m in packed.transcript)
+        for a, b in zip(naive.transcript, packed_msgs):
+            if a.kind in ("enc_neg_u", "enc_reply", "enc_masked_reply"):
                 assert len(b.payload) == len(a.payload) // 2
         assert naive.bytes_per_edge() == fast.bytes_per_edge()
 
@@ -578,7 +585,7 @@ def test_counts_of_every_fast_path_match_the_packed_cost_model(protocol, paillie
         assert [{k: r[k] for k in COUNT_KEYS} for r in got] == [{k: r[k] for k in COUNT_KEYS} for r in want]
         assert p.bytes_per_edge() == q.bytes_per_edge()
     # 11 values in 8 slots: 2 ciphertexts per message, not 11
-    assert want[0]["decryptions"] == (8 * 2 + 8 if protocol == "aggregated" else 14 * 2)
+    assert want[0]["decryptions"] == (8 * 2 + 8 if protocol != "paper" else 14 * 2)
 
 
 def test_options_and_defaults():
@@ -611,7 +618,7 @@ def test_naive_reply_to_a_zero_penalty_is_obfuscated(protocol, paillier_keypairs
     q = bound(QuantizedExchange(codec, protocol=protocol), topo)
     a, b = naive.exchange(U, g), q.exchange(U, g)
     assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
-    replies = [c for msg in naive.transcript if msg.kind == "enc_reply" for c in msg.payload]
+    replies = [c for msg in naive.transcript if msg.kind in ("enc_reply", "enc_masked_reply") for c in msg.payload]
     assert len(replies) == 4 * 4 and all(int(c) != 1 for c in replies)
     assert len({int(c) for c in replies}) == len(replies)
 

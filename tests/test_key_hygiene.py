@@ -1,5 +1,6 @@
-"""No private key's p, q or phi(n) appears in any file a run writes: as decimal or hex text,
-or as raw bytes (big- or little-endian, as pickle, torch.save and numpy store integers)."""
+"""No private key's p, q or phi(n), and no mask seed of the masked protocol, appears in any file
+a run writes: as decimal or hex text, or as raw bytes (big- or little-endian, as pickle,
+torch.save and numpy store integers)."""
 from __future__ import annotations
 
 import warnings
@@ -30,13 +31,40 @@ def recorded_keys(monkeypatch):
     return made
 
 
-def _secrets(keys):
-    """Byte patterns of every key's p, q and phi(n)."""
+@pytest.fixture
+def recorded_seeds(monkeypatch):
+    """Every mask seed the run draws, recorded on the side (the seeds never leave their agents)."""
+    from ppdnmf_torch.exchange.paillier import seeds
+
+    made = []
+    real = seeds._token
+
+    def spy(k):
+        s = real(k)
+        made.append(s)
+        return s
+
+    monkeypatch.setattr(seeds, "_token", spy)
+    return made
+
+
+def _patterns(v: int) -> set:
+    raw = v.to_bytes((v.bit_length() + 7) // 8, "big")
+    return {str(v).encode(), format(v, "x").encode(), format(v, "X").encode(), raw, raw[::-1]}
+
+
+def _secrets(keys, seeds=()):
+    """Byte patterns of every key's p, q and phi(n), and of every seed (its bytes, as an
+    integer, and the chunks it is encrypted in)."""
+    from ppdnmf_torch.exchange.paillier.seeds import seed_to_chunks
+
     out = set()
     for sk in keys:
         for v in (sk.p, sk.q, sk.p * sk.q - sk.p - sk.q + 1):
-            raw = v.to_bytes((v.bit_length() + 7) // 8, "big")
-            out |= {str(v).encode(), format(v, "x").encode(), format(v, "X").encode(), raw, raw[::-1]}
+            out |= _patterns(v)
+    for s in seeds:
+        out |= {s, s[::-1], s.hex().encode()} | _patterns(int.from_bytes(s, "big"))
+        out |= {p for c in seed_to_chunks(s, 128) if c.bit_length() > 64 for p in _patterns(c)}
     return out
 
 
@@ -52,8 +80,8 @@ def test_the_scan_finds_keys_stored_as_bytes(tmp_path):
 
 
 @pytest.mark.crypto
-@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
-def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, protocol):
+@pytest.mark.parametrize("protocol", ["masked", "aggregated", "paper"])
+def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, recorded_seeds, protocol):
     cfg = from_dict({
         "n_agents": 4, "progress": False, "checkpoint_every": 1, "keep_checkpoints": True,
         "data": {"kind": "synthetic", "negative": "allow", "L": 6, "M": 16, "K": 2},
@@ -67,7 +95,9 @@ def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, protocol):
         run(cfg, tmp_path / "run")
     assert any(issubclass(w.category, InsecureKeyWarning) for w in caught)
     assert len(recorded_keys) == 4  # one key pair per agent
-    secrets = _secrets(recorded_keys)
+    # masked: a seed per pair of neighbours of each agent (4 on the ring) and per edge (4)
+    assert len(recorded_seeds) == (8 if protocol == "masked" else 0)
+    secrets = _secrets(recorded_keys, recorded_seeds)
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     names = {p.name for p in files}
     assert {"config.yaml", "factors.pt", "history.csv", "summary.json"} <= names

@@ -75,6 +75,19 @@ to ``paillier``); what ``i`` sees per ADMM iteration ``m``:
     with one neighbour it *is* ``q_j`` (exact recovery). Reported per pair under
     ``"sums_only"`` (:data:`SUMS_ONLY_ATTACKS`), next to the honest-but-curious result.
 
+* ``protocol="masked"`` (the default; :mod:`.masked`): every reply is under ``i``'s key, but
+  masked by units that cancel only in ``i``'s product, so each one decrypts on its own to a
+  uniformly random value and ``i`` learns ``A_i = sum_j rho_ij q_j`` and ``rho_int_i`` only.
+  Attacks on the whole run's sums (:data:`~.masked.MASKED_ATTACKS`): ``nbr_mean`` (the
+  penalty-weighted neighbour mean; exact for a single neighbour, the inherent case) and
+  ``trajectory`` (degree-2 receivers: the split between the two neighbours fitted across ADMM
+  iterations). :func:`collusion_audit`: two neighbours ``i``, ``k`` of ``j`` pooling sums, terms
+  and seeds. On a real Paillier run (:func:`masked_ciphertext_audit`, keys made and seeds
+  watched by the audit, :func:`record_seeds`): every reply decrypted on its own (uniformity,
+  correlation with ``q_j`` with a 99.9% bound, plaintext matches, ``decrypt_each``), a
+  neighbour listening on a link it is not on, and colluders with their seeds; the transcript
+  scan also looks for every seed.
+
 The report's ``best_attack`` of a pair (per view) is the attack with the most exact recoveries, then
 the lowest median error: an oracle choice among the attacks (for ``gcd`` the attacker can
 check its own result: the division ``d_ij / gamma`` must be exact), so it bounds what
@@ -86,8 +99,9 @@ iterations (``q_j != q_i``; in BCD iteration 1 every ``U`` equals its all-ones s
 Entry point: :func:`run_audit` (``scripts/privacy_audit.py`` is its command line).
 
 Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`, :func:`record_fit`),
-:mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.report` (thresholds, verdicts,
-flags, Markdown), :mod:`.run` (the scenarios and :func:`run_audit`).
+:mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
+attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
+Markdown), :mod:`.run` (the scenarios and :func:`run_audit`).
 """
 from .eavesdropper import (
     SIGNIFICANT,
@@ -97,6 +111,15 @@ from .eavesdropper import (
     plain_transcript,
     protocol_plaintexts,
     scan_transcript,
+)
+from .masked import (
+    CONFIDENCE_Z,
+    MASKED_ATTACKS,
+    collusion_audit,
+    masked_attacks,
+    masked_ciphertext_audit,
+    record_seeds,
+    tag_seeds,
 )
 from .neighbour import (
     ATTACKS,
@@ -132,6 +155,13 @@ __all__ = [
     "decrypt_individual_replies",
     "decrypt_each_check",
     "neighbour_audit",
+    "masked_attacks",
+    "collusion_audit",
+    "masked_ciphertext_audit",
+    "record_seeds",
+    "tag_seeds",
+    "MASKED_ATTACKS",
+    "CONFIDENCE_Z",
     "run_audit",
     "format_markdown",
     "SCENARIOS",

@@ -85,7 +85,7 @@ def eavesdropper_plain(rec: Recording) -> dict:
             "all_recovered_exactly": all(a["recovered_fraction"] == 1.0 for a in agents)}
 
 
-def protocol_plaintexts(rec: Recording, layout=None) -> dict:
+def protocol_plaintexts(rec: Recording, layout=None, seeds=()) -> dict:
     """Every integer plaintext the integer protocol handled in the recorded run, by name.
 
     Names: ``q`` (``q_i``), ``neg_q`` (``-q_i``, encrypted by ``i``), ``gamma`` (every
@@ -94,6 +94,11 @@ def protocol_plaintexts(rec: Recording, layout=None) -> dict:
     it), ``partial_S`` (the running sums over ``i``'s neighbours in CSR order, the last
     being ``S_int_i``), ``partial_rho`` (likewise for ``rho_int_i``). Each value is a
     Python ``int``; the sets may overlap (both protocols' values are included).
+
+    The masked protocol's plaintexts too: ``term`` (``gamma_ij gamma_ji q_j``, what ``j``'s reply
+    to ``i`` carries under its masks), ``partial_A`` (the running sums of the terms over ``i``'s
+    neighbours, the last being ``A_i``), and, given ``seeds`` (bytes), every seed as an integer
+    and as the chunks it is encrypted in (``seed``).
 
     With a packing ``layout`` (default: the recording's, when it has more than one slot per
     plaintext) the packed plaintexts of every vector above are added too, as
@@ -119,12 +124,27 @@ def protocol_plaintexts(rec: Recording, layout=None) -> dict:
             pr.append(np.cumsum(w[:, a:b], axis=1).ravel())
     out["partial_S"] = np.concatenate(ps) if ps else np.zeros(0, dtype=np.int64)
     out["partial_rho"] = np.concatenate(pr) if pr else np.zeros(0, dtype=np.int64)
+    term = w[:, :, None] * q[:, rec.dst]  # the masked protocol's per-neighbour terms
+    out["term"] = term.ravel()
+    pa = [np.cumsum(term[:, crow[i]:crow[i + 1]], axis=1).ravel() for i in range(rec.n_agents)
+          if crow[i + 1] > crow[i]]
+    out["partial_A"] = np.concatenate(pa) if pa else np.zeros(0, dtype=np.int64)
     res = {k: sorted({int(v) for v in np.unique(arr)}) for k, arr in out.items()}
+    if seeds:
+        from ..exchange.paillier.seeds import seed_to_chunks
+
+        bits = min(int(m).bit_length() for m in rec.moduli) if rec.moduli else 2048
+        res["seed"] = sorted({int.from_bytes(s, "big") for s in seeds}
+                             | {c for s in seeds for c in seed_to_chunks(s, bits)})
     if layout is not None and getattr(layout, "slots", 1) > 1:
         P = q.shape[-1]
         vectors = {  # name -> (..., P) arrays whose rows are packed as the protocol packs them
             "q": q, "neg_q": -q, "diff": q[:, rec.dst] - q[:, rec.src], "reply": d, "scaled_reply": terms,
             "partial_S": np.concatenate([np.cumsum(terms[:, crow[i]:crow[i + 1]], axis=1)
+                                         for i in range(rec.n_agents) if crow[i + 1] > crow[i]], axis=1)
+            if len(rec.src) else np.zeros((0, P), dtype=np.int64),
+            "term": term,
+            "partial_A": np.concatenate([np.cumsum(term[:, crow[i]:crow[i + 1]], axis=1)
                                          for i in range(rec.n_agents) if crow[i + 1] > crow[i]], axis=1)
             if len(rec.src) else np.zeros((0, P), dtype=np.int64),
         }
@@ -136,9 +156,12 @@ def protocol_plaintexts(rec: Recording, layout=None) -> dict:
     return res
 
 
-# which agent's key a message's ciphertexts are under
+# which agent's key a message's ciphertexts are under (WireMessage.under, when set, says it instead)
 _KEY_OF = {"enc_neg_u": "sender", "enc_neg_u_and_key": "sender", "enc_reply": "receiver",
-           "enc_penalty": "receiver"}
+           "enc_penalty": "receiver", "enc_gamma": "sender", "enc_shifted": "sender",
+           "enc_masked_penalty": "receiver", "enc_masked_reply": "receiver", "edge_seed": "receiver"}
+#: messages that forward another message's ciphertexts unchanged (not a reuse of randomness)
+_RELAYS = ("seed_relay",)
 
 
 def _ciphertexts(msg) -> list:
@@ -223,15 +246,18 @@ def scan_transcript(transcript: list, plaintexts, moduli: list, *, significant: 
                                  "kind": msg.kind})
                 else:
                     hits.append(None)
-        owner = _KEY_OF.get(msg.kind)
-        if owner is not None and moduli:
-            n = moduli[getattr(msg, owner)]
+        under = getattr(msg, "under", -1)
+        owner = _KEY_OF.get(msg.kind) if under < 0 else None
+        if (owner is not None or under >= 0) and moduli:
+            n = moduli[under if under >= 0 else getattr(msg, owner)]
             bad = sum(1 for c in cts if int(c) % n == 1)
             unobf += bad
             ps["unobfuscated"] += bad
         # one broadcast (the same request to every neighbour) is one message as far as
         # freshness goes
         bkey = (msg.bcd_iter, msg.admm_iter, msg.sender, msg.kind, hash(msg.payload))
+        if msg.kind in _RELAYS:
+            continue
         for c in cts:
             prev = seen_ct.setdefault(int(c), bkey)
             if prev != bkey:
@@ -255,11 +281,12 @@ def scan_transcript(transcript: list, plaintexts, moduli: list, *, significant: 
     }
 
 
-def eavesdropper_paillier(rec: Recording) -> dict:
-    """Scan a recorded ``paillier`` run's transcript for its own plaintexts (per agent)."""
+def eavesdropper_paillier(rec: Recording, seeds=()) -> dict:
+    """Scan a recorded ``paillier`` run's transcript for its own plaintexts (per agent); under
+    ``protocol="masked"`` also for the ``seeds`` drawn (bytes; :func:`~.masked.record_seeds`)."""
     if rec.kind != "paillier":
         raise ConfigError("eavesdropper_paillier: needs a recording of exchange='paillier'")
-    plain = protocol_plaintexts(rec)
+    plain = protocol_plaintexts(rec, seeds=seeds)
     scan = scan_transcript(rec.transcript, plain, rec.moduli)
     slots = getattr(rec.layout, "slots", 1) if rec.layout is not None else 1
     values = {v for k, vals in plain.items() if not k.startswith("packed_") for v in vals}
@@ -278,5 +305,6 @@ def eavesdropper_paillier(rec: Recording) -> dict:
         agents.append({"agent": j, "messages_sent": ps["messages"], "ciphertexts_sent": ps["ciphertexts"],
                        "plaintext_hits": ps["plaintext_hits"], "unobfuscated": ps["unobfuscated"], "flags": flags})
     scan = {k: v for k, v in scan.items() if k != "per_sender"}
+    scan["n_seeds"] = len(seeds)
     return {"kind": "paillier", "protocol": rec.protocol, "key_bits": min(m.bit_length() for m in rec.moduli),
             "slots_per_plaintext": int(slots), "n_calls": rec.n_calls, "scan": scan, "agents": agents}

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
+from .masked import MASKED_ATTACKS, masked_attacks
 from .recording import Recording
 from .report import DIRECTION_CORR, exposure, judge
 
@@ -29,6 +30,9 @@ __all__ = [
 ATTACKS = {
     "paper": ("baseline", "gcd", "rho_split", "smooth_ls"),
     "aggregated": ("baseline", "decrypt_each", "nbr_mean"),
+    # what the receiver can do with its sums; that each reply decrypted on its own carries
+    # nothing is measured on real ciphertexts (audit.masked.masked_ciphertext_audit)
+    "masked": MASKED_ATTACKS,
 }
 #: the attacks open to an agent that decrypts only what the protocol tells it to (under
 #: ``aggregated``: the two sums); reported as the pair's ``"sums_only"`` view
@@ -386,6 +390,21 @@ def _summary(pairs: list, protocol: str, sums_only: list) -> dict:
     if protocol == "paper":
         summary["difference_direction_corr_min"] = _nanstat(
             np.min, [p["difference_direction_corr_min"] for p in scored])
+    by_degree: dict = {}
+    for p in scored:
+        by_degree.setdefault(p["attacker_degree"], []).append(p)
+    summary["by_degree"] = {
+        str(d): {"pairs": len(ps), "exact_recovery_pairs": sum("exact_recovery" in p["flags"] for p in ps),
+                 "beats_baseline_pairs": sum("beats_baseline" in p["flags"] for p in ps),
+                 "baseline_rel_err_median": _nanstat(np.median, [p["attacks"]["baseline"]["rel_err_median"]
+                                                                 for p in ps]),
+                 "best_rel_err_median": _nanstat(np.median, [p["attacks"][p["best_attack"]]["rel_err_median"]
+                                                             for p in ps])}
+        for d, ps in sorted(by_degree.items())}
+    summary["exact_recovery_pairs_degree1"] = sum("exact_recovery" in p["flags"] for p in scored
+                                                  if p["attacker_degree"] == 1)
+    summary["exact_recovery_pairs_degree2plus"] = sum("exact_recovery" in p["flags"] for p in scored
+                                                      if p["attacker_degree"] >= 2)
     if sums_only:
         summary["sums_only_exact_recovery_pairs"] = sum("exact_recovery" in p["sums_only"]["flags"] for p in scored)
         summary["sums_only_beats_baseline_pairs"] = sum("beats_baseline" in p["sums_only"]["flags"] for p in scored)
@@ -405,7 +424,7 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
     if protocol not in ATTACKS:
         raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {tuple(ATTACKS)}")
     rec.need_ints()
-    est = paper_attacks(rec) if protocol == "paper" else aggregated_attacks(rec)
+    est = {"paper": paper_attacks, "aggregated": aggregated_attacks, "masked": masked_attacks}[protocol](rec)
     sums_only = list(SUMS_ONLY_ATTACKS.get(protocol, ()))
     diff_q = rec.q[:, rec.dst] - rec.q[:, rec.src]
     info_all = (diff_q != 0).any(-1)  # (T, 2E)

@@ -83,7 +83,36 @@ def _agent_flags(sname: str, proto: str, pa: dict) -> list:
                           "view": "sums_only" if sums_only else "honest_but_curious",
                           "flag": "degree1_rho_reveals_penalty", "neighbours": a["neighbours"],
                           "degree": 1})
+    for f in flags:  # a single neighbour's term is what any protocol must give its agent
+        f["inherent"] = f.get("degree") == 1
     return flags
+
+
+def _masked_flags(sname: str, mc: dict) -> list:
+    """Flags of a real masked run: a reply that is not uniform, correlates with ``q_j``, decrypts
+    to a plaintext, or is unmasked by a listening neighbour or by colluders beyond the inherent case."""
+    out = []
+
+    def flag(name, view="honest_but_curious"):
+        out.append({"scenario": sname, "protocol": "paillier/masked", "agent": None, "view": view, "flag": name,
+                    "neighbours": [], "inherent": False})
+
+    if mc["uniformity"].get("uniform") is False:
+        flag("masked_replies_not_uniform")
+    for k, c in mc["independence"].items():
+        if c.get("independent") is False:
+            flag(f"masked_replies_correlate_with_{k}")
+    if mc["plaintext_matches"]:
+        flag("masked_reply_decrypts_to_a_plaintext")
+    if any(v["exact"] for d, v in mc["decrypt_each"].items()):
+        flag("masked_decrypt_each_recovers_q")
+    if mc["eavesdropping_neighbour"]["unmasked"]:
+        flag("listening_neighbour_unmasks_reply", "eavesdropper")
+    if mc["collusion"]["higher_unmasked"]:
+        flag("colluders_unmask_beyond_the_inherent_case", "collusion")
+    if not mc.get("scan", {}).get("clean", True):
+        flag("plaintext_or_seed_on_wire", "eavesdropper")
+    return out
 
 
 def collect_flags(report: dict) -> list:
@@ -96,6 +125,8 @@ def collect_flags(report: dict) -> list:
     for sname, sc in report["scenarios"].items():
         for proto, pa in sc["protocols"].items():
             flags += _agent_flags(sname, proto, pa)
+        if sc.get("masked_ciphertexts"):
+            flags += _masked_flags(sname, sc["masked_ciphertexts"])
         ev = sc.get("eavesdropper_plain")
         if ev and ev["all_recovered_exactly"]:
             flags.append({"scenario": sname, "protocol": "plain", "agent": None, "view": "eavesdropper",
@@ -104,7 +135,9 @@ def collect_flags(report: dict) -> list:
         for a in ev["agents"]:
             for f in a["flags"]:
                 flags.append({"scenario": ev["scenario"], "protocol": f"paillier/{proto}", "agent": a["agent"],
-                              "view": "eavesdropper", "flag": f, "neighbours": []})
+                              "view": "eavesdropper", "flag": f, "neighbours": [], "inherent": False})
+        if ev.get("masked_ciphertexts"):
+            flags += _masked_flags(ev["scenario"], ev["masked_ciphertexts"])
     return flags
 
 
@@ -161,6 +194,8 @@ def _md_eavesdroppers(report: dict) -> list:
             f"{sc['n_forms']} forms (value, mod n_k, mod n_k^2): **{sc['n_hits']} found**; "
             f"{sc['unobfuscated']} unobfuscated ciphertexts; {sc['repeated_ciphertexts']} repeated "
             f"ciphertexts; chance-match bound {_fmt(sc['chance_match_bound'], '.1e')}.")
+        if ev.get("masked_ciphertexts"):
+            lines += ["  - " + _md_masked_ciphertexts(ev["masked_ciphertexts"], ev["scenario"])[0]]
         de = ev.get("decrypt_each")
         if de:
             lines.append(
@@ -259,7 +294,63 @@ def _md_protocol(proto: str, pa: dict) -> list:
     names = ["baseline", *pa["views"]["honest_but_curious"]]
     so = "sums_only" in pa.get("views", {})
     return (_md_protocol_summary(proto, pa, names, so) + _md_pair_table(pa, names, so)
-            + _md_agent_table(pa, so) + _md_per_bcd(pa))
+            + _md_agent_table(pa, so) + _md_by_degree(pa) + _md_per_bcd(pa))
+
+
+def _md_by_degree(pa: dict) -> list:
+    bd = pa["summary"].get("by_degree", {})
+    if not bd:
+        return []
+    lines = ["", "By the attacker's degree (median relative error over pairs; exact: pairs recovered bit for bit "
+             "at >= 50% of the informative iterations):", "",
+             "| degree | pairs | exact | >= 2x better than baseline | best attack | baseline |", "|---|---|---|---|---|---|"]
+    for d, v in bd.items():
+        lines.append(f"| {d} | {v['pairs']} | {v['exact_recovery_pairs']} | {v['beats_baseline_pairs']} | "
+                     f"{_fmt(v['best_rel_err_median'])} | {_fmt(v['baseline_rel_err_median'])} |")
+    return lines
+
+
+def _md_collusion(sc: dict) -> list:
+    co = sc.get("collusion")
+    if not co:
+        return []
+    sm = co["summary"]
+    return [f"Two colluding agents `i`, `k`, both neighbours of `j` (masked protocol; they pool their sums, "
+            f"their own terms and their seeds): {sm['triples']} triples, {sm['inherent_triples']} of them with "
+            f"`j` the only neighbour left unaccounted for (the inherent case: {sm['exact_inherent']} recovered "
+            f"exactly); of the others {sm['exact_other']} recovered exactly, median relative error "
+            f"{_fmt(sm['rel_err_median_other'])} against the baseline's {_fmt(sm['baseline_rel_err_median_other'])}.",
+            ""]
+
+
+def _md_masked_ciphertexts(mc: dict, where: str) -> list:
+    u, ind = mc["uniformity"], mc["independence"]
+    de = mc["decrypt_each"]
+    exact = sum(v["exact"] for v in de.values())
+    inf = sum(v["informative"] for v in de.values())
+    co, ea = mc["collusion"], mc["eavesdropping_neighbour"]
+
+    def corr(c):
+        return f"r = {_fmt(c['r'], '.4f')} (bound {_fmt(c['bound'], '.4f')}, N = {c['n']})"
+
+    lines = [f"Real masked run ({where}): {mc['replies']['messages']} replies, {mc['replies']['ciphertexts']} "
+             f"ciphertexts, each decrypted on its own with its receiver's key: uniform mod n (KS p = "
+             f"{_fmt(u.get('ks_p'), '.3f')}, 16-bin chi-square p = {_fmt(u.get('chi2_p'), '.3f')}); correlation with "
+             f"the first slot of `q_j` {corr(ind['slot_value'])}, with the unmasked term {corr(ind['unmasked_term'])}, "
+             f"penalty replies with `rho_ij` {corr(ind['penalty'])} (99.9% bounds); {mc['plaintext_matches']} "
+             f"decrypted values or slots equal to any of {mc['plaintexts_checked']} plaintexts; `decrypt_each` "
+             f"recovers `q_j` at {exact} of {inf} informative (call, edge) pairs; a neighbour listening on a link "
+             f"it is not on, with its pair seed (and, to measure, the receiver's key): {ea['unmasked']} of "
+             f"{ea['checked']} replies unmasked; the receiver and one other neighbour pooling seeds: "
+             f"{co['degree2_unmasked']} of {co['degree2_checked']} unmasked at degree 2 (inherent), "
+             f"{co['higher_unmasked']} of {co['higher_checked']} at higher degrees."]
+    scan = mc.get("scan")
+    if scan:
+        lines.append(f"  Its transcript: {scan['n_messages']} messages, {scan['n_plaintexts']} plaintexts and "
+                     f"{scan['n_seeds']} seeds looked for: {scan['n_hits']} found; {scan['unobfuscated']} unobfuscated, "
+                     f"{scan['repeated_ciphertexts']} repeated ciphertexts.")
+    lines.append("")
+    return lines
 
 
 def format_markdown(report: dict) -> str:
@@ -280,4 +371,7 @@ def format_markdown(report: dict) -> str:
         lines += _md_scenario_head(sname, sc)
         for proto, pa in sc["protocols"].items():
             lines += _md_protocol(proto, pa)
+        lines += _md_collusion(sc)
+        if sc.get("masked_ciphertexts"):
+            lines += _md_masked_ciphertexts(sc["masked_ciphertexts"], sname)
     return "\n".join(lines) + "\n"

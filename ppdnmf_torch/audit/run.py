@@ -11,6 +11,7 @@ import torch
 
 from ..errors import ConfigError
 from .eavesdropper import SIGNIFICANT, eavesdropper_paillier, eavesdropper_plain
+from .masked import CONFIDENCE_Z, collusion_audit, masked_ciphertext_audit, record_seeds, tag_seeds
 from .neighbour import decrypt_each_check, neighbour_audit
 from .recording import record_fit
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, collect_flags
@@ -76,11 +77,39 @@ def _resolve_scenario(sc, seed: int):
     if isinstance(sc, str):
         return (sc, *_scenario(sc, seed))
     name, blocks, graph, g_max, *rest = sc
+    from ..graph import Graph
+    from ..problem import as_graph
+
+    graph = graph if isinstance(graph, Graph) else as_graph(graph)
     solver = dict(rest[0]) if rest else {}
     return name, blocks, graph, g_max, solver, {}
 
 
-def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: bool, say) -> tuple[str, dict]:
+def _masked_real(name, blocks, graph, rank, fit_kw, codec, bcd_iters: int, say) -> dict:
+    """A real Paillier run of the scenario under ``protocol="masked"`` (the audit makes the keys
+    and watches the seeds), every reply decrypted on its own: :func:`~.masked.masked_ciphertext_audit`,
+    and the transcript scanned for every plaintext and every seed."""
+    kw = dict(fit_kw, bcd_iters=bcd_iters)
+    say(f"[{name}] real Paillier run, protocol=masked, {codec['key_bits']}-bit keys ({bcd_iters} BCD x "
+        f"{kw['x_iters']} ADMM iterations), each reply decrypted on its own")
+    t0 = time.perf_counter()
+    keys = _make_keypairs(codec["key_bits"], graph.n_agents)
+    with record_seeds() as drawn:
+        rec = record_fit(blocks, graph, rank, kind="paillier", protocol="masked", **codec, keypairs=keys,
+                         paillier_options={"workers": 0}, **kw)
+    seeds, plan = tag_seeds(rec, drawn)
+    out = masked_ciphertext_audit(rec, keys, seeds, plan)
+    ev = eavesdropper_paillier(rec, seeds=list(seeds.values()))
+    out["scan"] = {k: ev["scan"][k] for k in ("n_hits", "unobfuscated", "repeated_ciphertexts", "n_plaintexts",
+                                              "n_seeds", "n_messages", "clean")}
+    out["iterations"] = {"bcd_iters": bcd_iters, "x_iters": kw["x_iters"], "calls": rec.n_calls}
+    del keys, seeds, drawn
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: bool, say,
+                    masked_real=None) -> tuple[str, dict]:
     """``(name, entry)``: one scenario recorded on the integer protocol, every neighbour view
     audited and (``plain``) the plain eavesdropper run on the same setup."""
     name, blocks, graph, g_max, solver, over = _resolve_scenario(sc, seed)
@@ -98,6 +127,11 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
     for proto in protocols:
         say(f"[{name}] attacks under protocol={proto}")
         entry["protocols"][proto] = neighbour_audit(rec, proto)
+    if "masked" in protocols:
+        say(f"[{name}] two colluding neighbours of one agent")
+        entry["collusion"] = collusion_audit(rec)
+        if masked_real is not None:
+            entry["masked_ciphertexts"] = _masked_real(name, blocks, graph, rank, fit_kw, codec, masked_real, say)
     if plain:
         say(f"[{name}] plain run for the eavesdropper")
         prec = record_fit(blocks, graph, rank, kind="plain", **fit_kw)
@@ -118,12 +152,17 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
         t0 = time.perf_counter()
         # the audit makes the keys, so that it can decrypt as each agent can
         keys = _make_keypairs(codec["key_bits"], graph.n_agents)
-        rec = record_fit(blocks, graph, rank, kind="paillier", protocol=proto, **codec, g_max=g_max, **iters,
-                         negative="allow", seed=seed, keypairs=keys)
-        ev = eavesdropper_paillier(rec)
+        with record_seeds() as drawn:
+            rec = record_fit(blocks, graph, rank, kind="paillier", protocol=proto, **codec, g_max=g_max, **iters,
+                             negative="allow", seed=seed, keypairs=keys)
+        ev = eavesdropper_paillier(rec, seeds=drawn)
         ev["scenario"] = scenario
         if proto == "aggregated":
             ev["decrypt_each"] = decrypt_each_check(rec, keys)
+        if proto == "masked":
+            tagged, plan = tag_seeds(rec, drawn)
+            ev["masked_ciphertexts"] = masked_ciphertext_audit(rec, keys, tagged, plan)
+        del drawn
         del keys
         ev["seconds"] = time.perf_counter() - t0
         out[proto] = ev
@@ -131,9 +170,9 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
 
 
 def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
-              y_iters=30, n_max=1e6, g_bits=16, key_bits=128, protocols=("paper", "aggregated"),
+              y_iters=30, n_max=1e6, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
               paillier=True, paillier_bcd_iters=2, paillier_x_iters=3, paillier_y_iters=30,
-              paillier_scenario="paper_synthetic", plain=True, progress=None) -> dict:
+              paillier_scenario="paper_synthetic", masked_bcd_iters=3, plain=True, progress=None) -> dict:
     """Run the privacy audit and return the report (a JSON-ready dict).
 
     Parameters
@@ -150,7 +189,9 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         Iterations of the recorded runs (the paper runs 100 BCD iterations; the leakage
         per iteration does not depend on how many follow).
     n_max, g_bits, key_bits : codec (``key_bits`` is also the Paillier key size).
-    protocols : which neighbour views to audit.
+    protocols : which neighbour views to audit (``"masked"``: also two colluding agents, and,
+        with ``paillier``, a real masked run per scenario whose replies are decrypted one by
+        one, :func:`~.masked.masked_ciphertext_audit`).
     paillier : bool
         Also run the real Paillier protocol (both ``protocols``) on ``paillier_scenario``
         with ``paillier_*_iters`` iterations and scan its transcript. The audit makes the
@@ -161,6 +202,9 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         Iterations of that Paillier run (short: real encryption is slow).
     paillier_scenario : str
         The named scenario it runs on.
+    masked_bcd_iters : int
+        BCD iterations (of ``x_iters`` ADMM iterations) of the real masked run per scenario
+        (``protocols`` with ``"masked"`` and ``paillier``; 0: none).
     plain : bool
         Also run ``exchange="plain"`` per scenario for the plain eavesdropper.
     progress : callable(str), optional
@@ -175,16 +219,18 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
             "settings": {"seed": seed, "bcd_iters": bcd_iters, "x_iters": x_iters, "y_iters": y_iters,
                          **codec, "protocols": list(protocols)},
             "thresholds": {"exact_fraction": EXACT_FRACTION, "beats_baseline_ratio": BEATS_BASELINE_RATIO,
-                           "direction_corr": DIRECTION_CORR, "significant": SIGNIFICANT},
+                           "direction_corr": DIRECTION_CORR, "significant": SIGNIFICANT,
+                           "correlation_z": CONFIDENCE_Z},
         },
         "scenarios": {},
         "eavesdropper_paillier": {},
         "flags": [],
     }
     iters = {"bcd_iters": bcd_iters, "x_iters": x_iters, "y_iters": y_iters}
+    masked_real = masked_bcd_iters if (paillier and "masked" in protocols and masked_bcd_iters > 0) else None
     for sc in scenarios:
         name, entry = _audit_scenario(sc, seed=seed, iters=iters, codec=codec, protocols=protocols, plain=plain,
-                                      say=say)
+                                      say=say, masked_real=masked_real)
         report["scenarios"][name] = entry
     if paillier:
         p_iters = {"bcd_iters": paillier_bcd_iters, "x_iters": paillier_x_iters, "y_iters": paillier_y_iters}

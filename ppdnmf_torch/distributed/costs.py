@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange.costmodel import COUNT_KEYS, CostLedger, estimate_seconds, round_counts, round_edge_bytes
+from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, estimate_seconds, round_counts, round_edge_bytes,
+                                  setup_counts, setup_seconds)
 from ..exchange.packing import derive_layout
 from ..exchange.spec import QuantizedSpec
 
@@ -31,7 +32,7 @@ class RankLedger:
         self.codec = spec.codec()
         self.slots = derive_layout(self.codec, packing=spec.packing, slot_bits=spec.slot_bits).slots
         self._op_costs = spec.cost_model if not isinstance(spec.cost_model, bool) else None
-        self.led = CostLedger(layout.n_agents, timers=False)
+        self.led = CostLedger(layout.n_agents, timers=False, setup=self.protocol == "masked")
 
     # the cumulative counters, as the base Exchange's cost_state / load_cost_state read them
     @property
@@ -50,6 +51,8 @@ class RankLedger:
         self._n_senders = len(set(self._src))
         self._round_bytes = {}
         self._last_gamma = None
+        if self.protocol == "masked":  # the seed agreement of the rank's agents: its sum over ranks is the run's
+            self.led.add_counts(setup_counts(self._src, self._dst, key_bits=self.codec.key_bits))
 
     def _count(self, phase: str, lk: int) -> None:
         self.led.add_counts(round_counts(self.protocol, phase, n_edges=len(self._src), n_senders=self._n_senders,
@@ -63,13 +66,13 @@ class RankLedger:
 
     def penalty_round(self, g, bcd_iter: int, admm_iter: int) -> None:
         self.led.begin(bcd_iter, admm_iter)
-        if self.protocol == "aggregated":
+        if self.protocol != "paper":
             self._count("penalty", 0)
             self._last_gamma = self.codec.encode_penalties(g)
 
     def exchange_round(self, g, bcd_iter: int, admm_iter: int, lk: int) -> None:
         self.led.begin(bcd_iter, admm_iter)
-        if self.protocol == "aggregated":
+        if self.protocol != "paper":
             # the real stage reuses step 1's rho_i when the penalties of every edge are the same
             gamma = self.codec.encode_penalties(g)
             same = self._last_gamma is not None and torch.equal(self._last_gamma, gamma)
@@ -102,6 +105,11 @@ class RankLedger:
         oc = self.op_costs()
         out["estimated_seconds"] = estimate_seconds(out, oc)
         out["estimated_seconds_keygen"] = self.layout.n_agents * oc.keygen
+        if self.protocol == "masked":
+            t = torch.tensor([float(self.led.total[k]) for k in SETUP_KEYS], dtype=torch.float64)
+            t = self.comm.all_reduce(t, category="metrics", what="the sum of the setup counters").cpu()
+            out.update({k: int(v) for k, v in zip(SETUP_KEYS, t.tolist())})
+            out["estimated_seconds_setup"] = setup_seconds(out, oc)
         return out
 
     def pop(self) -> list:

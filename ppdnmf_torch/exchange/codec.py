@@ -98,15 +98,19 @@ def abs_max(t: torch.Tensor) -> float:
     return float(hi) if hi != hi else float(max(hi, -lo))
 
 
-def first_sum_over(limit: int, q, w, src, dst, *, n_nodes: int, n_agents: int = 1):
-    """The first node whose neighbour-sum bound ``B_i = sum_j w_ij |q_j - q_i|`` reaches ``limit``.
+def first_sum_over(limit: int, q, w, src, dst, *, n_nodes: int, n_agents: int = 1, centred: bool = True):
+    """The first node whose neighbour-sum bound ``B_i = sum_j w_ij |q_j - q_i|`` reaches ``limit``
+    (``centred=False``: ``sum_j w_ij |q_j|``, the masked protocol's decrypted sums).
 
     Float64 with a relative safety margin far above its rounding error. Returns ``None``
     when every bound fits, else ``(trial, agent, bound)``.
     """
-    exact = abs_max(q) < 2.0**62  # int64 differences cannot overflow
-    diff = ((q[dst] - q[src]).to(torch.float64) if exact
-            else q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
+    if not centred:
+        diff = q[dst].to(torch.float64).abs()
+    elif abs_max(q) < 2.0**62:  # int64 differences cannot overflow
+        diff = (q[dst] - q[src]).to(torch.float64).abs()
+    else:
+        diff = (q[dst].to(torch.float64) - q[src].to(torch.float64)).abs()
     bound = torch.zeros((n_nodes,) + tuple(q.shape[1:]), dtype=torch.float64, device=q.device)
     bound.index_add_(0, src, w.to(torch.float64).reshape(-1, *([1] * (q.dim() - 1))) * diff)
     per_agent = bound.reshape(n_nodes, -1).amax(dim=1)

@@ -40,6 +40,23 @@ multiplies them and decrypts only the sum ``S_int_i``:
 encryptions ``(A' + D) P``, homomorphic additions ``D P + (D - A') P``, scalar mult.
 ``2 D P``, decryptions ``A' P``, bytes ``2 D P C``.
 
+``protocol="masked"`` (:mod:`~ppdnmf_torch.exchange.paillier.masked`; docs/SECURE_EXCHANGE.md),
+step 1: ``i -> j``: ``E_i(gamma_ij)`` (one encryption per edge, the owner's); ``j -> i``:
+``E_i(gamma_ij)^{gamma_ji}`` times ``j``'s mask unit (and, from the one designated neighbour of
+``i``, a fresh obfuscator); ``i`` multiplies the replies and decrypts ``rho_int_i``:
+encryptions ``D + A'``, scalar mult. ``D``, homomorphic additions ``D - A'``, decryptions
+``A'``, bytes ``2 D C``. Step 5, with ``S`` slots per plaintext, ``C = ceil(P / S)``
+ciphertexts per message and ``S' = min(S, P)`` slots in use: ``i -> j``: the ``S' - 1``
+shifted encryptions ``E_i(gamma_ij 2^{w t})``, ``t = 1 .. S' - 1`` (successive ``2^w``-th
+powers of ``E_i(gamma_ij)``, one scalar multiplication each); ``j -> i``: per block one
+multi-exponentiation over the ``S'`` shifted encryptions (counted as ``S'`` scalar
+multiplications and ``S' - 1`` additions, ``P`` and ``P - C`` per message) times its mask
+unit; ``i`` multiplies and decrypts ``C`` sums: encryptions ``A' C`` (the designated
+neighbours' fresh obfuscators), scalar mult. ``D (S' - 1) + D P``, homomorphic additions
+``(D - A') C + D (P - C)``, decryptions ``A' C``, bytes ``D (S' - 1 + C) C``. The mask units
+(PRG outputs multiplied into the replies) are not counted. Setup, once per bound exchange
+(:func:`setup_counts`): the public keys and the seeds (reported apart, ``setup_*``).
+
 Per ADMM iteration the aggregated protocol thus needs ``A' (P + 1)`` decryptions
 instead of the paper's ``D P`` (a factor ``~2E/N`` fewer; 3x on the paper's graph), at
 the price of ``D (P + 1)`` extra scalar multiplications, which are cheap (a ~16-bit
@@ -83,6 +100,11 @@ __all__ = [
     "ciphertexts_per_message",
     "ciphertext_nbytes",
     "public_key_nbytes",
+    "SETUP_KEYS",
+    "SEED_BITS",
+    "seed_chunks",
+    "setup_counts",
+    "setup_seconds",
 ]
 
 #: operation and traffic counters every cost dict has
@@ -91,6 +113,10 @@ COUNT_KEYS = ("encryptions", "decryptions", "homomorphic_additions", "scalar_mul
 TIME_KEYS = ("time_keygen", "time_encrypt", "time_homomorphic", "time_decrypt", "time_transfer")
 
 PHASES = ("penalty", "exchange")
+#: the masked protocol's once-per-run setup counters (the seed agreement), kept apart from the rounds'
+SETUP_KEYS = ("setup_encryptions", "setup_decryptions", "setup_ciphertext_bytes")
+#: bits of every mask seed (drawn from the operating system's CSPRNG)
+SEED_BITS = 256
 
 
 def ciphertext_nbytes(key_bits: int) -> int:
@@ -109,14 +135,46 @@ def ciphertexts_per_message(lk: int, slots: int = 1) -> int:
     return -(-int(lk) // max(1, int(slots)))
 
 
+def seed_chunks(key_bits: int) -> int:
+    """Plaintexts one :data:`SEED_BITS`-bit seed takes under a ``key_bits``-bit key: chunks of
+    ``key_bits - 1`` bits, each below any ``key_bits``-bit modulus (1 from 258-bit keys up)."""
+    return -(-SEED_BITS // (int(key_bits) - 1))
+
+
+def _pairs(src) -> int:
+    deg: dict = {}
+    for i in src:
+        deg[i] = deg.get(i, 0) + 1
+    return sum(d * (d - 1) // 2 for d in deg.values())
+
+
+def setup_counts(src, dst, *, key_bits: int) -> dict:
+    """The masked protocol's setup (:data:`SETUP_KEYS`), once per bound exchange.
+
+    Messages: every agent's public key to each neighbour (``D``), and to each neighbour ``j`` of
+    ``i`` the key of every other neighbour ``k > j`` of ``i``, relayed by ``i`` (one per pair);
+    per agent ``i`` and pair ``j < k`` of its neighbours the seed ``s^i_jk``, encrypted by ``j``
+    under ``k``'s key and sent through ``i`` (two hops); per edge ``{a, b}``, ``a < b``, the
+    edge seed, encrypted by ``a`` under ``b``'s key. A seed is :func:`seed_chunks` ciphertexts.
+    """
+    D = len(src)
+    pairs = _pairs(src)
+    edges = sum(1 for i, j in zip(src, dst) if i < j)
+    k = seed_chunks(key_bits)
+    C, B = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits)
+    seeds = (pairs + edges) * k
+    return {"setup_encryptions": seeds, "setup_decryptions": seeds,
+            "setup_ciphertext_bytes": (D + pairs) * B + (2 * pairs + edges) * k * C}
+
+
 def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk: int = 0, slots: int = 1) -> dict:
     """Operation counts of one round (see the module docstring).
 
     Parameters
     ----------
-    protocol : {"aggregated", "paper"}
+    protocol : {"masked", "aggregated", "paper"}
     phase : {"penalty", "exchange"}
-        ``penalty`` is the step-1 mini-round (aggregated only; the paper protocol's is empty).
+        ``penalty`` is the step-1 round (the paper protocol's is empty).
     n_edges : int
         ``D``, directed edges.
     n_senders : int
@@ -135,7 +193,16 @@ def round_counts(protocol: str, phase: str, *, n_edges: int, n_senders: int, lk:
     if phase == "penalty":
         if protocol == "paper":
             return zero
+        if protocol == "masked":
+            return {"encryptions": D + A1, "decryptions": A1, "homomorphic_additions": D - A1,
+                    "scalar_multiplications": D}
         return {"encryptions": D, "decryptions": A1, "homomorphic_additions": D - A1, "scalar_multiplications": D}
+    if protocol == "masked":
+        lk = int(lk)
+        used = min(max(1, int(slots)), lk)
+        return {"encryptions": A1 * P, "decryptions": A1 * P,
+                "homomorphic_additions": (D - A1) * P + D * (lk - P),
+                "scalar_multiplications": D * (used - 1) + D * lk}
     if protocol == "paper":
         return {"encryptions": (A1 + D) * P, "decryptions": D * P, "homomorphic_additions": D * P,
                 "scalar_multiplications": D * P}
@@ -152,6 +219,13 @@ def round_edge_bytes(protocol: str, phase: str, src, dst, *, key_bits: int, lk: 
     """
     C, B, P = ciphertext_nbytes(key_bits), public_key_nbytes(key_bits), ciphertexts_per_message(lk, slots)
     out = []
+    if protocol == "masked":
+        ask, answer = (C, C) if phase == "penalty" else ((min(max(1, int(slots)), int(lk)) - 1) * C, P * C)
+        for i, j in zip(src, dst):
+            if ask:
+                out.append((i, j, ask))  # E_i(gamma_ij), or its shifted encryptions
+            out.append((j, i, answer))  # the masked reply
+        return out
     if phase == "penalty":
         if protocol == "paper":
             return out
@@ -171,14 +245,20 @@ class CostLedger:
 
     ``begin(bcd_iter, admm_iter)`` opens the record of an iteration (a no-op when that
     iteration's record is already open); ``add`` adds to the cumulative total and to the
-    open record; ``add_edge_bytes`` keeps the per-edge traffic of trial 0.
+    open record; ``add_edge_bytes`` keeps the per-edge traffic of trial 0. ``setup=True``
+    (the masked protocol) adds the :data:`SETUP_KEYS` counters (and ``time_setup``) to the
+    total; like ``time_keygen`` they are once-per-run costs that no iteration record carries.
     """
 
-    def __init__(self, n_agents: int = 0, *, timers: bool = True):
-        self.keys = COUNT_KEYS + (TIME_KEYS if timers else ())
+    #: counters of the total that no per-iteration record carries (once-per-run costs)
+    ONCE = ("time_keygen", "time_setup") + SETUP_KEYS
+
+    def __init__(self, n_agents: int = 0, *, timers: bool = True, setup: bool = False):
+        self.keys = (COUNT_KEYS + (TIME_KEYS if timers else ()) + (SETUP_KEYS if setup else ())
+                     + (("time_setup",) if setup and timers else ()))
         self.total = dict.fromkeys(self.keys, 0)
-        for k in TIME_KEYS:
-            if k in self.total:
+        for k in self.total:
+            if k.startswith("time_"):
                 self.total[k] = 0.0
         self.edges: dict = {}
         self.n_agents = n_agents
@@ -190,10 +270,7 @@ class CostLedger:
         if cur is not None and cur["bcd_iter"] == bcd_iter and cur["admm_iter"] == admm_iter:
             return
         rec = {"bcd_iter": int(bcd_iter), "admm_iter": int(admm_iter)}
-        rec.update({k: 0 for k in self.keys if k != "time_keygen"})
-        for k in TIME_KEYS:
-            if k in rec:
-                rec[k] = 0.0
+        rec.update({k: (0.0 if k.startswith("time_") else 0) for k in self.keys if k not in self.ONCE})
         self._records.append(rec)
         self._current = rec
 
@@ -254,3 +331,9 @@ def estimate_seconds(counts: dict, op_costs: PaillierOpCosts) -> float:
         + counts.get("homomorphic_additions", 0) * op_costs.homomorphic_addition
         + counts.get("scalar_multiplications", 0) * op_costs.scalar_multiplication
     )
+
+
+def setup_seconds(costs: dict, op_costs: PaillierOpCosts) -> float:
+    """Serial host seconds of the masked protocol's seed agreement (``setup_*`` keys of ``costs``)."""
+    return (costs.get("setup_encryptions", 0) * op_costs.encryption
+            + costs.get("setup_decryptions", 0) * op_costs.decryption)

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 import torch
 
 from .._utils import ConfigError
-from .codec import CodecRangeError, IntegerCodec, first_sum_over
+from .codec import CodecRangeError, IntegerCodec, abs_max, first_sum_over
 
 __all__ = ["SlotLayout", "derive_layout", "PACKING_MARGIN_BITS", "SlotDecodeError",
-           "check_slot_sums", "first_reply_overflow", "natural_slot_bits",
+           "check_slot_sums", "check_masked_sums", "first_reply_overflow", "natural_slot_bits",
            "slot_summary", "decrypted_range_error", "check_protocol_range"]
 
 #: bits kept free above the slots: ``2^(key_bits - 2) <= n / 2`` for any ``key_bits``-bit ``n``
@@ -234,6 +234,32 @@ def check_slot_sums(layout: SlotLayout, q, w, src, dst, *, n_nodes, n_agents=1, 
         )
 
 
+def check_masked_sums(limit: int, q, w, topology, *, bcd_iter=0, admm_iter=0) -> None:
+    """Masked protocol: raise :class:`~ppdnmf_torch.exchange.codec.CodecRangeError` if some
+    ``sum_j w_ij |q_j|`` (a bound on the decrypted slots ``A_i``) reaches ``limit``.
+
+    A cheap global bound first (``max |q| max w max deg``), the exact per-agent one when it
+    does not already prove every sum in range.
+    """
+    src = topology.src
+    if src.numel() == 0 or q.numel() == 0:
+        return
+    crude = abs_max(q) * float(w.abs().max()) * float(topology.degree.max())
+    if crude < limit * (1 - 1e-9):
+        return
+    hit = first_sum_over(limit, q, w, src, topology.dst, n_nodes=topology.n_nodes, n_agents=topology.n_agents,
+                         centred=False)
+    if hit is None:
+        return
+    trial, agent, val = hit
+    raise CodecRangeError(
+        f"masked range: agent {agent} (trial {trial}) at BCD iteration {bcd_iter}, ADMM iteration {admm_iter}: "
+        f"the masked sum bound {val:.6g} (= sum_j gamma_ij gamma_ji |q_j|) does not fit the slot limit {limit} "
+        f"(2^{limit.bit_length() - 1}); lower n_max or g_bits, leave slot_bits unset, or use protocol='aggregated'",
+        trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=int(val), limit=limit,
+    )
+
+
 def first_reply_overflow(q, gamma, src, dst, rev, limit: int, edges=None):
     """Paper protocol: the first per-reply value ``|gamma_ji (q_j - q_i)| >= limit``.
 
@@ -294,9 +320,16 @@ def check_protocol_range(codec: IntegerCodec, layout, topology, protocol: str, q
       ``gamma_ji (q_j - q_i)`` must fit. At the codec's full width only replies that agent
       ``i`` weighs by ``gamma_ij = 0`` need a scan: the codec's sums bound the others.
 
+    * ``protocol="masked"``: agent ``i`` decrypts ``A_i = sum_j gamma_ij gamma_ji q_j`` slot by
+      slot (then ``S_int_i = A_i - rho_int_i q_i``), so ``sum_j w_ij |q_j|`` must fit the slot
+      (:func:`check_masked_sums`), at every width.
+
     ``layout`` is None for an unpacked exchange.
     """
     lim = codec.limit if layout is None else min(layout.limit, codec.limit)
+    if protocol == "masked":
+        check_masked_sums(lim, q, w, topology, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        return
     if protocol == "aggregated":
         if layout is not None and lim < codec.limit:
             check_slot_sums(layout, q, w, topology.src, topology.dst, n_nodes=topology.n_nodes,

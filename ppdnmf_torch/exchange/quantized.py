@@ -13,7 +13,8 @@ import torch
 
 from .base import Exchange, ExchangeOutput
 from .codec import IntegerCodec
-from .costmodel import COUNT_KEYS, CostLedger, PaillierOpCosts, estimate_seconds, round_counts, round_edge_bytes
+from .costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, PaillierOpCosts, estimate_seconds, round_counts,
+                        round_edge_bytes, setup_counts, setup_seconds)
 from .integer import Step1Penalties, encode_inputs, integer_neighbour_sums, integer_penalty_sums
 from .packing import check_protocol_range, derive_layout
 from .spec import QuantizedSpec
@@ -29,8 +30,10 @@ class QuantizedExchange(Exchange):
     codec : IntegerCodec
         Shared with :class:`~ppdnmf_torch.exchange.paillier.PaillierExchange`; its limit is
         the one of the key size it stands in for.
-    protocol : {"aggregated", "paper"}
-        The message pattern whose cost the model counts (the numbers are the same).
+    protocol : {"masked", "aggregated", "paper"}
+        The message pattern whose cost the model counts (the numbers are the same), and
+        whose range checks it applies (``masked`` decrypts ``sum_j rho_ij q_j`` slot by slot:
+        :func:`~ppdnmf_torch.exchange.packing.check_masked_sums`).
     cost_model : bool or PaillierOpCosts
         ``False`` (default): no accounting, :meth:`costs` is empty. ``True``: count the
         operations the real stage would perform and estimate their host time at
@@ -48,7 +51,7 @@ class QuantizedExchange(Exchange):
 
     name = "quantized"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", cost_model=False, packing: bool = False,
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "masked", cost_model=False, packing: bool = False,
                  slot_bits=None):
         super().__init__()
         # the settings' rules (the spec's); the same spec comes back from ``spec``
@@ -80,9 +83,12 @@ class QuantizedExchange(Exchange):
             self._src = topo.src.cpu().tolist()
             self._dst = topo.dst.cpu().tolist()
             self._n_senders = int((topo.degree > 0).sum())
-            self._ledger = CostLedger(topo.n_agents, timers=False)
+            masked = self.protocol == "masked"
+            self._ledger = CostLedger(topo.n_agents, timers=False, setup=masked)
             self._round_bytes = {}
             self._last_gamma = None
+            if masked:  # the seed agreement, once per bound exchange (outside every iteration)
+                self._ledger.add_counts(setup_counts(self._src, self._dst, key_bits=self.codec.key_bits))
 
     # -- the exchange ------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
@@ -91,7 +97,7 @@ class QuantizedExchange(Exchange):
         rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
-            if self.protocol == "aggregated":
+            if self.protocol != "paper":
                 self._count_round("penalty", 0)
                 self._last_gamma = gamma
         return self.codec.decode_rho(rho_int)
@@ -127,7 +133,7 @@ class QuantizedExchange(Exchange):
         S_int, rho_int = integer_neighbour_sums(q, w, topo, None if bufs is None else (bufs[0], bufs[1], bufs[3]))
         if self._ledger is not None:
             self._ledger.begin(bcd_iter, admm_iter)
-            if self.protocol == "aggregated":
+            if self.protocol != "paper":
                 # the real stage reuses step 1's rho_i when the penalties are the same,
                 # and runs the mini-round here otherwise
                 last = self._last_gamma
@@ -164,7 +170,9 @@ class QuantizedExchange(Exchange):
 
         Keys: :data:`~ppdnmf_torch.exchange.costmodel.COUNT_KEYS`, ``key_pairs``,
         ``estimated_seconds`` (the operations, serial, on this host) and
-        ``estimated_seconds_keygen`` (one key pair per node, serial).
+        ``estimated_seconds_keygen`` (one key pair per node, serial); under ``masked`` also
+        :data:`~ppdnmf_torch.exchange.costmodel.SETUP_KEYS` and ``estimated_seconds_setup``
+        (the seed agreement, once per run, apart from the rounds).
         """
         if self._ledger is None:
             return {}
@@ -173,6 +181,9 @@ class QuantizedExchange(Exchange):
         oc = self.op_costs
         out["estimated_seconds"] = estimate_seconds(out, oc)
         out["estimated_seconds_keygen"] = self.topology.n_nodes * oc.keygen
+        if self.protocol == "masked":
+            out.update({k: self._ledger.total[k] for k in SETUP_KEYS})
+            out["estimated_seconds_setup"] = setup_seconds(out, oc)
         return out
 
     def pop_iteration_costs(self) -> list:

@@ -39,8 +39,10 @@ __all__ = [
 
 #: the exchange kinds, by the name configs and :func:`~.factory.make_exchange` use
 EXCHANGE_KINDS = ("plain", "quantized", "paillier")
-#: the message patterns of the integer protocol (see ALGORITHM.md); the numbers are the same
-PROTOCOLS = ("aggregated", "paper")
+#: the message patterns of the integer protocol (docs/SECURE_EXCHANGE.md); the numbers are the same.
+#: ``masked`` hides every neighbour's term from the receiver; ``aggregated`` and ``paper`` are the
+#: printed protocols, kept for comparison
+PROTOCOLS = ("masked", "aggregated", "paper")
 #: Paillier key sizes below this warn (``paillier.InsecureKeyWarning``)
 SECURE_KEY_BITS = 2048
 #: the smallest Paillier key size accepted (the codec needs room for its limit)
@@ -99,7 +101,7 @@ class IntegerSpec(ExchangeSpec):
     codec (:class:`~.codec.IntegerCodec`: ``n_max``, ``key_bits``, ``g_bits``) and the cost
     model (``cost_model``: True, False or a :class:`~.costmodel.PaillierOpCosts`)."""
 
-    protocol: str = "aggregated"
+    protocol: str = "masked"
     n_max: float = 1e6
     key_bits: int = 2048
     g_bits: int = 16

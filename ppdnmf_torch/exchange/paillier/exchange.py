@@ -17,6 +17,19 @@ return bit-identical ``S`` and ``rho``. Negative integers are encrypted as resid
 
 Message flows (``i`` an agent, ``j in N_i``; ``E_i`` encryption under ``kp_i``)
 --------------------------------------------------------------------------------
+``protocol="masked"`` (default; :mod:`.masked`, docs/SECURE_EXCHANGE.md): in :meth:`bind`,
+the public keys and the mask seeds (per agent ``i`` and pair ``j < k`` of its neighbours,
+drawn by ``j`` and sent to ``k`` through ``i`` under ``k``'s key; per edge, between its ends).
+Then per ADMM iteration:
+
+1. step 1: ``i -> j``: ``E_i(gamma_ij)``; ``j -> i``: ``E_i(gamma_ij)^{gamma_ji}`` times ``j``'s mask
+   unit; ``i`` multiplies the replies (the masks cancel) and decrypts ``rho_int_i``;
+2. step 5: ``i -> j``: the shifted encryptions ``E_i(gamma_ij 2^{w t})``; ``j -> i``: per packed
+   block ``E_i(gamma_ij gamma_ji M(q_j))`` times its mask unit; ``i`` multiplies, decrypts
+   ``A_i = sum_j rho_ij q_j`` and computes ``S_int_i = A_i - rho_int_i q_i``.
+
+Every reply, decrypted on its own, is uniformly random; only the products carry the sums.
+
 ``protocol="paper"`` (lines 10-16 as printed):
 
 1. step 1: the simulation hands ``rho_i = sum_j gamma_ij gamma_ji / 4^s`` to agent ``i``.
@@ -27,7 +40,7 @@ Message flows (``i`` an agent, ``j in N_i``; ``E_i`` encryption under ``kp_i``)
 4. ``i`` decrypts every neighbour's reply on its own, multiplies by its ``gamma_ij`` and
    sums: ``S_int_i = sum_j gamma_ij gamma_ji (q_j - q_i)``.
 
-``protocol="aggregated"`` (default):
+``protocol="aggregated"``:
 
 1. step 1 (:meth:`PaillierExchange.penalty_sums`, an encrypted mini-round):
    ``i -> j``: ``kp_i``; ``j -> i``: ``E_i(gamma_ji)``; ``i`` raises each reply to
@@ -42,10 +55,10 @@ If agent ``i`` decrypts only the two sums, it learns ``S_i`` and ``rho_i`` and n
 neighbour (with one neighbour, ``rho_i`` still reveals that neighbour's penalty). But every
 reply is encrypted under ``i``'s own key: an honest-but-curious ``i`` that decrypts each
 reply learns ``gamma_ji`` and then ``q_j`` exactly, as in the ``paper`` protocol. Both
-protocols protect against eavesdroppers, not against curious neighbours (measured by
-:mod:`ppdnmf_torch.audit`; see docs/THREAT_MODEL.md).
+printed protocols protect against eavesdroppers, not against curious neighbours; ``masked``
+protects against both (measured by :mod:`ppdnmf_torch.audit`; see docs/THREAT_MODEL.md).
 
-The operation counts and bytes of both protocols are derived in
+The operation counts and bytes of the three protocols are derived in
 :mod:`ppdnmf_torch.exchange.costmodel`; :meth:`PaillierExchange.costs` reports what this
 stage actually performed (the tests check that the two agree).
 
@@ -63,12 +76,13 @@ import torch
 
 from ..base import Exchange, ExchangeOutput
 from ..codec import IntegerCodec
-from ..costmodel import COUNT_KEYS, TIME_KEYS, CostLedger, estimate_seconds
+from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, estimate_seconds, setup_seconds
 from ..integer import Step1Penalties, encode_inputs, integer_penalty_sums
 from ..packing import check_protocol_range, derive_layout
 from ..spec import SECURE_KEY_BITS, PaillierSpec
 from .calibration import calibrate
 from .keys import InsecureKeyWarning, RawPaillier, make_agents
+from .masked import MaskPlan, agree_seeds
 from .network import Network
 from .obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .pool import resolve_workers
@@ -85,9 +99,11 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
     codec : IntegerCodec
         Quantization and range; ``codec.key_bits`` is the modulus size of every agent's key
         (even, ``>= 64``; below 2048 bits an :class:`InsecureKeyWarning` is issued).
-    protocol : {"aggregated", "paper"}
-        Message pattern (module docstring). In ``paper`` mode ``rho_i`` is handed to agent
-        ``i`` by the simulation (an assumption the paper leaves open).
+    protocol : {"masked", "aggregated", "paper"}
+        Message pattern (module docstring). ``masked`` (:mod:`.masked`): agent ``i`` learns
+        only its two sums, every individual reply being uniformly random on its own; its
+        seeds are agreed in :meth:`bind` (``setup_*`` costs). In ``paper`` mode ``rho_i`` is
+        handed to agent ``i`` by the simulation (an assumption the paper leaves open).
     keypairs : sequence of (PaillierPublicKey, PaillierPrivateKey), optional
         Pre-made keys (tests, benchmarks), one per node, used in node order instead of
         generating them in :meth:`bind`. Each private key is moved into its agent; keys
@@ -147,7 +163,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
 
     name = "paillier"
 
-    def __init__(self, codec: IntegerCodec, *, protocol: str = "aggregated", keypairs=None, cost_model=False,
+    def __init__(self, codec: IntegerCodec, *, protocol: str = "masked", keypairs=None, cost_model=False,
                  record_transcript: bool = False, fast: bool = True, packing: bool = True, slot_bits=None,
                  precompute: bool = True, djn: bool = False, djn_exponent_bits=None, workers=None,
                  pool_audit=None):
@@ -195,7 +211,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)
         self._close_rounds()  # a bind after a bind: the earlier rounds' pool and lanes stop
         topo = self.topology
-        self._ledger = CostLedger(topo.n_agents, timers=True)
+        masked = self.protocol == "masked"
+        self._ledger = CostLedger(topo.n_agents, timers=True, setup=masked)
         raw = RawPaillier(self._ledger)
         self._rho_cache = None
         self._step1.clear()
@@ -206,11 +223,15 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self._net = Network(topo, self._agents, self._ledger, device, self.transcript)
         if not self.fast:
             self._rounds = NaiveRounds(self._net, raw)
-            return
-        self._rounds = FastRounds(self._net, codec=self.codec, layout=self.layout, protocol=self.protocol,
-                                  precompute=self.precompute, djn=self.djn, djn_bits=self.djn_exponent_bits,
-                                  workers=self.workers, pool_audit=self._spec.pool_audit)
-        self.workers = self._rounds.workers  # 0 when the pool did not start
+        else:
+            self._rounds = FastRounds(self._net, codec=self.codec, layout=self.layout, protocol=self.protocol,
+                                      precompute=self.precompute, djn=self.djn, djn_bits=self.djn_exponent_bits,
+                                      workers=self.workers, pool_audit=self._spec.pool_audit)
+            self.workers = self._rounds.workers  # 0 when the pool did not start
+        if masked:  # the seed agreement, once: the seeds go into their agents
+            plan = MaskPlan(self._net)
+            self._rounds.enable_masked(plan)
+            agree_seeds(self._net, plan, key_bits=self.codec.key_bits, djn_bits=self.djn_exponent_bits)
 
     def _close_rounds(self) -> None:
         if self._rounds is not None:
@@ -220,6 +241,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         """Drop every agent and with it every private key; stop the worker pool. The exchange
         cannot be used again."""
         self._close_rounds()
+        for ag in self._agents:
+            ag._seeds.clear()
         self._agents = ()
         self._net = None
         self._pending_keys = None
@@ -246,7 +269,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
 
     # -- step 1 ------------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
-        """``rho_i``: handed by the simulation (``paper``) or an encrypted mini-round (``aggregated``)."""
+        """``rho_i``: handed by the simulation (``paper``) or an encrypted round (``masked``, ``aggregated``)."""
         self._check_ready()
         self._net.begin(bcd_iter, admm_iter)
         topo = self.topology
@@ -257,8 +280,12 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         return self.codec.decode_rho(self._penalty_round(self._net.to_host(gamma), bcd_iter, admm_iter))
 
     def _penalty_round(self, gamma: list, bcd_iter, admm_iter) -> torch.Tensor:
-        """The mini-round; step 5 reuses its ``rho_int`` while the penalties stay the same."""
-        rho_int = self._rounds.penalty_round(gamma, bcd_iter, admm_iter)
+        """The penalty round; step 5 reuses its ``rho_int`` while the penalties stay the same."""
+        rounds = self._rounds
+        if rounds.masked is not None:
+            rho_int = rounds.masked.penalty_round(gamma, bcd_iter, admm_iter)
+        else:
+            rho_int = rounds.penalty_round(gamma, bcd_iter, admm_iter)
         self._rho_cache = (list(gamma), rho_int)
         return rho_int
 
@@ -288,7 +315,13 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
                 rho_int = cache[1]
             else:
                 rho_int = self._penalty_round(gh, bcd_iter, admm_iter)
-            S_int = rounds.aggregated_round(qh, gh, P, bcd_iter, admm_iter)
+            if rounds.masked is not None:
+                # i decrypts A_i = sum_j rho_ij q_j; S_int_i = A_i - rho_int_i q_i, exact in int64
+                # (|A_i| and |S_int_i| are below 2^62, checked before anything was encrypted)
+                A = rounds.masked.value_round(qh, gh, P, bcd_iter, admm_iter)
+                S_int = A - rho_int.to(A.device)[:, None] * q.to(A.device)
+            else:
+                S_int = rounds.aggregated_round(qh, gh, P, bcd_iter, admm_iter)
         S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype)
         return ExchangeOutput(S, rho)
 
@@ -308,10 +341,16 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         led = self._ledger
         out = {k: led.total[k] for k in COUNT_KEYS + TIME_KEYS}
         out["key_pairs"] = 0 if self.topology is None else self.topology.n_nodes
+        masked = self.protocol == "masked"
+        if masked:
+            out.update({k: led.total.get(k, 0) for k in SETUP_KEYS})
+            out["time_setup"] = led.total.get("time_setup", 0.0)
         oc = self._estimates()
         if oc is not None:
             out["estimated_seconds"] = estimate_seconds(out, oc)
             out["estimated_seconds_keygen"] = out["key_pairs"] * oc.keygen
+            if masked:
+                out["estimated_seconds_setup"] = setup_seconds(out, oc)
         return out
 
     def pop_iteration_costs(self) -> list:

@@ -29,6 +29,7 @@ from ..costmodel import CostLedger, ciphertext_nbytes
 from ..packing import SlotDecodeError, SlotLayout, decrypted_range_error
 from ..spec import MIN_KEY_BITS, SECURE_KEY_BITS
 from .obfuscation import HoldsPrivateKey, PrivateCRT, djn_obfuscators
+from .seeds import SeedStore, chunks_to_seed, draw_seed, seed_to_chunks
 
 __all__ = [
     "InsecureKeyWarning",
@@ -206,7 +207,7 @@ class _Agent(HoldsPrivateKey):
     """
 
     __slots__ = ("node", "trial", "agent", "public_key", "n", "nsquare", "_codec", "_raw", "_own_mode",
-                 "_djn_bits", "__private_key", "__crt")
+                 "_djn_bits", "__private_key", "__crt", "_seeds")
 
     def __init__(self, node: int, n_agents: int, public_key, private_key, codec: IntegerCodec, raw: RawPaillier):
         self.node = int(node)
@@ -221,6 +222,8 @@ class _Agent(HoldsPrivateKey):
         self._djn_bits = None
         self.__private_key = private_key
         self.__crt = None
+        #: the masked protocol's seeds (:mod:`.seeds`): held here only, like the private key
+        self._seeds = SeedStore()
 
     @property
     def key_bits(self) -> int:
@@ -306,6 +309,41 @@ class _Agent(HoldsPrivateKey):
             if layout.slots == 1:
                 raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, layout.limit) from None
             raise _decrypt_range_error(self, bcd_iter, admm_iter, exc.value, layout.limit, what=str(exc)) from None
+
+    # -- the masked protocol (:mod:`.masked`): seeds stay in the agent ----------------------
+    def draw_seed_for(self, tag: tuple, peer_public_key, obfuscators) -> list:
+        """Draw a seed shared with one peer, keep it under ``tag``, and return it encrypted under
+        the peer's key (one ciphertext per chunk, with the given public-key ``obfuscators``)."""
+        seed = draw_seed()
+        self._seeds.put(tag, seed)
+        n = gmpy2.mpz(peer_public_key.n)
+        nsq = n * n
+        return [(1 + n * m) * r % nsq for m, r in zip(seed_to_chunks(seed, self._codec.key_bits), obfuscators,
+                                                     strict=True)]
+
+    def store_seed(self, tag: tuple, message: EncryptedVector) -> None:
+        """Decrypt a seed sent to this agent (under its own key) and keep it under ``tag``."""
+        self._seeds.put(tag, chunks_to_seed(self.decrypt_residues(message), self._codec.key_bits))
+
+    def mask_units(self, signed_tags, receiver: int, round_no: int, n, count: int) -> list:
+        """This agent's mask units for ``count`` reply ciphertexts to ``receiver`` (modulus ``n``) in
+        round ``round_no``: the product of the seeds' units (:meth:`.seeds.SeedStore.units`)."""
+        return self._seeds.units(signed_tags, receiver, round_no, n, count)
+
+    def shifted(self, ciphertexts, step_bits: int, count: int) -> list:
+        """``[c^(2^(w t)) for t < count]`` of each of the agent's own ciphertexts ``c``
+        (:meth:`.obfuscation.PrivateCRT.power_chain`; by plain squaring without the fast path)."""
+        crt = self.__crt
+        if crt is not None:
+            return crt.power_chain(ciphertexts, step_bits, count)
+        step, nsq = gmpy2.mpz(1) << int(step_bits), self.nsquare
+        out = []
+        for c in ciphertexts:
+            row = [gmpy2.mpz(c)]
+            for _ in range(int(count) - 1):
+                row.append(gmpy2.powmod(row[-1], step, nsq))
+            out.append(row)
+        return out
 
     def __repr__(self) -> str:
         return f"_Agent(node={self.node}, trial={self.trial}, agent={self.agent}, key_bits={self.key_bits})"

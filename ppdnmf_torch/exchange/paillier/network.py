@@ -29,6 +29,9 @@ class WireMessage:
     receiver: int
     kind: str
     payload: tuple
+    #: the node whose public key the ciphertexts are under, when neither the kind nor the ends
+    #: say it (the masked protocol's seeds travel under a third agent's key); -1 otherwise
+    under: int = -1
 
 
 class Network:
@@ -68,12 +71,20 @@ class Network:
         self.ledger.begin(bcd_iter, admm_iter)
         self._iteration = (bcd_iter, admm_iter)
 
-    def send(self, sender: int, receiver: int, nbytes: int, kind: str = "", payload=()) -> None:
-        """Account a message on the wire; with a transcript, keep what an eavesdropper sees."""
-        self.ledger.add_edge_bytes(sender, receiver, nbytes)
+    def send(self, sender: int, receiver: int, nbytes: int, kind: str = "", payload=(), *, under: int = -1,
+             setup: bool = False) -> None:
+        """Account a message on the wire; with a transcript, keep what an eavesdropper sees.
+
+        ``setup``: a message of the masked protocol's once-per-run setup, counted in
+        ``setup_ciphertext_bytes`` (not in the rounds' ``ciphertext_bytes`` nor per edge).
+        """
+        if setup:
+            self.ledger.add("setup_ciphertext_bytes", nbytes)
+        else:
+            self.ledger.add_edge_bytes(sender, receiver, nbytes)
         if self.transcript is not None:
             self.transcript.append(WireMessage(self._iteration[0], self._iteration[1], sender, receiver,
-                                               kind, tuple(int(v) for v in payload)))
+                                               kind, tuple(int(v) for v in payload), int(under)))
 
     def to_host(self, t: torch.Tensor) -> list:
         """``t`` as nested Python lists (the device -> host transfer, timed)."""

@@ -250,14 +250,37 @@ def _crt_halves(bases_p, exp_p, mod_p, bases_q, exp_q, mod_q, threaded: bool):
     return xp, (gmpy2.powmod_base_list(bases_q, exp_q, mod_q) if fut is None else fut.result())
 
 
+def _chain(xs, step, count: int, mod) -> list:
+    """``[xs, xs^step, xs^(step^2), ...]`` (``count`` levels) mod ``mod``, elementwise."""
+    levels = [xs]
+    for _ in range(count - 1):
+        levels.append(gmpy2.powmod_base_list(levels[-1], step, mod))
+    return levels
+
+
+def _crt_chains(xp, xq, step, count: int, psq, qsq, threaded: bool):
+    """:func:`_chain` modulo ``p^2`` and ``q^2``, the ``q`` half in the helper thread when ``threaded``
+    (one hand-over for the whole chain)."""
+    fut = None
+    if threaded and xp:
+        try:
+            fut = _half_thread().submit(_chain, xq, step, count, qsq)
+        except RuntimeError:  # the interpreter is shutting down (no new threads): one thread then
+            fut = None
+    lp = _chain(xp, step, count, psq)
+    return lp, (_chain(xq, step, count, qsq) if fut is None else fut.result())
+
+
 def _refuse(obj):
-    raise TypeError(f"{type(obj).__name__} holds Paillier private-key material and cannot be pickled, "
-                    "copied or serialized; checkpoint the solver state instead and regenerate keys on resume")
+    raise TypeError(f"{type(obj).__name__} holds Paillier private-key material (or mask seeds) and cannot be "
+                    "pickled, copied or serialized; checkpoint the solver state instead and regenerate keys on "
+                    "resume")
 
 
 class HoldsPrivateKey:
-    """Mixin for objects that hold private-key material: pickling and copying are refused,
-    so a key can never leave its object through a checkpoint, a worker pool or a deep copy."""
+    """Mixin for objects that hold private-key material (a Paillier key, the masked protocol's
+    seeds): pickling and copying are refused, so it can never leave its object through a
+    checkpoint, a worker pool or a deep copy."""
 
     __slots__ = ()
 
@@ -312,6 +335,28 @@ class PrivateCRT(HoldsPrivateKey):
             mp = (a - 1) // p * hp % p
             mq = (b - 1) // q * hq % q
             out.append(int(mp + (mq - mp) * pinv % q * p))
+        return out
+
+    def power_chain(self, ciphertexts, step_bits: int, count: int) -> list:
+        """``[c^(2^(w t)) mod n^2 for t < count]`` for every ``c`` of ``ciphertexts`` (``w = step_bits``).
+
+        The masked protocol's shifted encryptions ``E(m 2^(w t))`` (:mod:`.masked`): ``w (count - 1)``
+        squarings per ciphertext, done modulo ``p^2`` and ``q^2`` (numbers of half the size; the two
+        halves side by side in two threads from 1024-bit keys up) and combined with the CRT.
+        Anyone could compute them from ``c`` (they reveal nothing ``c`` does not); the owner's
+        factors only make them cheaper. Returns one list of ``count`` values per ciphertext.
+        """
+        cts = [mpz(c) for c in ciphertexts]
+        if not cts or count < 1:
+            return [[] for _ in cts]
+        psq, qsq, inv = self._psq, self._qsq, self._psq_inv
+        step = mpz(1) << int(step_bits)
+        xp, xq = [c % psq for c in cts], [c % qsq for c in cts]
+        levels_p, levels_q = _crt_chains(xp, xq, step, int(count), psq, qsq, self._threaded)
+        out = [[c] for c in cts]
+        for lp, lq in zip(levels_p[1:], levels_q[1:]):
+            for row, a, b in zip(out, lp, lq):
+                row.append(a + psq * ((b - a) * inv % qsq))
         return out
 
     def obfuscators(self, count: int) -> list:

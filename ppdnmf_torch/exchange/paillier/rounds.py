@@ -79,8 +79,17 @@ class Rounds(abc.ABC):
     #: the slot layout of the exchange phase; None: one value per plaintext (unpacked)
     layout: SlotLayout | None = None
 
+    #: the masked protocol's rounds on this path (:mod:`.masked`), made by :meth:`enable_masked`
+    masked = None
+
     def __init__(self, net: Network):
         self.net = net
+
+    def enable_masked(self, plan) -> None:
+        """Run ``protocol="masked"``: its rounds on this path, with the mask plan ``plan``."""
+        from .masked import FastMasked, NaiveMasked  # masked imports this module's neighbours only
+
+        self.masked = (FastMasked if isinstance(self, FastRounds) else NaiveMasked)(self, plan)
 
     def prepare(self, P: int) -> None:
         """Called before an exchange round of ``P`` values per agent (no-op by default)."""
@@ -277,9 +286,15 @@ class FastRounds(Rounds):
             return
         self._stock_lk = P
         C = self.layout.n_ciphertexts(P)
-        pen = self._protocol == "aggregated"
         deg = self.net.degree
-        per_iter = {i: deg[i] * C + (deg[i] if pen else 0) for i in sup.moduli}
+        if self._protocol == "masked":
+            # the designated neighbour's fresh obfuscators (C + 1), and i's own E_i(gamma_ij)
+            # when the owner makes no obfuscators of its own
+            agents = self.net.agents
+            per_iter = {i: C + 1 + (0 if agents[i]._own_mode is not None else deg[i]) for i in sup.moduli}
+        else:
+            pen = self._protocol == "aggregated"
+            per_iter = {i: deg[i] * C + (deg[i] if pen else 0) for i in sup.moduli}
         total = sum(per_iter.values())
         # a few tasks per worker and iteration: ~1 for cheap DJN obfuscators, ~4 otherwise
         tasks = max(1, self.workers) * (1 if self._djn else 4)
