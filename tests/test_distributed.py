@@ -356,3 +356,15 @@ def test_submitit_local_sweep_of_distributed_runs(tmp_path):
     for job in ("0", "1"):
         summary = json.loads((tmp_path / "sweep" / job / "summary.json").read_text())
         assert summary["distributed"]["world_size"] == 2
+
+
+@pytest.mark.parametrize("kw,key", [({"penalty_schedule": "adaptive"}, "penalty_schedule"),
+                                    ({"y_solver": "hals"}, "y_solver")])
+def test_settings_a_distributed_run_does_not_take_are_refused(kw, key):
+    from ppdnmf_torch.distributed.engine import _check_supported
+    from ppdnmf_torch.exchange.spec import PlainSpec
+
+    args = {"penalty_schedule": "paper", "y_solver": "admm", **kw}
+    with pytest.raises(pp.ConfigError) as err:
+        _check_supported(0.0, None, PlainSpec(), args["penalty_schedule"], args["y_solver"])
+    assert err.value.key == key and "distributed" in str(err.value)
