@@ -396,7 +396,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         products too) as one compiled graph called without ``torch.compile``'s per-call
         guards, large ones compile the elementwise chains (``torch.compile``) into single
         passes over reused buffers. Faster than the eager default at every size measured
-        (see the README's Performance section), at the cost of a compilation per shape
+        (see docs/PERFORMANCE.md), at the cost of a compilation per shape
         (seconds, once per process while the shape stays among the 8 most recently used
         of each whole-iteration graph; past torch's limit of 8 recompilations of one
         chain it runs uncompiled); rounds slightly differently (fused multiply-adds).

@@ -111,7 +111,7 @@ class PenaltySampler:
         return out.to(self.cap_e.device)
 
     # -- checkpoint support: the generators' states. No key material, but they fix every
-    # later penalty draw: a simulation's seeded draws (see the README's privacy section),
+    # later penalty draw: a simulation's seeded draws (see docs/EXCHANGE_NOTES.md, "Privacy"),
     # which a deployment would take from each agent's own CSPRNG -------------------------
     def state_dict(self) -> dict:
         return {"generators": [gen.get_state() for gen in self.generators]}

@@ -8,7 +8,7 @@
 #
 # A machine without some of this package's dependencies (phe, gmpy2, hydra-core, omegaconf,
 # antlr4-python3-runtime) takes them as wheels from .whl/ (git-ignored), installed into
-# /tmp/site for the call; the README ("Performance", GPU) gives the download commands.
+# /tmp/site for the call; docs/PERFORMANCE.md ("No GPU was lent") gives the download commands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-outputs/gpu_check}"

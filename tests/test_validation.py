@@ -113,7 +113,7 @@ def test_key_too_small_for_n_max_fails_before_the_run():
 
 def test_value_out_of_range_mid_run_names_agent_and_iteration():
     # the settings pass the preflight, but a penalty far above mu on a bipartite ring makes
-    # the iterates diverge (see the README's note on the derived form) until they outgrow it
+    # the iterates diverge (see docs/ALGORITHM.md, "Notes on the algorithm as implemented") until they outgrow it
     with pytest.raises(CodecRangeError) as err:
         pp.fit(_blocks(), RING4, 2, exchange="quantized", n_max=1e6, g_bits=4, key_bits=128, mu=1e-3, g_max=30.0,
                penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5, device="cpu")
