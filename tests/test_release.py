@@ -153,7 +153,7 @@ def test_paillier_estimate_names_the_faster_switches():
     spec = PaillierSpec(n_max=1e3, key_bits=128, packing=False, precompute=False, workers=0)
     text = format_estimate(spec, paillier_estimate(spec, RING4, 8, 2, 30, 100, op_costs=FAKE_COSTS))
     first, faster = text.splitlines()
-    assert first.startswith("paillier estimate at 128-bit keys (protocol=aggregated, fast=true, packing=false")
+    assert first.startswith("paillier estimate at 128-bit keys (protocol=masked, fast=true, packing=false")
     assert " s " in first or " min " in first or " h " in first
     assert "of ciphertexts" in first and "encryptions" in first
     for switch in ("exchange.djn=true", "exchange.packing=true", "exchange.precompute=true", "exchange.workers="):

@@ -419,7 +419,7 @@ def test_generated_keys_are_paillier_keys_of_the_asked_size():
 
 
 @pytest.mark.crypto
-def test_ctrl_c_ends_key_generation_within_two_seconds(tmp_path):
+def test_ctrl_c_ends_key_generation_within_seconds(tmp_path):
     pytest.importorskip("phe")
     code = textwrap.dedent("""
         import os, sys, time
@@ -438,7 +438,9 @@ def test_ctrl_c_ends_key_generation_within_two_seconds(tmp_path):
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
-    assert time.monotonic() - t0 < 2.0 and proc.returncode == 130 and "interrupted" in out
+    # the bound covers the interpreter's exit on a loaded machine; a 12288-bit key takes far
+    # longer than it, so a signal that waited for the key would still fail the check
+    assert time.monotonic() - t0 < 5.0 and proc.returncode == 130 and "interrupted" in out
 
 
 # ======================================================================================
