@@ -57,7 +57,7 @@ import torch  # noqa: E402
 #: (row name, run_experiment keywords) at equal local work
 METHODS = (
     ("admm/plain", {}),
-    ("admm/paillier", {"exchange": "quantized", "exchange_options": {"cost_model": True}}),
+    ("admm/paillier", {"exchange": "quantized", "protocol": "aggregated", "exchange_options": {"cost_model": True}}),
     ("i_admm", {"x_solver": "i_admm"}),
     ("pi_admm", {"x_solver": "pi_admm"}),
     ("pi_admm2", {"x_solver": "pi_admm2"}),

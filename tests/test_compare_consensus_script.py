@@ -20,7 +20,8 @@ def test_quick_comparison_writes_its_tables(tmp_path, cbcl_path):
     for setup in ("synthetic", "cbcl"):
         rows = {row["method"]: row for row in rep["comparison"][setup]}
         assert set(rows) == {"admm/plain", "admm/paillier", "i_admm", "pi_admm", "pi_admm2"}
-        assert rows["admm/paillier"]["nmse"] == rows["admm/plain"]["nmse"]  # the integer protocol's bits
+        # the integer protocol quantizes at N_max = 1e6: close to the float exchange, not equal
+        assert rows["admm/paillier"]["nmse"] == pytest.approx(rows["admm/plain"]["nmse"], rel=1e-3)
         assert rows["admm/paillier"]["est_paillier_s"] > 0 and rows["pi_admm"]["est_paillier_s"] is None
         assert rows["pi_admm"]["vectors"] < rows["admm/plain"]["vectors"]
     inc = rep["privacy"]["incremental"]["paper_synthetic"]
