@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._utils import ConfigError, GraphError, resolve_device, resolve_dtype
+from ._utils import ConfigError, resolve_device, resolve_dtype
 from .errors import DegreeOneWarning
 from .exchange import exchange_spec, make_exchange
 from .exchange.base import Exchange
 from .exchange.base import accepts_keyword
-from .graph import Graph, complete
+from .graph import Graph, check_min_degree, complete
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
 from .checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
@@ -143,31 +143,6 @@ def _init_seed(init_seed, seed) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
     return int(value)
-
-
-def check_min_degree(graph, min_degree, trial=None) -> None:
-    """Refuse a graph with an agent of fewer than ``min_degree`` neighbours (None: no rule).
-
-    Raises
-    ------
-    ConfigError
-        Naming ``min_degree``, when it is not None or an integer ``>= 1``.
-    GraphError
-        Naming ``min_degree`` and the agents with fewer neighbours.
-    """
-    if min_degree is None:
-        return
-    if isinstance(min_degree, bool) or not isinstance(min_degree, int) or min_degree < 1:
-        raise ConfigError(f"min_degree: expected None or an integer >= 1, got {min_degree!r}")
-    degree = graph.degree.tolist()
-    low = [a for a, d in enumerate(degree) if d < min_degree]
-    if low:
-        where = "" if trial is None else f" (trial {trial})"
-        raise GraphError(
-            f"min_degree: agents {low}{where} have fewer than {min_degree} neighbours (degrees "
-            f"{[degree[a] for a in low]}); an agent with a single neighbour learns that neighbour's U_j from "
-            "the sums of any secure exchange, so such graphs are refused; add edges, or lower min_degree"
-        )
 
 
 def _warn_degree_one(exch, graphs) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from . import data as data_mod
-from .api import check_min_degree
+from .graph import check_min_degree
 from ._utils import resolve_device, resolve_dtype
 from .config import RunConfig
 from .errors import ConfigError, PPDNMFError

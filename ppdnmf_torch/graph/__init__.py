@@ -15,7 +15,7 @@ batched solvers index with.
 
 Only torch and the standard library are used here.
 """
-from .core import Graph, validate_graph
+from .core import Graph, check_min_degree, validate_graph
 from .generators import (
     GRAPH_ALIASES,
     GRAPH_KINDS,
@@ -36,6 +36,7 @@ from .topology import Topology, block_diagonal
 __all__ = [
     "Graph",
     "validate_graph",
+    "check_min_degree",
     "from_adjacency",
     "from_edge_list",
     "random_connected",

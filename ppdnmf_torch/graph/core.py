@@ -20,9 +20,9 @@ from typing import Iterable
 import torch
 
 from .._utils import sparse_csr
-from ..errors import GraphError
+from ..errors import ConfigError, GraphError
 
-__all__ = ["Graph", "validate_graph", "components", "is_connected", "format_nodes", "as_int"]
+__all__ = ["Graph", "validate_graph", "components", "is_connected", "format_nodes", "as_int", "check_min_degree"]
 
 # Components listed in a "disconnected" message are cut at this many nodes so a
 # huge graph does not produce a huge message.
@@ -342,6 +342,31 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph(n_agents={self.n_agents}, n_edges={self.n_edges})"
+
+
+def check_min_degree(graph, min_degree, trial=None) -> None:
+    """Refuse a graph with an agent of fewer than ``min_degree`` neighbours (None: no rule).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``min_degree``, when it is not None or an integer ``>= 1``.
+    GraphError
+        Naming ``min_degree`` and the agents with fewer neighbours.
+    """
+    if min_degree is None:
+        return
+    if isinstance(min_degree, bool) or not isinstance(min_degree, int) or min_degree < 1:
+        raise ConfigError(f"min_degree: expected None or an integer >= 1, got {min_degree!r}")
+    degree = graph.degree.tolist()
+    low = [a for a, d in enumerate(degree) if d < min_degree]
+    if low:
+        where = "" if trial is None else f" (trial {trial})"
+        raise GraphError(
+            f"min_degree: agents {low}{where} have fewer than {min_degree} neighbours (degrees "
+            f"{[degree[a] for a in low]}); an agent with a single neighbour learns that neighbour's U_j from "
+            "the sums of any secure exchange, so such graphs are refused; add edges, or lower min_degree"
+        )
 
 
 def _directed_tensors(n: int, edges: tuple[tuple[int, int], ...]):
