@@ -585,17 +585,22 @@ def read_only_disk(tmp_path):
         disk.chmod(0o755)
 
 
+def _fill(path) -> None:
+    """Write zeros to ``path`` until its file system is full."""
+    with open(path, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
 def test_a_full_disk_mid_run_keeps_every_earlier_checkpoint(tiny_disk):
     out = tiny_disk / "run"
 
     def fill(info):
         if info.iteration == 3:  # after checkpoint 3: the disk fills up
-            with open(tiny_disk / "filler", "wb") as fh:
-                try:
-                    while True:
-                        fh.write(b"\0" * 65536)
-                except OSError:
-                    pass
+            _fill(tiny_disk / "filler")
 
     with pytest.raises(OSError) as err:
         run(from_dict(_cfg()), out, callback=fill)
@@ -629,12 +634,7 @@ def test_cli_read_only_folder_is_one_line(cli_dir, read_only_disk):
 
 
 def test_cli_full_disk_is_one_line(cli_dir, tiny_disk):
-    with open(tiny_disk / "filler", "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-        except OSError:
-            pass
+    _fill(tiny_disk / "filler")
     line = _one_error_line(_cli([*TINY, f"hydra.run.dir={tiny_disk / 'run'}"], cli_dir))
     assert "No space left on device" in line
 
