@@ -398,7 +398,6 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     y_solver : {"admm", "hals"}
         The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
         sweeps (:mod:`ppdnmf_torch.solver.hals`).
-
     x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
         The X-step: the paper's decentralized ADMM with the secure exchange (default), or the
         incremental consensus engine (docs/INCREMENTAL.md): one token walks a Hamiltonian
@@ -406,8 +405,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         PI-ADMM2 with Gaussian noise on every new ``x_i``), the agents use its projection
         ``max(z, 0)`` (outside the paper's analysis), and the state carries over between BCD
         iterations. Needs ``exchange="plain"`` (nothing is exchanged but the token); ``mu``
-        and the penalty settings (``g_max``, ``penalty``, ``penalty_schedule``) do not enter it. History keys ``x_vectors`` / ``x_bytes``
-        count its messages per BCD iteration.
+        and the penalty settings (``g_max``, ``penalty``, ``penalty_schedule``) do not enter
+        it. History keys ``x_vectors`` / ``x_bytes`` count its messages per BCD iteration.
     x_rho : float
         The incremental methods' penalty ``rho``.
     x_gamma_spread : float
@@ -424,14 +423,15 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         "cycle" requires a Hamiltonian cycle (a ``GraphError`` otherwise); "auto" falls back
         to a closed walk whose relays forward the token (each hop counts a message).
 
-    The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
-    (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
-    presets use them.
     min_degree : int, optional
         Refuse graphs with an agent of fewer neighbours (:class:`~ppdnmf_torch.GraphError`).
         ``min_degree=2`` refuses agents with a single neighbour, whose sums are that
         neighbour's term under any protocol; without it, an integer exchange (``quantized``,
         ``paillier``) warns naming them (:class:`~ppdnmf_torch.DegreeOneWarning`).
+
+    The paper's settings are ``penalty_schedule="paper", init="ones", y_solver="admm"``
+    (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
+    presets use them.
 
     Returns
     -------
@@ -579,8 +579,8 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     min_degree
         As in :func:`fit`.
     x_solver, x_rho, x_gamma_spread, x_sigma, x_rounds, x_start, x_walk
-        As in :func:`fit` (each trial walks its own graph's cycle). There is no ``columns`` (each trial's blocks are given) and no
-        checkpointing.
+        As in :func:`fit` (each trial walks its own graph's cycle). There is no ``columns``
+        (each trial's blocks are given) and no checkpointing.
     penalty_schedule, init, y_solver
         As in :func:`fit`.
     init_seeds : list (T) of int, optional
