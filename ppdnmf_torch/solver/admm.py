@@ -85,7 +85,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
         ``(T,)``, ``first_bad`` ``(T, N)``: the first ADMM iteration (1-based) at which an
         agent's ``U_i`` stopped being finite (0: never), ``residuals_sq`` ``(2, T, N)``: the
         residuals' squares per agent before the sum over agents (a distributed run sums
-        them across ranks; the dual one scaled by ``mu_i^2`` under the adaptive schedule);
+        them across ranks; both unscaled: ``dual`` carries ``mu``, or each agent's ``mu_i``);
         ``rho`` ``(T, N)``: the penalty sums ``rho_i`` of the last ADMM iteration, as each
         agent obtained them.
     """
