@@ -22,7 +22,7 @@ from .api import FitResult, fit
 from .errors import ConfigError, DataError
 from .graph import complete
 from .problem import build_problem
-from .solver import SolverParams, init_state
+from .solver import DEFAULTS, SolverParams, init_state
 from .solver.admm import y_step
 
 __all__ = ["PPDNMF", "TransposedInputWarning"]
@@ -105,8 +105,9 @@ class PPDNMF:
     penalty_schedule, y_solver, device, dtype, fuse
         As in :func:`ppdnmf_torch.fit` (``bcd_iters`` is scikit-learn's ``max_iter``).
     transform_iters : int
-        Cap on the Y-step ADMM iterations of :meth:`transform`, run in rounds of ``y_iters``
-        until the relative change of ``Y`` falls below ``transform_tol``.
+        Cap on the Y-step iterations of :meth:`transform` (ADMM iterations or HALS sweeps,
+        whichever ``y_solver`` the fit used), run in rounds of ``y_iters`` until the relative
+        change of ``Y`` falls below ``transform_tol``.
     transform_tol : float
     **fit_kwargs
         Any other keyword of :func:`ppdnmf_torch.fit` (``negative``, ``exchange_options``, ...).
@@ -211,12 +212,16 @@ class PPDNMF:
                 "Z.T", TransposedInputWarning, stacklevel=2)
         Z, columns = _dense_columns(Z, columns, g.n_agents)
         self._seed = _seed_of(self.random_state)
-        result = fit(Z, g, self.n_components, columns=columns, callback=callback, **self._fit_keywords(self._seed))
-        self._set_fitted(result)
+        kw = self._fit_keywords(self._seed)
+        result = fit(Z, g, self.n_components, columns=columns, callback=callback, **kw)
+        # the Y-step fit ran (its default when not given): transform projects with the same one,
+        # also after a later set_params
+        self._set_fitted(result, kw.get("y_solver", DEFAULTS["y_solver"]))
         return self
 
-    def _set_fitted(self, result: FitResult) -> None:
+    def _set_fitted(self, result: FitResult, y_solver: str) -> None:
         self.result_ = result
+        self._y_solver = y_solver
         self.components_ = result.X_mean.T.contiguous()
         self.n_iter_ = result.n_iter
         self.history_ = result.history
@@ -236,11 +241,31 @@ class PPDNMF:
             raise ConfigError("PPDNMF: call fit() before transform()")
 
     def transform(self, Z) -> torch.Tensor:
-        """``Y (K, M_new)`` of new columns on the consensus basis: ``min_{Y >= 0} ||Z - X Y||_F``
-        with the fit's own nonnegative solver (the Y-step's ADMM, eqs. 12-14, on one agent
-        holding ``Z`` with ``X`` fixed to the consensus basis), warm-started in rounds of
-        ``y_iters`` until ``Y`` changes by less than ``transform_tol`` (relative) or
-        ``transform_iters`` iterations ran."""
+        """Project new columns on the consensus basis: ``min_{Y >= 0} ||Z - X Y||_F``.
+
+        The same nonnegative solver as the fit's Y-step (the ``y_solver`` the fit ran): the
+        Y-step's ADMM (eqs. 12-14) or HALS sweeps (:mod:`ppdnmf_torch.solver.hals`), on one
+        agent holding ``Z`` with ``X`` fixed to the consensus basis ``Xbar``. It starts from
+        ``Y = 0`` and runs in warm-started rounds of ``y_iters`` iterations (sweeps) until ``Y``
+        changes by less than ``transform_tol`` (relative) or ``transform_iters`` ran.
+
+        Parameters
+        ----------
+        Z : array-like, Tensor or scipy.sparse matrix (L, M_new)
+            New columns with the fitted data's ``L`` rows.
+
+        Returns
+        -------
+        Y : Tensor (K, M_new)
+            Nonnegative, in the fit's dtype and on its device.
+
+        Raises
+        ------
+        ConfigError
+            Before :meth:`fit`.
+        DataError
+            When ``Z`` does not have ``L`` rows.
+        """
         self._check_fitted()
         Z, _ = _dense_columns(Z, None, 1)
         if isinstance(Z, list):
@@ -254,7 +279,7 @@ class PPDNMF:
                                 device=X.device)
         K = self.n_components
         params = SolverParams(rank=K, mu=float(self.mu), eta=float(self.eta), bcd_iters=1, x_iters=1,
-                              y_iters=int(self.y_iters))
+                              y_iters=int(self.y_iters), y_solver=self._y_solver)
         state = init_state(problem, K)
         state.X = X[None, None].clone()
         M = Zt.shape[1]

@@ -25,6 +25,12 @@ def fitted(data):
     return pp.PPDNMF(n_components=5, random_state=0, **FAST).fit(Z, g)
 
 
+@pytest.fixture(scope="module")
+def fitted_hals(data):
+    Z, g = data
+    return pp.PPDNMF(n_components=5, random_state=0, y_solver="hals", **FAST).fit(Z, g)
+
+
 def test_attributes_follow_scikit_learn(fitted, data):
     Z, _ = data
     m = fitted
@@ -46,9 +52,11 @@ def test_fit_transform_is_the_agents_own_Y(data):
     assert Y.shape == (5, 200) and torch.equal(Y, torch.cat(m.result_.Y, dim=1))
 
 
-def test_transform_projects_held_out_columns_like_nnls(fitted):
+@pytest.mark.parametrize("model", ["fitted", "fitted_hals"])
+def test_transform_projects_held_out_columns_like_nnls(model, request):
     from scipy.optimize import nnls
 
+    fitted = request.getfixturevalue(model)
     new = pp.data.synthetic(seed=7).Z[:, :12].clamp(min=0)
     Y = fitted.transform(new)
     X = fitted.components_.T.numpy()
@@ -59,6 +67,45 @@ def test_transform_projects_held_out_columns_like_nnls(fitted):
     assert res_ours <= res_ref * (1 + 1e-6) + 1e-9  # the same optimum, to the solver's tolerance
     with pytest.raises(pp.DataError, match=r"expected \(30, M\)"):
         fitted.transform(torch.rand(29, 3))
+
+
+def _admm_projection(X, Z, eta, n_iters):
+    """The Y-step's ADMM (eqs. 12-14) written out, from ``Y = V = R = 0``."""
+    G = X.T @ X + eta * torch.eye(X.shape[1], dtype=X.dtype)
+    XtZ = X.T @ Z
+    V = R = torch.zeros((X.shape[1], Z.shape[1]), dtype=X.dtype)
+    for _ in range(n_iters):
+        Y = torch.clamp(V + R, min=0.0)
+        V = torch.linalg.solve(G, XtZ + eta * (Y - R))
+        R = R - (Y - V)
+    return Y
+
+
+def _hals_projection(X, Z, n_sweeps):
+    """HALS sweeps written out row by row, from ``Y = 0``."""
+    G, C = X.T @ X, X.T @ Z
+    Y = torch.zeros((X.shape[1], Z.shape[1]), dtype=X.dtype)
+    for _ in range(n_sweeps):
+        for k in range(X.shape[1]):
+            Y[k] = torch.clamp(Y[k] + (C[k] - G[k] @ Y) / G[k, k], min=0.0)
+    return Y
+
+
+@pytest.mark.parametrize("y_solver,other", [("admm", "hals"), ("hals", "admm"), (None, "hals")])
+def test_transform_uses_the_fits_y_solver(data, y_solver, other):
+    Z, g = data
+    kw = dict(FAST, y_iters=5)
+    m = pp.PPDNMF(n_components=5, random_state=0, y_solver=y_solver, transform_iters=15, transform_tol=0.0,
+                  **kw).fit(Z, g)
+    m.set_params(y_solver=other)  # transform follows the fit, not a later setting
+    X = m.result_.X_mean
+    new = pp.data.synthetic(seed=7).Z[:, :12].clamp(min=0)
+    Y = m.transform(new)
+    refs = {"admm": _admm_projection(X, new, m.eta, 15), "hals": _hals_projection(X, new, 15)}
+    used = y_solver or pp.solver.DEFAULTS["y_solver"]
+    torch.testing.assert_close(Y, refs[used], rtol=1e-9, atol=1e-12)
+    # 15 iterations are far from converged, so the two solvers' iterates differ
+    assert float(torch.linalg.matrix_norm(refs["admm"] - refs["hals"])) > 1e-3 * float(torch.linalg.matrix_norm(Y))
 
 
 def test_random_state_reproduces_and_differs(data):

@@ -172,7 +172,7 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
 def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
               y_iters=30, n_max=1e6, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
               paillier=True, paillier_bcd_iters=2, paillier_x_iters=3, paillier_y_iters=30,
-              paillier_scenario="paper_synthetic", masked_bcd_iters=3, plain=True, progress=None) -> dict:
+              paillier_scenario="paper_synthetic", masked_bcd_iters=2, plain=True, progress=None) -> dict:
     """Run the privacy audit and return the report (a JSON-ready dict).
 
     Parameters
