@@ -5,10 +5,12 @@ For each exchange kind it runs ``fit`` in this process and ``fit_rank`` on ``P``
 (gloo on the CPU; with ``--device cuda`` and a GPU per rank, NCCL), and prints whether
 ``X``, ``Y``, ``U`` and every history key are the same bits, the seconds per BCD and per
 ADMM iteration (from the solver's step timers, rank 0), and per rank the bytes its halo
-sent per ADMM iteration with the layout's model of them (``halo_bytes``) and what the
-Paillier protocol would send across the cut (the cost model's ``round_edge_bytes``)::
+sent per ADMM iteration with the layout's model of them (``halo_bytes``; for ``paillier`` the
+cost model's bytes of the rank's cut edges, ``cut_protocol_bytes``) and, for the tensor kinds,
+what the Paillier protocol would send across the cut::
 
     python scripts/bench_distributed.py --nproc 1 2 --kinds plain quantized
+    python scripts/bench_distributed.py --nproc 1 2 --kinds paillier --key-bits 512 --protocol masked
     python scripts/bench_distributed.py --device cuda --nproc 2 --json out.json
 
 On a 2-core machine the times are correctness-scale figures: several ranks share the
@@ -43,6 +45,8 @@ def fit_kw(a, kind):
     kw = dict(bcd_iters=a.bcd, x_iters=a.x_iters, y_iters=a.y_iters, exchange=kind)
     if kind == "quantized":
         kw["n_max"] = 1e4
+    if kind == "paillier":  # real keys on every rank (the protocol's parties split over the ranks)
+        kw.update(key_bits=a.key_bits, protocol=a.protocol)
     return kw
 
 
@@ -86,6 +90,8 @@ def main():
     p.add_argument("--x-iters", type=int, default=10)
     p.add_argument("--y-iters", type=int, default=10)
     p.add_argument("--partition", default="rcm")
+    p.add_argument("--key-bits", type=int, default=128, help="Paillier key size (kind paillier)")
+    p.add_argument("--protocol", default="masked", help="Paillier protocol (kind paillier)")
     p.add_argument("--json")
     a = p.parse_args()
     Z, G = problem(a.n_agents, a.L, a.K, a.m)
@@ -118,14 +124,16 @@ def main():
             rows = []
             for r in out["ranks"]:
                 n = max(1, r["admm_iterations"])
-                sent = {k: r["sent"].get(k, 0) / n for k in ("halo", "penalty")}
                 model = r["model_per_admm_iteration"]
+                sent = {k: r["sent"].get(k, 0) / n for k in model}
                 paillier = cut_protocol_bytes(part, G, r["rank"], protocol="aggregated", key_bits=2048,
                                               lk=a.L * a.K, slots=32)
+                parts = ", ".join(f"{k} {sent[k]:.0f} B (model {model[k]})" for k in model)
+                extra = ("" if kind == "paillier" else
+                         f"; Paillier (2048-bit, packed, aggregated) across the cut would be {paillier} B")
                 print(f"    rank {r['rank']}: {r['agents']} agents ({r['slots']} slots), {r['ghosts']} ghosts; per "
-                      f"ADMM iteration sent halo {sent['halo']:.0f} B (model {model['halo']}), penalties "
-                      f"{sent['penalty']:.0f} B (model {model['penalty']}); Paillier (2048-bit, packed, "
-                      f"aggregated) across the cut: {paillier} B; metrics {r['sent'].get('metrics', 0)} B in all")
+                      f"ADMM iteration sent {parts}{extra}; metrics {r['sent'].get('metrics', 0)} B, setup "
+                      f"{r['sent'].get('setup', 0)} B in all")
                 rows.append(dict(r, sent_per_admm=sent, paillier_cut_bytes=paillier))
             report.append({"kind": kind, "P": P, "same_bits": same(out, ref), "bcd_ms": bcd_s * 1e3,
                            "admm_ms": admm_s * 1e3, "wall_s": out["wall"], "cut_edges": part.cut_edges, "ranks": rows})

@@ -67,6 +67,7 @@ def _rank_fit(case: dict):
                     time.sleep(600)
             return case.get("stop_at") == info.iteration
 
+        secrets = _watch_secrets() if case.get("secrets") else None
         r = fit_rank(comm, Z, G, case["data"].get("K", 3), columns=counts, callback=cb,
                      partition=case.get("partition", "rcm"), assignment=case.get("assignment"),
                      checkpoint_dir=case.get("checkpoint_dir"), checkpoint_every=1, resume=case.get("resume", False),
@@ -75,9 +76,34 @@ def _rank_fit(case: dict):
         if case.get("record"):
             out["log"] = comm.sent_log
             out["agents"] = r.partition.agents(comm.rank)
+        if secrets is not None:
+            out["secrets"] = secrets
         if r.result is not None:
             out.update(X=r.result.X, U=r.result.U, Y=r.result.Y, history=r.result.history, costs=r.result.costs)
         return out
+
+
+def _watch_secrets() -> dict:
+    """In a rank: record the private keys (``p``, ``q``, ``lambda``) and mask seeds it makes, for
+    the scan of every rank's traffic (the test's own copy; the library never hands them out)."""
+    from ppdnmf_torch.distributed import secure
+    from ppdnmf_torch.exchange.paillier import seeds
+
+    found = {"private": [], "public": [], "seeds": []}
+    make_key, draw = secure.generate_keypair, seeds._token
+
+    def keypair(bits):
+        pk, sk = make_key(bits)
+        found["private"] += [int(sk.p), int(sk.q), int((sk.p - 1) * (sk.q - 1))]
+        found["public"].append(int(pk.n))
+        return pk, sk
+
+    def token(n):
+        found["seeds"].append(draw(n))
+        return found["seeds"][-1]
+
+    secure.generate_keypair, seeds._token = keypair, token
+    return found
 
 
 def _spawn(P, case, timeout=240):
@@ -98,7 +124,7 @@ def _assert_same(out, ref):
     for k in keys:
         assert out["history"][k] == ref.history[k], k
     for k, v in ref.costs.items():
-        if "seconds" not in k:
+        if "seconds" not in k and "time" not in k:
             assert out["costs"][k] == v, k
 
 
@@ -217,7 +243,10 @@ def test_one_rank_gives_the_single_process_bits(solo):
 
 
 @pytest.mark.parametrize("kw,key", [(dict(tol=1e-4), "tol"), (dict(admm_tol=1e-3), "tol"),
-                                    (dict(exchange="paillier", key_bits=128), "exchange")])
+                                    (dict(exchange="paillier", key_bits=128, exchange_options={"fast": False}),
+                                     "exchange"),
+                                    (dict(exchange="paillier", key_bits=128,
+                                          exchange_options={"record_transcript": True}), "exchange")])
 def test_unsupported_settings_are_refused(solo, kw, key):
     Z, G, counts = _data(N=4)
     with pytest.raises(ConfigError) as info:
@@ -247,6 +276,86 @@ def test_three_ranks_same_bits_bytes_as_modelled_and_no_data_crosses():
         blob = b"".join(msg for _, _, msg in o.value["log"])
         assert blob and not any(_holds(blob, piece) for piece in pieces)
         assert _holds(blob + pieces[0], pieces[0])  # the scan finds a block where there is one
+
+
+def _be(v: int) -> bytes:
+    return int(v).to_bytes((int(v).bit_length() + 7) // 8, "big")
+
+
+def _paillier_case(protocol, N=9, **extra):
+    return dict({"data": dict(N=N, K=3), "fit": {"exchange": "paillier", "key_bits": 128, "protocol": protocol}},
+                **extra)
+
+
+def _assert_paillier_same(out, case):
+    ref = _reference(case)
+    _assert_same(out, ref)  # every count key too (the time keys differ by nature)
+    quantized = _reference(dict(case, fit=dict(case["fit"], exchange="quantized")))
+    assert torch.equal(out["X"], quantized.X) and all(torch.equal(a, b) for a, b in zip(out["Y"], quantized.Y))
+
+
+def test_paillier_masked_on_three_ranks_same_bits_model_bytes_and_no_secret_crosses():
+    """3 gloo ranks, the masked protocol with real (128-bit) keys and a cut edge between every
+    pair of ranks: the single-process paillier bits and counts (and the quantized bits), the
+    bytes each rank sends for the rounds equal to the cost model's bytes of its cut edges,
+    and no private key (p, q, lambda), mask seed or data block in any byte any rank sends."""
+    case = _paillier_case("masked", record=True, secrets=True)
+    outs = _spawn(3, case)
+    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
+    _assert_paillier_same(outs[0].value, case)
+    for r in outs[0].value["ranks"]:
+        assert r["sent"]["crypto"] == r["admm_iterations"] * r["model_per_admm_iteration"]["crypto"] > 0
+        assert "halo" not in r["sent"] and "penalty" not in r["sent"]  # no value, no penalty in the clear
+    blob = b"".join(msg for o in outs for _, _, msg in o.value["log"])
+    secrets = [o.value["secrets"] for o in outs]
+    private = [_be(v) for s in secrets for v in s["private"]] + [x for s in secrets for x in s["seeds"]]
+    assert len(private) == 3 * 9 + sum(len(s["seeds"]) for s in secrets) and all(len(x) >= 8 for x in private)
+    assert not any(x in blob for x in private)
+    # the scan finds what does cross: every agent's public key, in the same encoding
+    assert all(_be(n) in blob for s in secrets for n in s["public"])
+    for o in outs:
+        assert not any(_holds(blob, piece) for piece in _data_pieces(case, o.value["agents"]))
+
+
+@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
+def test_paillier_on_two_ranks_same_bits(protocol):
+    case = _paillier_case(protocol, N=7)
+    outs = _spawn(2, case)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
+    _assert_paillier_same(outs[0].value, case)
+    for r in outs[0].value["ranks"]:
+        assert r["sent"]["crypto"] == r["admm_iterations"] * r["model_per_admm_iteration"]["crypto"] > 0
+        # the paper protocol's rho_i is handed over by the simulation: its penalties cross in the clear
+        assert ("penalty" in r["sent"]) == (protocol == "paper")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("P,N,protocol", [(2, 12, "masked"), (3, 11, "aggregated"), (3, 10, "paper"),
+                                          (2, 5, "masked"), (3, 13, "masked")])
+def test_paillier_same_bits_across_ranks_and_protocols(P, N, protocol):
+    case = _paillier_case(protocol, N=N)
+    case["data"]["p"] = 0.4
+    outs = _spawn(P, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_paillier_same(outs[0].value, case)
+
+
+@pytest.mark.slow
+def test_paillier_resume_and_a_killed_rank(tmp_path):
+    full = _paillier_case("masked", N=8)
+    full["fit"]["bcd_iters"] = 4
+    case = dict(full, checkpoint_dir=str(tmp_path / "ck"), stop_at=2)
+    outs = _spawn(2, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    outs = _spawn(2, dict(case, stop_at=None, resume=True))
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    ref = _reference(full)
+    out = outs[0].value
+    assert torch.equal(out["X"], ref.X) and all(torch.equal(a, b) for a, b in zip(out["Y"], ref.Y))
+    assert all(out["history"][k] == v for k, v in ref.history.items() if "time" not in k and "setup" not in k)
+    dead = dict(full, act=(1, 2, "kill"), timeout=20, heartbeat=10)
+    outs = _spawn(2, dead, timeout=200)
+    assert outs[0].error is not None and "rank 1 died" in outs[0].error, outs[0].error
 
 
 @pytest.mark.slow

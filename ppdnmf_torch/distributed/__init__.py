@@ -7,6 +7,8 @@ with the bits of the single-process eager run.
   local :class:`~ppdnmf_torch.problem.Problem`;
 * :mod:`.comm`: the transport (timeouts, clear errors, byte counts, a watchdog);
 * :mod:`.halo`: the halo exchange around the run's exchange kind, and the rank's penalty draws;
+* :mod:`.secure`: ``exchange=paillier`` across ranks (each rank the parties it owns; keys and
+  seeds stay on it; ciphertexts and public keys cross as bytes);
 * :mod:`.reduce`: the metrics across ranks, in the single-process order;
 * :mod:`.costs`: cost counters per rank, summed; the halo's byte model;
 * :mod:`.engine`: :func:`fit_rank` (the API on a rank) and :func:`run_rank` (a CLI run);
@@ -21,7 +23,8 @@ from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .launch import RankOutcome, free_port, launch_local
 from .layout import RankLayout, alignment_period
 from .partition import PARTITION_METHODS, Partition, partition_agents
+from .secure import SecureHalo
 
 __all__ = ["Comm", "DistributedError", "EXIT_PEER_FAILED", "BACKENDS", "fit_rank", "run_rank", "RankResult",
-           "HaloExchange", "RankSampler", "HALO_KINDS", "launch_local", "free_port", "RankOutcome", "RankLayout",
-           "alignment_period", "Partition", "partition_agents", "PARTITION_METHODS"]
+           "HaloExchange", "SecureHalo", "RankSampler", "HALO_KINDS", "launch_local", "free_port", "RankOutcome",
+           "RankLayout", "alignment_period", "Partition", "partition_agents", "PARTITION_METHODS"]

@@ -11,8 +11,9 @@ Everything a rank sends goes through one :class:`Comm`, so that
   error and this rank has not reacted (blocked in a collective that will never complete,
   as NCCL can be), or one stopped writing heartbeats (killed, or its machine lost);
 * the bytes each rank sends are counted per category (``halo``, ``penalty``, ``metrics``,
-  ``output``, ``setup``) and, with ``record=True``, kept (tests scan them: no data block, and
-  in a later phase no private key, ever crosses a rank).
+  ``output``, ``setup``, and for ``paillier`` ``crypto`` and ``framing``) and, with
+  ``record=True``, kept (tests scan them: no data block, no private key and no mask seed ever
+  crosses a rank).
 
 Tensors travel as tensors (``gloo`` on CPU, ``nccl`` between GPUs); byte messages of any
 length (:meth:`Comm.swap_bytes`: ciphertexts, public keys, seed agreement) travel as
@@ -227,11 +228,12 @@ class Comm:
 
     def swap_bytes(self, sends: dict, peers, *, category: str, what: str, tag: int = 0) -> dict:
         """Byte messages of any length: ``sends[peer]`` (bytes or a ``uint8`` tensor) to each of
-        ``peers``, one message back from each; returns ``{peer: uint8 tensor}`` on the host."""
+        ``peers``, one message back from each; returns ``{peer: uint8 tensor}`` on the host. The
+        payload counts in ``category``, the lengths before it (8 bytes per peer) in ``framing``."""
         peers = sorted(peers)
         payload = {p: _as_bytes(sends.get(p, b"")) for p in peers}
         lengths = self.swap({p: torch.tensor([payload[p].numel()], dtype=torch.int64) for p in peers},
-                            {p: (1,) for p in peers}, torch.int64, category=category, what=f"{what} (lengths)",
+                            {p: (1,) for p in peers}, torch.int64, category="framing", what=f"{what} (lengths)",
                             tag=tag)
         got = self.swap({p: payload[p] for p in peers}, {p: (int(lengths[p][0]),) for p in peers}, torch.uint8,
                         category=category, what=what, tag=tag + 1)

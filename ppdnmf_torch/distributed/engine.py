@@ -3,7 +3,8 @@ rank's agents) and :func:`run_rank` (a CLI run: the same config, outputs on rank
 
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
 edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
-neighbours (:class:`~.halo.HaloExchange`) and reduces the metrics across ranks
+neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~.secure.SecureHalo`, whose
+keys and seeds never leave their rank) and reduces the metrics across ranks
 (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
 (:func:`ppdnmf_torch.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
 the single-process eager run's (``fuse=False``).
@@ -33,11 +34,12 @@ from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ..threads import with_threads
 from .comm import Comm, DistributedError
-from .costs import halo_bytes
+from .costs import cut_protocol_bytes, halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
 from .partition import Partition, partition_agents
 from .reduce import RankReduction, gather_agents
+from .secure import SecureHalo
 
 __all__ = ["RankResult", "fit_rank", "run_rank", "global_digest"]
 
@@ -92,10 +94,15 @@ def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
             "stopping rule's flags would have to cross ranks every iteration")
     if isinstance(spec, Exchange):
         raise ConfigError("exchange: a distributed run builds its exchange on every rank; pass a kind name or a spec")
-    if spec.kind not in HALO_KINDS:
-        raise ConfigError(
-            f"exchange: the {spec.kind!r} kind has no cross-rank protocol yet (this version carries "
-            f"{' and '.join(HALO_KINDS)}); run it in one process")
+    if spec.kind not in HALO_KINDS + ("paillier",):
+        raise ConfigError(f"exchange: the {spec.kind!r} kind has no cross-rank protocol; use one of "
+                          f"{HALO_KINDS + ('paillier',)}")
+    if spec.kind == "paillier" and not spec.fast:
+        raise ConfigError("exchange: a distributed paillier run takes the fast host path (fast=true); the naive "
+                          "path (fast=false) is a single-process reference")
+    if spec.kind == "paillier" and spec.record_transcript:
+        raise ConfigError("exchange: record_transcript is a single-process tool (the privacy audit); a distributed "
+                          "run's traffic is recorded per rank by Comm(record=True)")
 
 
 def _resolve_partition(comm: Comm, graph, partition, assignment) -> Partition:
@@ -170,7 +177,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     tol, admm_tol
         0 (and None): fixed iteration counts; the stopping rule is not distributed yet.
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
-        As :func:`~ppdnmf_torch.fit`, for the kinds :data:`~.halo.HALO_KINDS`.
+        As :func:`~ppdnmf_torch.fit`: the kinds :data:`~.halo.HALO_KINDS` through the halo,
+        ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
     device : torch.device, optional
         Default: ``comm.device``.
     callback : callable, optional
@@ -216,7 +224,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
     itemsize = torch.empty((), dtype=dtype).element_size()
     lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
-    exch = HaloExchange(spec, lay, comm)
+    exch = (SecureHalo(spec, lay, comm, graph, part.owner, caps) if spec.kind == "paillier"
+            else HaloExchange(spec, lay, comm))
     _preflight(exch, blocks, caps, graph.degree)
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
@@ -272,7 +281,11 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     finally:
         exch.close()
     iters = (state.bcd_done - bcd_start) * x_iters
-    model = halo_bytes(lay, L * rank, itemsize)
+    if spec.kind == "paillier":
+        model = {"crypto": cut_protocol_bytes(part, graph, comm.rank, protocol=spec.protocol,
+                                              key_bits=spec.key_bits, lk=L * rank, slots=exch.layout.slots)}
+    else:
+        model = halo_bytes(lay, L * rank, itemsize)
     gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
                                     what=f"the output gather of {name}") for name in ("X", "U", "Y")}
     mine = dict(lay.summary(), sent=dict(comm.sent), admm_iterations=iters, model_per_admm_iteration=model)
@@ -373,6 +386,7 @@ def distributed_summary(comm: Comm, fit: RankResult) -> dict:
     per_iter = []
     for r in fit.ranks:
         n = max(1, r["admm_iterations"])
-        per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty")})
+        per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty", "crypto", "framing")
+                         if k in r["sent"]})
     return {"world_size": comm.world_size, "backend": comm.backend, "partition": fit.partition.summary(),
             "ranks": fit.ranks, "bytes_per_admm_iteration": per_iter}

@@ -12,9 +12,9 @@ Per ADMM iteration a rank sends each peer rank
 
 Then the wrapped kind (``plain``, ``quantized``) computes ``S_i`` and ``rho_i`` on the
 extended nodes (:class:`~.layout.RankLayout`), the same terms in the same order as in one
-process, and the rank keeps its agents' rows. A kind with a cross-rank protocol of its own
-(``paillier``: ciphertexts and public keys as byte messages, :meth:`~.comm.Comm.swap_bytes`)
-plugs in here in a later version.
+process, and the rank keeps its agents' rows. ``paillier`` sends no value and no penalty in
+the clear: it has a cross-rank protocol of its own (:mod:`.secure`: ciphertexts and public keys
+as byte messages, :meth:`~.comm.Comm.swap_bytes`).
 
 :class:`RankSampler` draws the single-process penalty stream and keeps the rank's edges:
 the seeding contract of :mod:`ppdnmf_torch.penalties` is one generator per trial over all
@@ -38,7 +38,7 @@ from .layout import RankLayout
 
 __all__ = ["HaloExchange", "RankSampler", "HALO_KINDS", "TAG_U", "TAG_G"]
 
-#: the exchange kinds whose halo this version carries (tensors)
+#: the exchange kinds whose halo carries tensors (``paillier``: :mod:`.secure`)
 HALO_KINDS = ("plain", "quantized")
 TAG_U, TAG_G = 11, 12
 
