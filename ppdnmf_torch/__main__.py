@@ -1,5 +1,37 @@
-"""``python -m ppdnmf_torch``: the Hydra app (same as the ``ppdnmf`` command)."""
-from .cli import main
+"""``python -m ppdnmf_torch`` and the ``ppdnmf`` command: the Hydra app, in one process or over
+several ranks.
+
+A run goes to the multi-process app (:mod:`ppdnmf_torch.distributed.app`) when a launcher
+started this process as one of several ranks (``torchrun --nproc-per-node 4 -m ppdnmf_torch``:
+``WORLD_SIZE > 1``) or when an override names the ``distributed`` section
+(``ppdnmf distributed.nproc=2``); otherwise to the single-process app (:mod:`ppdnmf_torch.cli`),
+unchanged.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main", "wants_ranks"]
+
+
+def wants_ranks(argv, environ) -> bool:
+    """Whether the command line or the launcher asks for the multi-process app."""
+    try:
+        world = int(environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    return world > 1 or any(a.lstrip("+~").startswith("distributed.") for a in argv)
+
+
+def main() -> None:
+    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``."""
+    if wants_ranks(sys.argv[1:], os.environ):
+        from .distributed.app import main as run
+    else:
+        from .cli import main as run
+    run()
+
 
 if __name__ == "__main__":
     main()

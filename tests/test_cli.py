@@ -394,3 +394,21 @@ def test_a_fresh_run_in_a_used_folder_can_be_resumed(tmp_path):
     assert cfg.solver.bcd_iters == 6
     summary = run(cfg, folder, resume_from=ckpt)
     assert summary["n_iter"]["distributed"] == 6
+
+
+@pytest.mark.parametrize("argv,env,ranks", [
+    ([], {}, False), (["exchange=quantized"], {"WORLD_SIZE": "1"}, False), ([], {"WORLD_SIZE": "4"}, True),
+    (["distributed.nproc=2"], {}, True), (["+distributed.partition=block"], {}, True),
+    (["experiment=paper_cbcl", "name=distributed.run"], {}, False), ([], {"WORLD_SIZE": "x"}, False)])
+def test_the_entry_point_picks_the_multi_process_app(argv, env, ranks):
+    from ppdnmf_torch.__main__ import wants_ranks
+
+    assert wants_ranks(argv, env) is ranks
+
+
+def test_python_m_ppdnmf_torch_runs_over_ranks_with_a_distributed_override(tmp_path):
+    r = _cli(["distributed.nproc=2", *TINY, f"hydra.run.dir={tmp_path}/run"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["distributed"]["world_size"] == 2 and len(summary["distributed"]["ranks"]) == 2
+    assert "final NMSE" in r.stdout
