@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from gmpy2 import mpz
 
+from ..errors import ConfigError
 from ..exchange.base import Exchange, ExchangeOutput
 from ..exchange.codec import CodecRangeError
 from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, ciphertext_nbytes, estimate_seconds,
@@ -235,6 +236,9 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         raw = RawPaillier(led)
         pending = spec.keypairs
         check_key_bits(kb)
+        if pending is not None and len(pending) < self._g.n_nodes:
+            raise ConfigError(f"keypairs: {len(pending)} key pairs for {self._g.n_nodes} agents; need one per agent "
+                              "(each rank keeps its own agents' pairs)")
         with led.timed("time_keygen"):
             for i in self.agents:  # a rank's own keys, made here (tests may hand in small ones)
                 pk, sk = pending[i] if pending is not None else generate_keypair(kb)
