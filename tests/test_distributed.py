@@ -86,11 +86,11 @@ def _rank_fit(case: dict):
 def _watch_secrets() -> dict:
     """In a rank: record the private keys (``p``, ``q``, ``lambda``) and mask seeds it makes, for
     the scan of every rank's traffic (the test's own copy; the library never hands them out)."""
-    from ppdnmf_torch.distributed import secure
+    from ppdnmf_torch.distributed import parties
     from ppdnmf_torch.exchange.paillier import seeds
 
     found = {"private": [], "public": [], "seeds": []}
-    make_key, draw = secure.generate_keypair, seeds._token
+    make_key, draw = parties.generate_keypair, seeds._token
 
     def keypair(bits):
         pk, sk = make_key(bits)
@@ -102,7 +102,7 @@ def _watch_secrets() -> dict:
         found["seeds"].append(draw(n))
         return found["seeds"][-1]
 
-    secure.generate_keypair, seeds._token = keypair, token
+    parties.generate_keypair, seeds._token = keypair, token
     return found
 
 

@@ -7,8 +7,9 @@ with the bits of the single-process eager run.
   local :class:`~ppdnmf_torch.problem.Problem`;
 * :mod:`.comm`: the transport (timeouts, clear errors, byte counts, a watchdog);
 * :mod:`.halo`: the halo exchange around the run's exchange kind, and the rank's penalty draws;
-* :mod:`.secure`: ``exchange=paillier`` across ranks (each rank the parties it owns; keys and
-  seeds stay on it; ciphertexts and public keys cross as bytes);
+* :mod:`.parties`: a rank's parties of the Paillier protocol (its agents' keys and seeds,
+  which stay on it; its ghosts' public keys), the links across the cut, the seed agreement;
+* :mod:`.secure`: ``exchange=paillier`` across ranks, the protocol's rounds in phases;
 * :mod:`.reduce`: the metrics across ranks, in the single-process order;
 * :mod:`.costs`: cost counters per rank, summed; the halo's byte model;
 * :mod:`.engine`: :func:`fit_rank` (the API on a rank) and :func:`run_rank` (a CLI run);

@@ -95,6 +95,7 @@ __all__ = [
     "PaillierOpCosts",
     "CostLedger",
     "estimate_seconds",
+    "add_estimates",
     "round_counts",
     "round_edge_bytes",
     "ciphertexts_per_message",
@@ -337,3 +338,15 @@ def setup_seconds(costs: dict, op_costs: PaillierOpCosts) -> float:
     """Serial host seconds of the masked protocol's seed agreement (``setup_*`` keys of ``costs``)."""
     return (costs.get("setup_encryptions", 0) * op_costs.encryption
             + costs.get("setup_decryptions", 0) * op_costs.decryption)
+
+
+def add_estimates(costs: dict, op_costs, *, setup: bool) -> dict:
+    """``costs`` with the cost model's ``estimated_seconds`` (the rounds), ``_keygen`` (its
+    ``key_pairs``) and, with ``setup``, ``_setup`` (the seed agreement); unchanged for
+    ``op_costs=None``."""
+    if op_costs is not None:
+        costs["estimated_seconds"] = estimate_seconds(costs, op_costs)
+        costs["estimated_seconds_keygen"] = costs["key_pairs"] * op_costs.keygen
+        if setup:
+            costs["estimated_seconds_setup"] = setup_seconds(costs, op_costs)
+    return costs

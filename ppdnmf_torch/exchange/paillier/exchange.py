@@ -76,7 +76,7 @@ import torch
 
 from ..base import Exchange, ExchangeOutput
 from ..codec import IntegerCodec
-from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, estimate_seconds, setup_seconds
+from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, add_estimates, estimate_seconds
 from ..integer import Step1Penalties, encode_inputs, integer_penalty_sums
 from ..packing import check_protocol_range, derive_layout
 from ..spec import SECURE_KEY_BITS, PaillierSpec
@@ -345,13 +345,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         if masked:
             out.update({k: led.total.get(k, 0) for k in SETUP_KEYS})
             out["time_setup"] = led.total.get("time_setup", 0.0)
-        oc = self._estimates()
-        if oc is not None:
-            out["estimated_seconds"] = estimate_seconds(out, oc)
-            out["estimated_seconds_keygen"] = out["key_pairs"] * oc.keygen
-            if masked:
-                out["estimated_seconds_setup"] = setup_seconds(out, oc)
-        return out
+        return add_estimates(out, self._estimates(), setup=masked)
 
     def pop_iteration_costs(self) -> list:
         """Per-ADMM-iteration counts and times since the last call (``bcd_iter``, ``admm_iter``, ...)."""
