@@ -86,8 +86,6 @@ def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
             f"penalty_schedule: a distributed run takes the paper's fixed caps (penalty_schedule=paper) in this "
             f"version, got {penalty_schedule!r}: the adaptive caps of an agent's neighbours on other ranks would "
             "have to cross ranks every BCD iteration; run it in one process")
-    if y_solver != "admm":
-        raise ConfigError(f"y_solver: a distributed run takes y_solver=admm in this version, got {y_solver!r}")
     if tol != 0 or (admm_tol is not None and admm_tol != 0):
         raise ConfigError(
             "tol: a distributed run takes fixed iteration counts (tol=0, admm_tol=0 or None) in this version: the "
@@ -261,7 +259,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         # the penalty draws of the rank's edges (the problem's topology has its inner edges only)
         state.g = torch.zeros(lay.edge_ids.numel(), dtype=torch.float64, device=device)
     bcd_start = state.bcd_done
-    agents = RankReduction(lay, comm, part, mu=mu, eta=eta)
+    agents = RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver)
 
     def cb(info):
         info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
