@@ -30,6 +30,7 @@ from ..api import FitResult, _history_single, _init_seed, _preflight
 from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ..exchange import exchange_spec
 from ..exchange.base import Exchange
+from ..penalties import cap_bounds
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ..threads import with_threads
@@ -38,6 +39,7 @@ from .costs import cut_protocol_bytes, halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
 from .partition import Partition, partition_agents
+from .topology import rank_topology
 from .reduce import RankReduction, gather_agents
 from .secure import SecureHalo
 
@@ -80,16 +82,7 @@ def global_digest(blocks, graph, caps, seed, params, spec) -> str:
     return h.hexdigest()
 
 
-def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
-    if penalty_schedule != "paper":
-        raise ConfigError(
-            f"penalty_schedule: a distributed run takes the paper's fixed caps (penalty_schedule=paper) in this "
-            f"version, got {penalty_schedule!r}: the adaptive caps of an agent's neighbours on other ranks would "
-            "have to cross ranks every BCD iteration; run it in one process")
-    if tol != 0 or (admm_tol is not None and admm_tol != 0):
-        raise ConfigError(
-            "tol: a distributed run takes fixed iteration counts (tol=0, admm_tol=0 or None) in this version: the "
-            "stopping rule's flags would have to cross ranks every iteration")
+def _check_supported(spec) -> None:
     if isinstance(spec, Exchange):
         raise ConfigError("exchange: a distributed run builds its exchange on every rank; pass a kind name or a spec")
     if spec.kind not in HALO_KINDS + ("paillier",):
@@ -217,22 +210,23 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
                           penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
-    _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver)
+    _check_supported(spec)
     part = _resolve_partition(comm, graph, partition, assignment)
     _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
     itemsize = torch.empty((), dtype=dtype).element_size()
     lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
-    exch = (SecureHalo(spec, lay, comm, graph, part.owner, caps) if spec.kind == "paillier"
-            else HaloExchange(spec, lay, comm))
-    _preflight(exch, blocks, caps, graph.degree)
+    # paillier's public range bound holds for the largest caps the schedule can reach
+    exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
+            if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
+    _preflight(exch, blocks, caps, graph.degree, params)
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
-                           dtype=dtype, device=device)
+                           dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
     problem.init_seeds = [_init_seed(init_seed, seed)]
     counts = [b.shape[1] for b in blocks]
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
-    caps_e = caps[graph.src[lay.edge_ids]].to(device=device, dtype=torch.float64)
-    sampler = RankSampler(caps_e, lay.edge_ids, graph.src.numel(), seed, penalty, x_iters)
+    sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
+                          penalty, x_iters)
     fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
     state = history = payload = None
     if resume:
@@ -255,9 +249,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     if payload is not None:
         exch.load_cost_state(payload.get("exchange_costs", {}))
     if state is None:
-        state = init_state(problem, rank, init=params.init)
-        # the penalty draws of the rank's edges (the problem's topology has its inner edges only)
-        state.g = torch.zeros(lay.edge_ids.numel(), dtype=torch.float64, device=device)
+        state = init_state(problem, rank, init=params.init)  # g: the draws of the rank's edges
     bcd_start = state.bcd_done
     agents = RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver)
 

@@ -44,6 +44,6 @@ class StopRule:
             raised &= self.active
         self.flags = stop_flags(self.flags, raised, self.topology)
         self.active = ~self.flags if self.frozen is None else ~(self.flags | self.frozen)
-        return not bool(self.active.any())
+        return not self.topology.any_set(self.active)
 
 
