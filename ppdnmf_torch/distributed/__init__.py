@@ -9,6 +9,8 @@ with the bits of the single-process eager run.
 * :mod:`.halo`: the halo exchange around the run's exchange kind, and the rank's penalty draws;
 * :mod:`.secure`: ``exchange=paillier`` across ranks (each rank the parties it owns; keys and
   seeds stay on it; ciphertexts and public keys cross as bytes);
+* :mod:`.topology`: the rank's graph as the solver sees it (every edge out of its agents),
+  the stopping rule's flags across ranks and its decisions over every rank's agents;
 * :mod:`.reduce`: the metrics across ranks, in the single-process order;
 * :mod:`.costs`: cost counters per rank, summed; the halo's byte model;
 * :mod:`.engine`: :func:`fit_rank` (the API on a rank) and :func:`run_rank` (a CLI run);
