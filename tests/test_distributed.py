@@ -378,14 +378,14 @@ def test_adaptive_schedule_on_two_ranks_same_bits():
     assert not torch.equal(ref.X, paper.X)
 
 
-def test_stopping_rule_on_three_ranks_same_iterations_and_flag_bytes():
+def test_stopping_rule_on_two_ranks_same_iterations_and_flag_bytes():
     """tol and admm_tol: agents stop at different ADMM iterations and freeze at different BCD
     iterations, the flags cross every cut edge; every rank stops where one process does (the
     same counts, the same converged iteration), with the flag bytes as modelled."""
     fit = dict(SHORT, exchange="quantized", tol=3e-3, admm_tol=1e-3, bcd_iters=10)
     case = {"data": dict(N=9, K=3), "fit": fit, "cost_model": True}
-    outs = _spawn(3, case)
-    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
+    outs = _spawn(2, case)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
     ref = _reference(case)
     assert ref.converged and ref.n_iter < fit["bcd_iters"]
     counts = [torch.as_tensor(v).flatten().tolist() for v in ref.history["x_iters"]]
