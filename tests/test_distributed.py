@@ -79,7 +79,8 @@ def _rank_fit(case: dict):
         if secrets is not None:
             out["secrets"] = secrets
         if r.result is not None:
-            out.update(X=r.result.X, U=r.result.U, Y=r.result.Y, history=r.result.history, costs=r.result.costs)
+            out.update(X=r.result.X, U=r.result.U, Y=r.result.Y, history=r.result.history, costs=r.result.costs,
+                       n_iter=r.result.n_iter, converged=r.result.converged)
         return out
 
 
@@ -117,6 +118,7 @@ def _reference(case):
 
 
 def _assert_same(out, ref):
+    assert (out.get("n_iter", ref.n_iter), out.get("converged", ref.converged)) == (ref.n_iter, ref.converged)
     assert torch.equal(out["X"], ref.X) and torch.equal(out["U"], ref.U)
     assert len(out["Y"]) == len(ref.Y) and all(torch.equal(a, b) for a, b in zip(out["Y"], ref.Y))
     keys = [k for k in ref.history if "time" not in k and "seconds" not in k]
@@ -242,8 +244,7 @@ def test_one_rank_gives_the_single_process_bits(solo):
     assert r.partition.world_size == 1 and r.ranks[0]["peers"] == []
 
 
-@pytest.mark.parametrize("kw,key", [(dict(tol=1e-4), "tol"), (dict(admm_tol=1e-3), "tol"),
-                                    (dict(exchange="paillier", key_bits=128, exchange_options={"fast": False}),
+@pytest.mark.parametrize("kw,key", [(dict(exchange="paillier", key_bits=128, exchange_options={"fast": False}),
                                      "exchange"),
                                     (dict(exchange="paillier", key_bits=128,
                                           exchange_options={"record_transcript": True}), "exchange")])
@@ -327,6 +328,115 @@ def test_paillier_on_two_ranks_same_bits(protocol):
         assert r["sent"]["crypto"] == r["admm_iterations"] * r["model_per_admm_iteration"]["crypto"] > 0
         # the paper protocol's rho_i is handed over by the simulation: its penalties cross in the clear
         assert ("penalty" in r["sent"]) == (protocol == "paper")
+
+
+# -- the solver's settings across ranks --------------------------------------------------
+def _loop_hops(lengths, cap: int) -> int:
+    """Flag hops of the tracked loops of these lengths: one after every iteration but a loop's
+    last at the cap (a loop that stops early decided so after its last iteration)."""
+    return sum(n if n < cap else cap - 1 for n in lengths)
+
+
+def _assert_flag_bytes(out, fit: dict):
+    """Every rank's ``flags`` bytes are the model's (:func:`~ppdnmf_torch.distributed.costs.flag_bytes`):
+    one hop and one decision per iteration of a tracked ADMM loop, and the BCD-level rule's."""
+    h = out["history"]
+    n_bcd = len(h["nmse"])
+    x_len = [int(torch.as_tensor(v).max()) for v in h["x_iters"]]
+    y_len = [int(torch.as_tensor(v).max()) for v in h["y_iters"]]
+    hops = _loop_hops(x_len, fit["x_iters"]) + _loop_hops(y_len, fit["y_iters"])
+    for r in out["ranks"]:
+        per_iter = r["model_per_admm_iteration"]["flags"]  # one hop (a byte per boundary agent and peer) + 8
+        hop = per_iter - 8
+        bcd = 8 * n_bcd + (n_bcd - 1) * (hop + 8) if fit.get("tol", 0) > 0 else 0
+        assert r["sent"]["flags"] == hops * per_iter + bcd
+        assert r["admm_iterations"] == sum(x_len)
+        assert r["sent"]["halo"] == r["admm_iterations"] * r["model_per_admm_iteration"]["halo"] > 0
+
+
+def test_hals_y_step_on_two_ranks_same_bits():
+    """y_solver=hals is per agent (no message): the single-process bits, and its unscaled
+    Y-step residual in the history."""
+    case = {"data": dict(N=7, K=3), "fit": {"exchange": "plain", "y_solver": "hals"}}
+    outs = _spawn(2, case)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
+    _assert_same(outs[0].value, _reference(case))
+    assert "flags" not in outs[0].value["sent"]
+
+
+def test_adaptive_schedule_on_two_ranks_same_bits():
+    """penalty_schedule=adaptive: each agent's cap and mu_i adapt from what it holds (its whole
+    degree, its S_i and rho_i), so the caps, the draws and the mu_i-weighted residuals give the
+    single-process bits; the schedule did act (the run differs from the paper schedule's)."""
+    case = {"data": dict(N=8, K=3), "fit": {"exchange": "quantized", "penalty_schedule": "adaptive", "bcd_iters": 4},
+            "cost_model": True}
+    outs = _spawn(2, case)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
+    ref = _reference(case)
+    _assert_same(outs[0].value, ref)
+    paper = _reference(dict(case, fit=dict(case["fit"], penalty_schedule="paper")))
+    assert not torch.equal(ref.X, paper.X)
+
+
+def test_stopping_rule_on_two_ranks_same_iterations_and_flag_bytes():
+    """tol and admm_tol: agents stop at different ADMM iterations and freeze at different BCD
+    iterations, the flags cross every cut edge; every rank stops where one process does (the
+    same counts, the same converged iteration), with the flag bytes as modelled."""
+    fit = dict(SHORT, exchange="quantized", tol=3e-3, admm_tol=1e-3, bcd_iters=10)
+    case = {"data": dict(N=9, K=3), "fit": fit, "cost_model": True}
+    outs = _spawn(2, case)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
+    ref = _reference(case)
+    assert ref.converged and ref.n_iter < fit["bcd_iters"]
+    counts = [torch.as_tensor(v).flatten().tolist() for v in ref.history["x_iters"]]
+    assert any(len(set(c)) > 1 for c in counts) and any(0 in c for c in counts)  # per-agent stops, frozen agents
+    assert any(max(c) < fit["x_iters"] for c in counts)  # loops that every agent left early
+    _assert_same(outs[0].value, ref)
+    _assert_flag_bytes(outs[0].value, fit)
+
+
+SOLVER_CASES = [
+    (2, 12, 5, {"exchange": "quantized", "y_solver": "hals", "penalty_schedule": "adaptive", "bcd_iters": 5}),
+    (3, 23, 3, {"exchange": "plain", "tol": 1e-3, "penalty_schedule": "adaptive", "bcd_iters": 30}),
+    (3, 10, 5, {"exchange": "plain", "y_solver": "hals", "tol": 1e-3, "admm_tol": 1e-2, "init": "random",
+                "bcd_iters": 30, "x_iters": 12, "y_iters": 12}),
+    (2, 13, 4, {"exchange": "quantized", "protocol": "masked", "tol": 2e-3, "admm_tol": 1e-2,
+                "penalty_schedule": "adaptive", "bcd_iters": 20, "x_iters": 10}),
+    (2, 8, 3, {"exchange": "paillier", "key_bits": 128, "penalty_schedule": "adaptive", "tol": 3e-3,
+               "bcd_iters": 12}),
+    (3, 9, 3, {"exchange": "paillier", "key_bits": 128, "protocol": "aggregated", "y_solver": "hals",
+               "admm_tol": 1e-2, "x_iters": 10, "y_iters": 10}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("P,N,K,fit", SOLVER_CASES)
+def test_solver_settings_same_bits_across_ranks_sizes_and_kinds(P, N, K, fit):
+    case = {"data": dict(N=N, K=K, p=0.35), "fit": fit}
+    outs = _spawn(P, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_same(outs[0].value, _reference(case))
+    if fit.get("tol", 0) > 0 or fit.get("admm_tol", 0) > 0:
+        assert "flags" in outs[0].value["sent"]
+        if fit["exchange"] != "paillier":
+            _assert_flag_bytes(outs[0].value, dict(SHORT, **fit))
+
+
+@pytest.mark.slow
+def test_stopping_rule_resume_with_frozen_agents_is_bit_for_bit(tmp_path):
+    """A run stopped (callback) after BCD iteration 5, where some agents are frozen by the
+    BCD-level rule, resumes from its checkpoints into the uninterrupted run's bits."""
+    fit = {"exchange": "plain", "tol": 1e-3, "admm_tol": 0.0, "penalty_schedule": "adaptive", "bcd_iters": 30}
+    full = {"data": dict(N=7, K=3), "fit": fit}
+    ref = _reference(full)
+    frozen = [v for v in ref.history["x_iters"] if 0 in torch.as_tensor(v).flatten().tolist()]
+    assert ref.converged and frozen and ref.n_iter > 5
+    case = dict(full, checkpoint_dir=str(tmp_path / "ck"), stop_at=5)
+    outs = _spawn(2, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    outs = _spawn(2, dict(case, stop_at=None, resume=True))
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_same(outs[0].value, ref)
 
 
 @pytest.mark.slow
@@ -453,8 +563,8 @@ def test_cli_app_writes_what_ppdnmf_writes_from_rank_zero(tmp_path):
 
 @pytest.mark.slow
 def test_cli_app_user_error_exits_2(tmp_path):
-    res = _cli(["solver.tol=1e-3", "distributed.nproc=2", f"hydra.run.dir={tmp_path}"], tmp_path)
-    assert res.returncode == 2 and "rank 0: ConfigError: solver.tol: a distributed run takes fixed" in res.stderr
+    res = _cli(["solver.x_solver=i_admm", "distributed.nproc=2", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert res.returncode == 2 and "rank 0: ConfigError: solver.x_solver: a distributed run takes" in res.stderr
     res = _cli(["distributed.nproc=0", f"hydra.run.dir={tmp_path}"], tmp_path)
     assert res.returncode == 2 and "distributed.nproc" in res.stderr
 
@@ -470,13 +580,20 @@ def test_submitit_local_sweep_of_distributed_runs(tmp_path):
         assert summary["distributed"]["world_size"] == 2
 
 
-@pytest.mark.parametrize("kw,key", [({"penalty_schedule": "adaptive"}, "penalty_schedule"),
-                                    ({"y_solver": "hals"}, "y_solver")])
-def test_settings_a_distributed_run_does_not_take_are_refused(kw, key):
-    from ppdnmf_torch.distributed.engine import _check_supported
+def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
+    """An exchange object (every rank builds its own) and the incremental X-step (a token that
+    walks every agent: one process) stop with the reason; the solver settings of ``fit``
+    (the adaptive schedule, HALS, the stopping rule) are all taken."""
+    from ppdnmf_torch.config import RunConfig
+    from ppdnmf_torch.distributed.engine import _check_supported, run_rank
+    from ppdnmf_torch.exchange import make_exchange
     from ppdnmf_torch.exchange.spec import PlainSpec
 
-    args = {"penalty_schedule": "paper", "y_solver": "admm", **kw}
     with pytest.raises(pp.ConfigError) as err:
-        _check_supported(0.0, None, PlainSpec(), args["penalty_schedule"], args["y_solver"])
-    assert err.value.key == key and "distributed" in str(err.value)
+        _check_supported(make_exchange(PlainSpec()))
+    assert err.value.key == "exchange" and "every rank" in str(err.value)
+    cfg = RunConfig(centralized=False)
+    cfg.solver.x_solver, cfg.logger.kind = "i_admm", "none"
+    with pytest.raises(pp.ConfigError) as err:
+        run_rank(cfg, tmp_path, solo)
+    assert err.value.key == "solver.x_solver" and "distributed" in str(err.value)

@@ -15,7 +15,7 @@ from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, estimate_s
 from ..exchange.packing import derive_layout
 from ..exchange.spec import QuantizedSpec
 
-__all__ = ["RankLedger", "halo_bytes", "cut_protocol_bytes"]
+__all__ = ["RankLedger", "halo_bytes", "flag_bytes", "cut_protocol_bytes"]
 
 
 class RankLedger:
@@ -139,6 +139,14 @@ def halo_bytes(layout, lk: int, itemsize: int) -> dict:
     rows = sum(int(t.numel()) for t in layout.send_rows.values())
     edges = sum(int(t.numel()) for t in layout.send_edges.values())
     return {"halo": rows * lk * itemsize, "penalty": edges * 8}
+
+
+def flag_bytes(layout) -> int:
+    """What one ADMM iteration under the stopping rule (:mod:`.topology`) sends from ``layout``'s
+    rank: one hop of the flags (a byte per boundary agent and peer) and its share of the
+    decision (one ``int64`` in the sum over ranks). A loop's last iteration sends neither;
+    the BCD-level rule sends one hop and two decisions per BCD iteration (one on the first)."""
+    return sum(int(t.numel()) for t in layout.send_rows.values()) + 8
 
 
 def cut_protocol_bytes(partition, graph, rank: int, *, protocol: str, key_bits: int, lk: int, slots: int = 1) -> int:

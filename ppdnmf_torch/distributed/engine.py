@@ -4,8 +4,9 @@ rank's agents) and :func:`run_rank` (a CLI run: the same config, outputs on rank
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
 edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
 neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~.secure.SecureHalo`, whose
-keys and seeds never leave their rank) and reduces the metrics across ranks
-(:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
+keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
+(every edge out of its agents; the stopping rule's flags and decisions across ranks) and
+reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
 (:func:`ppdnmf_torch.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
 the single-process eager run's (``fuse=False``).
 
@@ -30,14 +31,16 @@ from ..api import FitResult, _history_single, _init_seed, _preflight
 from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ..exchange import exchange_spec
 from ..exchange.base import Exchange
+from ..penalties import cap_bounds
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ..threads import with_threads
 from .comm import Comm, DistributedError
-from .costs import cut_protocol_bytes, halo_bytes
+from .costs import cut_protocol_bytes, flag_bytes, halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
 from .partition import Partition, partition_agents
+from .topology import rank_topology
 from .reduce import RankReduction, gather_agents
 from .secure import SecureHalo
 
@@ -58,7 +61,8 @@ class RankResult:
         per category (``sent``) and the halo's model of them per ADMM iteration
         (``model_per_admm_iteration``); on other ranks, its own only.
     admm_iterations : int
-        ADMM iterations of the X-steps this process ran (a resumed run: its own).
+        ADMM iterations of the X-steps this process ran (a resumed run: its own; under the
+        stopping rule, the loops' actual lengths).
     """
 
     result: FitResult | None
@@ -80,18 +84,7 @@ def global_digest(blocks, graph, caps, seed, params, spec) -> str:
     return h.hexdigest()
 
 
-def _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver) -> None:
-    if penalty_schedule != "paper":
-        raise ConfigError(
-            f"penalty_schedule: a distributed run takes the paper's fixed caps (penalty_schedule=paper) in this "
-            f"version, got {penalty_schedule!r}: the adaptive caps of an agent's neighbours on other ranks would "
-            "have to cross ranks every BCD iteration; run it in one process")
-    if y_solver != "admm":
-        raise ConfigError(f"y_solver: a distributed run takes y_solver=admm in this version, got {y_solver!r}")
-    if tol != 0 or (admm_tol is not None and admm_tol != 0):
-        raise ConfigError(
-            "tol: a distributed run takes fixed iteration counts (tol=0, admm_tol=0 or None) in this version: the "
-            "stopping rule's flags would have to cross ranks every iteration")
+def _check_supported(spec) -> None:
     if isinstance(spec, Exchange):
         raise ConfigError("exchange: a distributed run builds its exchange on every rank; pass a kind name or a spec")
     if spec.kind not in HALO_KINDS + ("paillier",):
@@ -175,7 +168,10 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
         As :func:`~ppdnmf_torch.fit`. Every rank reads the whole ``Z`` and keeps its agents' blocks.
     tol, admm_tol
-        0 (and None): fixed iteration counts; the stopping rule is not distributed yet.
+        As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C): the flags cross the cut
+        edges one hop per iteration and every rank's loops end at the single-process
+        iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
+        sum over the ranks, per iteration of a tracked loop).
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
         As :func:`~ppdnmf_torch.fit`: the kinds :data:`~.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
@@ -198,9 +194,11 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         As :func:`~ppdnmf_torch.fit`.
     penalty_schedule, init, init_seed, y_solver
         As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
-        (:data:`~ppdnmf_torch.PAPER_SETTINGS`): this version runs ``penalty_schedule="paper"``
-        and ``y_solver="admm"`` only (others raise :class:`~ppdnmf_torch.ConfigError`);
-        both starts (``init="ones"`` or ``"random"``) give the single-process bits.
+        (:data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
+        ``penalty_schedule="adaptive"`` (each agent adapts its cap and ``mu_i`` from what it
+        holds, its whole degree included; its neighbours' caps reach it inside their penalty
+        draws, which the halo carries anyway), ``y_solver="hals"`` (per agent, no message)
+        and both starts (``init="ones"`` or ``"random"``).
 
     Returns
     -------
@@ -219,22 +217,23 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
                           penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
-    _check_supported(tol, admm_tol, spec, penalty_schedule, y_solver)
+    _check_supported(spec)
     part = _resolve_partition(comm, graph, partition, assignment)
     _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
     itemsize = torch.empty((), dtype=dtype).element_size()
     lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
-    exch = (SecureHalo(spec, lay, comm, graph, part.owner, caps) if spec.kind == "paillier"
-            else HaloExchange(spec, lay, comm))
-    _preflight(exch, blocks, caps, graph.degree)
+    # paillier's public range bound holds for the largest caps the schedule can reach
+    exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
+            if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
+    _preflight(exch, blocks, caps, graph.degree, params)
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
-                           dtype=dtype, device=device)
+                           dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
     problem.init_seeds = [_init_seed(init_seed, seed)]
     counts = [b.shape[1] for b in blocks]
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
-    caps_e = caps[graph.src[lay.edge_ids]].to(device=device, dtype=torch.float64)
-    sampler = RankSampler(caps_e, lay.edge_ids, graph.src.numel(), seed, penalty, x_iters)
+    sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
+                          penalty, x_iters)
     fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
     state = history = payload = None
     if resume:
@@ -257,11 +256,9 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     if payload is not None:
         exch.load_cost_state(payload.get("exchange_costs", {}))
     if state is None:
-        state = init_state(problem, rank, init=params.init)
-        # the penalty draws of the rank's edges (the problem's topology has its inner edges only)
-        state.g = torch.zeros(lay.edge_ids.numel(), dtype=torch.float64, device=device)
+        state = init_state(problem, rank, init=params.init)  # g: the draws of the rank's edges
     bcd_start = state.bcd_done
-    agents = RankReduction(lay, comm, part, mu=mu, eta=eta)
+    agents = RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver)
 
     def cb(info):
         info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
@@ -280,12 +277,15 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
             costs = dict(costs, bytes_per_edge=_edge_order(per_edge, graph))
     finally:
         exch.close()
-    iters = (state.bcd_done - bcd_start) * x_iters
+    # the X-step loops' lengths (the stopping rule ends a loop early on every rank at once)
+    iters = sum(int(v.max()) for v in history["x_iters"][bcd_start:])
     if spec.kind == "paillier":
         model = {"crypto": cut_protocol_bytes(part, graph, comm.rank, protocol=spec.protocol,
                                               key_bits=spec.key_bits, lk=L * rank, slots=exch.layout.slots)}
     else:
         model = halo_bytes(lay, L * rank, itemsize)
+    if params.inner_tol > 0:
+        model["flags"] = flag_bytes(lay)
     gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
                                     what=f"the output gather of {name}") for name in ("X", "U", "Y")}
     mine = dict(lay.summary(), sent=dict(comm.sent), admm_iterations=iters, model_per_admm_iteration=model)
@@ -386,7 +386,7 @@ def distributed_summary(comm: Comm, fit: RankResult) -> dict:
     per_iter = []
     for r in fit.ranks:
         n = max(1, r["admm_iterations"])
-        per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty", "crypto", "framing")
+        per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty", "crypto", "framing", "flags")
                          if k in r["sent"]})
     return {"world_size": comm.world_size, "backend": comm.backend, "partition": fit.partition.summary(),
             "ranks": fit.ranks, "bytes_per_admm_iteration": per_iter}

@@ -48,8 +48,11 @@ class RankSampler(PenaltySampler):
 
     Parameters
     ----------
-    caps_e : Tensor (D,) float64
-        The cap ``g_i`` of each of the rank's edges' source agents.
+    caps : Tensor (n_slots,) float64
+        The cap ``g_i`` of each slot's agent (:meth:`set_caps` takes new ones the same way:
+        ``penalty_schedule="adaptive"``).
+    src : LongTensor (D,)
+        The slot of each of the rank's edges' source agent (:class:`~.topology.RankTopology`'s ``src``).
     edge_ids : LongTensor (D,)
     n_edges : int
         ``2E``, the directed edges of the whole graph (one trial).
@@ -57,9 +60,8 @@ class RankSampler(PenaltySampler):
         As the single-process sampler's.
     """
 
-    def __init__(self, caps_e, edge_ids, n_edges: int, seed: int, mode: str, x_iters: int):
-        idx = torch.arange(caps_e.numel(), device=caps_e.device)
-        super().__init__(caps_e, idx, [int(n_edges)], [int(seed)], mode, x_iters)
+    def __init__(self, caps, src, edge_ids, n_edges: int, seed: int, mode: str, x_iters: int):
+        super().__init__(caps, src, [int(n_edges)], [int(seed)], mode, x_iters)
         self._keep = edge_ids.cpu()
 
     def begin_bcd_iteration(self) -> None:

@@ -190,10 +190,12 @@ class RankLayout:
 
 
 def rank_problem(layout: RankLayout, graph: Graph, blocks: dict, caps: torch.Tensor, seed: int, *, width: int,
-                 dtype, device) -> Problem:
+                 dtype, device, topology: Topology | None = None) -> Problem:
     """The rank's :class:`Problem`: its agents' blocks ``blocks[i] (L, M_i)`` (global id ``i``) in
     their slots, zero-padded to the single-process width ``padded_width(width)``, its caps
-    ``caps (N,)`` (dummies: 1), and the single-process seed (the penalty stream)."""
+    ``caps (N,)`` (dummies: 1), and the single-process seed (the penalty stream).
+    ``topology``: the solver's view of the rank's graph (a run's
+    :class:`~.topology.RankTopology`); default :meth:`RankLayout.local_topology`."""
     L = next(iter(blocks.values())).shape[0]
     M = padded_width(width)
     n = layout.n_slots
@@ -205,7 +207,8 @@ def rank_problem(layout: RankLayout, graph: Graph, blocks: dict, caps: torch.Ten
         Z[0, s, :, : b.shape[1]] = b
         counts[0, s] = b.shape[1]
         caps_p[0, s] = caps[i]
-    problem = Problem(Z=Z.to(device), counts=counts.to(device), topology=layout.local_topology(graph).to(device),
+    topology = layout.local_topology(graph) if topology is None else topology
+    problem = Problem(Z=Z.to(device), counts=counts.to(device), topology=topology.to(device),
                       caps=caps_p.to(device), seeds=[int(seed)], n_agents=n)
     # the Y-step's elementwise width is the widest agent's of the whole run, as in one process
     problem.width = int(width)

@@ -53,12 +53,16 @@ class RankReduction(AgentReduction):
     comm : Comm
     partition : Partition
     mu, eta : float
-        The ADMM penalties that scale the dual residuals (``SolverParams``).
+        The ADMM penalties that scale the dual residuals (``SolverParams``); with the
+        adaptive schedule each agent's ``mu_i`` (``state.mu``) weighs its own.
+    y_solver : {"admm", "hals"}
+        The Y-step's solver: HALS reports its last sweep's change unscaled (no ``eta``).
     """
 
-    def __init__(self, layout: RankLayout, comm: Comm, partition, *, mu: float, eta: float):
+    def __init__(self, layout: RankLayout, comm: Comm, partition, *, mu: float, eta: float, y_solver: str = "admm"):
         self.layout, self.comm, self.partition = layout, comm, partition
         self.mu, self.eta = mu, eta
+        self.y_scale = eta if y_solver == "admm" else None
         self.counts = partition.counts()
         self._agents = {r: partition.agents(r) for r in range(partition.world_size)}
         self._width = max(self.counts)
@@ -109,7 +113,10 @@ class RankReduction(AgentReduction):
         z_own = torch.linalg.matrix_norm(problem.Z)  # the halo slots' 0 are dropped below
         worst = refit_errors(problem.Z, xw, state.Y, torch.where(z_own > 0, z_own, 1.0), problem.width)
         bad = nonfinite_agents(state.U) | nonfinite_agents(state.Y)
-        fields = torch.stack([res.to(torch.float64), num.to(torch.float64), *xi["residuals_sq"].to(torch.float64),
+        x_sq_own = xi["residuals_sq"]
+        if state.mu is not None:  # each agent's dual residual weighed by its mu_i^2, as x_step does
+            x_sq_own = torch.stack([x_sq_own[0], state.mu.to(x_sq_own.dtype).square() * x_sq_own[1]])
+        fields = torch.stack([res.to(torch.float64), num.to(torch.float64), *x_sq_own.to(torch.float64),
                               *yi["residuals_sq"].to(torch.float64), xi["iters"].to(torch.float64),
                               yi["iters"].to(torch.float64), bad.to(torch.float64),
                               xi["first_bad"].to(torch.float64), worst.to(torch.float64)])
@@ -126,8 +133,8 @@ class RankReduction(AgentReduction):
             "nmse_worst": g[10].to(dtype).mean(dim=-1),
             "objective": obj,
             "x_primal": x_sq[0],
-            "x_dual": self.mu * x_sq[1],
+            "x_dual": self.mu * x_sq[1] if state.mu is None else x_sq[1],
             "y_primal": y_sq[0],
-            "y_dual": self.eta * y_sq[1],
+            "y_dual": y_sq[1] if self.y_scale is None else self.y_scale * y_sq[1],
         }
         return values, g[6].to(xi["iters"].dtype), g[7].to(yi["iters"].dtype)

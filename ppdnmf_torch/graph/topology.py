@@ -139,3 +139,13 @@ class Topology:
         hit = torch.zeros_like(flags, dtype=torch.int32)
         hit.index_add_(0, self.src, flags[self.dst].to(torch.int32))
         return flags | (hit > 0)
+
+    def any_set(self, flags: torch.Tensor) -> bool:
+        """Whether any node's flag in ``flags`` is set: the stopping rule's decisions are taken
+        over every agent (one process holds them all; a rank of a distributed run asks the
+        others, :class:`ppdnmf_torch.distributed.topology.RankTopology`)."""
+        return bool(flags.any())
+
+    def all_set(self, flags: torch.Tensor) -> bool:
+        """Whether every node's flag in ``flags`` is set (see :meth:`any_set`)."""
+        return bool(flags.all())

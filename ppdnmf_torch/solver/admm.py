@@ -220,8 +220,10 @@ def hals_y_step(problem: Problem, state: SolverState, params: SolverParams, *, w
     from the last ``Y``; no communication, eager whatever ``fuse`` says.
 
     Updates ``state.Y`` (``V`` and ``R``, the ADMM variables, stay unused). Returns iteration
-    counts like :func:`y_step`, ``primal`` 0 (every sweep's ``Y`` is feasible) and ``dual`` the
-    last sweep's change ``||Y - Y_prev||`` summed over agents, per trial.
+    counts like :func:`y_step`, ``primal`` 0 (every sweep's ``Y`` is feasible), ``dual`` the
+    last sweep's change ``||Y - Y_prev||`` summed over agents, per trial, and
+    ``residuals_sq`` ``(2, T, N)`` (zeros, and each agent's ``||Y - Y_prev||^2``: what a
+    distributed run sums across ranks).
     """
     Z, topo = problem.Z, problem.topology
     T, N = Z.shape[:2]
@@ -232,5 +234,7 @@ def hals_y_step(problem: Problem, state: SolverState, params: SolverParams, *, w
     stop = StopRule(state.frozen, params.inner_tol, params.y_iters, topo, (T, N), Z.device)
     Y, Y_prev = hals_loop(state.Y, G, C, params.y_iters, problem.width, stop if stop.track else None)
     state.Y = Y
-    change = torch.linalg.matrix_norm(Y - Y_prev).square().sum(-1).sqrt()
-    return {"iters": stop.counts, "primal": torch.zeros_like(change), "dual": change}
+    per_agent = torch.linalg.matrix_norm(Y - Y_prev).square()
+    change = per_agent.sum(-1).sqrt()
+    return {"iters": stop.counts, "primal": torch.zeros_like(change), "dual": change,
+            "residuals_sq": torch.stack([torch.zeros_like(per_agent), per_agent])}

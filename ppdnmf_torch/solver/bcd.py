@@ -258,7 +258,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 # and Y = max(0, V + R) still equal after one ADMM iteration each
                 raised = torch.maximum(rel_change(state.X, X_before), rel_change(state.Y, Y_before)) < tol
                 bflags = stop_flags(bflags, raised & ~bflags, problem.topology)
-                state.frozen = bflags if bool(bflags.any()) else None
+                state.frozen = bflags if problem.topology.any_set(bflags) else None
             costs = _log_costs(exchange, history)
             good = good_point(state, sampler, history, keep, exchange)
             if checkpointer is not None and checkpointer.due(bcd_iter):
@@ -267,7 +267,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             if callback is not None:
                 stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state,
                                                    time.perf_counter() - t_start, costs=costs)))
-            if tol > 0 and bool(bflags.all()):
+            if tol > 0 and problem.topology.all_set(bflags):
                 converged = True
                 break
             if stop:

@@ -39,11 +39,12 @@ class StopRule:
         self.counts += self.active.to(torch.int64) if self.active is not None else 1
         if it == self.n_iters - 1:
             return True
-        raised = torch.zeros_like(self.flags) if self.tol == 0 else (rel_change(new, prev) < self.tol)
-        if self.active is not None:
-            raised &= self.active
-        self.flags = stop_flags(self.flags, raised, self.topology)
+        if self.tol > 0:  # with tol == 0 (agents frozen by the BCD-level rule) no flag is ever raised
+            raised = rel_change(new, prev) < self.tol
+            if self.active is not None:
+                raised &= self.active
+            self.flags = stop_flags(self.flags, raised, self.topology)
         self.active = ~self.flags if self.frozen is None else ~(self.flags | self.frozen)
-        return not bool(self.active.any())
+        return not self.topology.any_set(self.active)
 
 
