@@ -73,7 +73,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
     owner : sequence of int
         The rank of every agent.
     caps : Tensor (N,)
-        The penalty caps ``g_i`` (public), for the range bound.
+        The largest penalty caps ``g_i`` the run can reach (public), for the range bound.
     """
 
     name = "paillier"
