@@ -2,6 +2,7 @@
 and an installed (not editable) package runs its CLI from any directory."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,6 @@ def test_installed_wheel_runs_the_cli_from_another_directory(wheel, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     cli("-m", "seed=0,1", "hydra/launcher=joblib", *short, f"hydra.sweep.dir={work / 'sweep'}")
     assert sorted(p.name for p in (work / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
+    # the same command over two local ranks (the multi-process app, from the installed wheel)
+    cli("distributed.nproc=2", *short, f"hydra.run.dir={work / 'run3'}")
+    assert json.loads((work / "run3" / "summary.json").read_text())["distributed"]["world_size"] == 2
