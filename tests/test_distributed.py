@@ -32,14 +32,15 @@ FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decrypt
 SHORT = dict(bcd_iters=3, x_iters=4, y_iters=3)
 
 
-def _data(N=9, L=8, K=3, seed=0, p=0.5):
-    """``Z (L, M)`` of rank ``K`` plus noise, an Erdos-Renyi graph and uneven columns per agent."""
+def _data(N=9, L=8, K=3, seed=0, p=0.5, graph="er"):
+    """``Z (L, M)`` of rank ``K`` plus noise, an Erdos-Renyi graph (or a ring) and uneven columns
+    per agent."""
     gen = torch.Generator().manual_seed(seed)
     counts = [int(c) for c in torch.randint(2, 9, (N,), generator=gen)]
     M = sum(counts)
     Z = torch.rand(L, K, generator=gen, dtype=torch.float64) @ torch.rand(K, M, generator=gen, dtype=torch.float64)
     Z = Z + 0.01 * torch.rand(L, M, generator=gen, dtype=torch.float64)
-    return Z, erdos_renyi(N, p, seed=seed), counts
+    return Z, (ring(N) if graph == "ring" else erdos_renyi(N, p, seed=seed)), counts
 
 
 def _fit_kwargs(case):
@@ -85,7 +86,7 @@ def _rank_fit(case: dict):
 
 
 def _watch_secrets() -> dict:
-    """In a rank: record the private keys (``p``, ``q``, ``lambda``) and mask seeds it makes, for
+    """In a rank: record the private keys (``p``, ``q``, ``(p - 1)(q - 1)``) and mask seeds it makes, for
     the scan of every rank's traffic (the test's own copy; the library never hands them out)."""
     from ppdnmf_torch.distributed import parties
     from ppdnmf_torch.exchange.paillier import seeds
@@ -255,6 +256,28 @@ def test_unsupported_settings_are_refused(solo, kw, key):
     assert info.value.key == key
 
 
+def test_paillier_keys_handed_in_are_checked_and_not_kept_in_the_spec(solo, paillier_keypairs):
+    from ppdnmf_torch.distributed.secure import _own_keypairs
+
+    pairs = paillier_keypairs(128, 4)
+    Z, G, counts = _data(N=4)
+    for keys, why in [(pairs[:3], "3 key pairs for 4 agents"), ([pairs[0]] * 4, "duplicates")]:
+        with pytest.raises(ConfigError, match=why):
+            fit_rank(solo, Z, G, 2, columns=counts, exchange="paillier", key_bits=128,
+                     exchange_options={"keypairs": keys}, **SHORT)
+    mine = _own_keypairs(pairs, [1, 3], 4, 128)
+    assert sorted(mine) == [1, 3] and mine[3] is pairs[3]
+    from ppdnmf_torch.distributed.secure import SecureHalo
+    from ppdnmf_torch.exchange import exchange_spec
+
+    part = partition_agents(G, 1, "rcm")
+    exch = SecureHalo(exchange_spec("paillier", key_bits=128, options={"keypairs": pairs}),
+                      RankLayout.build(part, G, 0, L=8, K=2, itemsize=8), solo, G, part.owner, torch.full((4,), 0.033))
+    assert exch.spec.keypairs is None and sorted(exch._own_keys) == [0, 1, 2, 3]
+    exch.close()
+    assert exch._own_keys is None
+
+
 # -- spawned ranks -------------------------------------------------------------------------
 def test_three_ranks_same_bits_bytes_as_modelled_and_no_data_crosses():
     """3 gloo ranks, quantized with the cost model, a cut edge between every pair of ranks in
@@ -291,7 +314,9 @@ def _paillier_case(protocol, N=9, **extra):
 def _assert_paillier_same(out, case):
     ref = _reference(case)
     _assert_same(out, ref)  # every count key too (the time keys differ by nature)
-    quantized = _reference(dict(case, fit=dict(case["fit"], exchange="quantized")))
+    # the host path's switches change no number: quantized takes none of them
+    fit = {k: v for k, v in case["fit"].items() if k != "exchange_options"}
+    quantized = _reference(dict(case, fit=dict(fit, exchange="quantized")))
     assert torch.equal(out["X"], quantized.X) and all(torch.equal(a, b) for a, b in zip(out["Y"], quantized.Y))
 
 
@@ -446,6 +471,20 @@ def test_paillier_same_bits_across_ranks_and_protocols(P, N, protocol):
     case = _paillier_case(protocol, N=N)
     case["data"]["p"] = 0.4
     outs = _spawn(P, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_paillier_same(outs[0].value, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol,options,graph", [
+    ("masked", {"precompute": False}, "er"), ("aggregated", {"precompute": False}, "ring"),
+    ("masked", {"djn": True}, "ring"), ("paper", {"djn": True}, "er"), ("masked", {"packing": False}, "er"),
+    ("masked", {"workers": 2}, "er"), ("aggregated", {"workers": 2}, "ring")])
+def test_paillier_host_path_options_across_ranks(protocol, options, graph):
+    case = _paillier_case(protocol, N=8)
+    case["data"]["graph"] = graph
+    case["fit"]["exchange_options"] = options
+    outs = _spawn(3 if graph == "ring" else 2, case)
     assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
     _assert_paillier_same(outs[0].value, case)
 

@@ -28,7 +28,6 @@ import warnings
 import torch
 from gmpy2 import mpz
 
-from ..errors import ConfigError
 from ..exchange.costmodel import CostLedger, ciphertext_nbytes, public_key_nbytes, seed_chunks
 from ..exchange.paillier.keys import EncryptedVector, RawPaillier, _Agent, check_key_bits, generate_keypair
 from ..exchange.paillier.masked import MaskPlan
@@ -106,7 +105,8 @@ class RankParties(HoldsPrivateKey):
     masked : bool
     """
 
-    def __init__(self, spec, codec, layout_rank, comm: Comm, graph, owner, *, djn_bits, masked: bool):
+    def __init__(self, spec, codec, layout_rank, comm: Comm, graph, owner, *, djn_bits, masked: bool,
+                 keypairs=None):
         self.spec, self.codec, self.layout_rank, self.comm = spec, codec, layout_rank, comm
         self.djn_bits = djn_bits
         self.g = _Graph(graph)
@@ -115,27 +115,23 @@ class RankParties(HoldsPrivateKey):
         self.supply = self.pool = None
         self.structure()
         self.ledger = CostLedger(self.g.n_nodes, timers=True, setup=masked)
-        self._make_keys()
+        self._make_keys(keypairs)
         self.plan = MaskPlan(self.g) if masked else None
         if masked:
             self.agree_seeds()
         self.start_supply()
 
-    def _make_keys(self) -> None:
-        """The rank's own key pairs (tests may hand in small ones), then the ghosts' public keys."""
+    def _make_keys(self, keypairs) -> None:
+        """The rank's own key pairs, made here (``keypairs``: this rank's agents' pairs handed in,
+        ``{agent: (pk, sk)}``; tests), then the ghosts' public keys."""
         spec, codec, n_nodes = self.spec, self.codec, self.g.n_nodes
         kb = codec.key_bits
         raw = RawPaillier(self.ledger)
-        pending = spec.keypairs
         check_key_bits(kb)
-        if pending is not None and len(pending) < n_nodes:
-            raise ConfigError(f"keypairs: {len(pending)} key pairs for {n_nodes} agents; need one per agent "
-                              "(each rank keeps its own agents' pairs)")
         with self.ledger.timed("time_keygen"):
             for i in self.agents:
-                pk, sk = pending[i] if pending is not None else generate_keypair(kb)
+                pk, sk = keypairs.pop(i) if keypairs is not None else generate_keypair(kb)
                 self.parties[i] = _Agent(i, n_nodes, pk, sk, codec, raw)
-        del pending
         own_mode = "djn" if spec.djn else ("crt" if spec.precompute else None)
         for i in self.agents:
             self.parties[i]._enable_fast(own_mode=own_mode, djn_bits=self.djn_bits)
@@ -146,11 +142,22 @@ class RankParties(HoldsPrivateKey):
             if i not in self.parties:
                 self.parties[i] = _Ghost(i, n)
 
+    def check_keys(self, keys: dict, what: str) -> None:
+        """The public keys a round's messages carry (``{edge: [n_i]}``, received) are the ones the
+        setup delivered: a peer that sends another key is a protocol error, not a new key."""
+        for e, (n,) in keys.items():
+            if int(n) != int(self.parties[self.g.src[e]].n):
+                raise DistributedError(f"rank {self.comm.rank}: {what}: rank {self.owner[self.g.src[e]]} sent "
+                                       f"another public key for agent {self.g.src[e]} than at setup")
+
     # -- structure and links ------------------------------------------------------------
     def mine(self, node: int) -> bool:
+        """Whether agent ``node`` is this rank's."""
         return self.owner[node] == self.comm.rank
 
     def structure(self) -> None:
+        """The rank's agents and edges (global ids): out of its agents, into them, and per peer
+        rank the cut edges either way, in increasing edge id."""
         g, r = self.g, self.comm.rank
         own = self.owner
         self.peers = list(self.layout_rank.peers)
@@ -195,6 +202,8 @@ class RankParties(HoldsPrivateKey):
         return self.swap_items(sends, self.out_cross, count, width, what)
 
     def account(self, edges, *, reply: bool, nbytes: int, setup: bool = False) -> None:
+        """Account one message per edge of ``edges`` (``reply``: ``j -> i``, else ``i -> j``) of
+        ``nbytes`` each, per edge or (``setup``) in ``setup_ciphertext_bytes``."""
         g, led = self.g, self.ledger
         for e in edges:
             a, b = (g.dst[e], g.src[e]) if reply else (g.src[e], g.dst[e])
@@ -220,9 +229,26 @@ class RankParties(HoldsPrivateKey):
             except Exception as exc:  # pragma: no cover - a host without working subprocesses
                 warnings.warn(f"SecureHalo: the worker pool did not start ({exc!r}); working in-process",
                               RuntimeWarning, stacklevel=3)
-        self.supply = ObfuscatorSupply(moduli, djn_bits=self.djn_bits, pool=self.pool)
+        # with precompute and a pool, a stock per key refilled in the background (obfuscators)
+        self.supply = ObfuscatorSupply(moduli, djn_bits=self.djn_bits, pool=self.pool,
+                                       stock={} if spec.precompute else None)
+
+    def obfuscators(self, demand: dict) -> dict:
+        """``{key: [obfuscator, ...]}``, ``demand[key]`` each; in stock mode the stock of every
+        key asked for is then kept at two rounds' worth and refilled in the background."""
+        out = self.supply.take(demand)
+        targets = self.supply.targets
+        if targets is not None:
+            for key, c in demand.items():
+                targets[key] = max(targets.get(key, 0), 2 * int(c))
+            self.supply.refill()
+        return out
 
     def agree_seeds(self) -> None:
+        """The masked protocol's seed agreement across ranks (module docstring): the keys' setup
+        bytes, the pair seeds in four steps (relayed key, drawn seed, relayed seed, kept seed)
+        and the edge seeds; counted in the ``setup_*`` keys as
+        :func:`~ppdnmf_torch.exchange.paillier.masked.agree_seeds` counts them."""
         g, led, plan, P = self.g, self.ledger, self.plan, self.parties
         kb = self.codec.key_bits
         B, CT, k = public_key_nbytes(kb), ciphertext_nbytes(kb), seed_chunks(kb)

@@ -27,36 +27,37 @@ What no rank can check
 ----------------------
 One process range-checks every agent's sums against its neighbours' values before anything
 is encrypted. Here no rank sees a ghost's values: a rank checks its own agents' values against
-the public bound ``2 max|q_i| gamma_max^2 d_max < limit`` (``gamma_max`` the largest quantized
-cap, ``d_max`` the largest degree; the bound implies every check of one process) and the
-ranks agree on one bit per ADMM iteration. It is looser than one process's exact checks only
+the public bound ``2 max|q_i| max(w_max d_max, gamma_max) < limit`` (``gamma_max`` the largest
+quantized cap, ``w_max`` the largest product of two neighbours' caps, ``d_max`` the largest
+degree; the bound implies every check of one process) and the ranks agree on it once per ADMM
+iteration. It is looser than one process's exact checks only
 for iterates far beyond the preflight's headroom; a value past it stops every rank, with the
 agent named on its own rank.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import gmpy2
 import torch
 import torch.distributed as dist
 from gmpy2 import mpz
 
+from ..errors import ConfigError
 from ..exchange.base import Exchange, ExchangeOutput
 from ..exchange.codec import CodecRangeError
 from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, TIME_KEYS, add_estimates, ciphertext_nbytes,
                                   estimate_seconds, public_key_nbytes)
 from ..exchange.packing import derive_layout
 from ..exchange.paillier.exchange import _warn_if_insecure
-from ..exchange.paillier.keys import EncryptedVector
+from ..exchange.paillier.keys import EncryptedVector, check_key_bits
+from ..exchange.paillier.masked import _blocks
 from ..exchange.paillier.multiexp import signed_multi_exps
 from ..exchange.paillier.obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .comm import Comm, DistributedError
 from .parties import RankParties
 
 __all__ = ["SecureHalo"]
-
-
-def _blocks(values, slots: int) -> list:
-    return [values[s:s + slots] for s in range(0, len(values), slots)]
 
 
 class SecureHalo(HoldsPrivateKey, Exchange):
@@ -80,7 +81,11 @@ class SecureHalo(HoldsPrivateKey, Exchange):
 
     def __init__(self, spec, layout, comm: Comm, graph, owner, caps):
         super().__init__()
-        self._spec = spec
+        # the keys handed in (tests) are checked on every rank alike; the rank keeps its own
+        # agents' pairs only, until bind moves them into the agents, and the spec none
+        self._own_keys = _own_keypairs(spec.keypairs, layout.agents.tolist(), graph.n_agents, spec.key_bits)
+        self._spec = dataclasses.replace(spec, keypairs=None)
+        spec = self._spec
         self.codec = spec.codec()
         self.protocol = spec.protocol
         self.layout_rank, self.comm = layout, comm
@@ -91,8 +96,11 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         self._graph, self._owner = graph, [int(o) for o in owner]
         gcap = [int(v) for v in torch.round(torch.as_tensor(caps, dtype=torch.float64) * self.codec.penalty_scale)]
         src, dst = graph.src.tolist(), graph.dst.tolist()
-        self._w_max = max((gcap[a] * gcap[b] for a, b in zip(src, dst)), default=0)
-        self._d_max = int(graph.degree.max()) if graph.degree.numel() else 0
+        w_max = max((gcap[a] * gcap[b] for a, b in zip(src, dst)), default=0)
+        d_max = int(graph.degree.max()) if graph.degree.numel() else 0
+        # |S_int_i|, |A_i| <= 2 max|q| w_max d_max; a paper reply weighed by gamma_ij = 0 still
+        # holds gamma_ji |q_j - q_i| <= 2 max|q| gamma_max
+        self._bound_factor = 2 * max(w_max * d_max, max(gcap, default=0))
         self.net = None
         self._calibrated = self._last = self._c = None
         self._closed = False
@@ -115,14 +123,17 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)
         if self.net is not None:
             self.net.close()
+        keys, self._own_keys = self._own_keys, None
         self.net = RankParties(self._spec, self.codec, self.layout_rank, self.comm, self._graph, self._owner,
-                               djn_bits=self.djn_bits, masked=self.protocol == "masked")
+                               djn_bits=self.djn_bits, masked=self.protocol == "masked", keypairs=keys)
+        del keys
         self._last = self._c = None
 
     def close(self) -> None:
         """Drop every agent and with it every private key and seed; stop the worker pool."""
         if self.net is not None:
             self.net.close()
+        self._own_keys = None
         self._closed = True
 
     def _check_ready(self):
@@ -142,7 +153,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             for i in self.net.senders:
                 if own[i] is None:
                     demand[i] = demand.get(i, 0) + C
-            obf = self.net.supply.take(demand)
+            obf = self.net.obfuscators(demand)
             requests = {}
             for i in self.net.senders:
                 ag = P[i]
@@ -184,6 +195,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return {e: (requests[g.src[e]] if self.net.mine(g.src[e]) else got[e]) for e in self.net.in_edges}
 
     def _replies_everywhere(self, replies: dict, C: int, what: str) -> dict:
+        """The replies to every edge out of this rank's agents: its own, and those of the other
+        ranks' neighbours (sent across the cut; counted here for the edges into its agents)."""
         g = self.net.g
         CT = ciphertext_nbytes(self.codec.key_bits)
         self.net.account(self.net.in_edges, reply=True, nbytes=C * CT)
@@ -194,6 +207,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
     def _gammas(self, g) -> dict:
         """This rank's integer penalties ``gamma_ij``, by global edge id."""
         gamma = self.codec.encode_penalties(g.reshape(-1))
+        if gamma.numel() and int(gamma.min()) < 0:  # exponents of scalar multiplications
+            raise ValueError("SecureHalo: penalties must be nonnegative (a negative one has no scalar multiplication)")
         return dict(zip(self.layout_rank.edge_ids.tolist(), gamma.cpu().tolist()))
 
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
@@ -209,6 +224,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return self._on_slots(self.codec.decode_rho(rho_int), g.device)
 
     def _penalty_round(self, gam: dict, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """Step 1's encrypted round (``masked`` or ``aggregated``); its ``rho_int`` is kept for step 5
+        while the penalties stay the same."""
         rho_int = (self._masked_penalty(gam, bcd_iter, admm_iter, what) if self.protocol == "masked"
                    else self._aggregated_penalty(gam, bcd_iter, admm_iter, what))
         self._last = (gam, rho_int)
@@ -231,17 +248,21 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return torch.tensor(rho, dtype=torch.int64)
 
     def _aggregated_penalty(self, gam: dict, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """The aggregated protocol's step 1 on this rank
+        (:meth:`~ppdnmf_torch.exchange.paillier.rounds.Rounds.penalty_round`): ``kp_i`` out,
+        ``E_i(gamma_ji)`` back, ``i`` raises, multiplies and decrypts ``rho_int_i``; ``(n_own,)``."""
         g, P, led = self.net.g, self.net.parties, self.net.ledger
         kb = self.codec.key_bits
         B = public_key_nbytes(kb)
         # i -> j: kp_i
-        self.net.forward({e: [P[g.src[e]].n] for e in self.net.out_edges}, 1, B, what + " (public keys)")
+        keys = self.net.forward({e: [P[g.src[e]].n] for e in self.net.out_edges}, 1, B, what + " (public keys)")
+        self.net.check_keys(keys, what)
         self.net.account(self.net.out_edges, reply=False, nbytes=B)
         with led.timed("time_encrypt"):  # j: E_i(gamma_ji)
             demand = {}
             for e in self.net.in_edges:
                 demand[g.src[e]] = demand.get(g.src[e], 0) + 1
-            obf = self.net.supply.take(demand)
+            obf = self.net.obfuscators(demand)
             replies = {}
             for e in self.net.in_edges:
                 i = g.src[e]
@@ -257,6 +278,9 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return self.net.decrypt(acc, self._layout1, 1, bcd_iter, admm_iter)[:, 0]
 
     def _masked_penalty(self, gam: dict, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """The masked protocol's step 1 on this rank (:class:`~ppdnmf_torch.exchange.paillier.masked.FastMasked`):
+        ``E_i(gamma_ij)`` out, ``E_i(gamma_ij)^{gamma_ji}`` times ``j``'s mask units back, ``i``
+        multiplies, strips its edge units and decrypts ``rho_int_i``; ``(n_own,)``."""
         g, P, led, plan = self.net.g, self.net.parties, self.net.ledger, self.net.plan
         CT = ciphertext_nbytes(self.codec.key_bits)
         fresh_for = self.net.designated_here()
@@ -266,7 +290,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             for i in self.net.senders:
                 if own[i] is None:
                     demand[i] = demand.get(i, 0) + len(self.net.out_of[i])
-            obf = self.net.supply.take(demand)
+            obf = self.net.obfuscators(demand)
             fresh = {i: obf[i].pop() for i in fresh_for}
             c = {}
             for i in self.net.senders:
@@ -333,8 +357,9 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         changed since it ran) and whether every rank's values are inside the public range bound."""
         lim = min(self.layout.limit, self.codec.limit)
         qmax = int(q.abs().max()) if q.numel() else 0
-        bad = 2 * qmax * self._w_max * self._d_max >= lim
-        changed = self.protocol != "paper" and (getattr(self, "_last", None) is None or self._last[0] != gam)
+        bound = qmax * self._bound_factor
+        bad = bound >= lim
+        changed = self.protocol != "paper" and (self._last is None or self._last[0] != gam)
         flags = torch.tensor([int(changed), (self.comm.rank + 1) if bad else 0], dtype=torch.int64)
         flags = self.comm.all_reduce(flags, category="metrics", op=dist.ReduceOp.MAX,
                                      what=f"the range check of BCD iteration {bcd_iter}, ADMM iteration {admm_iter}")
@@ -344,7 +369,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             raise CodecRangeError(
                 f"codec range: agent {self.net.agents[row]} (trial 0) at BCD iteration {bcd_iter}, ADMM iteration "
                 f"{admm_iter}: across ranks the protocol's sums are checked against the public bound "
-                f"2 max|q_i| gamma_max^2 d_max = {2 * qmax * self._w_max * self._d_max:.6g}, which does not fit "
+                f"2 max|q_i| max(gamma_max^2 d_max, gamma_max) = {bound:.6g}, which does not fit "
                 f"the limit {lim} (2^{lim.bit_length() - 1}); lower n_max, or use larger keys",
                 trial=0, agent=self.net.agents[row], bcd_iter=bcd_iter, admm_iter=admm_iter, value=qmax, limit=lim)
         if failed >= 0:
@@ -354,6 +379,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return bool(int(flags[0]))
 
     def _aggregated_values(self, qh, gam, P, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """The aggregated protocol's step 5 on this rank: ``E_i(-q_i)`` out, the replies back, ``i``
+        raises each to ``gamma_ij``, multiplies and decrypts ``S_int_i``; ``(n_own, P)``."""
         g, Pa, led = self.net.g, self.net.parties, self.net.ledger
         C = self.layout.n_ciphertexts(P)
         CT = ciphertext_nbytes(self.codec.key_bits)
@@ -373,6 +400,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return self.net.decrypt(acc, self.layout, P, bcd_iter, admm_iter)
 
     def _paper_round(self, qh, gam, P, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """Lines 10-16 as printed, on this rank: ``E_i(-q_i)`` and ``kp_i`` out, the replies back,
+        ``i`` decrypts each on its own and weighs it by ``gamma_ij``; ``S_int (n_own, P)``."""
         g, Pa, led = self.net.g, self.net.parties, self.net.ledger
         C = self.layout.n_ciphertexts(P)
         kb = self.codec.key_bits
@@ -383,7 +412,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         requests, obf = self._requests(qh, C, demand)
         # i -> j: E_i(-q_i) and kp_i
         self.net.account(self.net.out_edges, reply=False, nbytes=C * CT + B)
-        self.net.forward({e: [Pa[g.src[e]].n] for e in self.net.out_edges}, 1, B, what + " (public keys)")
+        keys = self.net.forward({e: [Pa[g.src[e]].n] for e in self.net.out_edges}, 1, B, what + " (public keys)")
+        self.net.check_keys(keys, what)
         req_of = self._requests_everywhere(requests, C, what + " (E_i(-q_i))")
         replies = self._replies(req_of, qh, gam, obf, C)
         back = self._replies_everywhere(replies, C, what)
@@ -401,6 +431,9 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return torch.tensor(rows, dtype=torch.int64).reshape(len(self.net.agents), P)
 
     def _masked_values(self, qh, gam, P, bcd_iter, admm_iter, what) -> torch.Tensor:
+        """The masked protocol's step 5 on this rank: the shifted ``E_i(gamma_ij 2^{w t})`` out, per
+        packed block ``E_i(rho_ij M(q_j, b))`` times ``j``'s mask units back, ``i`` multiplies,
+        strips and decrypts ``A_i``; ``(n_own, P)``."""
         g, Pa, led, plan, lay = self.net.g, self.net.parties, self.net.ledger, self.net.plan, self.layout
         S, C = lay.slots, lay.n_ciphertexts(P)
         used = min(S, P)
@@ -415,7 +448,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             led.add("scalar_multiplications", len(self.net.out_edges) * (used - 1))
         fresh_for = self.net.designated_here()
         with led.timed("time_encrypt"):
-            fresh = self.net.supply.take({i: C for i in fresh_for})
+            fresh = self.net.obfuscators({i: C for i in fresh_for})
             led.add("encryptions", C * len(fresh_for))
         if used > 1:
             self.net.account(self.net.out_edges, reply=False, nbytes=(used - 1) * CT)
@@ -448,17 +481,20 @@ class SecureHalo(HoldsPrivateKey, Exchange):
 
     # -- results on the rank's slots -------------------------------------------------------------
     def _on_slots(self, values, device) -> torch.Tensor:
+        """``values (n_own,)`` of the rank's agents on its slots ``(n_slots,)``; dummies 0."""
         out = torch.zeros(self.layout_rank.n_slots, dtype=values.dtype, device=device)
         out[self.layout_rank.slots.to(device)] = values.to(device)
         return out
 
     # -- costs: counted per rank, summed across ranks ----------------------------------------------
     def _sum(self, rows: list, keys) -> list:
+        """``rows`` (counter dicts) summed over the ranks, key by key (float64: exact below 2^53)."""
         t = torch.tensor([[float(r.get(k, 0)) for k in keys] for r in rows], dtype=torch.float64).reshape(-1, len(keys))
         t = self.comm.all_reduce(t, category="metrics", what="the sum of the cost counters").cpu()
         return [{k: (v if k.startswith("time_") else int(v)) for k, v in zip(keys, row.tolist())} for row in t]
 
     def _op_costs(self):
+        """The cost model's per-operation seconds: given, or calibrated once on rank 0 and shared."""
         cm = self._spec.cost_model
         if cm is False:
             return None
@@ -482,6 +518,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return add_estimates(out, self._op_costs(), setup=masked)
 
     def pop_iteration_costs(self) -> list:
+        """Per-ADMM-iteration records since the last call, every rank's counts summed."""
         records = self.net.ledger.pop()
         keys = COUNT_KEYS + TIME_KEYS
         summed = self._sum(records, keys) if records else []
@@ -495,6 +532,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         return out
 
     def bytes_per_edge(self) -> dict:
+        """Bytes sent ``"i->j"`` over the run, every rank's (an edge's two directions may be counted
+        on two ranks)."""
         merged = {}
         for part in self.comm.all_gather_object(dict(self.net.ledger.edges), what="the per-edge byte counts"):
             for k, v in part.items():
@@ -515,3 +554,20 @@ def _named(exc: CodecRangeError, agents: list) -> CodecRangeError:
     text = str(exc).replace(f"agent {exc.agent} (trial {exc.trial})", f"agent {agent} (trial 0)", 1)
     return CodecRangeError(text, trial=0, agent=agent, bcd_iter=exc.bcd_iter, admm_iter=exc.admm_iter,
                            value=exc.value, limit=exc.limit)
+
+
+def _own_keypairs(keypairs, agents: list, n_agents: int, key_bits: int):
+    """The pairs of ``agents`` among ``keypairs`` (one per agent of the run, in agent order),
+    after the checks :func:`~ppdnmf_torch.exchange.paillier.keys.make_agents` makes: every rank
+    runs them on the whole list, so that every rank refuses the same list."""
+    if keypairs is None:
+        return None
+    check_key_bits(key_bits)
+    if len(keypairs) < n_agents:
+        raise ConfigError(f"keypairs: {len(keypairs)} key pairs for {n_agents} agents; need one per agent")
+    moduli = [pk.n for pk, _ in keypairs[:n_agents]]
+    if any(m.bit_length() != key_bits for m in moduli):
+        raise ConfigError(f"keypairs: every public key must have a {key_bits}-bit modulus (key_bits={key_bits})")
+    if len(set(moduli)) != n_agents:
+        raise ConfigError("keypairs: every agent needs its own key pair; got duplicates")
+    return {i: keypairs[i] for i in agents}

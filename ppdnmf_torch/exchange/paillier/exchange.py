@@ -160,9 +160,6 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
 
     name = "paillier"
 
-
-    name = "paillier"
-
     def __init__(self, codec: IntegerCodec, *, protocol: str = "masked", keypairs=None, cost_model=False,
                  record_transcript: bool = False, fast: bool = True, packing: bool = True, slot_bits=None,
                  precompute: bool = True, djn: bool = False, djn_exponent_bits=None, workers=None,
