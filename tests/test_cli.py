@@ -406,6 +406,7 @@ def test_the_entry_point_picks_the_multi_process_app(argv, env, ranks):
     assert wants_ranks(argv, env) is ranks
 
 
+@pytest.mark.slow
 def test_python_m_ppdnmf_torch_runs_over_ranks_with_a_distributed_override(tmp_path):
     r = _cli(["distributed.nproc=2", *TINY, f"hydra.run.dir={tmp_path}/run"], tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

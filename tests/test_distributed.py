@@ -343,7 +343,7 @@ def test_paillier_masked_on_three_ranks_same_bits_model_bytes_and_no_secret_cros
         assert not any(_holds(blob, piece) for piece in _data_pieces(case, o.value["agents"]))
 
 
-@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
+@pytest.mark.parametrize("protocol", [pytest.param("aggregated", marks=pytest.mark.slow), "paper"])
 def test_paillier_on_two_ranks_same_bits(protocol):
     case = _paillier_case(protocol, N=7)
     outs = _spawn(2, case)
