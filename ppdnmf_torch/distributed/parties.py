@@ -37,8 +37,8 @@ from .comm import Comm, DistributedError
 
 __all__ = ["RankParties", "TAG_CRYPTO"]
 
-#: the tags of the protocol's byte messages (lengths, payload)
-TAG_CRYPTO = 21
+#: the tags of the protocol's byte messages (lengths, payload), apart from every other message's
+TAG_CRYPTO = 31
 
 
 class _PublicKey:
