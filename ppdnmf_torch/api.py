@@ -87,8 +87,11 @@ class FitResult:
         return self.history["nmse"][-1]
 
     @property
-    def consensus(self) -> float:
-        return self.history["consensus"][-1]
+    def consensus(self) -> float | None:
+        """The last consensus error; None when the run did not measure it (a distributed run
+        with ``share="sums"``, whose ranks keep their ``X_i``)."""
+        h = self.history.get("consensus")
+        return h[-1] if h else None
 
 
 def _history_single(history: dict) -> dict:

@@ -248,7 +248,7 @@ def format_summary(summary: dict) -> str:
             f"final NMSE after {summary['n_iter']['distributed']} BCD iterations: "
             f"distributed {nm['distributed']:.6g}"
             + (f" | centralized {central:.6g}" if central is not None else "")
-            + f" | consensus {summary['consensus']:.3g}"
+            + (f" | consensus {summary['consensus']:.3g}" if summary.get("consensus") is not None else "")
             + (f" | worst agent {summary['nmse_worst']:.6g}" if summary.get("nmse_worst") is not None else ""),
         ]
     lines.append(f"wall time: distributed {wt['distributed']:.2f} s"

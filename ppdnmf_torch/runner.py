@@ -208,18 +208,23 @@ def _cost_metrics(costs: dict) -> dict:
     return out
 
 
-def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, logger: RunLogger) -> dict:
+def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, logger: RunLogger, *,
+                  factors: bool = True) -> dict:
     """Step 3: ``factors.pt``, ``history.csv``/``.json`` and the logger's end of run; returns the
-    summary (``summary.json`` is written last, by :func:`run`: its presence marks a finished run)."""
+    summary (``summary.json`` is written last, by :func:`run`: its presence marks a finished run).
+    ``factors=False``: a result without the agents' factors (a distributed run with
+    ``share="sums"``): no ``factors.pt`` and no images."""
     result, central = fits.result, fits.central
-    write_factors(out / "factors.pt", result, central, inputs.graph, inputs.scale)
+    if factors:
+        write_factors(out / "factors.pt", result, central, inputs.graph, inputs.scale)
     write_histories(out, result, central)
     summary = summary_of(cfg, inputs, fits, out)
     images = None
-    if inputs.image_shape is not None and cfg.logger.images:
+    if factors and inputs.image_shape is not None and cfg.logger.images:
         images = {"shape": inputs.image_shape, "Z": inputs.Z, "scale": cfg.logger.image_scale,
                   "columns": _sample_columns(inputs.Z.shape[1], cfg.logger.n_samples)}
-    metrics = {"nmse_distributed": result.nmse, "consensus": result.consensus,
+    metrics = {"nmse_distributed": result.nmse,
+               **({"consensus": result.consensus} if result.consensus is not None else {}),
                **({"nmse_worst": result.history["nmse_worst"][-1]} if result.history.get("nmse_worst") else {}),
                "wall_time": fits.seconds["distributed"], **_cost_metrics(result.costs)}
     if central is not None:

@@ -72,8 +72,10 @@ def _rank_fit(case: dict):
         r = fit_rank(comm, Z, G, case["data"].get("K", 3), columns=counts, callback=cb,
                      partition=case.get("partition", "rcm"), assignment=case.get("assignment"),
                      checkpoint_dir=case.get("checkpoint_dir"), checkpoint_every=1, resume=case.get("resume", False),
-                     **kw)
+                     **dict(kw, **({"share": case["share"]} if "share" in case else {})))
         out = {"ranks": r.ranks, "sent": dict(comm.sent), "owner": r.partition.owner}
+        if "share" in case:
+            out["own"] = r.own
         if case.get("record"):
             out["log"] = comm.sent_log
             out["agents"] = r.partition.agents(comm.rank)
@@ -636,3 +638,160 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     with pytest.raises(pp.ConfigError) as err:
         run_rank(cfg, tmp_path, solo)
     assert err.value.key == "solver.x_solver" and "distributed" in str(err.value)
+
+
+# -- share="sums": no per-agent value leaves its rank ------------------------------------
+SUMS_METRICS = ("nmse", "objective", "x_primal", "x_dual", "y_primal", "y_dual")
+
+
+def test_share_is_validated(solo):
+    from ppdnmf_torch.distributed.app import DistConfig
+
+    Z, G, counts = _data(N=4)
+    with pytest.raises(ConfigError) as info:
+        fit_rank(solo, Z, G, 2, columns=counts, share="none", **SHORT)
+    assert info.value.key == "share"
+    with pytest.raises(ConfigError) as info:
+        DistConfig(share="mean")
+    assert info.value.key == "distributed.share"
+
+
+def _assert_sums_history(h, ref, rel=1e-12):
+    """A ``share="sums"`` history against the single-process one: the reduced metrics to ``rel``,
+    the ADMM counts' means and maxima exactly, the cost counters exactly; no consensus error,
+    no worst-agent NMSE (they need other agents' ``X_i``)."""
+    assert "consensus" not in h and "nmse_worst" not in h and "x_iters" not in h and "y_iters" not in h
+    n = len(ref.history["nmse"])
+    for k in SUMS_METRICS:
+        a, b = torch.tensor(h[k], dtype=torch.float64), torch.tensor(ref.history[k], dtype=torch.float64)
+        assert a.shape == (n,) and torch.allclose(a, b, rtol=rel, atol=0), k
+    for step in ("x_iters", "y_iters"):
+        counts = [torch.as_tensor(v, dtype=torch.float64).flatten() for v in ref.history[step]]
+        assert h[f"{step}_max"] == [float(c.max()) for c in counts]
+        assert h[f"{step}_mean"] == [float(c.sum()) / c.numel() for c in counts]
+    for k, v in ref.history.items():
+        if k.startswith("crypto_") and "time" not in k and "seconds" not in k:
+            assert h[k] == v, k
+
+
+def _assert_own_factors(own, ref):
+    assert own["agents"] == sorted(own["agents"]) and own["columns"] == [ref.columns[i] for i in own["agents"]]
+    idx = torch.tensor(own["agents"], dtype=torch.long)
+    assert torch.equal(own["X"], ref.X[idx]) and torch.equal(own["U"], ref.U[idx])
+    assert all(torch.equal(y, ref.Y[i]) for y, i in zip(own["Y"], own["agents"]))
+
+
+def test_share_sums_on_one_rank_with_the_stopping_rule_and_the_adaptive_schedule(solo):
+    """One rank in this process: the factors are the single-process bits, the reduced metrics
+    agree to 1e-12 (the per-agent counts of a stopping rule's loops as means and maxima)."""
+    fit = dict(SHORT, exchange="quantized", tol=3e-3, admm_tol=1e-3, bcd_iters=10, penalty_schedule="adaptive")
+    case = {"data": dict(N=6, K=3), "fit": fit, "cost_model": True}
+    Z, G, counts = _data(**case["data"])
+    r = fit_rank(solo, Z, G, 3, columns=counts, share="sums", **_fit_kwargs(case))
+    ref = _reference(case)
+    assert r.result.X is None and r.result.U is None and r.result.Y is None and r.result.consensus is None
+    assert (r.result.n_iter, r.result.converged) == (ref.n_iter, ref.converged) and ref.converged
+    _assert_own_factors(r.own, ref)
+    _assert_sums_history(r.result.history, ref)
+
+
+def _factor_pieces(own):
+    """The rows of a rank's agents' final ``X_i``, ``U_i`` and ``Y_i`` as float64 bytes (rows whose
+    entries are all equal, zeros say, are left out: they say nothing and match anywhere)."""
+    out = []
+    for name in ("X", "U", "Y"):
+        for block in own[name]:
+            out += [r.contiguous().numpy().tobytes() for r in block.to(torch.float64) if not bool((r == r[0]).all())]
+    return out
+
+
+def _scan_factors(outs, case, skip=()):
+    """Per rank: how many of its own agents' final factor rows and data rows lie in what it sent
+    (the categories in ``skip`` left out)."""
+    found = []
+    for o in outs:
+        blob = b"".join(msg for cat, _, msg in o.value["log"] if cat not in skip)
+        pieces = _factor_pieces(o.value["own"])
+        assert pieces
+        found.append((sum(_holds(blob, p) for p in pieces),
+                      sum(_holds(blob, p) for p in _data_pieces(case, o.value["agents"]))))
+    return found
+
+
+SUMS_CASES = [
+    pytest.param(3, {"exchange": "plain"}, id="plain-3", marks=pytest.mark.slow),
+    pytest.param(2, {"exchange": "paillier", "key_bits": 128, "protocol": "masked"}, id="paillier-masked-2"),
+    pytest.param(3, {"exchange": "paillier", "key_bits": 128, "protocol": "masked"}, id="paillier-masked-3",
+                 marks=pytest.mark.slow),
+    pytest.param(2, {"exchange": "quantized", "tol": 3e-3, "admm_tol": 1e-3, "bcd_iters": 10,
+                     "penalty_schedule": "adaptive"}, id="quantized-stopping-adaptive-2", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("P,fit", SUMS_CASES)
+def test_share_sums_keeps_every_agents_factors_on_its_rank(P, fit):
+    """share="sums": (a) each rank's own factors are the single-process bits of its agents, (b)
+    the metrics reduced from per-rank sums agree with one process's to 1e-12, (c) no row of
+    any agent's final X_i, U_i, Y_i, and no row or column of its data, is in anything its rank
+    sends (plain: but for the halo, whose U_i rows are the plain kind's messages)."""
+    case = {"data": dict(N=9, K=3), "fit": fit, "record": True, "share": "sums"}
+    outs = _spawn(P, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    ref = _reference(case)
+    assert sorted(a for o in outs for a in o.value["own"]["agents"]) == list(range(9))
+    for o in outs:
+        _assert_own_factors(o.value["own"], ref)
+    out = outs[0].value
+    assert out["X"] is None and out["U"] is None and out["Y"] is None
+    assert (out["n_iter"], out["converged"]) == (ref.n_iter, ref.converged)
+    _assert_sums_history(out["history"], ref)
+    # no output gather (what "output" counts is the ranks' summaries: layouts and byte counts)
+    assert not any(cat == "output" for o in outs for cat, _, _ in o.value["log"])
+    skip = ("halo",) if fit["exchange"] != "paillier" else ()
+    assert _scan_factors(outs, case, skip) == [(0, 0)] * P
+    if fit["exchange"] == "plain":  # the plain kind's halo is the boundary agents' U_i rows, as they are
+        assert all(n > 0 for n, _ in _scan_factors(outs, case))
+    if fit["exchange"] == "paillier":
+        assert all("halo" not in o.value["sent"] for o in outs)
+
+
+def test_share_all_sends_the_factors_the_scan_finds():
+    """The positive control of the scan above: with share="all" the ranks but 0 send every
+    agent's final factors to rank 0 (the output gather), and the scan finds their rows."""
+    case = {"data": dict(N=9, K=3), "fit": {"exchange": "plain"}, "record": True, "share": "all"}
+    outs = _spawn(2, case)
+    assert all(o.exitcode == 0 for o in outs), [o.error for o in outs]
+    _assert_same(outs[0].value, _reference(case))
+    found = _scan_factors(outs, case, skip=("halo",))
+    n_pieces = len(_factor_pieces(outs[1].value["own"]))
+    assert found[1][0] == n_pieces > 0 and found[1][1] == 0
+
+
+@pytest.mark.slow
+def test_cli_share_sums_writes_each_ranks_factors_and_the_reduced_summary(tmp_path):
+    one = _cli(CLI_ARGS + ["logger=none", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, module="ppdnmf_torch")
+    assert one.returncode == 0, one.stderr
+    two = _cli(CLI_ARGS + ["logger=tensorboard", "distributed.nproc=2", "distributed.share=sums",
+                           f"hydra.run.dir={tmp_path / 'two'}"], tmp_path)
+    assert two.returncode == 0, two.stderr
+    run = tmp_path / "two"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["distributed"]["share"] == "sums" and summary["consensus"] is None
+    assert summary["nmse_worst"] is None and "final NMSE" in two.stdout
+    assert not (run / "factors.pt").exists() and any((run / "tb").iterdir())
+    ref = torch.load(tmp_path / "one" / "factors.pt")
+    agents = []
+    for r in (0, 1):
+        f = torch.load(run / f"rank{r:03d}" / "factors.pt")
+        idx = f["agents"]
+        agents += idx.tolist()
+        assert int(f["rank"]) == r and f["columns"].tolist() == ref["columns"][idx].tolist()
+        assert torch.equal(f["X"], ref["X"][idx]) and torch.equal(f["U"], ref["U"][idx])
+        assert all(torch.equal(y, ref["Y"][i]) for y, i in zip(f["Y"], idx.tolist()))
+    assert sorted(agents) == list(range(8))
+    a, b = (json.loads((tmp_path / d / "history.json").read_text())["distributed"] for d in ("one", "two"))
+    assert "consensus" not in b and b["x_iters_max"] == [float(max(c)) for c in a["x_iters"]]
+    for k in SUMS_METRICS:
+        assert torch.allclose(torch.tensor(b[k]), torch.tensor(a[k]), rtol=1e-12, atol=0), k
+    csv = (run / "history.csv").read_text().splitlines()[0].split(",")
+    assert "nmse" in csv and "x_iters_mean" in csv and "consensus" not in csv

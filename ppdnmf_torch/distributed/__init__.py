@@ -12,7 +12,8 @@ with the bits of the single-process eager run.
 * :mod:`.secure`: ``exchange=paillier`` across ranks, the protocol's rounds in phases;
 * :mod:`.topology`: the rank's graph as the solver sees it (every edge out of its agents),
   the stopping rule's flags across ranks and its decisions over every rank's agents;
-* :mod:`.reduce`: the metrics across ranks, in the single-process order;
+* :mod:`.reduce`: the metrics across ranks, in the single-process order (or, `share="sums"`, from
+  per-rank sums and maxima of scalars);
 * :mod:`.costs`: cost counters per rank, summed; the halo's byte model;
 * :mod:`.engine`: :func:`fit_rank` (the API on a rank) and :func:`run_rank` (a CLI run);
 * :mod:`.launch`: local ranks on this machine, or the ranks torchrun or SLURM started;

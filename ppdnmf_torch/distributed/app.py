@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
 from ..errors import ConfigError, PPDNMFError
 from .comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
+from .engine import SHARE_MODES
 from .launch import env_world, launch_local
 from .partition import PARTITION_METHODS
 
@@ -55,6 +56,13 @@ class DistConfig:
         Seconds any one exchange between ranks may wait.
     heartbeat : float
         Seconds without a peer's heartbeat before a rank gives up (0: no watchdog).
+    share : {"all", "sums"}
+        What crosses ranks beyond the exchange's messages (:func:`~.engine.fit_rank`'s
+        ``share``). ``all``: every agent's factors and per-agent metric values reach rank 0
+        (the single-process history, bit for bit, and the usual ``factors.pt``). ``sums``
+        (a deployment, one site per rank): only per-rank sums and maxima of scalars cross;
+        the history has no ``consensus`` or ``nmse_worst``, and each rank writes its own
+        agents' factors to ``rank<r>/factors.pt`` in the run folder (no whole-run ``factors.pt``).
     """
 
     nproc: int = 1
@@ -63,6 +71,7 @@ class DistConfig:
     backend: str = "auto"
     timeout: float = 300.0
     heartbeat: float = 60.0
+    share: str = "all"
 
     def __post_init__(self):
         if not isinstance(self.nproc, int) or isinstance(self.nproc, bool) or self.nproc < 1:
@@ -72,6 +81,8 @@ class DistConfig:
                               f"{PARTITION_METHODS}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"distributed.backend: unknown backend {self.backend!r}; use one of {BACKENDS}")
+        if self.share not in SHARE_MODES:
+            raise ConfigError(f"distributed.share: must be one of {SHARE_MODES}, got {self.share!r}")
         for name in ("timeout", "heartbeat"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (name == "timeout" and v == 0):
@@ -115,7 +126,8 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
                       heartbeat=opts.heartbeat or None) as comm:
-        return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume)
+        return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
+                        share=opts.share)
 
 
 def _fail(exc: BaseException, code: int) -> None:

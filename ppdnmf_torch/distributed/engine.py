@@ -10,6 +10,13 @@ reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop
 (:func:`ppdnmf_torch.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
 the single-process eager run's (``fuse=False``).
 
+``share="sums"`` is the deployment mode: no agent's ``X_i``, ``U_i``, ``Y_i`` or per-agent
+metric value leaves its rank. The metrics are reduced from per-rank sums and maxima of
+scalars (:class:`~.reduce.RankSums`; the consensus error and ``nmse_worst`` are not
+measured), and each rank keeps its own agents' factors (:attr:`RankResult.own`; a CLI run
+writes them to ``<out_dir>/rank<r>/factors.pt``). The factors' bits are the single-process
+ones all the same (the metrics do not feed the solver).
+
 Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/``, with ``partition.json`` beside
 them; a resumed run (same world size, same partition) continues from the newest BCD
 iteration every rank has a checkpoint of, bit for bit.
@@ -41,10 +48,13 @@ from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
 from .partition import Partition, partition_agents
 from .topology import rank_topology
-from .reduce import RankReduction, gather_agents
+from .reduce import RankReduction, RankSums, gather_agents
 from .secure import SecureHalo
 
-__all__ = ["RankResult", "fit_rank", "run_rank", "global_digest"]
+__all__ = ["RankResult", "fit_rank", "run_rank", "global_digest", "SHARE_MODES"]
+
+#: what a distributed run shares across ranks beyond its exchange's messages (``fit_rank``'s ``share``)
+SHARE_MODES = ("all", "sums")
 
 
 @dataclass
@@ -54,7 +64,10 @@ class RankResult:
     Attributes
     ----------
     result : FitResult or None
-        The whole run's result, on rank 0 (None on the other ranks).
+        The whole run's result, on rank 0 (None on the other ranks). With ``share="sums"``
+        it holds the reduced history, ``n_iter``, ``converged``, ``columns``, ``graph`` and
+        the costs, and no factors (``X``, ``U`` and ``Y`` are None; each rank's are in
+        :attr:`own`).
     partition : Partition
     ranks : list of dict
         On rank 0: every rank's layout (:meth:`~.layout.RankLayout.summary`), bytes sent
@@ -63,12 +76,19 @@ class RankResult:
     admm_iterations : int
         ADMM iterations of the X-steps this process ran (a resumed run: its own; under the
         stopping rule, the loops' actual lengths).
+    own : dict
+        This rank's own agents' factors, on every rank: ``agents`` (their global ids, in
+        increasing order), ``X`` and ``U`` ``(n_own, L, K)``, ``Y`` (a list of ``(K, M_i)``)
+        and ``columns`` (their ``M_i``).
+    share : {"all", "sums"}
     """
 
     result: FitResult | None
     partition: Partition
     ranks: list = field(default_factory=list)
     admm_iterations: int = 0
+    own: dict = field(default_factory=dict)
+    share: str = "all"
 
 
 def global_digest(blocks, graph, caps, seed, params, spec) -> str:
@@ -158,7 +178,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
              key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error", seed=0,
              device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
              checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
-             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm") -> RankResult:
+             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm", share="all") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
     same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
 
@@ -199,11 +219,28 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         holds, its whole degree included; its neighbours' caps reach it inside their penalty
         draws, which the halo carries anyway), ``y_solver="hals"`` (per agent, no message)
         and both starts (``init="ones"`` or ``"random"``).
+    share : {"all", "sums"}
+        What crosses ranks beyond the exchange's messages. ``"all"`` (default): the ranks
+        share per-agent metric values and rank 0 gathers every agent's ``X_i`` per BCD
+        iteration (the consensus error; ``nmse_worst`` shares the farthest agent's ``X_i``)
+        and every agent's ``X_i``, ``U_i``, ``Y_i`` at the end: the single-process history
+        and result, bit for bit. ``"sums"`` (a deployment, one site per rank): no per-agent
+        value leaves its rank. The metrics come from per-rank sums and maxima of scalars
+        (:class:`~.reduce.RankSums`: the history's ``nmse``, ``objective`` and ADMM residuals
+        equal one process's to the last bits, about ``1e-16`` relative, not bit for bit;
+        ``x_iters_mean``/``x_iters_max`` and ``y_iters_mean``/``y_iters_max`` replace the
+        per-agent counts; ``consensus`` and ``nmse_worst`` are left out of the history),
+        ``result`` carries no factors and every rank's :attr:`RankResult.own` holds its
+        agents' factors, whose bits are still the single-process ones. The stopping rule's
+        flags (one hop to neighbours, and a count summed over the ranks) and the adaptive
+        schedule (per agent) work as in ``"all"``.
 
     Returns
     -------
     RankResult
     """
+    if share not in SHARE_MODES:
+        raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
     dtype = resolve_dtype(dtype)
     device = comm.device if device is None else torch.device(device)
     graph = as_graph(adjacency)
@@ -219,7 +256,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
                          options=exchange_options)
     _check_supported(spec)
     part = _resolve_partition(comm, graph, partition, assignment)
-    _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part))
+    _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part) + share)
     itemsize = torch.empty((), dtype=dtype).element_size()
     lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
     # paillier's public range bound holds for the largest caps the schedule can reach
@@ -235,6 +272,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
                           penalty, x_iters)
     fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
+    if fp and share != "all":  # its history has other keys: an "all" run's checkpoints are another run's
+        fp = hashlib.sha256((fp + share).encode()).hexdigest()
     state = history = payload = None
     if resume:
         if checkpoint_dir is None:
@@ -258,7 +297,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     if state is None:
         state = init_state(problem, rank, init=params.init)  # g: the draws of the rank's edges
     bcd_start = state.bcd_done
-    agents = RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver)
+    agents = (RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver) if share == "all"
+              else RankSums(lay, comm, mu=mu, eta=eta, y_solver=y_solver))
 
     def cb(info):
         info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
@@ -278,7 +318,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     finally:
         exch.close()
     # the X-step loops' lengths (the stopping rule ends a loop early on every rank at once)
-    iters = sum(int(v.max()) for v in history["x_iters"][bcd_start:])
+    iters = sum(int(v.max()) for v in history["x_iters" if share == "all" else "x_iters_max"][bcd_start:])
     if spec.kind == "paillier":
         model = {"crypto": cut_protocol_bytes(part, graph, comm.rank, protocol=spec.protocol,
                                               key_bits=spec.key_bits, lk=L * rank, slots=exch.layout.slots)}
@@ -286,17 +326,32 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         model = halo_bytes(lay, L * rank, itemsize)
     if params.inner_tol > 0:
         model["flags"] = flag_bytes(lay)
-    gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
-                                    what=f"the output gather of {name}") for name in ("X", "U", "Y")}
+    own = _own_factors(state, lay, counts)
+    gathered = {}
+    if share == "all":
+        gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
+                                        what=f"the output gather of {name}") for name in ("X", "U", "Y")}
     mine = dict(lay.summary(), sent=dict(comm.sent), admm_iterations=iters, model_per_admm_iteration=model)
     ranks = comm.all_gather_object(mine, what="the ranks' summaries")
     result = None
     if comm.rank == 0:
-        X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
-        result = FitResult(X=X, Y=[Y[i, :, :c] for i, c in enumerate(counts)], U=U,
-                           history=_history_single(history), graph=graph, columns=counts, n_iter=info["n_iter"],
-                           converged=info["converged"], costs=costs)
-    return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters)
+        X = U = Y = None
+        if share == "all":
+            X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
+            Y = [Y[i, :, :c] for i, c in enumerate(counts)]
+        result = FitResult(X=X, Y=Y, U=U, history=_history_single(history), graph=graph, columns=counts,
+                           n_iter=info["n_iter"], converged=info["converged"], costs=costs)
+    return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters, own=own, share=share)
+
+
+def _own_factors(state, lay: RankLayout, counts: list) -> dict:
+    """The rank's agents' ``X``, ``U``, ``Y`` (trimmed to their columns), in global id order."""
+    slots = lay.slots.to(state.X.device)
+    agents = lay.agents.tolist()
+    Y = state.Y[0, slots]
+    return {"agents": agents, "X": state.X[0, slots].clone(), "U": state.U[0, slots].clone(),
+            "Y": [Y[k, :, :counts[i]].clone() for k, i in enumerate(agents)],
+            "columns": [counts[i] for i in agents]}
 
 
 def _edge_order(per_edge: dict, graph) -> dict:
@@ -317,13 +372,17 @@ def _edge_order(per_edge: dict, graph) -> dict:
 
 
 def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resume: bool = False,
-             callback=None) -> dict | None:
+             callback=None, share: str = "all") -> dict | None:
     """One rank of ``ppdnmf`` run on ``comm``'s ranks: the config's inputs and fit, outputs
     (``config.yaml``, ``factors.pt``, histories, TensorBoard, ``summary.json`` with the
     ``distributed`` section) written by rank 0 only, into ``out_dir`` (rank 0's is used).
 
     Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in
-    ``out_dir`` from its checkpoints (same world size and partition).
+    ``out_dir`` from its checkpoints (same world size and partition). ``share``: as
+    :func:`fit_rank`; with ``"sums"`` there is no ``factors.pt`` of the whole run (and no
+    TensorBoard images): every rank writes its own agents' factors to
+    ``<out_dir>/rank<r>/factors.pt`` (:func:`write_own_factors`), rank 0 the config, the
+    histories, TensorBoard and the summary from the reduced scalars.
     """
     from ..config import to_dict
     from ..errors import PPDNMFError
@@ -361,8 +420,10 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
             fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
                            exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
                            checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
-                           assignment=assignment, **kw)
+                           assignment=assignment, share=share, **kw)
             seconds = {"distributed": time.perf_counter() - t0}
+            if share != "all":
+                write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit, comm.rank, inputs.scale)
             if comm.rank != 0:
                 return None
             central = None
@@ -371,7 +432,8 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
                 central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
                 seconds["centralized"] = time.perf_counter() - t0
                 logger.centralized(central.history)
-            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger)
+            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger,
+                                    factors=share == "all")
     except PPDNMFError as exc:
         raise exc.renamed(CONFIG_KEYS) from None
     summary["distributed"] = distributed_summary(comm, fit)
@@ -381,12 +443,27 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
 
 
 def distributed_summary(comm: Comm, fit: RankResult) -> dict:
-    """The ``distributed`` section of ``summary.json``: world size, backend, the partition (with
+    """The ``distributed`` section of ``summary.json``: world size, backend, ``share``, the partition (with
     its cut) and, per rank, its layout, the bytes it sent and the halo's model of them."""
     per_iter = []
     for r in fit.ranks:
         n = max(1, r["admm_iterations"])
         per_iter.append({k: r["sent"].get(k, 0) / n for k in ("halo", "penalty", "crypto", "framing", "flags")
                          if k in r["sent"]})
-    return {"world_size": comm.world_size, "backend": comm.backend, "partition": fit.partition.summary(),
-            "ranks": fit.ranks, "bytes_per_admm_iteration": per_iter}
+    return {"world_size": comm.world_size, "backend": comm.backend, "share": fit.share,
+            "partition": fit.partition.summary(), "ranks": fit.ranks, "bytes_per_admm_iteration": per_iter}
+
+
+def write_own_factors(path: Path, fit: RankResult, rank: int, scale: float = 1.0) -> None:
+    """A rank's own agents' factors (``share="sums"``): ``torch.save`` of a dict with ``rank``,
+    ``agents (n_own,)`` (global ids), ``X``, ``U`` ``(n_own, L, K)``, ``Y`` (list of
+    ``(K, M_i)``), ``columns (n_own,)`` and ``data_scale`` when the data were divided by it."""
+    own = fit.own
+    factors = {"rank": torch.tensor(int(rank)),
+               "agents": torch.tensor(own["agents"], dtype=torch.long), "X": own["X"].detach().cpu(),
+               "U": own["U"].detach().cpu(), "Y": [y.detach().cpu() for y in own["Y"]],
+               "columns": torch.tensor(own["columns"], dtype=torch.long)}
+    if scale != 1.0:
+        factors["data_scale"] = torch.tensor(float(scale), dtype=torch.float64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(str(path), lambda fh: torch.save(factors, fh))

@@ -8,6 +8,11 @@ the single-process reduction on them. The consensus error needs the agents' mean
 ``Xbar``, whose sum over agents torch orders its own way: rank 0 gathers ``X``
 (``N L K`` values per BCD iteration), computes ``Xbar`` exactly as one process does and
 shares it; each rank then measures its agents' ``||X_i - Xbar||`` itself.
+
+:class:`RankSums` is the deployment's reduction (``fit_rank(..., share="sums")``): no
+per-agent value leaves its rank. Each rank sums (or takes the maximum of) its own agents'
+scalars and the ranks add those partial results (``Comm.all_reduce``); the metrics that
+need other agents' ``X_i`` (the consensus error, ``nmse_worst``) are not measured.
 """
 from __future__ import annotations
 
@@ -16,12 +21,16 @@ import torch
 from .. import metrics
 from ..errors import DataError
 from ..solver import AgentReduction
-from ..solver.bcd import nonfinite_agents, raise_nonfinite
+from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite
 from ..solver.refit import farthest_agent, refit_errors
 from .comm import Comm
 from .layout import RankLayout
 
-__all__ = ["RankReduction", "gather_agents"]
+__all__ = ["RankReduction", "RankSums", "gather_agents", "SUMS_KEYS"]
+
+#: the history keys of a ``share="sums"`` run (per BCD iteration, one value per trial)
+SUMS_KEYS = ("nmse", "objective", "x_primal", "x_dual", "y_primal", "y_dual", "x_iters_mean", "x_iters_max",
+             "y_iters_mean", "y_iters_max")
 
 TAG_GATHER = 21
 
@@ -138,3 +147,103 @@ class RankReduction(AgentReduction):
             "y_dual": y_sq[1] if self.y_scale is None else self.y_scale * y_sq[1],
         }
         return values, g[6].to(xi["iters"].dtype), g[7].to(yi["iters"].dtype)
+
+
+class RankSums(AgentReduction):
+    """The metrics of a rank's agents from per-rank partial results: nothing per agent leaves
+    the rank (``fit_rank(..., share="sums")``).
+
+    Each BCD iteration a rank sends two small vectors to the all-reduces, per trial: the sums
+    over its agents of ``||Z_i - X_i Y_i|| / ||Z_i||``, ``||Z_i - X_i Y_i||^2``, the squared
+    ADMM residuals of both steps (the dual ones weighed as :class:`RankReduction` does), the
+    ADMM iteration counts and the count of agents with a NaN or Inf (summed over the ranks),
+    and the largest ADMM iteration counts (their maximum). The history then holds
+    :data:`SUMS_KEYS`: the NMSE and objective (eq. 1) and the ADMM residual norms as one
+    process computes them but summed in another order (equal to the last bits: about
+    ``1e-16`` relative), and per step the mean and the largest per-agent ADMM iteration
+    count (exact) in place of the per-agent ``x_iters``/``y_iters``. The consensus error and
+    ``nmse_worst`` need other agents' ``X_i`` and are left out of the history.
+
+    Parameters
+    ----------
+    layout : RankLayout
+    comm : Comm
+    mu, eta, y_solver
+        As :class:`RankReduction`.
+    """
+
+    def __init__(self, layout: RankLayout, comm: Comm, *, mu: float, eta: float, y_solver: str = "admm"):
+        self.layout, self.comm = layout, comm
+        self.mu, self.eta = mu, eta
+        self.y_scale = eta if y_solver == "admm" else None
+
+    def _own(self, t: torch.Tensor) -> torch.Tensor:
+        """``t (..., n_slots)`` -> ``(..., n_own)``: the rank's agents (the dummy slots dropped)."""
+        return t[..., self.layout.slots.to(t.device)]
+
+    def _raise_bad(self, own_bad, first_bad, n_bad: int, bcd_iter: int, what: str, error) -> None:
+        """Every rank raises when any rank's agents are hit; the ranks that hold them name them."""
+        if n_bad == 0:
+            return
+        T = own_bad.shape[0]
+        if bool(own_bad.any()):
+            if error is DataError:
+                agents = sorted({int(self.layout.agents[a]) for _, a in torch.nonzero(own_bad).tolist()})
+                raise DataError(
+                    f"Z: the blocks of agents {agents} have Frobenius norm 0 (all zeros, or entries too small to "
+                    "square); the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: give every agent "
+                    "some nonzero data, or rescale it")
+            n = self.layout.n_agents
+            bad = torch.zeros((T, n), dtype=torch.bool, device=own_bad.device)
+            fb = torch.zeros((T, n), dtype=first_bad.dtype, device=own_bad.device)
+            idx = self.layout.agents.to(own_bad.device)
+            bad[:, idx], fb[:, idx] = own_bad, first_bad
+            raise_nonfinite(bad, fb, bcd_iter, False)
+        raise error(f"{what}: {n_bad} agent(s) of other ranks (share='sums': the ranks that hold them name them)")
+
+    def block_norms(self, problem):
+        z = torch.linalg.matrix_norm(problem.Z)  # (T, n_slots); the dummy slots' 0 are never used
+        zero = self._own(z) == 0
+        n_bad = self.comm.all_reduce(zero.sum().reshape(1).to(torch.int64), category="metrics",
+                                     what="the check of the data norms")
+        self._raise_bad(zero, None, int(n_bad[0]), 0, "Z: blocks of Frobenius norm 0", DataError)
+        return torch.where(z > 0, z, torch.ones((), dtype=z.dtype, device=z.device))
+
+    def metrics(self, problem, state, xi, yi, ws, z_norms, bcd_iter):
+        import torch.distributed as dist
+
+        dtype = state.X.dtype
+        res = self._own(metrics.residual_norms(problem.Z, state.X, state.Y,
+                                               scratch=ws.take("metrics_XY", problem.Z)))
+        rel = res / self._own(z_norms)
+        bad = ~torch.isfinite(rel) | self._own(nonfinite_agents(state.U) | nonfinite_agents(state.Y))
+        x_sq = xi["residuals_sq"]
+        if state.mu is not None:  # each agent's dual residual weighed by its mu_i^2, as x_step does
+            x_sq = torch.stack([x_sq[0], state.mu.to(x_sq.dtype).square() * x_sq[1]])
+        x_it, y_it = self._own(xi["iters"]).to(torch.float64), self._own(yi["iters"]).to(torch.float64)
+        f64 = torch.float64
+        sums = torch.stack([rel.to(f64).sum(-1), res.to(f64).square().sum(-1),
+                            *self._own(x_sq).to(f64).sum(-1), *self._own(yi["residuals_sq"]).to(f64).sum(-1),
+                            x_it.sum(-1), y_it.sum(-1), bad.to(f64).sum(-1)])  # (9, T)
+        what = f"the metrics of BCD iteration {bcd_iter}"
+        sums = self.comm.all_reduce(sums, category="metrics", what=what)
+        peaks = torch.stack([x_it.amax(-1), y_it.amax(-1)]) if x_it.shape[-1] else torch.zeros(
+            (2, x_it.shape[0]), dtype=f64, device=x_it.device)
+        peaks = self.comm.all_reduce(peaks, category="metrics", what=what, op=dist.ReduceOp.MAX)
+        self._raise_bad(bad, self._own(xi["first_bad"]), int(sums[8].sum()), bcd_iter,
+                        f"NaN or Inf in the iterates at BCD iteration {bcd_iter}", NumericalError)
+        n = self.layout.n_agents
+        x_r, y_r = sums[2:4].sqrt(), sums[4:6].sqrt()
+        values = {
+            "nmse": (sums[0] / n).to(dtype),
+            "objective": (0.5 * sums[1]).to(dtype),
+            "x_primal": x_r[0].to(dtype),
+            "x_dual": (self.mu * x_r[1] if state.mu is None else x_r[1]).to(dtype),
+            "y_primal": y_r[0].to(dtype),
+            "y_dual": (y_r[1] if self.y_scale is None else self.y_scale * y_r[1]).to(dtype),
+            "x_iters_mean": sums[6] / n,
+            "x_iters_max": peaks[0],
+            "y_iters_mean": sums[7] / n,
+            "y_iters_max": peaks[1],
+        }
+        return values, None, None

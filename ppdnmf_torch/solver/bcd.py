@@ -112,7 +112,8 @@ class AgentReduction:
 
     def metrics(self, problem: Problem, state: SolverState, xi: dict, yi: dict, ws: Workspace, z_norms, bcd_iter):
         """One BCD iteration's metrics ``{name: Tensor (T,)}`` and the per-agent ADMM counts
-        ``(T, N)`` of both steps; raises :class:`NumericalError` on NaN or Inf."""
+        ``(T, N)`` of both steps (None for either: not logged as ``x_iters``/``y_iters``, the
+        reduction's metrics carry a summary instead); raises :class:`NumericalError` on NaN or Inf."""
         n_real = problem.n_agents
         Zr, Xr, Yr = problem.Z[:, :n_real], state.X[:, :n_real], state.Y[:, :n_real]
         res = metrics.residual_norms(Zr, Xr, Yr, scratch=ws.take("metrics_XY", Zr))
@@ -160,10 +161,12 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     t3 = time.perf_counter()
     for k, v in values.items():
         log(k, v)
-    log("x_iters", x_iters.cpu())
+    if x_iters is not None:  # a reduction that keeps per-agent counts on their ranks logs its own summary
+        log("x_iters", x_iters.cpu())
     for k, v in xi.get("history", {}).items():  # a solver's own counters (the incremental X-step's messages)
         log(k, v)
-    log("y_iters", y_iters.cpu())
+    if y_iters is not None:
+        log("y_iters", y_iters.cpu())
     log("time_x", t1 - t0)
     log("time_y", t2 - t1)
     log("time_metrics", t3 - t2)
