@@ -364,6 +364,15 @@ class RankParties(HoldsPrivateKey):
             out = [c * f % nsq for c, f in zip(out, fresh)]
         return out
 
+    def reply_demand(self, per_edge: int) -> dict:
+        """Public-key obfuscators this rank's replies need, per key: ``per_edge`` for every edge
+        into its agents, under the asking agent's key."""
+        demand = {}
+        for e in self.in_edges:
+            i = self.g.src[e]
+            demand[i] = demand.get(i, 0) + per_edge
+        return demand
+
     def designated_here(self) -> list:
         """The agents (here or ghosts) whose designated neighbour is on this rank."""
         return [i for i, j in self.plan.designated.items() if self.mine(j)]

@@ -51,8 +51,8 @@ from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, TIME_KEYS, add_estimat
 from ..exchange.packing import derive_layout
 from ..exchange.paillier.exchange import _warn_if_insecure
 from ..exchange.paillier.keys import EncryptedVector, check_key_bits
-from ..exchange.paillier.masked import _blocks
-from ..exchange.paillier.multiexp import signed_multi_exps
+from ..exchange.paillier.masked import _blocks, value_cores
+from ..exchange.paillier.rounds import packed_reply
 from ..exchange.paillier.obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .comm import Comm, DistributedError
 from .parties import RankParties
@@ -174,13 +174,8 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         with led.timed("time_homomorphic"):
             for e in self.net.in_edges:
                 i, j = g.src[e], g.dst[e]
-                n, nsq = P[i].n, P[i].nsquare
-                k = gam[g.rev[e]]
-                if k < 0:
-                    raise ValueError("scalar multiplication needs a nonnegative integer exponent")
-                bases = [(1 + n * (m % n)) * c % nsq for m, c in zip(packed[j], req_of[e])]
                 fresh, obf[i] = obf[i][:C], obf[i][C:]
-                out[e] = [x * r % nsq for x, r in zip(gmpy2.powmod_base_list(bases, mpz(k), nsq), fresh)]
+                out[e] = packed_reply(P[i].n, P[i].nsquare, packed[j], req_of[e], gam[g.rev[e]], fresh)
             D = len(self.net.in_edges)
             led.add("encryptions", C * D)
             led.add("homomorphic_additions", C * D)
@@ -259,9 +254,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         self.net.check_keys(keys, what)
         self.net.account(self.net.out_edges, reply=False, nbytes=B)
         with led.timed("time_encrypt"):  # j: E_i(gamma_ji)
-            demand = {}
-            for e in self.net.in_edges:
-                demand[g.src[e]] = demand.get(g.src[e], 0) + 1
+            demand = self.net.reply_demand(1)
             obf = self.net.obfuscators(demand)
             replies = {}
             for e in self.net.in_edges:
@@ -384,9 +377,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         g, Pa, led = self.net.g, self.net.parties, self.net.ledger
         C = self.layout.n_ciphertexts(P)
         CT = ciphertext_nbytes(self.codec.key_bits)
-        demand = {}
-        for e in self.net.in_edges:
-            demand[g.src[e]] = demand.get(g.src[e], 0) + C
+        demand = self.net.reply_demand(C)
         requests, obf = self._requests(qh, C, demand)
         self.net.account(self.net.out_edges, reply=False, nbytes=C * CT)
         req_of = self._requests_everywhere(requests, C, what + " (E_i(-q_i))")
@@ -406,9 +397,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         C = self.layout.n_ciphertexts(P)
         kb = self.codec.key_bits
         CT, B = ciphertext_nbytes(kb), public_key_nbytes(kb)
-        demand = {}
-        for e in self.net.in_edges:
-            demand[g.src[e]] = demand.get(g.src[e], 0) + C
+        demand = self.net.reply_demand(C)
         requests, obf = self._requests(qh, C, demand)
         # i -> j: E_i(-q_i) and kp_i
         self.net.account(self.net.out_edges, reply=False, nbytes=C * CT + B)
@@ -463,12 +452,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             replies = {}
             for e in self.net.in_edges:  # j: per block, prod_t (B_t^{gamma_ji})^{q_t}, masked
                 i, j = g.src[e], g.dst[e]
-                k = gam[g.rev[e]]
-                if k < 0:
-                    raise ValueError("scalar multiplication needs a nonnegative integer exponent")
-                nsq = Pa[i].nsquare
-                scaled = gmpy2.powmod_base_list(bases[e], mpz(k), nsq)
-                cores = signed_multi_exps(scaled, blocks[j], nsq)
+                cores = value_cores(bases[e], gam[g.rev[e]], blocks[j], Pa[i].nsquare)
                 replies[e] = self.net.mask(e, rnd, cores, fresh[i] if plan.designated[i] == j else None)
             D = len(self.net.in_edges)
             led.add("scalar_multiplications", D * P)

@@ -36,7 +36,7 @@ from .keys import EncryptedVector
 from .multiexp import signed_multi_exps
 from .obfuscation import public_obfuscators
 
-__all__ = ["MaskPlan", "agree_seeds", "FastMasked", "NaiveMasked"]
+__all__ = ["MaskPlan", "agree_seeds", "FastMasked", "NaiveMasked", "value_cores"]
 
 
 class MaskPlan:
@@ -104,6 +104,17 @@ def agree_seeds(net, plan: MaskPlan, *, key_bits: int, djn_bits=None) -> None:
                 n_seeds += 1
         led.add("setup_encryptions", k * n_seeds)
         led.add("setup_decryptions", k * n_seeds)
+
+
+def value_cores(bases, gamma_ji: int, blocks, nsq) -> list:
+    """Neighbour ``j``'s unmasked reply of step 5: per packed block ``b`` of ``q_j``,
+    ``prod_t (B_t^{gamma_ji})^{q_{j,b,t}} = E_i(gamma_ij gamma_ji M(q_j,b))`` from ``i``'s shifted
+    encryptions ``bases`` (:mod:`.multiexp`). Pure arithmetic (the one-process rounds and a
+    rank's run it)."""
+    if gamma_ji < 0:
+        raise ValueError("scalar multiplication needs a nonnegative integer exponent")
+    scaled = gmpy2.powmod_base_list(bases, gmpy2.mpz(gamma_ji), nsq)  # E_i(rho_ij 2^{w t}), in C
+    return signed_multi_exps(scaled, blocks, nsq)
 
 
 def _blocks(values, slots: int) -> list:
@@ -224,12 +235,7 @@ class FastMasked(_Masked):
 
         def reply(e):  # j: per block, prod_t (B_t^{gamma_ji})^{q_t} = E_i(rho_ij M(q_j,b)), masked
             i, j = src[e], dst[e]
-            g = gh[rev[e]]
-            if g < 0:
-                raise ValueError("scalar multiplication needs a nonnegative integer exponent")
-            nsq = agents[i].nsquare
-            scaled = gmpy2.powmod_base_list(bases[e], gmpy2.mpz(g), nsq)  # E_i(rho_ij 2^{w t}), in C
-            cores = signed_multi_exps(scaled, blocks[j], nsq)
+            cores = value_cores(bases[e], gh[rev[e]], blocks[j], agents[i].nsquare)
             return self._mask(e, rnd, cores, fresh[i] if plan.designated[i] == j else None)
 
         with led.timed("time_homomorphic"):

@@ -58,7 +58,7 @@ from .keys import EncryptedVector, RawPaillier
 from .network import Network
 from .pool import LANE_MIN_KEY_BITS, ObfuscatorSupply, ThreadLanes, WorkerPool
 
-__all__ = ["Rounds", "NaiveRounds", "FastRounds"]
+__all__ = ["Rounds", "NaiveRounds", "FastRounds", "packed_reply"]
 
 
 def _exponent(k: int):
@@ -66,6 +66,16 @@ def _exponent(k: int):
     if k < 0:
         raise ValueError("scalar multiplication needs a nonnegative integer exponent")
     return gmpy2.mpz(k)
+
+
+def packed_reply(n, nsq, packed_q_j, request, gamma_ji: int, obfuscators) -> list:
+    """Lines 13-14 at neighbour ``j``, packed: ``[(1 + n M(q_j)) E_i(-q_i)]^{gamma_ji}`` times ``j``'s
+    fresh obfuscators, after the exponentiation (module docstring); ``n`` is ``i``'s modulus,
+    ``packed_q_j`` the signed packed plaintexts of ``q_j``, ``request`` the ciphertexts of
+    ``E_i(-q_i)``. Pure arithmetic (both the one-process rounds and a rank's run it)."""
+    k = _exponent(gamma_ji)
+    bases = [(1 + n * (m % n)) * c % nsq for m, c in zip(packed_q_j, request)]
+    return [x * r % nsq for x, r in zip(gmpy2.powmod_base_list(bases, k, nsq), obfuscators)]
 
 
 class Rounds(abc.ABC):
@@ -438,10 +448,8 @@ class FastRounds(Rounds):
         net = self.net
         i = net.src[e]
         ag = net.agents[i]
-        n, nsq = ag.n, ag.nsquare
-        k = _exponent(gh[net.rev[e]])
-        bases = [(1 + n * (m % n)) * c % nsq for m, c in zip(packed[net.dst[e]], requests[i].ciphertexts)]
-        return [x * r % nsq for x, r in zip(gmpy2.powmod_base_list(bases, k, nsq), obfuscators)]
+        return packed_reply(ag.n, ag.nsquare, packed[net.dst[e]], requests[i].ciphertexts, gh[net.rev[e]],
+                            obfuscators)
 
     def _account_replies(self, C: int) -> None:
         """One encryption, one addition and one scalar multiplication per reply ciphertext."""
