@@ -21,7 +21,7 @@ import torch
 from .. import metrics
 from ..errors import DataError
 from ..solver import AgentReduction
-from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite
+from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite, zero_norm_error
 from ..solver.refit import farthest_agent, refit_errors
 from .comm import Comm
 from .layout import RankLayout
@@ -53,7 +53,30 @@ def gather_agents(comm: Comm, layout: RankLayout, t: torch.Tensor, counts: list,
     return out
 
 
-class RankReduction(AgentReduction):
+class _RankMetrics(AgentReduction):
+    """What both reductions across ranks share: the scales of the ADMM residuals."""
+
+    def __init__(self, *, mu: float, eta: float, y_solver: str):
+        self.mu, self.eta = mu, eta
+        self.y_scale = eta if y_solver == "admm" else None
+
+    @staticmethod
+    def _x_sq(xi: dict, state) -> torch.Tensor:
+        """The X-step's squared residuals per agent ``(2, T, n_slots)``; with the adaptive
+        schedule each agent's dual one weighed by its ``mu_i^2``, as ``x_step`` does."""
+        x_sq = xi["residuals_sq"]
+        if state.mu is not None:
+            x_sq = torch.stack([x_sq[0], state.mu.to(x_sq.dtype).square() * x_sq[1]])
+        return x_sq
+
+    def _residuals(self, x_r, y_r, state) -> dict:
+        """The ADMM residual norms ``x_r, y_r`` (primal, dual) as one process reports them: the
+        dual ones scaled by ``mu`` (unless already weighed per agent) and ``eta`` (ADMM Y-step)."""
+        return {"x_primal": x_r[0], "x_dual": self.mu * x_r[1] if state.mu is None else x_r[1],
+                "y_primal": y_r[0], "y_dual": y_r[1] if self.y_scale is None else self.y_scale * y_r[1]}
+
+
+class RankReduction(_RankMetrics):
     """The metrics of a rank's agents, reduced across ranks in the single-process order.
 
     Parameters
@@ -69,9 +92,8 @@ class RankReduction(AgentReduction):
     """
 
     def __init__(self, layout: RankLayout, comm: Comm, partition, *, mu: float, eta: float, y_solver: str = "admm"):
+        super().__init__(mu=mu, eta=eta, y_solver=y_solver)
         self.layout, self.comm, self.partition = layout, comm, partition
-        self.mu, self.eta = mu, eta
-        self.y_scale = eta if y_solver == "admm" else None
         self.counts = partition.counts()
         self._agents = {r: partition.agents(r) for r in range(partition.world_size)}
         self._width = max(self.counts)
@@ -92,11 +114,7 @@ class RankReduction(AgentReduction):
         z = torch.linalg.matrix_norm(problem.Z)  # per agent; dummies 0
         z = self._all_agents(z[None], "the data norms")[0].to(problem.Z.dtype)
         if not bool((z > 0).all()):
-            agents = sorted({a for _, a in torch.nonzero(z == 0).tolist()})
-            raise DataError(
-                f"Z: the blocks of agents {agents} have Frobenius norm 0 in {problem.Z.dtype} (all zeros, or "
-                "entries too small to square); the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: "
-                "give every agent some nonzero data, or rescale it")
+            raise zero_norm_error(torch.nonzero(z == 0).tolist(), problem.Z.dtype, False)
         return z
 
     def _mean(self, X, bcd_iter: int):
@@ -122,9 +140,7 @@ class RankReduction(AgentReduction):
         z_own = torch.linalg.matrix_norm(problem.Z)  # the halo slots' 0 are dropped below
         worst = refit_errors(problem.Z, xw, state.Y, torch.where(z_own > 0, z_own, 1.0), problem.width)
         bad = nonfinite_agents(state.U) | nonfinite_agents(state.Y)
-        x_sq_own = xi["residuals_sq"]
-        if state.mu is not None:  # each agent's dual residual weighed by its mu_i^2, as x_step does
-            x_sq_own = torch.stack([x_sq_own[0], state.mu.to(x_sq_own.dtype).square() * x_sq_own[1]])
+        x_sq_own = self._x_sq(xi, state)
         fields = torch.stack([res.to(torch.float64), num.to(torch.float64), *x_sq_own.to(torch.float64),
                               *yi["residuals_sq"].to(torch.float64), xi["iters"].to(torch.float64),
                               yi["iters"].to(torch.float64), bad.to(torch.float64),
@@ -141,15 +157,12 @@ class RankReduction(AgentReduction):
             "consensus": (num_g / den).amax(dim=-1),
             "nmse_worst": g[10].to(dtype).mean(dim=-1),
             "objective": obj,
-            "x_primal": x_sq[0],
-            "x_dual": self.mu * x_sq[1] if state.mu is None else x_sq[1],
-            "y_primal": y_sq[0],
-            "y_dual": y_sq[1] if self.y_scale is None else self.y_scale * y_sq[1],
+            **self._residuals(x_sq, y_sq, state),
         }
         return values, g[6].to(xi["iters"].dtype), g[7].to(yi["iters"].dtype)
 
 
-class RankSums(AgentReduction):
+class RankSums(_RankMetrics):
     """The metrics of a rank's agents from per-rank partial results: nothing per agent leaves
     the rank (``fit_rank(..., share="sums")``).
 
@@ -173,26 +186,23 @@ class RankSums(AgentReduction):
     """
 
     def __init__(self, layout: RankLayout, comm: Comm, *, mu: float, eta: float, y_solver: str = "admm"):
+        super().__init__(mu=mu, eta=eta, y_solver=y_solver)
         self.layout, self.comm = layout, comm
-        self.mu, self.eta = mu, eta
-        self.y_scale = eta if y_solver == "admm" else None
 
     def _own(self, t: torch.Tensor) -> torch.Tensor:
         """``t (..., n_slots)`` -> ``(..., n_own)``: the rank's agents (the dummy slots dropped)."""
         return t[..., self.layout.slots.to(t.device)]
 
-    def _raise_bad(self, own_bad, first_bad, n_bad: int, bcd_iter: int, what: str, error) -> None:
-        """Every rank raises when any rank's agents are hit; the ranks that hold them name them."""
+    def _raise_bad(self, own_bad, first_bad, n_bad: int, bcd_iter: int, what: str, error, dtype=None) -> None:
+        """Every rank raises when any rank's agents are hit; the ranks that hold them name them
+        (``dtype``: the data's, for a :class:`DataError`)."""
         if n_bad == 0:
             return
         T = own_bad.shape[0]
         if bool(own_bad.any()):
             if error is DataError:
-                agents = sorted({int(self.layout.agents[a]) for _, a in torch.nonzero(own_bad).tolist()})
-                raise DataError(
-                    f"Z: the blocks of agents {agents} have Frobenius norm 0 (all zeros, or entries too small to "
-                    "square); the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: give every agent "
-                    "some nonzero data, or rescale it")
+                where = [(t, int(self.layout.agents[a])) for t, a in torch.nonzero(own_bad).tolist()]
+                raise zero_norm_error(where, dtype, False)
             n = self.layout.n_agents
             bad = torch.zeros((T, n), dtype=torch.bool, device=own_bad.device)
             fb = torch.zeros((T, n), dtype=first_bad.dtype, device=own_bad.device)
@@ -206,7 +216,8 @@ class RankSums(AgentReduction):
         zero = self._own(z) == 0
         n_bad = self.comm.all_reduce(zero.sum().reshape(1).to(torch.int64), category="metrics",
                                      what="the check of the data norms")
-        self._raise_bad(zero, None, int(n_bad[0]), 0, "Z: blocks of Frobenius norm 0", DataError)
+        self._raise_bad(zero, None, int(n_bad[0]), 0, "Z: blocks of Frobenius norm 0", DataError,
+                        dtype=problem.Z.dtype)
         return torch.where(z > 0, z, torch.ones((), dtype=z.dtype, device=z.device))
 
     def metrics(self, problem, state, xi, yi, ws, z_norms, bcd_iter):
@@ -217,9 +228,7 @@ class RankSums(AgentReduction):
                                                scratch=ws.take("metrics_XY", problem.Z)))
         rel = res / self._own(z_norms)
         bad = ~torch.isfinite(rel) | self._own(nonfinite_agents(state.U) | nonfinite_agents(state.Y))
-        x_sq = xi["residuals_sq"]
-        if state.mu is not None:  # each agent's dual residual weighed by its mu_i^2, as x_step does
-            x_sq = torch.stack([x_sq[0], state.mu.to(x_sq.dtype).square() * x_sq[1]])
+        x_sq = self._x_sq(xi, state)
         x_it, y_it = self._own(xi["iters"]).to(torch.float64), self._own(yi["iters"]).to(torch.float64)
         f64 = torch.float64
         sums = torch.stack([rel.to(f64).sum(-1), res.to(f64).square().sum(-1),
@@ -237,10 +246,7 @@ class RankSums(AgentReduction):
         values = {
             "nmse": (sums[0] / n).to(dtype),
             "objective": (0.5 * sums[1]).to(dtype),
-            "x_primal": x_r[0].to(dtype),
-            "x_dual": (self.mu * x_r[1] if state.mu is None else x_r[1]).to(dtype),
-            "y_primal": y_r[0].to(dtype),
-            "y_dual": (y_r[1] if self.y_scale is None else self.y_scale * y_r[1]).to(dtype),
+            **{k: v.to(dtype) for k, v in self._residuals(x_r, y_r, state).items()},
             "x_iters_mean": sums[6] / n,
             "x_iters_max": peaks[0],
             "y_iters_mean": sums[7] / n,

@@ -50,16 +50,21 @@ def _block_norms(problem: Problem) -> torch.Tensor:
     z_norms = torch.linalg.matrix_norm(Z[:, :n_real])
     if not bool((z_norms > 0).all()):
         # the paper's NMSE divides by ||Z_i||: refuse before any work rather than fail on 0/0
-        where = torch.nonzero(z_norms == 0).tolist()
-        agents = sorted({a for _, a in where})
-        trials = sorted({t for t, _ in where})
-        raise DataError(
-            f"Z: the blocks of agents {agents}" + (f" in trials {trials}" if Z.shape[0] > 1 else "")
-            + f" have Frobenius norm 0 in {Z.dtype} (all zeros, or entries too small to square); "
-            "the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: give every agent "
-            "some nonzero data, or rescale it"
-        )
+        raise zero_norm_error(torch.nonzero(z_norms == 0).tolist(), Z.dtype, Z.shape[0] > 1)
     return z_norms
+
+
+def zero_norm_error(where, dtype, batched: bool) -> DataError:
+    """The error for data blocks of Frobenius norm 0, ``where`` their ``(trial, agent)`` pairs
+    (global agent ids; ``batched``: name the trials too)."""
+    agents = sorted({a for _, a in where})
+    trials = sorted({t for t, _ in where})
+    return DataError(
+        f"Z: the blocks of agents {agents}" + (f" in trials {trials}" if batched else "")
+        + f" have Frobenius norm 0 in {dtype} (all zeros, or entries too small to square); "
+        "the NMSE (sum_i ||Z_i - X_i Y_i|| / ||Z_i||) is undefined for them: give every agent "
+        "some nonzero data, or rescale it"
+    )
 
 
 def nonfinite_agents(t: torch.Tensor) -> torch.Tensor:
