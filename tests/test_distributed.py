@@ -581,13 +581,20 @@ CLI_ARGS = ["solver.bcd_iters=3", "solver.x_iters=4", "solver.y_iters=3", "centr
             "exchange=quantized"]
 
 
-@pytest.mark.slow
-def test_cli_app_writes_what_ppdnmf_writes_from_rank_zero(tmp_path):
+def _one_and_two(tmp_path, extra):
+    """``CLI_ARGS`` in one process (``tmp_path/one``) and over two local ranks with ``extra``
+    (``tmp_path/two``, TensorBoard on); returns the two-rank run's completed process."""
     one = _cli(CLI_ARGS + ["logger=none", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, module="ppdnmf_torch")
     assert one.returncode == 0, one.stderr
-    two = _cli(CLI_ARGS + ["logger=tensorboard", "distributed.nproc=2", "distributed.partition=block",
-                           f"hydra.run.dir={tmp_path / 'two'}"], tmp_path)
+    two = _cli(CLI_ARGS + ["logger=tensorboard", "distributed.nproc=2", *extra, f"hydra.run.dir={tmp_path / 'two'}"],
+               tmp_path)
     assert two.returncode == 0, two.stderr
+    return two
+
+
+@pytest.mark.slow
+def test_cli_app_writes_what_ppdnmf_writes_from_rank_zero(tmp_path):
+    _one_and_two(tmp_path, ["distributed.partition=block"])
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     dist = summary["distributed"]
     assert dist["world_size"] == 2 and dist["partition"]["method"] == "block"
@@ -769,11 +776,7 @@ def test_share_all_sends_the_factors_the_scan_finds():
 
 @pytest.mark.slow
 def test_cli_share_sums_writes_each_ranks_factors_and_the_reduced_summary(tmp_path):
-    one = _cli(CLI_ARGS + ["logger=none", f"hydra.run.dir={tmp_path / 'one'}"], tmp_path, module="ppdnmf_torch")
-    assert one.returncode == 0, one.stderr
-    two = _cli(CLI_ARGS + ["logger=tensorboard", "distributed.nproc=2", "distributed.share=sums",
-                           f"hydra.run.dir={tmp_path / 'two'}"], tmp_path)
-    assert two.returncode == 0, two.stderr
+    two = _one_and_two(tmp_path, ["distributed.share=sums"])
     run = tmp_path / "two"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["distributed"]["share"] == "sums" and summary["consensus"] is None
