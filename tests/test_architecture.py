@@ -26,6 +26,8 @@ LAYERS = {
     "audit": 9, "cli": 10, "__main__": 11, "__init__": 11,
     # above the CLI: its app reuses the CLI's config conversion; nothing imports it
     "distributed": 11,
+    # the models' packages (each imports the engine below it, never another model or the app)
+    "models": 4,
 }
 
 
