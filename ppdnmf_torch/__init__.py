@@ -7,12 +7,12 @@
 """
 from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
-from .estimator import PPDNMF
-from .experiments import ExperimentResult, run_experiment
+from .models.ppdnmf.api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .models.ppdnmf.estimator import PPDNMF
+from .models.ppdnmf.experiments import ExperimentResult, run_experiment
 from .errors import DegreeOneWarning
 from .exchange import CodecRangeError
-from .solver import ConvergenceWarning, NumericalError
+from .models.ppdnmf.solver import ConvergenceWarning, NumericalError
 
 __version__ = "0.1.0"
 

@@ -27,9 +27,9 @@ def wants_ranks(argv, environ) -> bool:
 def main() -> None:
     """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``."""
     if wants_ranks(sys.argv[1:], os.environ):
-        from .distributed.app import main as run
+        from .app.distributed import main as run
     else:
-        from .cli import main as run
+        from .app.cli import main as run
     run()
 
 

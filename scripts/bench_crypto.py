@@ -205,7 +205,7 @@ def fit_check(bits, bcd_iters, configs, protocols, log):
     seconds per ADMM iteration leave out the key generation and the masked setup, which the
     trial estimate adds once."""
     from ppdnmf_torch import fit
-    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial
+    from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     blocks, graph = make_trial(spec, seed=0)

@@ -62,10 +62,10 @@ sys.path.insert(0, ROOT)
 
 import ppdnmf_torch as pp  # noqa: E402
 from ppdnmf_torch import graph as graph_mod  # noqa: E402
-from ppdnmf_torch.solver import kernels as solver_mod  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.solver import kernels as solver_mod  # noqa: E402
 from ppdnmf_torch.checkpoint import write_atomically  # noqa: E402
-from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
-from ppdnmf_torch.problem import padded_width  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.problem import padded_width  # noqa: E402
 
 from reference import reference_fit  # noqa: E402
 
@@ -123,7 +123,7 @@ def gemm_rate(device, N, L, K, M, dtype=torch.float64, repeats=5) -> float:
     """FLOP per second of the solver's three batched products alone, at its shapes.
 
     ``(N, L, K) @ (N, K, K)`` (eq. 9), ``(N, K, K) @ (N, K, K)`` (``E diag(d) E^T``) and
-    ``(N, K, K) @ (N, K, M)`` (eq. 13), through the solver's own :func:`ppdnmf_torch.solver.kernels.bmm`
+    ``(N, K, K) @ (N, K, M)`` (eq. 13), through the solver's own :func:`ppdnmf_torch.models.ppdnmf.solver.kernels.bmm`
     into preallocated outputs, best of ``repeats`` each: the compute ceiling of the
     roofline, the rate the machine's BLAS reaches on these shapes with nothing else running.
     """

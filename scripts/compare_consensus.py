@@ -123,7 +123,7 @@ def _row(name, exp, blocks, bcd_iters, x_iters) -> dict:
 
 def compare(setup: dict, *, cbcl_path, say) -> list[dict]:
     from ppdnmf_torch import data as data_mod
-    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment
+    from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment
 
     preset, T, bcd = setup["preset"], setup["trials"], setup["bcd_iters"]
     cfg = PAPER_EXPERIMENTS[preset]
@@ -145,7 +145,7 @@ def privacy(*, seed: int, bcd_iters: int, say) -> dict:
     """Both audits on the paper's synthetic setup (trial ``seed``) and, for the token, a star."""
     from ppdnmf_torch.audit import run_audit
     from ppdnmf_torch.audit.incremental import incremental_audit
-    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial
+    from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
     from ppdnmf_torch.graph import star
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
@@ -174,7 +174,7 @@ def _ppdnmf_summary(rep: dict) -> dict:
 def bench(*, cbcl_path, say, bcd_iters: int = 6) -> list[dict]:
     """Per-X-step seconds of the incremental X-step, eager against compiled rounds (``fuse=True``,
     a fresh inductor cache: the first X-step includes the cold compile)."""
-    from ppdnmf_torch.experiments import run_experiment
+    from ppdnmf_torch.models.ppdnmf.experiments import run_experiment
 
     rows = []
     for preset, extra in (("paper_synthetic", {}), ("paper_cbcl", {"data_path": cbcl_path})):

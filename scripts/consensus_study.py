@@ -3,7 +3,7 @@
 
 For each data set and graph, the same batched trials run twice, with the paper's
 settings (``penalty_schedule="paper"``, ``init="ones"``, ``y_solver="admm"``) and with the
-library's defaults (:data:`ppdnmf_torch.solver.state.DEFAULTS`), each against its own
+library's defaults (:data:`ppdnmf_torch.models.ppdnmf.solver.state.DEFAULTS`), each against its own
 centralized baseline (the same settings, one agent). Reported per row: the final NMSE
 (mean over trials), the centralized run's NMSE on the same blocks, the gap between the
 two means, the range of the per-trial gaps, the whole data's relative error of both,
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import ppdnmf_torch as pp  # noqa: E402
-from ppdnmf_torch.solver.state import DEFAULTS, PAPER_SETTINGS  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, PAPER_SETTINGS  # noqa: E402
 
 SETTINGS = {"paper": dict(PAPER_SETTINGS), "defaults": dict(DEFAULTS)}
 
@@ -80,11 +80,11 @@ def _trials(source: str, kind: str, seeds, cbcl_path: str):
     if source == "sparse_poisson":
         blocks, graphs = _sparse_trials(kind, seeds)
         return blocks, graphs, SPARSE["rank"], {}
-    preset = pp.experiments.PAPER_EXPERIMENTS[source]
-    cfg = dataclasses.replace(preset, graph=pp.config.GraphConfig(kind=kind, **({"avg_degree": 3.0} if kind == "random"
+    preset = pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS[source]
+    cfg = dataclasses.replace(preset, graph=pp.models.ppdnmf.config.GraphConfig(kind=kind, **({"avg_degree": 3.0} if kind == "random"
                                                                                 else {})))
     Z = pp.data.load_cbcl(cbcl_path) if source == "paper_cbcl" else None
-    pairs = [pp.experiments.make_trial(cfg, s, Z) for s in seeds]
+    pairs = [pp.models.ppdnmf.experiments.make_trial(cfg, s, Z) for s in seeds]
     solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if k not in SETTINGS["paper"] and v is not None}
     solver.pop("init_seed", None)
     rank = solver.pop("rank")
@@ -153,11 +153,11 @@ def timing(cbcl_path: str, bcd_iters: int = 10, rounds: int = 3) -> dict:
         probs["cbcl"] = None
     for name in probs:
         if name == "synthetic":
-            blocks, g = pp.experiments.make_trial(pp.experiments.PAPER_EXPERIMENTS["paper_synthetic"], 0)
+            blocks, g = pp.models.ppdnmf.experiments.make_trial(pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS["paper_synthetic"], 0)
             args = dict(rank=5, mu=0.1, eta=1.0, g_max=0.033, negative="allow")
         elif name == "cbcl":
             Z = pp.data.load_cbcl(cbcl_path)
-            blocks, g = pp.experiments.make_trial(pp.experiments.PAPER_EXPERIMENTS["paper_cbcl"], 0, Z)
+            blocks, g = pp.models.ppdnmf.experiments.make_trial(pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS["paper_cbcl"], 0, Z)
             args = dict(rank=49, mu=2.0, eta=2.0, g_max=0.05)
         else:
             (blocks,), (g,) = _sparse_trials("random", [0])
@@ -179,13 +179,13 @@ def y_step_study(cbcl_path: str, iters=(1, 2, 5, 10, 30)) -> dict:
     (defaults): ``X`` of iteration 21's X-step, warm start from iteration 20's ``Y`` (HALS) or
     ``Y, V, R`` (ADMM, eqs. 12-14). The objective's excess over the optimum (HALS, 500 sweeps)
     after ``k`` iterations, relative, and the seconds they take."""
-    from ppdnmf_torch.solver import SolverParams, y_step
-    from ppdnmf_torch.solver.hals import hals_loop
+    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, y_step
+    from ppdnmf_torch.models.ppdnmf.solver.hals import hals_loop
 
     if not os.path.exists(cbcl_path):
         return {}
     Z = pp.data.load_cbcl(cbcl_path)
-    blocks, g = pp.experiments.make_trial(pp.experiments.PAPER_EXPERIMENTS["paper_cbcl"], 0, Z)
+    blocks, g = pp.models.ppdnmf.experiments.make_trial(pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS["paper_cbcl"], 0, Z)
     grabbed = {}
 
     def grab(info):
@@ -193,8 +193,8 @@ def y_step_study(cbcl_path: str, iters=(1, 2, 5, 10, 30)) -> dict:
 
     pp.fit(blocks, g, 49, mu=2.0, eta=2.0, g_max=0.05, bcd_iters=21, device="cpu", callback=grab,
            **dict(DEFAULTS, y_solver="admm"))
-    from ppdnmf_torch.problem import build_problem
-    from ppdnmf_torch.solver.state import SolverState
+    from ppdnmf_torch.models.ppdnmf.problem import build_problem
+    from ppdnmf_torch.models.ppdnmf.solver.state import SolverState
 
     prob = build_problem([blocks], [g], torch.full((1, 10), 0.05, dtype=torch.float64), [0],
                          dtype=torch.float64, device=torch.device("cpu"))
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="run only these cases")
     ap.add_argument("--trials", type=int, help="trials of every case (default: the case's own)")
     ap.add_argument("--bcd-iters", type=int, default=100)
-    ap.add_argument("--cbcl", default=pp.experiments.default_cbcl_path(),
+    ap.add_argument("--cbcl", default=pp.models.ppdnmf.experiments.default_cbcl_path(),
                     help="the CBCL .mat file (cases on CBCL are skipped when it is missing)")
     ap.add_argument("--timing", action="store_true", help="also time single trials and the Y-step's solvers")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

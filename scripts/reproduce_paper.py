@@ -363,8 +363,8 @@ def run_sweep(name: str, *, trials: int, nmax_list: list[float], seed: int, devi
     computation (0: all); trial ``t`` always uses seed ``seed + t`` and gives the same bits
     alone or in a batch, so ``batch`` changes the wall time only.
     """
-    from ppdnmf_torch.config import to_dict
-    from ppdnmf_torch.experiments import run_experiment
+    from ppdnmf_torch.models.ppdnmf.config import to_dict
+    from ppdnmf_torch.models.ppdnmf.experiments import run_experiment
 
     extra = dict(fit_over)
     if data_path is not None:
@@ -432,7 +432,7 @@ def paillier_check(*, trials: int, bcd_iters: int, admm_iters: int | None, key_b
                    nmax: float, log: _Log) -> dict:
     """Real Paillier (``exchange="paillier"``) against ``quantized`` on the same synthetic trial(s)."""
     import ppdnmf_torch as pp
-    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial
+    from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
 
     try:
         from ppdnmf_torch.exchange import paillier as _paillier  # noqa: F401
@@ -608,7 +608,7 @@ def _json_default(o):
 
 
 def _resolve_data_path(arg: Path | None) -> tuple[Path | None, str | None]:
-    from ppdnmf_torch.experiments import CBCL_ENV, default_cbcl_path
+    from ppdnmf_torch.models.ppdnmf.experiments import CBCL_ENV, default_cbcl_path
 
     if arg is not None:
         p = arg if arg.is_absolute() else (Path.cwd() / arg)

@@ -10,12 +10,12 @@ import ppdnmf_torch as pp
 from ppdnmf_torch import graph
 from ppdnmf_torch.graph.topology import Topology
 from ppdnmf_torch.penalties import MAX_CAP_RATIO, PenaltySampler, cap_bounds
-from ppdnmf_torch.problem import build_problem
-from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
-from ppdnmf_torch.solver import schedule
-from ppdnmf_torch.solver.hals import hals_loop, hals_sweep, scaled_system
-from ppdnmf_torch.solver.refit import REFIT_SWEEPS, worst_agent_nmse
-from ppdnmf_torch.solver.state import DEFAULTS, PAPER_SETTINGS, initial_factor
+from ppdnmf_torch.models.ppdnmf.problem import build_problem
+from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, run_bcd
+from ppdnmf_torch.models.ppdnmf.solver import schedule
+from ppdnmf_torch.models.ppdnmf.solver.hals import hals_loop, hals_sweep, scaled_system
+from ppdnmf_torch.models.ppdnmf.solver.refit import REFIT_SWEEPS, worst_agent_nmse
+from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, PAPER_SETTINGS, initial_factor
 
 CPU = torch.device("cpu")
 PAPER = dict(PAPER_SETTINGS)
@@ -215,9 +215,9 @@ def test_hals_sweeps_lower_the_objective_and_stay_nonnegative():
 def test_hals_y_solver_runs_batched_like_single_runs():
     res = pp.run_experiment("paper_synthetic", trials=3, seed=1, centralized=False, bcd_iters=3, x_iters=4,
                             y_iters=4, y_solver="hals", **NEW)
-    spec = pp.experiments.PAPER_EXPERIMENTS["paper_synthetic"]
+    spec = pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS["paper_synthetic"]
     for t in range(3):
-        blocks, g = pp.experiments.make_trial(spec, 1 + t)
+        blocks, g = pp.models.ppdnmf.experiments.make_trial(spec, 1 + t)
         one = pp.fit(blocks, g, 5, negative="allow", seed=1 + t, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=3,
                      x_iters=4, y_iters=4, device="cpu", y_solver="hals", **NEW)
         assert torch.equal(one.X, res.distributed.X[t])
@@ -265,7 +265,7 @@ def test_paper_settings_are_the_solver_defaults_bit_for_bit():
     assert torch.equal(st.X[0], r.X) and st.caps is None and st.mu is None
     assert [float(v[0]) for v in hist["nmse"]] == r.history["nmse"]
     for name in ("paper_synthetic", "paper_cbcl"):
-        solver = pp.experiments.PAPER_EXPERIMENTS[name].solver
+        solver = pp.models.ppdnmf.experiments.PAPER_EXPERIMENTS[name].solver
         assert {k: getattr(solver, k) for k in PAPER} == PAPER
 
 
@@ -317,7 +317,7 @@ def test_worst_agent_metric_sees_the_disagreement_that_the_nmse_hides():
 
 
 def test_worst_agent_metric_has_a_tensorboard_tag():
-    from ppdnmf_torch.tensorboard import SCALAR_TAGS
+    from ppdnmf_torch.app.tensorboard import SCALAR_TAGS
 
     assert "nmse_worst" in SCALAR_TAGS
 
@@ -325,9 +325,9 @@ def test_worst_agent_metric_has_a_tensorboard_tag():
 def test_worst_agent_metric_is_in_the_run_summary(tmp_path):
     import json
 
-    from ppdnmf_torch.config import from_dict
-    from ppdnmf_torch.outputs import format_summary
-    from ppdnmf_torch.runner import run
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
+    from ppdnmf_torch.app.outputs import format_summary
+    from ppdnmf_torch.app.runner import run
 
     cfg = from_dict({"n_agents": 4, "centralized": False, "progress": False, "logger": {"kind": "none"},
                      "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 24, "K": 2},
@@ -357,7 +357,7 @@ def test_sparse_poisson_data():
 def test_bad_new_settings_are_refused(key, value):
     with pytest.raises(pp.ConfigError, match=key):
         SolverParams(rank=2, **{key: value})
-    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
 
     with pytest.raises(pp.ConfigError, match=f"solver.{key}"):
         from_dict({"solver": {key: value}})

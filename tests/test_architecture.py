@@ -1,9 +1,21 @@
 """The package's layers: no module imports from a layer above its own, and no import circle.
 
-Layers, lowest first (docs/ARCHITECTURE.md): errors and helpers -> data, graph, penalties,
-metrics -> problem, checkpoint, exchange -> solver -> api -> config, inputs -> experiments,
-runner and its outputs -> audit, CLI. Imports inside functions count too (a lazy import is
-still a dependency).
+Layers, lowest first (docs/ARCHITECTURE.md):
+
+* the **engine**, shared by every model: errors and helpers -> data, graph, penalties, metrics,
+  diagnostics -> checkpoint, exchange -> consensus, and the model-free parts of the
+  multi-process engine (``distributed``'s transport, launcher, partition, costs, Paillier
+  parties) and of the privacy audit (its attacks and report);
+* the **models** (``models.<name>``): each imports the engine only, never another model or
+  the app;
+* what runs PPDNMF beyond one process or audits its runs: the rank engine and the audit's
+  recordings and scenarios (``distributed.engine``, ``audit.run``, ...);
+* the **app** (``app``): CLI, runner, tasks, config files, outputs, loggers; then the entry
+  points (``__main__``, ``__init__``).
+
+Imports inside functions count too (a lazy import is still a dependency). A unit is the
+longest dotted name of :data:`LAYERS` that a module's name starts with (``models.ppdnmf``,
+``distributed.comm``).
 """
 from __future__ import annotations
 
@@ -12,29 +24,45 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
 
-#: module (or subpackage) -> layer; a module may import only from its own layer or below,
-#: and within a layer only without a circle
-LAYERS = {
+#: the engine's units (shared by every model; never import a model or the app)
+ENGINE = {
     "errors": 0, "_utils": 0, "threads": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
-    "problem": 2, "checkpoint": 2, "exchange": 2,
-    "solver": 3, "consensus": 3,
-    "api": 4,
-    "config": 5, "estimator": 5, "inputs": 6,
-    "experiments": 7, "loggers": 7, "progress": 7, "outputs": 7, "costs": 7, "rundir": 7, "tensorboard": 8,
-    "runner": 8,
-    "audit": 9, "cli": 10, "__main__": 11, "__init__": 11,
-    # above the CLI: its app reuses the CLI's config conversion; nothing imports it
-    "distributed": 11,
+    "checkpoint": 2, "exchange": 2,
+    "consensus": 3,
+    "distributed": 3, "distributed.comm": 3, "distributed.launch": 3, "distributed.partition": 3,
+    "distributed.costs": 3, "distributed.parties": 3, "distributed.secure": 3,
+    "audit": 3, "audit.eavesdropper": 3, "audit.masked": 3, "audit.neighbour": 3, "audit.report": 3,
+}
+
+#: unit -> layer; a module may import only from its own layer or below, and within a layer
+#: only without a circle
+LAYERS = {
+    **ENGINE,
     # the models' packages (each imports the engine below it, never another model or the app)
-    "models": 4,
+    "models": 4, "models.ppdnmf": 4,
+    # PPDNMF over ranks, and the audit's recordings of PPDNMF runs
+    "distributed.layout": 5, "distributed.halo": 5, "distributed.topology": 5, "distributed.reduce": 5,
+    "distributed.engine": 9,
+    "audit.recording": 5, "audit.incremental": 5, "audit.run": 5,
+    # the app
+    "app": 8,
+    # entry points
+    "distributed.__main__": 10, "__main__": 10, "__init__": 10,
 }
 
 
 def _unit(module: str) -> str:
-    """``ppdnmf_torch.solver.admm`` -> ``solver``."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+    """``ppdnmf_torch.models.ppdnmf.solver.admm`` -> ``models.ppdnmf``; ``ppdnmf_torch.app.cli`` ->
+    ``app``; ``ppdnmf_torch.distributed.comm`` -> ``distributed.comm``."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__"
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in LAYERS:
+            return name
+    return parts[0]
 
 
 def _imports(path: Path, module: str):
@@ -83,6 +111,47 @@ def test_no_import_runs_up_a_layer():
                 bad.append(f"{path.relative_to(PKG.parent)}:{line} ({me}, layer {LAYERS[me]}) imports {target} "
                            f"({other}, layer {LAYERS[other]})")
     assert not bad, "\n".join(bad)
+
+
+def _model_of(unit: str):
+    return unit.split(".")[1] if unit.startswith("models.") else None
+
+
+def test_models_import_only_the_engine():
+    """A model package imports the engine and itself: never another model, never the app."""
+    bad = []
+    for path, module in _modules():
+        me = _unit(module)
+        if _model_of(me) is None:
+            continue
+        for target, line in _imports(path, module):
+            other = _unit(target)
+            if other in ENGINE or other == me or other == "models":
+                continue
+            bad.append(f"{path.relative_to(PKG.parent)}:{line} (model {_model_of(me)}) imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_engine_imports_no_model_and_no_app():
+    bad = []
+    for path, module in _modules():
+        if _unit(module) not in ENGINE:
+            continue
+        for target, line in _imports(path, module):
+            other = _unit(target)
+            if other.startswith("models") or other == "app":
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} ({_unit(module)}, engine) imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_model_has_a_task():
+    """Each model package comes with its app task (``app/tasks/<name>.py``) and its
+    ``conf/task/<name>.yaml``."""
+    models = sorted(p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").is_file())
+    assert "ppdnmf" in models
+    for name in models:
+        assert (PKG / "app" / "tasks" / f"{name}.py").is_file(), f"models/{name} has no app/tasks/{name}.py"
+        assert (PKG.parent / "conf" / "task" / f"{name}.yaml").is_file(), f"models/{name} has no conf/task/{name}.yaml"
 
 
 def test_no_import_circle_between_modules():

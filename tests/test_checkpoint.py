@@ -11,7 +11,7 @@ import torch
 import ppdnmf_torch as pp
 from ppdnmf_torch import graph
 from ppdnmf_torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ppdnmf_torch.solver import RunInterrupted
+from ppdnmf_torch.models.ppdnmf.solver import RunInterrupted
 
 from conftest import FAKE_COSTS, small_problem
 

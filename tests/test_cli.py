@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppdnmf_torch.config import from_dict
-from ppdnmf_torch.runner import run
+from ppdnmf_torch.models.ppdnmf.config import from_dict
+from ppdnmf_torch.app.runner import run
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -277,7 +277,7 @@ def test_runner_logs_predicted_crypto_costs(tmp_path, one_thread):
 
 
 def test_tensorboard_crypto_costs_and_grid(tmp_path):
-    from ppdnmf_torch.tensorboard import TensorBoardLogger, column_images, make_grid
+    from ppdnmf_torch.app.tensorboard import TensorBoardLogger, column_images, make_grid
 
     with TensorBoardLogger(tmp_path / "tb") as tb:
         tb.log_costs({"encryptions": 10, "ciphertext_bytes": 2048.0, "backend": "phe", "ok": True}, step=1)
@@ -318,7 +318,7 @@ def test_runner_cbcl_logs_image_grids(tmp_path, cbcl_path, one_thread):
 @pytest.mark.crypto
 def test_resumed_run_writes_the_whole_cost_history(tmp_path, one_thread):
     # the crypto_* columns of history.csv and the summary's costs cover both segments
-    from ppdnmf_torch.solver import RunInterrupted
+    from ppdnmf_torch.models.ppdnmf.solver import RunInterrupted
 
     cfg = from_dict({
         "n_agents": 4, "centralized": False, "progress": False, "checkpoint_every": 1,
@@ -372,8 +372,8 @@ def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):
 
 def test_a_fresh_run_in_a_used_folder_can_be_resumed(tmp_path):
     # the first run's summary.json must not mark the second, interrupted run as finished
-    from ppdnmf_torch.cli import _resume_target
-    from ppdnmf_torch.solver import RunInterrupted
+    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.models.ppdnmf.solver import RunInterrupted
 
     d = {"n_agents": 4, "centralized": False, "progress": False, "checkpoint_every": 1,
          "data": {"kind": "synthetic", "negative": "allow", "L": 8, "M": 20, "K": 2}, "graph": {"kind": "ring"},

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ppdnmf_torch._utils import ConfigError
-from ppdnmf_torch.config import (
+from ppdnmf_torch.models.ppdnmf.config import (
     DataConfig,
     GraphConfig,
     RunConfig,
@@ -23,7 +23,7 @@ from ppdnmf_torch.config import (
 hydra = pytest.importorskip("hydra")
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from ppdnmf_torch.cli import CONFIG_DIR, to_run_config  # noqa: E402
+from ppdnmf_torch.app.cli import CONFIG_DIR, to_run_config  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 GROUPS = ("data", "graph", "solver", "consensus", "exchange", "logger", "experiment")
@@ -140,7 +140,7 @@ def test_each_exchange_yaml_holds_its_own_keys():
     refused by Hydra (not in the composed config) and by from_dict (naming the kind)."""
     import yaml
 
-    from ppdnmf_torch.config import exchange_keys
+    from ppdnmf_torch.models.ppdnmf.config import exchange_keys
 
     for kind in ("plain", "quantized", "paillier"):
         with open(os.path.join(CONFIG_DIR, "exchange", f"{kind}.yaml"), encoding="utf-8") as fh:
@@ -273,7 +273,7 @@ def test_validate_hand_built_configs():
 
 def test_core_imports_neither_hydra_nor_tensorboard():
     code = (
-        "import sys, ppdnmf_torch, ppdnmf_torch.config, ppdnmf_torch.runner;"
+        "import sys, ppdnmf_torch, ppdnmf_torch.models.ppdnmf.config, ppdnmf_torch.app.runner;"
         "bad = [m for m in ('hydra', 'omegaconf', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

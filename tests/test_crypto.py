@@ -23,8 +23,8 @@ from ppdnmf_torch.exchange.paillier import (
     PaillierExchange,
 )
 from ppdnmf_torch.exchange.paillier.calibration import calibrate
-from ppdnmf_torch.problem import build_problem
-from ppdnmf_torch.solver import SolverParams, init_state, run_bcd
+from ppdnmf_torch.models.ppdnmf.problem import build_problem
+from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, run_bcd
 
 from conftest import CYCLE4, FAKE_COSTS, PATH3, PATH4, PROTOCOLS, drive
 

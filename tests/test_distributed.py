@@ -632,7 +632,7 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     """An exchange object (every rank builds its own) and the incremental X-step (a token that
     walks every agent: one process) stop with the reason; the solver settings of ``fit``
     (the adaptive schedule, HALS, the stopping rule) are all taken."""
-    from ppdnmf_torch.config import RunConfig
+    from ppdnmf_torch.models.ppdnmf.config import RunConfig
     from ppdnmf_torch.distributed.engine import _check_supported, run_rank
     from ppdnmf_torch.exchange import make_exchange
     from ppdnmf_torch.exchange.spec import PlainSpec
@@ -652,7 +652,7 @@ SUMS_METRICS = ("nmse", "objective", "x_primal", "x_dual", "y_primal", "y_dual")
 
 
 def test_share_is_validated(solo):
-    from ppdnmf_torch.distributed.app import DistConfig
+    from ppdnmf_torch.app.distributed import DistConfig
 
     Z, G, counts = _data(N=4)
     with pytest.raises(ConfigError) as info:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch.estimator import TransposedInputWarning
+from ppdnmf_torch.models.ppdnmf.estimator import TransposedInputWarning
 
 FAST = dict(bcd_iters=8, x_iters=10, y_iters=10, device="cpu", negative="allow")
 
@@ -102,7 +102,7 @@ def test_transform_uses_the_fits_y_solver(data, y_solver, other):
     new = pp.data.synthetic(seed=7).Z[:, :12].clamp(min=0)
     Y = m.transform(new)
     refs = {"admm": _admm_projection(X, new, m.eta, 15), "hals": _hals_projection(X, new, 15)}
-    used = y_solver or pp.solver.DEFAULTS["y_solver"]
+    used = y_solver or pp.models.ppdnmf.solver.DEFAULTS["y_solver"]
     torch.testing.assert_close(Y, refs[used], rtol=1e-9, atol=1e-12)
     # 15 iterations are far from converged, so the two solvers' iterates differ
     assert float(torch.linalg.matrix_norm(refs["admm"] - refs["hals"])) > 1e-3 * float(torch.linalg.matrix_norm(Y))
@@ -142,7 +142,7 @@ def test_scipy_sparse_input_is_densified_per_agent(data):
 def test_sparse_input_too_large_is_refused(monkeypatch):
     import scipy.sparse as sp
 
-    from ppdnmf_torch import estimator
+    from ppdnmf_torch.models.ppdnmf import estimator
 
     monkeypatch.setattr(estimator, "MAX_DENSE_BYTES", 1000)
     with pytest.raises(pp.DataError, match="densified per agent"):

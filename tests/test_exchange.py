@@ -469,7 +469,7 @@ def test_spec_kinds_and_options_are_the_specs_fields():
                                 "paillier": ("cost_model", "fast", "packing", "slot_bits", "precompute", "djn",
                                              "djn_exponent_bits", "workers", "record_transcript", "keypairs",
                                              "pool_audit")}
-    from ppdnmf_torch import config
+    from ppdnmf_torch.models.ppdnmf import config
     from ppdnmf_torch.exchange import spec
 
     assert config.SPECS is spec.SPECS and config.EXCHANGE_KINDS is spec.EXCHANGE_KINDS

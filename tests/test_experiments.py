@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment
+from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial, run_experiment
 
 SHORT = dict(bcd_iters=6, x_iters=8, y_iters=8)
 
@@ -91,7 +91,7 @@ def test_hydra_experiment_configs_match_the_python_presets(name):
     """conf/experiment/*.yaml compose to the PAPER_EXPERIMENTS run configs (every section)."""
     from hydra import compose, initialize_config_dir
 
-    from ppdnmf_torch.cli import CONFIG_DIR, to_run_config
+    from ppdnmf_torch.app.cli import CONFIG_DIR, to_run_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         # the CBCL file need not exist: only the values are compared

@@ -17,13 +17,13 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch import graph
-from ppdnmf_torch.solver import admm, eager as eager_mod, fused as fused_mod, kernels
+from ppdnmf_torch.models.ppdnmf.solver import admm, eager as eager_mod, fused as fused_mod, kernels
 from ppdnmf_torch.exchange import make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.plain import PlainExchange
 from ppdnmf_torch.penalties import PenaltySampler
-from ppdnmf_torch.solver.fused import CompiledGraph, small_matmul
-from ppdnmf_torch.solver.kernels import Workspace, bmm, eigh_psd
+from ppdnmf_torch.models.ppdnmf.solver.fused import CompiledGraph, small_matmul
+from ppdnmf_torch.models.ppdnmf.solver.kernels import Workspace, bmm, eigh_psd
 
 from conftest import small_problem
 
@@ -120,8 +120,8 @@ def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
     factors and (small problems) every ``E diag(d) E^T``; with one (a tolerance that never
     triggers) it runs the per-iteration path. Same bits, from a state where no agent is
     stationary (rank 3 and 9: torch's small-matrix kernel and the BLAS one)."""
-    from ppdnmf_torch.problem import build_problem
-    from ppdnmf_torch.solver import SolverParams, init_state, make_sampler, x_step
+    from ppdnmf_torch.models.ppdnmf.problem import build_problem
+    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, make_sampler, x_step
 
     blocks = small_problem(counts=(3, 5, 4, 6, 2))
     caps = torch.tensor([[0.01, 0.02, 0.03, 0.04, 0.05]], dtype=torch.float64)
@@ -147,8 +147,8 @@ def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
 
 def test_narrow_y_updates_equal_full_width_updates():
     """The eager Y-step updates only the real columns; the full-width iteration gives the same bits."""
-    from ppdnmf_torch.problem import build_problem
-    from ppdnmf_torch.solver import SolverParams, init_state, y_step
+    from ppdnmf_torch.models.ppdnmf.problem import build_problem
+    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, y_step
 
     blocks = small_problem(L=6, counts=(2, 9, 4))
     caps = torch.full((1, 3), 0.03, dtype=torch.float64)
@@ -162,7 +162,7 @@ def test_narrow_y_updates_equal_full_width_updates():
     V, R, X = state.V.clone(), state.R.clone(), state.X
     params = SolverParams(rank=3, eta=0.7, y_iters=5)
     y_step(prob, state, params)
-    from ppdnmf_torch.solver.kernels import spd_inverse
+    from ppdnmf_torch.models.ppdnmf.solver.kernels import spd_inverse
 
     G_inv = spd_inverse(bmm(X.mT, X) + 0.7 * torch.eye(3, dtype=torch.float64))
     XtZ = bmm(X.mT, prob.Z)
@@ -475,7 +475,7 @@ def test_fused_buffered_run_resumes_bit_identically(monkeypatch, tmp_path):
 def test_carried_differences_give_the_bits_of_the_plain_chains(derived, n_iters):
     """The large fused loop carries ``D = X - P_prev`` (``Y - R_prev``) instead of X and P
     (Y and R): the same operations, so the same bits, X-step and Y-step (run uncompiled)."""
-    from ppdnmf_torch.solver import fused as s
+    from ppdnmf_torch.models.ppdnmf.solver import fused as s
 
     gen = torch.Generator().manual_seed(n_iters)
     r = lambda *shape: torch.randn(shape, generator=gen, dtype=torch.float64)  # noqa: E731

@@ -398,7 +398,7 @@ def test_make_graph_errors(kind, n, params, match):
 
 
 def test_graph_parameter_table_is_the_config_table():
-    from ppdnmf_torch import config
+    from ppdnmf_torch.models.ppdnmf import config
 
     assert config.GRAPH_PARAMS is G.GRAPH_PARAMS
     assert config._GRAPH_REQUIRED is G.GRAPH_REQUIRED and config._GRAPH_ALIASES is G.GRAPH_ALIASES

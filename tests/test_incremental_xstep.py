@@ -9,9 +9,9 @@ import ppdnmf_torch as pp
 from ppdnmf_torch import graph
 from ppdnmf_torch.checkpoint import CheckpointError, load_checkpoint
 from ppdnmf_torch.exchange import exchange_spec, make_exchange
-from ppdnmf_torch.problem import build_problem
-from ppdnmf_torch.solver import SolverParams, incremental_x_step, init_state, make_sampler, x_step
-from ppdnmf_torch.solver.incremental import trial_graphs, visiting_orders
+from ppdnmf_torch.models.ppdnmf.problem import build_problem
+from ppdnmf_torch.models.ppdnmf.solver import SolverParams, incremental_x_step, init_state, make_sampler, x_step
+from ppdnmf_torch.models.ppdnmf.solver.incremental import trial_graphs, visiting_orders
 
 from conftest import small_problem
 
@@ -179,7 +179,7 @@ def test_first_bad_names_the_round():
     pos = order.index(3)
     assert fb == [1 if order.index(a) >= pos else 2 for a in range(5)]
     # what the BCD loop makes of it: the first bad round, and every agent hit
-    from ppdnmf_torch.solver.bcd import check_finite
+    from ppdnmf_torch.models.ppdnmf.solver.bcd import check_finite
 
     with pytest.raises(pp.NumericalError, match=r"X-step ADMM iteration 1: agents \[0, 1, 2, 3, 4\]"):
         check_finite(prob, state, 1, torch.zeros((1, 5), dtype=torch.float64), out["first_bad"])
@@ -251,7 +251,7 @@ def test_pi_admm_reaches_the_centralized_nmse_with_a_tighter_consensus():
 
 
 def test_config_keys_and_cross_rules():
-    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
 
     cfg = from_dict({"solver": {"x_solver": "pi_admm", "x_start": [-0.5, 0.5], "x_rounds": 10}})
     assert (cfg.solver.x_solver, cfg.solver.x_start, cfg.solver.x_rounds) == ("pi_admm", [-0.5, 0.5], 10)
@@ -265,7 +265,7 @@ def test_config_keys_and_cross_rules():
 
 
 def test_run_experiment_preset_batches_and_keeps_the_admm_baseline():
-    from ppdnmf_torch.experiments import run_experiment
+    from ppdnmf_torch.models.ppdnmf.experiments import run_experiment
 
     kw = dict(trials=2, seed=2, bcd_iters=2, x_iters=3, y_iters=3, device="cpu")
     inc = run_experiment("incremental_synthetic", **kw)
@@ -276,8 +276,8 @@ def test_run_experiment_preset_batches_and_keeps_the_admm_baseline():
 
 
 def test_runner_error_names_the_config_key(tmp_path):
-    from ppdnmf_torch.config import RunConfig, SolverConfig
-    from ppdnmf_torch.runner import run
+    from ppdnmf_torch.models.ppdnmf.config import RunConfig, SolverConfig
+    from ppdnmf_torch.app.runner import run
 
     cfg = RunConfig(n_agents=5, centralized=False, progress=False,
                     solver=SolverConfig(rank=2, bcd_iters=1, x_iters=2, y_iters=2, x_solver="pi_admm",

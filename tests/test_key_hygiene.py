@@ -8,10 +8,10 @@ import warnings
 import phe
 import pytest
 
-from ppdnmf_torch.config import from_dict
+from ppdnmf_torch.models.ppdnmf.config import from_dict
 from ppdnmf_torch.exchange.paillier import InsecureKeyWarning, PaillierExchange
 from ppdnmf_torch.exchange import IntegerCodec
-from ppdnmf_torch.runner import run
+from ppdnmf_torch.app.runner import run
 
 
 @pytest.fixture

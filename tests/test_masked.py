@@ -327,8 +327,8 @@ def test_fit_warns_naming_the_degree1_agents_and_min_degree_refuses_them():
 
 
 def test_config_min_degree_refuses_such_graphs():
-    from ppdnmf_torch.config import from_dict
-    from ppdnmf_torch.inputs import build_graph
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
+    from ppdnmf_torch.models.ppdnmf.inputs import build_graph
 
     base = {"n_agents": 6, "data": {"kind": "synthetic", "negative": "allow", "L": 6, "M": 18, "K": 2}}
     assert build_graph(from_dict(dict(base, graph={"kind": "ring", "min_degree": 2}))).n_agents == 6
@@ -389,8 +389,8 @@ def test_run_audit_takes_user_scenarios_and_reports_masked(tmp_path):
 def test_tensorboard_crypto_curves_cover_the_setup(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
-    from ppdnmf_torch.config import from_dict
-    from ppdnmf_torch.runner import run
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
+    from ppdnmf_torch.app.runner import run
 
     cfg = from_dict({
         "n_agents": 4, "centralized": False, "progress": False,

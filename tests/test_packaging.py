@@ -59,7 +59,7 @@ def test_installed_wheel_runs_the_cli_from_another_directory(wheel, tmp_path):
         return r
 
     # the installed copy, not the checkout, is imported
-    where = subprocess.run([str(py), "-c", "import ppdnmf_torch.cli as c; print(c.__file__, c.CONFIG_DIR)"],
+    where = subprocess.run([str(py), "-c", "import ppdnmf_torch.app.cli as c; print(c.__file__, c.CONFIG_DIR)"],
                            cwd=work, env=_env(), capture_output=True, text=True, check=True)
     assert str(ROOT) not in where.stdout and "site-packages" in where.stdout
     assert "ppdnmf" in cli("--help").stdout

@@ -15,8 +15,8 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch import graph
-from ppdnmf_torch.config import from_dict
-from ppdnmf_torch.runner import run
+from ppdnmf_torch.models.ppdnmf.config import from_dict
+from ppdnmf_torch.app.runner import run
 
 from conftest import FAKE_COSTS, small_problem
 
@@ -93,7 +93,7 @@ def test_the_config_threads_setting_reaches_the_run_and_is_restored(tmp_path, cl
 
 
 def test_progress_lines_off_a_terminal(caplog):
-    from ppdnmf_torch.progress import Progress
+    from ppdnmf_torch.app.progress import Progress
 
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch.progress"):
         with Progress(True, 4, "PPDNMF (plain)", interval=3600.0, bar=False) as bar:
@@ -107,7 +107,7 @@ def test_progress_lines_off_a_terminal(caplog):
 
 
 def test_progress_of_a_resumed_run_counts_from_its_checkpoint(caplog):
-    from ppdnmf_torch.progress import Progress, format_seconds
+    from ppdnmf_torch.app.progress import Progress, format_seconds
 
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch.progress"):
         with Progress(True, 10, "x", interval=0.0, start=6, bar=False) as bar:
@@ -117,8 +117,8 @@ def test_progress_of_a_resumed_run_counts_from_its_checkpoint(caplog):
 
 
 def test_fuse_compilation_is_announced(caplog):
-    from ppdnmf_torch.inputs import build_inputs
-    from ppdnmf_torch.runner import _announce
+    from ppdnmf_torch.models.ppdnmf.inputs import build_inputs
+    from ppdnmf_torch.app.runner import _announce
 
     cfg = from_dict(_cfg(solver={"fuse": True}))
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch.runner"):
@@ -133,7 +133,7 @@ def test_fuse_compilation_is_announced(caplog):
 
 def test_paillier_estimate_counts_what_the_run_does():
     pytest.importorskip("phe")
-    from ppdnmf_torch.costs import paillier_estimate
+    from ppdnmf_torch.app.costs import paillier_estimate
     from ppdnmf_torch.exchange import PaillierSpec
 
     spec = PaillierSpec(n_max=1e3, key_bits=128, workers=0)
@@ -147,7 +147,7 @@ def test_paillier_estimate_counts_what_the_run_does():
 
 
 def test_paillier_estimate_names_the_faster_switches():
-    from ppdnmf_torch.costs import format_estimate, paillier_estimate
+    from ppdnmf_torch.app.costs import format_estimate, paillier_estimate
     from ppdnmf_torch.exchange import PaillierSpec
 
     spec = PaillierSpec(n_max=1e3, key_bits=128, packing=False, precompute=False, workers=0)
@@ -164,7 +164,7 @@ def test_paillier_estimate_names_the_faster_switches():
 @pytest.mark.crypto
 def test_a_paillier_run_logs_its_estimate_first_and_its_costs_with_units(tmp_path, caplog):
     pytest.importorskip("phe")
-    from ppdnmf_torch.runner import format_summary
+    from ppdnmf_torch.app.runner import format_summary
 
     cfg = from_dict(_cfg(exchange={"kind": "paillier", "n_max": 1e3, "key_bits": 128, "workers": 0}))
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch"):
@@ -176,7 +176,7 @@ def test_a_paillier_run_logs_its_estimate_first_and_its_costs_with_units(tmp_pat
 
 
 def test_costs_are_formatted_with_units():
-    from ppdnmf_torch.costs import format_bytes, format_costs
+    from ppdnmf_torch.app.costs import format_bytes, format_costs
 
     text = format_costs({"encryptions": 12345, "ciphertext_bytes": 2.5e6, "time_encrypt": 1.25, "key_pairs": 4})
     assert text == "12,345 encryptions, 4 key pairs, 2.5 MB of ciphertexts; time: encryption 1.25 s"
@@ -189,7 +189,7 @@ def test_costs_are_formatted_with_units():
 
 
 def test_trials_run_batched_and_write_per_trial_outputs(tmp_path):
-    from ppdnmf_torch.experiments import run_experiment
+    from ppdnmf_torch.models.ppdnmf.experiments import run_experiment
 
     cfg = from_dict(_cfg(trials=3, centralized=True, seed=5))
     summary = run(cfg, tmp_path / "t")
@@ -269,7 +269,7 @@ def test_tensorboard_hparams_carry_the_crypto_switches_and_costs(tmp_path):
 
 
 def test_a_resumed_run_shows_every_tensorboard_step_once(tmp_path):
-    from ppdnmf_torch.tensorboard import TensorBoardLogger
+    from ppdnmf_torch.app.tensorboard import TensorBoardLogger
     from test_cli import _scalars
 
     class Info:

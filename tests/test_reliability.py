@@ -5,7 +5,7 @@ checkpoints are verified; degenerate results are flagged; resume applies or refu
 overrides; key sizes are bounded and key generation stops on Ctrl-C; worker pools die with
 their parent; I/O faults and bad input give one line (exit 2 on the CLI); a multirun goes
 on past a failed job. The CLI cases share their runs (one subprocess each, a few seconds);
-everything else calls the library or :func:`ppdnmf_torch.runner.run` in-process.
+everything else calls the library or :func:`ppdnmf_torch.app.runner.run` in-process.
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ import ppdnmf_torch as pp
 from ppdnmf_torch import graph
 from ppdnmf_torch.checkpoint import (CheckpointError, Checkpointer, _content_hashes, checkpoint_files,
                                      load_checkpoint, save_checkpoint)
-from ppdnmf_torch.config import from_dict
+from ppdnmf_torch.models.ppdnmf.config import from_dict
 from ppdnmf_torch.errors import DataScaleWarning, DegenerateResultWarning
-from ppdnmf_torch.rundir import RunFolderError, RunFolderLock
-from ppdnmf_torch.runner import run
-from ppdnmf_torch.solver import RunInterrupted
+from ppdnmf_torch.app.rundir import RunFolderError, RunFolderLock
+from ppdnmf_torch.app.runner import run
+from ppdnmf_torch.models.ppdnmf.solver import RunInterrupted
 
 from conftest import small_problem
 
@@ -130,7 +130,7 @@ def test_a_finished_run_removes_its_checkpoints_unless_kept(tmp_path):
 
 
 def test_run_folder_names_are_unique_and_below_the_second():
-    from ppdnmf_torch.cli import _run_id
+    from ppdnmf_torch.app.cli import _run_id
 
     ids = {_run_id() for _ in range(200)}
     assert len(ids) == 200
@@ -152,7 +152,7 @@ def test_a_second_run_into_a_locked_folder_is_refused_with_the_owner_named(tmp_p
 
 
 def test_a_killed_lock_holder_leaves_the_folder_free(tmp_path):
-    code = f"from ppdnmf_torch.rundir import RunFolderLock; import time; RunFolderLock({str(tmp_path)!r}).acquire(); " \
+    code = f"from ppdnmf_torch.app.rundir import RunFolderLock; import time; RunFolderLock({str(tmp_path)!r}).acquire(); " \
            "print('held', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE, text=True)
     try:
@@ -235,7 +235,7 @@ def test_a_verified_checkpoint_resumes_bit_identical(checkpointed):
 
 def test_final_outputs_are_written_atomically(tmp_path, monkeypatch):
     # a write that dies half-way leaves the previous file, never a truncated one
-    from ppdnmf_torch import outputs
+    from ppdnmf_torch.app import outputs
 
     out = tmp_path / "run"
     run(from_dict(_cfg()), out)
@@ -342,7 +342,7 @@ def interrupted(tmp_path):
 
 
 def test_resume_refuses_overrides_that_change_the_run_listing_them(interrupted):
-    from ppdnmf_torch.cli import _resume_target
+    from ppdnmf_torch.app.cli import _resume_target
 
     new = from_dict(_cfg(solver={"bcd_iters": 10, "mu": 0.5}))
     with pytest.raises(pp.ConfigError, match=r"^resume: these overrides would change the run being resumed: "
@@ -352,7 +352,7 @@ def test_resume_refuses_overrides_that_change_the_run_listing_them(interrupted):
 
 
 def test_resume_applies_more_iterations(interrupted):
-    from ppdnmf_torch.cli import _resume_target
+    from ppdnmf_torch.app.cli import _resume_target
 
     new = from_dict(_cfg(solver={"bcd_iters": 10}, progress=True))
     cfg, folder, ckpt = _resume_target(str(interrupted), new, ["solver.bcd_iters=10", "progress=true",
@@ -363,7 +363,7 @@ def test_resume_applies_more_iterations(interrupted):
 
 
 def test_resume_to_fewer_iterations_than_done_is_refused(interrupted):
-    from ppdnmf_torch.cli import _resume_target
+    from ppdnmf_torch.app.cli import _resume_target
 
     cfg, folder, ckpt = _resume_target(str(interrupted), from_dict(_cfg(solver={"bcd_iters": 1})),
                                        ["solver.bcd_iters=1"])
@@ -378,7 +378,7 @@ def test_an_empty_resume_is_an_error_not_a_fresh_run():
 
 
 def test_a_corrupted_config_yaml_is_one_error(interrupted):
-    from ppdnmf_torch.cli import _resume_target
+    from ppdnmf_torch.app.cli import _resume_target
 
     (interrupted / "config.yaml").write_text("solver: {rank: [unclosed\n")
     with pytest.raises(pp.ConfigError, match=r"^resume: .*config\.yaml is not a readable run config"):

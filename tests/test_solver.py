@@ -8,7 +8,7 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch import data, graph
-from ppdnmf_torch.solver import ConvergenceWarning
+from ppdnmf_torch.models.ppdnmf.solver import ConvergenceWarning
 
 from conftest import small_problem
 from reference import reference_fit
@@ -273,7 +273,7 @@ def test_workspace_buffers_change_no_bits(monkeypatch, tmp_path, kw):
     """Large problems write the updates into reused buffers (solver.Workspace); that must give
     the same bits as fresh allocations, also when resuming from a checkpoint."""
     from ppdnmf_torch.exchange import QuantizedExchange
-    from ppdnmf_torch.solver import Workspace
+    from ppdnmf_torch.models.ppdnmf.solver import Workspace
 
     blocks = small_problem(counts=(3, 5, 4, 6))
     g = graph.ring(4)

@@ -175,7 +175,7 @@ def test_smallest_linked_cap_is_the_one_checked():
 def test_nonfinite_agents_matches_the_entrywise_check(n_real):
     # the solver's per-BCD check sums each agent first; finite entries whose sum overflows
     # (agent 2 of trial 1) must not count as non-finite
-    from ppdnmf_torch.solver.bcd import nonfinite_agents
+    from ppdnmf_torch.models.ppdnmf.solver.bcd import nonfinite_agents
 
     t = torch.rand(2, 5, 3, 4, dtype=torch.float64)
     t[0, 1, 2, 3] = math.nan

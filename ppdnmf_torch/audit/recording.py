@@ -227,11 +227,11 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
     **fit_kwargs
         Any other keyword of :func:`~ppdnmf_torch.fit` (``bcd_iters``, ``g_max``, ...).
     """
-    from ..api import fit
+    from ..models.ppdnmf.api import fit
     from ..graph import Graph
 
     if not isinstance(graph, Graph):
-        from ..problem import as_graph
+        from ..models.ppdnmf.problem import as_graph
 
         graph = as_graph(graph)
     exch = make_recording_exchange(kind, protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits,

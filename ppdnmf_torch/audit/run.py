@@ -25,7 +25,7 @@ SCENARIOS = ("paper_synthetic", "star", "random_caps", "short_admm")
 def _scenario(name: str, seed: int):
     """``(blocks, graph, g_max, solver, overrides)`` of a named scenario (``overrides``: fit
     keywords that take precedence over :func:`run_audit`'s iteration counts)."""
-    from ..experiments import PAPER_EXPERIMENTS, make_trial
+    from ..models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
     from ..graph import star
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
@@ -78,7 +78,7 @@ def _resolve_scenario(sc, seed: int):
         return (sc, *_scenario(sc, seed))
     name, blocks, graph, g_max, *rest = sc
     from ..graph import Graph
-    from ..problem import as_graph
+    from ..models.ppdnmf.problem import as_graph
 
     graph = graph if isinstance(graph, Graph) else as_graph(graph)
     solver = dict(rest[0]) if rest else {}

@@ -1,5 +1,5 @@
 """``python -m ppdnmf_torch.distributed`` (and ``torchrun ... -m ppdnmf_torch.distributed``)."""
-from .app import main
+from ..app.distributed import main
 
 if __name__ == "__main__":
     main()

@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 
 from .._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _init_seed, _preflight
+from ..models.ppdnmf.api import FitResult, _history_single, _init_seed, _preflight
 from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ..exchange import exchange_spec
 from ..exchange.base import Exchange
 from ..penalties import cap_bounds
-from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..solver import SolverParams, init_state, restore_state, run_bcd
+from ..models.ppdnmf.problem import as_blocks, as_caps, as_graph, check_data, check_rank
+from ..models.ppdnmf.solver import SolverParams, init_state, restore_state, run_bcd
 from ..threads import with_threads
 from .comm import Comm, DistributedError
 from .costs import cut_protocol_bytes, flag_bytes, halo_bytes
@@ -384,12 +384,12 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
     ``<out_dir>/rank<r>/factors.pt`` (:func:`write_own_factors`), rank 0 the config, the
     histories, TensorBoard and the summary from the reduced scalars.
     """
-    from ..config import to_dict
+    from ..models.ppdnmf.config import to_dict
     from ..errors import PPDNMFError
-    from ..inputs import build_inputs
-    from ..loggers import NullLogger
-    from ..outputs import write_summary, write_yaml
-    from ..runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
+    from ..models.ppdnmf.inputs import build_inputs
+    from ..app.loggers import NullLogger
+    from ..app.outputs import write_summary, write_yaml
+    from ..app.runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
 
     t_start = time.perf_counter()
     out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))

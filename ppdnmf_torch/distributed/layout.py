@@ -33,7 +33,7 @@ import torch
 
 from ..graph import Graph
 from ..graph.topology import Topology
-from ..problem import TRIAL_ALIGN_BYTES, Problem, padded_width
+from ..models.ppdnmf.problem import TRIAL_ALIGN_BYTES, Problem, padded_width
 from .partition import Partition
 
 __all__ = ["alignment_period", "RankLayout", "rank_problem"]

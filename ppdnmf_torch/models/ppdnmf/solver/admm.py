@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange.base import Exchange, accepts_keyword
-from ..penalties import PenaltySampler
+from ....exchange.base import Exchange, accepts_keyword
+from ....penalties import PenaltySampler
 from ..problem import Problem
 from . import kernels
 from .eager import spectral_factors

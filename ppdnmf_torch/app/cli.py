@@ -37,11 +37,11 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._utils import ConfigError, PPDNMFError
-from .config import RunConfig, from_dict, to_dict
-from .errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning
+from .._utils import ConfigError, PPDNMFError
+from ..models.ppdnmf.config import RunConfig, from_dict, to_dict
+from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning
 from .runner import format_summary, run
-from .solver import RunInterrupted
+from ..models.ppdnmf.solver import RunInterrupted
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
            "RESUME_SAFE_KEYS", "FAILED_NAME"]
@@ -51,7 +51,7 @@ def _config_dir() -> str:
     """The config folder: ``ppdnmf_torch/conf`` in an installed package (the wheel ships the
     repository's ``conf/`` there), else ``conf/`` beside the package (a source checkout or an
     editable install). An absolute path, so that the app works from any directory."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package, above app/
     for folder in (os.path.join(here, "conf"), os.path.join(here, os.pardir, "conf")):
         if os.path.isfile(os.path.join(folder, "config.yaml")):
             return os.path.normpath(folder)

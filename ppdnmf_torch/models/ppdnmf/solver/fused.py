@@ -25,7 +25,7 @@ from functools import partial
 
 import torch
 
-from ..exchange.base import ell_gather_sum
+from ....exchange.base import ell_gather_sum
 from .kernels import NBR_PASS_NODE_LIMIT
 
 __all__ = ["CompiledGraph", "FusedKernels", "compiled_kernels", "small_matmul", "carry_pass"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph.topology import Topology
+from ....graph.topology import Topology
 from .kernels import rel_change
 
 __all__ = ["StopRule", "stop_flags"]

@@ -11,8 +11,8 @@ each one assumes; :func:`format_costs` writes a run's cost counters with units.
 """
 from __future__ import annotations
 
-from .exchange.costmodel import estimate_seconds, round_counts, round_edge_bytes
-from .exchange.packing import derive_layout
+from ..exchange.costmodel import estimate_seconds, round_counts, round_edge_bytes
+from ..exchange.packing import derive_layout
 from .progress import format_seconds
 
 __all__ = ["paillier_estimate", "format_estimate", "format_costs", "format_bytes"]
@@ -68,7 +68,7 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
     """
     counts, nbytes, slots = _run_counts(spec, graph, int(L) * int(rank), int(x_iters), int(bcd_iters))
     if op_costs is None:
-        from .exchange.paillier.calibration import calibrate  # imports phe: only for a paillier run
+        from ..exchange.paillier.calibration import calibrate  # imports phe: only for a paillier run
 
         op_costs = calibrate(spec.key_bits)
     ops = estimate_seconds(counts, op_costs)

@@ -16,15 +16,15 @@ import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 
-from .errors import ConfigError, PPDNMFError
-from .data import CBCL_HINT, DATA_KINDS
-from .exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
-from .graph import GRAPH_KINDS, GRAPH_PARAMS
-from .graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
-from .penalties import PENALTY_MODES
+from ...errors import ConfigError, PPDNMFError
+from ...data import CBCL_HINT, DATA_KINDS
+from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
+from ...graph import GRAPH_KINDS, GRAPH_PARAMS
+from ...graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
+from ...penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES, check_rank
 from .solver import CONSENSUS_FORMS, X_SOLVERS, X_WALKS
-from .penalties import PENALTY_SCHEDULES
+from ...penalties import PENALTY_SCHEDULES
 from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
 
 __all__ = [

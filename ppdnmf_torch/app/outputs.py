@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from ._utils import plain_number
-from .checkpoint import write_atomically
-from .config import exchange_to_dict
+from .._utils import plain_number
+from ..checkpoint import write_atomically
+from ..models.ppdnmf.config import exchange_to_dict
 from .costs import format_costs
-from .exchange.costmodel import COUNT_KEYS
+from ..exchange.costmodel import COUNT_KEYS
 
 __all__ = ["write_yaml", "write_factors", "write_histories", "write_summary", "summary_of", "format_summary",
            "plain", "numeric", "dataset_name", "run_name", "write_trials", "trials_summary", "write_text"]

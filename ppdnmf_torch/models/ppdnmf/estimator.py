@@ -19,8 +19,8 @@ import warnings
 import torch
 
 from .api import FitResult, fit
-from .errors import ConfigError, DataError
-from .graph import complete
+from ...errors import ConfigError, DataError
+from ...graph import complete
 from .problem import build_problem
 from .solver import DEFAULTS, SolverParams, init_state
 from .solver.admm import y_step

@@ -7,22 +7,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._utils import ConfigError, resolve_device, resolve_dtype
-from .errors import DegreeOneWarning
-from .exchange import exchange_spec, make_exchange
-from .exchange.base import Exchange
-from .exchange.base import accepts_keyword
-from .graph import Graph, check_min_degree, complete
+from ..._utils import ConfigError, resolve_device, resolve_dtype
+from ...errors import DegreeOneWarning
+from ...exchange import exchange_spec, make_exchange
+from ...exchange.base import Exchange
+from ...exchange.base import accepts_keyword
+from ...graph import Graph, check_min_degree, complete
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
-from .checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
+from ...checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
     fingerprint, load_checkpoint
-from .diagnostics import degenerate_reasons, likely_cause, x_sketch
-from .errors import DegenerateResultWarning
-from .penalties import cap_bounds
+from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
+from ...errors import DegenerateResultWarning
+from ...penalties import cap_bounds
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS
-from .threads import with_threads
+from ...threads import with_threads
 
 __all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "check_min_degree", "DEFAULTS",
            "PAPER_SETTINGS"]

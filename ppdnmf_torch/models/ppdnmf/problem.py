@@ -13,11 +13,11 @@ from typing import Sequence
 
 import torch
 
-from ._utils import ConfigError, DataError
-from .diagnostics import scale_warning
-from .errors import DataScaleWarning
-from .graph.topology import Topology
-from .graph import Graph, from_adjacency
+from ..._utils import ConfigError, DataError
+from ...diagnostics import scale_warning
+from ...errors import DataScaleWarning
+from ...graph.topology import Topology
+from ...graph import Graph, from_adjacency
 
 __all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "as_seed", "check_data", "build_problem",
            "padded_width", "check_iteration_buffers", "NEGATIVE_MODES"]

@@ -6,12 +6,12 @@ import warnings
 
 import torch
 
-from .. import metrics
-from .._utils import plain_number
-from ..errors import ConvergenceWarning, DataError, PPDNMFError
-from ..checkpoint import good_point, snapshot
-from ..exchange.base import Exchange
-from ..penalties import PenaltySampler
+from .... import metrics
+from ...._utils import plain_number
+from ....errors import ConvergenceWarning, DataError, PPDNMFError
+from ....checkpoint import good_point, snapshot
+from ....exchange.base import Exchange
+from ....penalties import PenaltySampler
 from ..problem import Problem
 from .admm import x_step, y_step
 from .incremental import incremental_x_step

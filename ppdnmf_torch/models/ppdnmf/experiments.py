@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import data as data_mod
-from ._utils import resolve_device, resolve_dtype
+from ... import data as data_mod
+from ..._utils import resolve_device, resolve_dtype
 from .api import X_SOLVER_KEYS, TrialsResult, fit_trials
 from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConfig, SYNTHETIC_DEFAULTS,
                      from_dict, to_dict)
-from .errors import ConfigError
-from .exchange import exchange_spec
-from .graph import complete
+from ...errors import ConfigError
+from ...exchange import exchange_spec
+from ...graph import complete
 from .inputs import build_graph, load_data, make_split
 from .solver.state import PAPER_SETTINGS
 

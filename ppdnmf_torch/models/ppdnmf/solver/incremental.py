@@ -33,11 +33,11 @@ import warnings
 
 import torch
 
-from ..consensus import IncrementalADMM, IncrementalState, LeastSquares, hamiltonian_cycle, make_method
-from ..consensus import project_nonnegative
-from ..consensus.randomness import TrialStreams, stream_seed
-from ..errors import GraphError
-from ..graph import Graph
+from ....consensus import IncrementalADMM, IncrementalState, LeastSquares, hamiltonian_cycle, make_method
+from ....consensus import project_nonnegative
+from ....consensus.randomness import TrialStreams, stream_seed
+from ....errors import GraphError
+from ....graph import Graph
 from ..problem import Problem
 from .kernels import Workspace, column_gram, eigh_psd
 from .state import SolverParams, SolverState

@@ -17,8 +17,8 @@ import shlex
 import socket
 import sys
 
-from .checkpoint import PREFIX, checkpoint_files
-from .errors import PPDNMFError
+from ..checkpoint import PREFIX, checkpoint_files
+from ..errors import PPDNMFError
 
 __all__ = ["RunFolderError", "RunFolderLock", "refuse_foreign_checkpoints", "remove_checkpoints", "LOCK_NAME"]
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from ..penalties import MAX_CAP_RATIO
+from ....penalties import MAX_CAP_RATIO
 from ..problem import Problem
 from .state import SolverState
 

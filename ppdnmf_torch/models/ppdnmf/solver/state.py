@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from .._utils import ConfigError, derive_seed
-from ..penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
+from ...._utils import ConfigError, derive_seed
+from ....penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
 __all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",

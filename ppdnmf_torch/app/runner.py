@@ -29,22 +29,22 @@ from pathlib import Path
 
 import torch
 
-from ._utils import resolve_device
-from .api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
-from .checkpoint import checkpoint_iteration, latest_checkpoint
-from .config import RunConfig, SolverConfig, to_dict
+from .._utils import resolve_device
+from ..models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
+from ..checkpoint import checkpoint_iteration, latest_checkpoint
+from ..models.ppdnmf.config import RunConfig, SolverConfig, to_dict
 from .costs import format_estimate, paillier_estimate
-from .diagnostics import degenerate_reasons, x_sketch
-from .errors import PPDNMFError
-from .exchange.spec import SPECS
-from .inputs import RunInputs, build_graph, build_inputs, load_data, make_split
+from ..diagnostics import degenerate_reasons, x_sketch
+from ..errors import PPDNMFError
+from ..exchange.spec import SPECS
+from ..models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data, make_split
 from .loggers import NullLogger, RunLogger
 from .outputs import (dataset_name, format_summary, run_name, summary_of, trials_summary, write_factors,
                       write_histories, write_summary, write_trials, write_yaml)
 from .progress import Progress
 from .rundir import RunFolderLock, refuse_foreign_checkpoints, remove_checkpoints
-from .solver import RunInterrupted
-from .threads import using_threads
+from ..models.ppdnmf.solver import RunInterrupted
+from ..threads import using_threads
 
 __all__ = ["run", "build_inputs", "fit_run", "write_outputs", "run_trials", "RunInputs", "RunFits", "load_data",
            "make_split", "build_graph", "format_summary", "CONFIG_KEYS"]
@@ -264,7 +264,7 @@ class _MeanInfo:
 def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, callback=None) -> dict:
     """``cfg.trials`` independent trials (seeds ``cfg.seed + t``) as one batched computation
     (:func:`~ppdnmf_torch.experiments.run_experiment`); writes their outputs, returns the summary."""
-    from .experiments import run_experiment
+    from ..models.ppdnmf.experiments import run_experiment
 
     s, e = cfg.solver, cfg.exchange
     device = resolve_device(cfg.device)

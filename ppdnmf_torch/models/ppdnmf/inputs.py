@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import data as data_mod
-from .graph import check_min_degree
-from ._utils import resolve_device, resolve_dtype
+from ... import data as data_mod
+from ...graph import check_min_degree
+from ..._utils import resolve_device, resolve_dtype
 from .config import RunConfig
-from .errors import ConfigError, PPDNMFError
-from .graph import Graph, make_graph
+from ...errors import ConfigError, PPDNMFError
+from ...graph import Graph, make_graph
 
 __all__ = ["RunInputs", "build_inputs", "load_data", "make_split", "build_graph"]
 

@@ -26,12 +26,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from ..cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
+from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
 from ..errors import ConfigError, PPDNMFError
-from .comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
-from .engine import SHARE_MODES
-from .launch import env_world, launch_local
-from .partition import PARTITION_METHODS
+from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
+from ..distributed.engine import SHARE_MODES
+from ..distributed.launch import env_world, launch_local
+from ..distributed.partition import PARTITION_METHODS
 
 __all__ = ["DistConfig", "main", "rank_main", "CONFIG_NAME"]
 
@@ -118,8 +118,8 @@ def _device_of(cfg, local_rank: int):
 def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank: int | None = None):
     """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
     process group, run, and leave; errors are reported to the other ranks before they rise."""
-    from ..config import from_dict
-    from .engine import run_rank
+    from ..models.ppdnmf.config import from_dict
+    from ..distributed.engine import run_rank
 
     cfg = from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
@@ -138,7 +138,7 @@ def _fail(exc: BaseException, code: int) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def _app(cfg: DictConfig):
-    from ..runner import format_summary
+    from .runner import format_summary
 
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
@@ -149,7 +149,7 @@ def _app(cfg: DictConfig):
         if run_cfg.resume:
             run_cfg, out_dir, _ = _resume_target(run_cfg.resume)
             resume = True
-        from ..config import to_dict
+        from ..models.ppdnmf.config import to_dict
 
         args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()

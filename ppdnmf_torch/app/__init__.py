@@ -1,0 +1,12 @@
+"""The app: the ``ppdnmf`` command and everything a run of it writes, for every model.
+
+* :mod:`.cli`: the Hydra app (``ppdnmf``, ``python -m ppdnmf_torch``); :mod:`.distributed`
+  the same over several ranks (``python -m ppdnmf_torch.distributed``);
+* :mod:`.runner`: one run without Hydra (folder, lock, logger, progress, summary);
+* :mod:`.outputs`, :mod:`.loggers`, :mod:`.tensorboard`, :mod:`.progress`, :mod:`.costs`,
+  :mod:`.rundir`: the files, the TensorBoard layout, the progress lines, the cost estimate,
+  the run folder's lock.
+
+The app imports the engine and the models; nothing below it imports the app
+(``tests/test_architecture.py``; docs/ARCHITECTURE.md).
+"""

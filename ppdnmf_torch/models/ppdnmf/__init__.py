@@ -1,0 +1,21 @@
+"""PPDNMF: privacy-preserving distributed NMF (arXiv 2403.18326, Algorithm 1).
+
+The model's package, in the shape every model of :mod:`ppdnmf_torch.models` has:
+
+* :mod:`.config`: its spec, the typed parameters of a run (:class:`~.config.RunConfig`);
+* :mod:`.problem` and :mod:`.solver`: the batched problem and the batched BCD/ADMM solver;
+* :mod:`.api`: the functional :func:`~.api.fit` (and :func:`~.api.fit_trials`,
+  :func:`~.api.fit_centralized`) returning a result object (:class:`~.api.FitResult`);
+* :mod:`.estimator`: :class:`~.estimator.PPDNMF`, a scikit-learn-style estimator;
+* :mod:`.inputs` and :mod:`.experiments`: a run's inputs built from its spec, and the
+  paper's experiments as batched trials (:func:`~.experiments.run_experiment`).
+
+It imports the shared engine only (never another model, never the app); the app runs it
+through :mod:`ppdnmf_torch.app.tasks.ppdnmf`.
+"""
+from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .estimator import PPDNMF
+from .experiments import ExperimentResult, run_experiment
+
+__all__ = ["fit", "fit_trials", "fit_centralized", "PPDNMF", "run_experiment", "PAPER_SETTINGS", "FitResult",
+           "TrialsResult", "ExperimentResult"]
