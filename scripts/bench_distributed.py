@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import ppdnmf_torch as pp  # noqa: E402
-from ppdnmf_torch.distributed import Comm, fit_rank, launch_local  # noqa: E402
+from ppdnmf_torch.distributed import Comm, launch_local  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.distributed import fit_rank  # noqa: E402
 from ppdnmf_torch.distributed.costs import cut_protocol_bytes  # noqa: E402
 
 

@@ -28,8 +28,8 @@ included). The incremental X-step sends one token per hop (relays included), ``8
 bytes in float64.
 
 ``--privacy`` (on by default; ``--no-privacy``) adds the adversaries: for PPDNMF the existing
-audit (:func:`ppdnmf_torch.audit.run_audit`: Paillier transcript scan, curious neighbour),
-for the incremental X-step :mod:`ppdnmf_torch.audit.incremental` (eavesdropper on the
+audit (:func:`ppdnmf_torch.models.ppdnmf.audit.run_audit`: Paillier transcript scan, curious neighbour),
+for the incremental X-step :mod:`ppdnmf_torch.models.ppdnmf.audit.incremental` (eavesdropper on the
 tokens: offsets, recursion (11), consensus + offsets, the least-squares attack; curious
 agent on the walk). ``--bench`` times the incremental X-step eager against compiled rounds
 (``fuse=True``). Writes ``results.json`` and ``results.md`` under ``--out`` (default
@@ -143,8 +143,8 @@ def compare(setup: dict, *, cbcl_path, say) -> list[dict]:
 
 def privacy(*, seed: int, bcd_iters: int, say) -> dict:
     """Both audits on the paper's synthetic setup (trial ``seed``) and, for the token, a star."""
-    from ppdnmf_torch.audit import run_audit
-    from ppdnmf_torch.audit.incremental import incremental_audit
+    from ppdnmf_torch.models.ppdnmf.audit import run_audit
+    from ppdnmf_torch.models.ppdnmf.audit.incremental import incremental_audit
     from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
     from ppdnmf_torch.graph import star
 

@@ -3,7 +3,7 @@
 
     python scripts/privacy_audit.py [--out DIR] [--bcd-iters 10] [--scenarios paper_synthetic star ...]
 
-Runs :func:`ppdnmf_torch.audit.run_audit` and writes, under ``<out>`` (default
+Runs :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` and writes, under ``<out>`` (default
 ``outputs/privacy_audit/<timestamp>/``):
 
 * ``report.json``: every measured number (per scenario, protocol, attacker/target pair and
@@ -40,7 +40,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing
 
 
 def parse_args(argv=None):
-    from ppdnmf_torch.audit import SCENARIOS
+    from ppdnmf_torch.models.ppdnmf.audit import SCENARIOS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +75,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ppdnmf_torch.audit import format_markdown, run_audit
+    from ppdnmf_torch.audit import format_markdown
+    from ppdnmf_torch.models.ppdnmf.audit import run_audit
 
     out = args.out or REPO_ROOT / "outputs" / "privacy_audit" / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

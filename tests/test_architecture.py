@@ -3,15 +3,14 @@
 Layers, lowest first (docs/ARCHITECTURE.md):
 
 * the **engine**, shared by every model: errors and helpers -> data, graph, penalties, metrics,
-  diagnostics -> checkpoint, exchange -> consensus, and the model-free parts of the
-  multi-process engine (``distributed``'s transport, launcher, partition, costs, Paillier
-  parties) and of the privacy audit (its attacks and report);
-* the **models** (``models.<name>``): each imports the engine only, never another model or
-  the app;
-* what runs PPDNMF beyond one process or audits its runs: the rank engine and the audit's
-  recordings and scenarios (``distributed.engine``, ``audit.run``, ...);
-* the **app** (``app``): CLI, runner, tasks, config files, outputs, loggers; then the entry
-  points (``__main__``, ``__init__``).
+  diagnostics -> checkpoint, exchange -> consensus, the model-free multi-process engine
+  (``distributed``: transport, launcher, partition, costs, Paillier parties) and the privacy
+  audit's recordings and attacks (``audit``);
+* the **models** (``models.<name>``, each with its solver, API, estimator, experiments, and
+  its runs over ranks and audit scenarios): each imports the engine only, never another
+  model or the app;
+* the **app** (``app``): CLI, runner, tasks, outputs, loggers, TensorBoard, the app over
+  ranks; then the entry points (``__main__``, ``distributed.__main__``, ``__init__``).
 
 Imports inside functions count too (a lazy import is still a dependency). A unit is the
 longest dotted name of :data:`LAYERS` that a module's name starts with (``models.ppdnmf``,
@@ -30,9 +29,7 @@ ENGINE = {
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "checkpoint": 2, "exchange": 2,
     "consensus": 3,
-    "distributed": 3, "distributed.comm": 3, "distributed.launch": 3, "distributed.partition": 3,
-    "distributed.costs": 3, "distributed.parties": 3, "distributed.secure": 3,
-    "audit": 3, "audit.eavesdropper": 3, "audit.masked": 3, "audit.neighbour": 3, "audit.report": 3,
+    "distributed": 3, "audit": 3,
 }
 
 #: unit -> layer; a module may import only from its own layer or below, and within a layer
@@ -41,14 +38,10 @@ LAYERS = {
     **ENGINE,
     # the models' packages (each imports the engine below it, never another model or the app)
     "models": 4, "models.ppdnmf": 4,
-    # PPDNMF over ranks, and the audit's recordings of PPDNMF runs
-    "distributed.layout": 5, "distributed.halo": 5, "distributed.topology": 5, "distributed.reduce": 5,
-    "distributed.engine": 9,
-    "audit.recording": 5, "audit.incremental": 5, "audit.run": 5,
     # the app
-    "app": 8,
+    "app": 5,
     # entry points
-    "distributed.__main__": 10, "__main__": 10, "__init__": 10,
+    "distributed.__main__": 6, "__main__": 6, "__init__": 6,
 }
 
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import small_problem
 from ppdnmf_torch import PAPER_SETTINGS, audit
 from ppdnmf_torch.audit.neighbour import _gcd_scales
-from ppdnmf_torch.audit.run import _scenario
+from ppdnmf_torch.models.ppdnmf.audit import record_fit, run_audit
+from ppdnmf_torch.models.ppdnmf.audit.run import _scenario
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.graph import Graph
 
@@ -34,7 +35,7 @@ def _scenario_recording(name, **over):
     kw = dict(solver, g_max=g_max, negative="allow", seed=0)
     kw.update(sc_over)
     kw.update(over)
-    return audit.record_fit(blocks, graph, rank, kind="quantized", n_max=1e6, g_bits=16, key_bits=128, **kw)
+    return record_fit(blocks, graph, rank, kind="quantized", n_max=1e6, g_bits=16, key_bits=128, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def paper_rec():
 # (a) eavesdropper
 # ---------------------------------------------------------------------------------------
 def test_plain_transcript_reveals_every_U_exactly():
-    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="plain", **TINY)
+    rec = record_fit(_tiny_blocks(), PATH3, 2, kind="plain", **TINY)
     tr = audit.plain_transcript(rec)
     assert len(tr) == rec.n_calls * len(rec.src)  # one clear-text message per call and directed edge
     seen = audit.eavesdrop_plain(tr, rec.n_agents, rec.U.shape[2])
@@ -66,7 +67,7 @@ def test_plain_transcript_reveals_every_U_exactly():
 
 @pytest.fixture(scope="module", params=["paper", "aggregated"])
 def paillier_rec(request, paillier_keypairs):
-    return audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol=request.param, n_max=1e6,
+    return record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol=request.param, n_max=1e6,
                             g_bits=16, key_bits=128, keypairs=paillier_keypairs(128, 3), **TINY)
 
 
@@ -96,7 +97,7 @@ def test_paillier_transcript_carries_no_plaintext(paillier_rec):
 @pytest.mark.crypto
 def test_paillier_and_quantized_handle_the_same_integers(paillier_rec):
     """The neighbour audit runs on the quantized path; it sees what the real protocol decrypts."""
-    q = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", n_max=1e6, g_bits=16, key_bits=128, **TINY)
+    q = record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", n_max=1e6, g_bits=16, key_bits=128, **TINY)
     assert np.array_equal(q.q, paillier_rec.q)
     assert np.array_equal(q.gamma, paillier_rec.gamma)
     assert np.array_equal(q.U, paillier_rec.U)
@@ -137,7 +138,7 @@ def test_scan_detects_injected_plaintexts(paillier_rec):
 def test_packed_plaintexts_are_checked_too(protocol, paillier_keypairs):
     """With keys large enough to pack several values per plaintext (512 bits: 8 slots), the
     scan also looks for the packed plaintexts, and finds one that is planted."""
-    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol=protocol, n_max=1e6, g_bits=16,
+    rec = record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol=protocol, n_max=1e6, g_bits=16,
                            key_bits=512, keypairs=paillier_keypairs(512, 3), **TINY)
     if getattr(rec.layout, "slots", 1) <= 1:
         pytest.skip("this Paillier exchange does not pack values")
@@ -163,7 +164,7 @@ def test_aggregated_replies_decrypt_individually_with_own_key(path, bits, option
     under its receiver's own key, so the receiver decrypts each one on its own and gets
     gamma_ji (penalty round) and gamma_ji (q_j - q_i) (step 5), hence q_j exactly."""
     keys = paillier_keypairs(bits, 3)
-    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", n_max=1e6,
+    rec = record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", n_max=1e6,
                            g_bits=16, key_bits=bits, keypairs=keys, paillier_options=options, **TINY)
     if path == "packed" and getattr(rec.layout, "slots", 1) <= 1:
         pytest.skip("this Paillier exchange does not pack values")
@@ -193,9 +194,9 @@ def test_aggregated_replies_decrypt_individually_with_own_key(path, bits, option
 @pytest.mark.crypto
 def test_decrypt_individual_replies_needs_a_paillier_run_and_every_key(paillier_keypairs):
     with pytest.raises(ConfigError, match="exchange='paillier'"):
-        audit.decrypt_individual_replies(audit.record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", **TINY), [])
+        audit.decrypt_individual_replies(record_fit(_tiny_blocks(), PATH3, 2, kind="quantized", **TINY), [])
     keys = paillier_keypairs(128, 3)
-    rec = audit.record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", keypairs=keys, **TINY)
+    rec = record_fit(_tiny_blocks(), PATH3, 2, kind="paillier", protocol="aggregated", keypairs=keys, **TINY)
     with pytest.raises(ConfigError, match=r"nodes \[2\]"):
         audit.decrypt_individual_replies(rec, keys[:2])
     assert audit.decrypt_individual_replies(rec, [sk for _, sk in keys])["reply_seen"].all()
@@ -307,7 +308,7 @@ def test_gcd_scale_correction_uses_the_monotone_schedule():
 
 
 def test_report_fields_and_flags(tmp_path):
-    rep = audit.run_audit(("star",), bcd_iters=2, x_iters=10, y_iters=10, paillier=False)
+    rep = run_audit(("star",), bcd_iters=2, x_iters=10, y_iters=10, paillier=False)
     json.dumps(rep, allow_nan=False)
     sc = rep["scenarios"]["star"]
     assert set(sc) >= {"graph", "fit", "penalty_schedule", "protocols", "eavesdropper_plain"}
@@ -362,7 +363,7 @@ def test_script_writes_report(tmp_path):
 @pytest.mark.crypto
 def test_default_audit_headline_numbers():
     """The numbers docs/THREAT_MODEL.md quotes (scripts/privacy_audit.py's default settings, seed 0)."""
-    rep = audit.run_audit(masked_bcd_iters=2)  # the script's default
+    rep = run_audit(masked_bcd_iters=2)  # the script's default
     for name in ("paper_synthetic", "random_caps", "short_admm"):
         s = rep["scenarios"][name]["protocols"]
         assert s["paper"]["summary"]["exact_recovery_pairs"] == 30

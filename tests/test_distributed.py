@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import ppdnmf_torch as pp
-from ppdnmf_torch.distributed import (Comm, RankLayout, alignment_period, fit_rank, free_port,
-                                      launch_local, partition_agents)
+from ppdnmf_torch.distributed import Comm, free_port, launch_local, partition_agents
+from ppdnmf_torch.models.ppdnmf.distributed import RankLayout, alignment_period, fit_rank
 from ppdnmf_torch.distributed.costs import halo_bytes
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
@@ -633,7 +633,8 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     walks every agent: one process) stop with the reason; the solver settings of ``fit``
     (the adaptive schedule, HALS, the stopping rule) are all taken."""
     from ppdnmf_torch.models.ppdnmf.config import RunConfig
-    from ppdnmf_torch.distributed.engine import _check_supported, run_rank
+    from ppdnmf_torch.app.distributed import run_rank
+    from ppdnmf_torch.models.ppdnmf.distributed.engine import _check_supported
     from ppdnmf_torch.exchange import make_exchange
     from ppdnmf_torch.exchange.spec import PlainSpec
 

@@ -426,7 +426,7 @@ def test_fuse_without_a_cpp_compiler_is_a_clear_error(monkeypatch):
 def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
     """A PlainExchange subclass that overrides step 5 (the audit's recorder) is called every
     iteration: the solver's compiled shortcut around the exchange stays off for it."""
-    from ppdnmf_torch.audit import record_fit
+    from ppdnmf_torch.models.ppdnmf.audit import record_fit
 
     blocks = small_problem(counts=(3, 5, 4, 6))
     rec = record_fit(blocks, graph.ring(4), 3, kind="plain", bcd_iters=1, x_iters=4, y_iters=2, fuse=True)

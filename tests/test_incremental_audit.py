@@ -1,11 +1,11 @@
-"""The token adversaries of the incremental X-step (ppdnmf_torch.audit.incremental)."""
+"""The token adversaries of the incremental X-step (ppdnmf_torch.models.ppdnmf.audit.incremental)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from ppdnmf_torch import graph
-from ppdnmf_torch.audit.incremental import (EXACT_REL, curious_agent_incremental, eavesdropper_incremental,
+from ppdnmf_torch.models.ppdnmf.audit.incremental import (EXACT_REL, curious_agent_incremental, eavesdropper_incremental,
                                             record_incremental_fit)
 
 from conftest import small_problem

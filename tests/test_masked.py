@@ -13,6 +13,7 @@ import torch
 
 from ppdnmf_torch import DegreeOneWarning, GraphError, fit, fit_trials
 from ppdnmf_torch import audit
+from ppdnmf_torch.models.ppdnmf.audit import record_fit, run_audit
 from ppdnmf_torch._utils import ConfigError
 from ppdnmf_torch.exchange import CodecRangeError, IntegerCodec, QuantizedExchange
 from ppdnmf_torch.exchange.base import Topology
@@ -106,7 +107,7 @@ def masked_run(paillier_keypairs):
     """A real masked run on the paper-like graph (128-bit keys, packed), its keys and seeds."""
     keys = paillier_keypairs(128, 10)
     with audit.record_seeds() as drawn:
-        rec = audit.record_fit(_problem(10, seed=1), PAPER10, 2, kind="paillier", protocol="masked", n_max=1e5,
+        rec = record_fit(_problem(10, seed=1), PAPER10, 2, kind="paillier", protocol="masked", n_max=1e5,
                                key_bits=128, keypairs=keys, paillier_options={"workers": 0}, bcd_iters=2, x_iters=4,
                                y_iters=2, g_max=0.05, seed=2)
     seeds, plan = audit.tag_seeds(rec, drawn)
@@ -342,11 +343,11 @@ def test_config_min_degree_refuses_such_graphs():
 # ----------------------------------------------------------------------- the audit
 @pytest.fixture(scope="module")
 def paper_rec():
-    from ppdnmf_torch.audit.run import _scenario
+    from ppdnmf_torch.models.ppdnmf.audit.run import _scenario
 
     blocks, graph, g_max, solver, _ = _scenario("paper_synthetic", 0)
     rank = solver.pop("rank")
-    return audit.record_fit(blocks, graph, rank, kind="quantized", n_max=1e6, key_bits=128,
+    return record_fit(blocks, graph, rank, kind="quantized", n_max=1e6, key_bits=128,
                             **dict(solver, g_max=g_max, bcd_iters=3), negative="allow", seed=0)
 
 
@@ -376,7 +377,7 @@ def test_collusion_is_exact_only_in_the_inherent_case(paper_rec):
 def test_run_audit_takes_user_scenarios_and_reports_masked(tmp_path):
     blocks = _problem(6, seed=4)
     g = Graph(6, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0), (0, 3)])
-    rep = audit.run_audit((("hexagon", blocks, g.adjacency() if hasattr(g, "adjacency") else g, 0.05),),
+    rep = run_audit((("hexagon", blocks, g.adjacency() if hasattr(g, "adjacency") else g, 0.05),),
                           bcd_iters=2, x_iters=4, y_iters=2, paillier=False, plain=False)
     sc = rep["scenarios"]["hexagon"]
     assert set(sc["protocols"]) == {"paper", "aggregated", "masked"} and "collusion" in sc

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -29,11 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
 from ..errors import ConfigError, PPDNMFError
 from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
-from ..distributed.engine import SHARE_MODES
+from ..models.ppdnmf.distributed.engine import SHARE_MODES, distributed_summary, fit_rank, write_own_factors
 from ..distributed.launch import env_world, launch_local
 from ..distributed.partition import PARTITION_METHODS
 
-__all__ = ["DistConfig", "main", "rank_main", "CONFIG_NAME"]
+__all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME"]
 
 #: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
 CONFIG_NAME = "ppdnmf_distributed"
@@ -103,6 +105,83 @@ ConfigStore.instance().store(name=CONFIG_NAME, node={"defaults": ["config", "_se
                                                       "distributed": asdict(DistConfig())})
 
 
+# --------------------------------------------------------------------------------------
+# A CLI run: one rank of it
+# --------------------------------------------------------------------------------------
+
+
+def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resume: bool = False,
+             callback=None, share: str = "all") -> dict | None:
+    """One rank of ``ppdnmf`` run on ``comm``'s ranks: the config's inputs and fit, outputs
+    (``config.yaml``, ``factors.pt``, histories, TensorBoard, ``summary.json`` with the
+    ``distributed`` section) written by rank 0 only, into ``out_dir`` (rank 0's is used).
+
+    Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in
+    ``out_dir`` from its checkpoints (same world size and partition). ``share``: as
+    :func:`fit_rank`; with ``"sums"`` there is no ``factors.pt`` of the whole run (and no
+    TensorBoard images): every rank writes its own agents' factors to
+    ``<out_dir>/rank<r>/factors.pt`` (:func:`write_own_factors`), rank 0 the config, the
+    histories, TensorBoard and the summary from the reduced scalars.
+    """
+    from ..models.ppdnmf.config import to_dict
+    from ..errors import PPDNMFError
+    from ..models.ppdnmf.inputs import build_inputs
+    from .loggers import NullLogger
+    from .outputs import write_summary, write_yaml
+    from .runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
+
+    t_start = time.perf_counter()
+    out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))
+    try:
+        cfg.validate()
+        inputs = build_inputs(cfg)
+        if comm.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if not resume:
+                (out / "summary.json").unlink(missing_ok=True)
+            write_yaml(out / "config.yaml", to_dict(cfg))
+        logger = (make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs) if comm.rank == 0
+                  else NullLogger())
+        with logger:
+            s = cfg.solver
+            if s.x_solver != "admm":
+                raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
+                                  f"version, got {s.x_solver!r}; run the incremental X-step in one process")
+            kw = _solver_kwargs(cfg, inputs)
+            kw.pop("device")
+
+            def cb(info):
+                if comm.rank == 0:
+                    logger.iteration(info, s.x_iters)
+                return bool(callback(info)) if callback is not None else False
+
+            t0 = time.perf_counter()
+            fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
+                           exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
+                           checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
+                           assignment=assignment, share=share, **kw)
+            seconds = {"distributed": time.perf_counter() - t0}
+            if share != "all":
+                write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit, comm.rank, inputs.scale)
+            if comm.rank != 0:
+                return None
+            central = None
+            if cfg.centralized:
+                t0 = time.perf_counter()
+                central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
+                seconds["centralized"] = time.perf_counter() - t0
+                logger.centralized(central.history)
+            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger,
+                                    factors=share == "all")
+    except PPDNMFError as exc:
+        raise exc.renamed(CONFIG_KEYS) from None
+    summary["distributed"] = distributed_summary(comm, fit)
+    summary["wall_time"]["total"] = time.perf_counter() - t_start
+    write_summary(out / "summary.json", summary)
+    return summary
+
+
+
 def _device_of(cfg, local_rank: int):
     """The rank's device: ``cuda:<local rank>`` for a CUDA run, else the CPU."""
     import torch
@@ -119,7 +198,6 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
     """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
     process group, run, and leave; errors are reported to the other ranks before they rise."""
     from ..models.ppdnmf.config import from_dict
-    from ..distributed.engine import run_rank
 
     cfg = from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)

@@ -96,12 +96,14 @@ this set of attacks achieves. Every attack is compared with the trivial baseline
 output, so only error below the baseline's is leakage beyond the output. Errors are measured on the informative
 iterations (``q_j != q_i``; in BCD iteration 1 every ``U`` equals its all-ones start).
 
-Entry point: :func:`run_audit` (``scripts/privacy_audit.py`` is its command line).
+Entry point: :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` (``scripts/privacy_audit.py`` is its command line).
 
-Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`, :func:`record_fit`),
+Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`),
 :mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
 attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
-Markdown), :mod:`.run` (the scenarios and :func:`run_audit`).
+Markdown). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
+named scenarios (:func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`) and the incremental
+X-step's audit are PPDNMF's: :mod:`ppdnmf_torch.models.ppdnmf.audit`.
 """
 from .eavesdropper import (
     SIGNIFICANT,
@@ -134,16 +136,13 @@ from .recording import (
     Recording,
     Recorder,
     make_recording_exchange,
-    record_fit,
 )
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
-from .run import SCENARIOS, run_audit
 
 __all__ = [
     "Recording",
     "Recorder",
     "make_recording_exchange",
-    "record_fit",
     "plain_transcript",
     "eavesdrop_plain",
     "eavesdropper_plain",
@@ -162,9 +161,7 @@ __all__ = [
     "tag_seeds",
     "MASKED_ATTACKS",
     "CONFIDENCE_Z",
-    "run_audit",
     "format_markdown",
-    "SCENARIOS",
     "ATTACKS",
     "SUMS_ONLY_ATTACKS",
     "SIGNIFICANT",

@@ -146,7 +146,7 @@ def decrypt_individual_replies(rec: Recording, private_keys) -> dict:
     ``E_i(gamma_ji (q_j - q_i))``) that neighbour ``j`` sends to ``i`` is under ``i``'s public
     key; ``i`` holds the private key, so nothing stops it from decrypting each one before
     it multiplies them into the sums. This function does exactly that with the agents'
-    private keys (a test or an audit that made the keys; :func:`record_fit` with
+    private keys (a test or an audit that made the keys; :func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit` with
     ``keypairs``), unpacking packed plaintexts with the recording's slot layout.
 
     Parameters

@@ -354,7 +354,7 @@ def _md_masked_ciphertexts(mc: dict, where: str) -> list:
 
 
 def format_markdown(report: dict) -> str:
-    """A human-readable rendering of :func:`~ppdnmf_torch.audit.run_audit`'s report."""
+    """A human-readable rendering of :func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`'s report."""
     s = report["meta"]["settings"]
     lines = ["# Privacy audit", "",
              f"Created {report['meta']['created']} (torch {report['meta']['torch']}); "

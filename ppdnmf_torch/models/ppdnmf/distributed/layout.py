@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..graph import Graph
-from ..graph.topology import Topology
-from ..models.ppdnmf.problem import TRIAL_ALIGN_BYTES, Problem, padded_width
-from .partition import Partition
+from ....graph import Graph
+from ....graph.topology import Topology
+from ..problem import TRIAL_ALIGN_BYTES, Problem, padded_width
+from ....distributed.partition import Partition
 
 __all__ = ["alignment_period", "RankLayout", "rank_problem"]
 

@@ -1,9 +1,9 @@
 """One rank of a distributed run: :func:`fit_rank` (the API's :func:`~ppdnmf_torch.fit` on a
-rank's agents) and :func:`run_rank` (a CLI run: the same config, outputs on rank 0).
+rank's agents; a CLI run of it is :func:`ppdnmf_torch.app.distributed.run_rank`).
 
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
 edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
-neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~.secure.SecureHalo`, whose
+neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose
 keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
 (every edge out of its agents; the stopping rule's flags and decisions across ranks) and
 reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
@@ -33,25 +33,25 @@ from pathlib import Path
 
 import torch
 
-from .._utils import ConfigError, resolve_dtype
-from ..models.ppdnmf.api import FitResult, _history_single, _init_seed, _preflight
-from ..checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
-from ..exchange import exchange_spec
-from ..exchange.base import Exchange
-from ..penalties import cap_bounds
-from ..models.ppdnmf.problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..models.ppdnmf.solver import SolverParams, init_state, restore_state, run_bcd
-from ..threads import with_threads
-from .comm import Comm, DistributedError
-from .costs import cut_protocol_bytes, flag_bytes, halo_bytes
+from ...._utils import ConfigError, resolve_dtype
+from ..api import FitResult, _history_single, _init_seed, _preflight
+from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
+from ....exchange import exchange_spec
+from ....exchange.base import Exchange
+from ....penalties import cap_bounds
+from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
+from ..solver import SolverParams, init_state, restore_state, run_bcd
+from ....threads import with_threads
+from ....distributed.comm import Comm, DistributedError
+from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
-from .partition import Partition, partition_agents
+from ....distributed.partition import Partition, partition_agents
 from .topology import rank_topology
 from .reduce import RankReduction, RankSums, gather_agents
-from .secure import SecureHalo
+from ....distributed.secure import SecureHalo
 
-__all__ = ["RankResult", "fit_rank", "run_rank", "global_digest", "SHARE_MODES"]
+__all__ = ["RankResult", "fit_rank", "global_digest", "SHARE_MODES", "distributed_summary", "write_own_factors"]
 
 #: what a distributed run shares across ranks beyond its exchange's messages (``fit_rank``'s ``share``)
 SHARE_MODES = ("all", "sums")
@@ -364,82 +364,6 @@ def _edge_order(per_edge: dict, graph) -> dict:
                 order[key] = per_edge[key]
     order.update({k: v for k, v in per_edge.items() if k not in order})
     return order
-
-
-# --------------------------------------------------------------------------------------
-# A CLI run
-# --------------------------------------------------------------------------------------
-
-
-def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resume: bool = False,
-             callback=None, share: str = "all") -> dict | None:
-    """One rank of ``ppdnmf`` run on ``comm``'s ranks: the config's inputs and fit, outputs
-    (``config.yaml``, ``factors.pt``, histories, TensorBoard, ``summary.json`` with the
-    ``distributed`` section) written by rank 0 only, into ``out_dir`` (rank 0's is used).
-
-    Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in
-    ``out_dir`` from its checkpoints (same world size and partition). ``share``: as
-    :func:`fit_rank`; with ``"sums"`` there is no ``factors.pt`` of the whole run (and no
-    TensorBoard images): every rank writes its own agents' factors to
-    ``<out_dir>/rank<r>/factors.pt`` (:func:`write_own_factors`), rank 0 the config, the
-    histories, TensorBoard and the summary from the reduced scalars.
-    """
-    from ..models.ppdnmf.config import to_dict
-    from ..errors import PPDNMFError
-    from ..models.ppdnmf.inputs import build_inputs
-    from ..app.loggers import NullLogger
-    from ..app.outputs import write_summary, write_yaml
-    from ..app.runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
-
-    t_start = time.perf_counter()
-    out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))
-    try:
-        cfg.validate()
-        inputs = build_inputs(cfg)
-        if comm.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            if not resume:
-                (out / "summary.json").unlink(missing_ok=True)
-            write_yaml(out / "config.yaml", to_dict(cfg))
-        logger = (make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs) if comm.rank == 0
-                  else NullLogger())
-        with logger:
-            s = cfg.solver
-            if s.x_solver != "admm":
-                raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
-                                  f"version, got {s.x_solver!r}; run the incremental X-step in one process")
-            kw = _solver_kwargs(cfg, inputs)
-            kw.pop("device")
-
-            def cb(info):
-                if comm.rank == 0:
-                    logger.iteration(info, s.x_iters)
-                return bool(callback(info)) if callback is not None else False
-
-            t0 = time.perf_counter()
-            fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
-                           exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
-                           checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
-                           assignment=assignment, share=share, **kw)
-            seconds = {"distributed": time.perf_counter() - t0}
-            if share != "all":
-                write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit, comm.rank, inputs.scale)
-            if comm.rank != 0:
-                return None
-            central = None
-            if cfg.centralized:
-                t0 = time.perf_counter()
-                central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
-                seconds["centralized"] = time.perf_counter() - t0
-                logger.centralized(central.history)
-            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger,
-                                    factors=share == "all")
-    except PPDNMFError as exc:
-        raise exc.renamed(CONFIG_KEYS) from None
-    summary["distributed"] = distributed_summary(comm, fit)
-    summary["wall_time"]["total"] = time.perf_counter() - t_start
-    write_summary(out / "summary.json", summary)
-    return summary
 
 
 def distributed_summary(comm: Comm, fit: RankResult) -> dict:

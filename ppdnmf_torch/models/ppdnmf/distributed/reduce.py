@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import metrics
-from ..errors import DataError
-from ..models.ppdnmf.solver import AgentReduction
-from ..models.ppdnmf.solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite, zero_norm_error
-from ..models.ppdnmf.solver.refit import farthest_agent, refit_errors
-from .comm import Comm
+from .... import metrics
+from ....errors import DataError
+from ..solver import AgentReduction
+from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite, zero_norm_error
+from ..solver.refit import farthest_agent, refit_errors
+from ....distributed.comm import Comm
 from .layout import RankLayout
 
 __all__ = ["RankReduction", "RankSums", "gather_agents", "SUMS_KEYS"]

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .eavesdropper import SIGNIFICANT, eavesdropper_paillier, eavesdropper_plain
-from .masked import CONFIDENCE_Z, collusion_audit, masked_ciphertext_audit, record_seeds, tag_seeds
-from .neighbour import decrypt_each_check, neighbour_audit
-from .recording import record_fit
-from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, collect_flags
+from ....errors import ConfigError
+from ....audit.eavesdropper import SIGNIFICANT, eavesdropper_paillier, eavesdropper_plain
+from ....audit.masked import CONFIDENCE_Z, collusion_audit, masked_ciphertext_audit, record_seeds, tag_seeds
+from ....audit.neighbour import decrypt_each_check, neighbour_audit
+from .record import record_fit
+from ....audit.report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, collect_flags
 
 __all__ = ["run_audit", "SCENARIOS"]
 
@@ -25,8 +25,8 @@ SCENARIOS = ("paper_synthetic", "star", "random_caps", "short_admm")
 def _scenario(name: str, seed: int):
     """``(blocks, graph, g_max, solver, overrides)`` of a named scenario (``overrides``: fit
     keywords that take precedence over :func:`run_audit`'s iteration counts)."""
-    from ..models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
-    from ..graph import star
+    from ..experiments import PAPER_EXPERIMENTS, make_trial
+    from ....graph import star
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     blocks, graph = make_trial(spec, seed)
@@ -55,7 +55,7 @@ def _graph_info(graph) -> dict:
 
 def _make_keypairs(bits: int, count: int) -> list:
     """``count`` Paillier key pairs with distinct moduli (the audit's own, small keys)."""
-    from ..exchange.paillier import generate_keypairs
+    from ....exchange.paillier import generate_keypairs
 
     return generate_keypairs(bits, count)
 
@@ -77,8 +77,8 @@ def _resolve_scenario(sc, seed: int):
     if isinstance(sc, str):
         return (sc, *_scenario(sc, seed))
     name, blocks, graph, g_max, *rest = sc
-    from ..graph import Graph
-    from ..models.ppdnmf.problem import as_graph
+    from ....graph import Graph
+    from ..problem import as_graph
 
     graph = graph if isinstance(graph, Graph) else as_graph(graph)
     solver = dict(rest[0]) if rest else {}

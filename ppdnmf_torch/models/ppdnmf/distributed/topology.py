@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..graph import Graph
-from ..graph.topology import Topology
-from .comm import Comm
+from ....graph import Graph
+from ....graph.topology import Topology
+from ....distributed.comm import Comm
 from .layout import RankLayout
 
 __all__ = ["FlagHalo", "RankTopology", "rank_topology", "TAG_FLAGS"]

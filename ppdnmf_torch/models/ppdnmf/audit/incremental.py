@@ -42,11 +42,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.ppdnmf.api import fit
-from ..consensus import eavesdrop_offsets, eavesdrop_recursion, lsqr_attack, project_nonnegative
-from ..errors import ConfigError
-from ..exchange import PlainSpec, make_exchange
-from ..models.ppdnmf.solver.incremental import relay_routes
+from ..api import fit
+from ....consensus import eavesdrop_offsets, eavesdrop_recursion, lsqr_attack, project_nonnegative
+from ....errors import ConfigError
+from ....exchange import PlainSpec, make_exchange
+from ..solver.incremental import relay_routes
 
 __all__ = ["TokenRecorder", "TokenRecording", "record_incremental_fit", "eavesdropper_incremental",
            "curious_agent_incremental", "incremental_audit", "EXACT_REL", "MATLAB_LSQR"]

@@ -28,12 +28,12 @@ import dataclasses
 
 import torch
 
-from ..exchange import make_exchange
-from ..exchange.base import Exchange, ExchangeOutput, accepts_keyword
-from ..exchange.codec import CodecRangeError
-from ..penalties import PenaltySampler
-from .comm import Comm
-from .costs import RankLedger
+from ....exchange import make_exchange
+from ....exchange.base import Exchange, ExchangeOutput, accepts_keyword
+from ....exchange.codec import CodecRangeError
+from ....penalties import PenaltySampler
+from ....distributed.comm import Comm
+from ....distributed.costs import RankLedger
 from .layout import RankLayout
 
 __all__ = ["HaloExchange", "RankSampler", "HALO_KINDS", "TAG_U", "TAG_G"]

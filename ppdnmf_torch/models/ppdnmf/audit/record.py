@@ -1,0 +1,48 @@
+"""Recording a PPDNMF run: :func:`record_fit`, :func:`~ppdnmf_torch.models.ppdnmf.api.fit` through
+a recording exchange (:func:`ppdnmf_torch.audit.make_recording_exchange`)."""
+from __future__ import annotations
+
+from ....audit.recording import Recording, _as_recording, make_recording_exchange
+
+__all__ = ["record_fit"]
+
+
+def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", n_max=1e6, g_bits=16,
+               key_bits=128, keypairs=None, paillier_options=None, **fit_kwargs) -> Recording:
+    """Run :func:`ppdnmf_torch.fit` through a recording exchange and return the :class:`Recording`.
+
+    Parameters
+    ----------
+    blocks : list of N (L, M_i) blocks
+    graph : Graph
+    rank : int
+    kind : {"plain", "quantized", "paillier"}
+    protocol : {"masked", "aggregated", "paper"}
+        Message pattern (``paillier``: what goes on the wire; the integers are the same).
+    n_max, g_bits, key_bits
+        The codec (``key_bits`` also sets the keys of ``paillier``; default 128 as in the paper).
+    keypairs : optional
+        Pre-made Paillier key pairs (tests).
+    paillier_options : dict, optional
+        Further options of the Paillier exchange (``workers``, ``packing``, ...).
+    **fit_kwargs
+        Any other keyword of :func:`~ppdnmf_torch.fit` (``bcd_iters``, ``g_max``, ...).
+    """
+    from ..api import fit
+    from ....graph import Graph
+
+    if not isinstance(graph, Graph):
+        from ..problem import as_graph
+
+        graph = as_graph(graph)
+    exch = make_recording_exchange(kind, protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits,
+                                   keypairs=keypairs, paillier_options=paillier_options)
+    fit_kwargs.setdefault("device", "cpu")
+    import warnings
+
+    from ....errors import DegreeOneWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
+        result = fit(blocks, graph, rank, exchange=exch, **fit_kwargs)
+    return _as_recording(exch, graph, kind, protocol, n_max, g_bits, result)
