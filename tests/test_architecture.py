@@ -19,6 +19,7 @@ longest dotted name of :data:`LAYERS` that a module's name starts with (``models
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
@@ -58,7 +59,13 @@ def _unit(module: str) -> str:
     return parts[0]
 
 
-def _imports(path: Path, module: str):
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path, module: str) -> tuple:
+    """``(target, line)`` of every import of ``module`` (parsed once per test session)."""
+    return tuple(_walk_imports(path, module))
+
+
+def _walk_imports(path: Path, module: str):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     pkg = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     for node in ast.walk(tree):

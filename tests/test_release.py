@@ -118,7 +118,7 @@ def test_progress_of_a_resumed_run_counts_from_its_checkpoint(caplog):
 
 def test_fuse_compilation_is_announced(caplog):
     from ppdnmf_torch.models.ppdnmf.inputs import build_inputs
-    from ppdnmf_torch.app.runner import _announce
+    from ppdnmf_torch.app.tasks.ppdnmf import _announce
 
     cfg = from_dict(_cfg(solver={"fuse": True}))
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch.runner"):
@@ -164,7 +164,7 @@ def test_paillier_estimate_names_the_faster_switches():
 @pytest.mark.crypto
 def test_a_paillier_run_logs_its_estimate_first_and_its_costs_with_units(tmp_path, caplog):
     pytest.importorskip("phe")
-    from ppdnmf_torch.app.runner import format_summary
+    from ppdnmf_torch.app.outputs import format_summary
 
     cfg = from_dict(_cfg(exchange={"kind": "paillier", "n_max": 1e3, "key_bits": 128, "workers": 0}))
     with caplog.at_level(logging.INFO, logger="ppdnmf_torch"):

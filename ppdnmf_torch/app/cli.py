@@ -10,8 +10,10 @@ Examples::
     ppdnmf --cfg job                          # show the composed config
     ppdnmf resume=outputs/<date>/<time>       # continue an interrupted run
 
-Hydra is used here only: the composed ``DictConfig`` is converted once into the typed
-:class:`~ppdnmf_torch.config.RunConfig`, and :func:`ppdnmf_torch.runner.run` does the work.
+Hydra is used here only: the composed ``DictConfig`` names its task (``task=ppdnmf``, the
+default; :mod:`ppdnmf_torch.app.tasks`), whose typed config it is converted into once
+(:func:`to_run_config`; PPDNMF: :class:`~ppdnmf_torch.models.ppdnmf.config.RunConfig`), and
+:func:`ppdnmf_torch.app.runner.run` does the work through the task.
 A user error (a bad config value, unreadable data, an invalid graph, a codec overflow, a
 folder in use, a disk that is full or read-only) is reported as one ``ppdnmf: error: ...``
 line on stderr and exit code 2; the package's warnings (a degenerate result, data far
@@ -38,10 +40,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .._utils import ConfigError, PPDNMFError
-from ..models.ppdnmf.config import RunConfig, from_dict, to_dict
 from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning
-from .runner import format_summary, run
+from .runner import run
 from ..models.ppdnmf.solver import RunInterrupted
+from .tasks import task_of
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
            "RESUME_SAFE_KEYS", "FAILED_NAME"]
@@ -68,9 +70,10 @@ EXIT_INTERRUPTED = 130
 #: a failed job of a multirun leaves this file (its one-line error) in its folder
 FAILED_NAME = "FAILED"
 #: the config keys ``resume=`` applies when given on the command line (they change no number
-#: of the iterations done); any other override that differs from the run's own is refused
-RESUME_SAFE_KEYS = ("solver.bcd_iters", "progress", "progress_interval", "threads", "checkpoint_every",
-                    "keep_checkpoints", "logger.flush_secs")
+#: of the iterations done), besides the task's own (:attr:`~.tasks.base.Task.resume_safe_keys`,
+#: PPDNMF's ``solver.bcd_iters``); any other override that differs from the run's own is refused
+RESUME_SAFE_KEYS = ("progress", "progress_interval", "threads", "checkpoint_every", "keep_checkpoints",
+                    "logger.flush_secs")
 
 
 def _run_id() -> str:
@@ -92,14 +95,16 @@ def _resolve_paths(d: dict) -> dict:
     return d
 
 
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """Hydra's composed config -> validated :class:`RunConfig` (resolving interpolations once).
+def to_run_config(cfg: DictConfig):
+    """Hydra's composed config -> the validated typed config of its task (resolving
+    interpolations once; PPDNMF: :class:`~ppdnmf_torch.models.ppdnmf.config.RunConfig`).
 
     Raises
     ------
     ConfigError
-        For a missing mandatory value (``???``), an interpolation that does not resolve,
-        or a value :func:`ppdnmf_torch.config.from_dict` rejects.
+        For a missing mandatory value (``???``), an interpolation that does not resolve, an
+        unknown ``task``, or a value the task's config rejects (PPDNMF:
+        :func:`ppdnmf_torch.models.ppdnmf.config.from_dict`).
     """
     try:
         d = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -109,7 +114,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         if "Missing mandatory value" in msg:
             msg = "is required (set it on the command line, e.g. " + f"{key}=...)"
         raise ConfigError(f"{key}: {msg}") from None
-    return from_dict(_resolve_paths(d))
+    return task_of(d).config_from_dict(_resolve_paths(d))
 
 
 # --------------------------------------------------------------------------------------
@@ -185,7 +190,7 @@ def _load_saved(folder: str) -> dict:
     return d
 
 
-def _resume_target(run_dir: str, new: RunConfig | None = None, task_overrides=()):
+def _resume_target(run_dir: str, new=None, task_overrides=()):
     """``resume=<run dir>``: that run's own config (with the safe overrides of this command line
     applied, :data:`RESUME_SAFE_KEYS`), its folder, and its checkpoints.
 
@@ -206,22 +211,24 @@ def _resume_target(run_dir: str, new: RunConfig | None = None, task_overrides=()
                           "centralized baseline, say); start it again")
     d["resume"] = None
     try:
-        saved = to_dict(from_dict(d))
+        task = task_of(d)
+        saved = task.config_to_dict(task.config_from_dict(d))
     except PPDNMFError as exc:
         raise ConfigError(f"resume: {os.path.join(folder, 'config.yaml')} holds an invalid run config ({exc})") from None
     if new is not None:
-        changes = _changes(_overridden(task_overrides), to_dict(new), saved)
-        unsafe = {k: v for k, v in changes.items() if k not in RESUME_SAFE_KEYS}
+        changes = _changes(_overridden(task_overrides), task_of(new).config_to_dict(new), saved)
+        safe = tuple(task.resume_safe_keys) + RESUME_SAFE_KEYS
+        unsafe = {k: v for k, v in changes.items() if k not in safe}
         if unsafe:
             shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in unsafe.items())
             raise ConfigError(f"resume: these overrides would change the run being resumed: {shown}; a resumed run "
-                              f"keeps its own config and takes only {', '.join(RESUME_SAFE_KEYS)}; start a fresh "
+                              f"keeps its own config and takes only {', '.join(safe)}; start a fresh "
                               "run for the others")
         if changes:
             flat = _flat(saved)
             flat.update({k: b for k, (a, b) in changes.items()})
             saved = _unflat(flat)
-    return from_dict(saved), folder, ckpt
+    return task.config_from_dict(saved), folder, ckpt
 
 
 # --------------------------------------------------------------------------------------
@@ -397,12 +404,12 @@ def _app(cfg: DictConfig):
         print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
         _to_log_files(text, level=logging.WARNING)
         sys.exit(EXIT_INTERRUPTED)
-    text = format_summary(summary)
+    task = task_of(run_cfg)
+    text = task.format_summary(summary)
     print(text, flush=True)
     _to_log_files(text, out_dir if resume_from is not None else None)
     # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
-    nm = summary["nmse"]["distributed"]
-    return nm["mean"] if isinstance(nm, dict) else nm
+    return task.objective(summary)
 
 
 def main() -> None:

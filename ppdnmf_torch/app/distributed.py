@@ -128,7 +128,8 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
     from ..models.ppdnmf.inputs import build_inputs
     from .loggers import NullLogger
     from .outputs import write_summary, write_yaml
-    from .runner import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, make_logger, write_outputs
+    from .runner import make_logger
+    from .tasks.ppdnmf import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, write_outputs
 
     t_start = time.perf_counter()
     out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))
@@ -216,13 +217,16 @@ def _fail(exc: BaseException, code: int) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def _app(cfg: DictConfig):
-    from .runner import format_summary
+    from .tasks.ppdnmf import TASK
 
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         dist = raw.pop("distributed", None)
         opts = DistConfig.from_dict(dist)
         run_cfg = to_run_config(OmegaConf.create(raw))
+        if run_cfg.task != TASK.name:
+            raise ConfigError(f"task: the app over ranks runs task={TASK.name} in this version, got {run_cfg.task!r}; "
+                              "run this task in one process")
         out_dir, resume = HydraConfig.get().runtime.output_dir, False
         if run_cfg.resume:
             run_cfg, out_dir, _ = _resume_target(run_cfg.resume)
@@ -253,7 +257,7 @@ def _app(cfg: DictConfig):
         sys.exit(EXIT_INTERRUPTED)
     if summary is None:  # a rank other than 0
         return None
-    print(format_summary(summary), flush=True)
+    print(TASK.format_summary(summary), flush=True)
     return summary["nmse"]["distributed"]
 
 

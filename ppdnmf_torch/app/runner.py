@@ -1,237 +1,35 @@
-"""One run of the app, without Hydra: :func:`run` turns a :class:`~ppdnmf_torch.config.RunConfig`
-into outputs, in three steps:
+"""One run of the app, without Hydra, for every model: :func:`run` turns a task's typed config
+into a run folder.
 
-1. :func:`build_inputs`: the data, the column split, the graph, the device and dtype;
-2. :func:`fit_run`: the centralized baseline and the distributed fit, reporting to one
-   :class:`~ppdnmf_torch.loggers.RunLogger` (TensorBoard or none) and to
-   :class:`~ppdnmf_torch.progress.Progress` (a bar on a terminal, log lines elsewhere);
-3. :func:`write_outputs`: the files of :mod:`ppdnmf_torch.outputs` and the logger's end.
+The runner does what is the same for every model and asks the config's task
+(:mod:`ppdnmf_torch.app.tasks`, :class:`~ppdnmf_torch.app.tasks.base.Task`) for the rest:
 
-With ``trials > 1`` the run is :func:`~ppdnmf_torch.experiments.run_experiment`'s batched
-trials instead (:func:`run_trials`). The run holds its folder's lock while it writes
-(:mod:`ppdnmf_torch.rundir`), refuses a folder holding another run's checkpoints, and
-removes its own checkpoints once its outputs are written (unless ``keep_checkpoints``).
-``threads`` is applied here, once, and restored when the run ends.
+* the folder: created, locked while the run writes (:mod:`ppdnmf_torch.app.rundir`), refused
+  when it holds another run's checkpoints, its old ``summary.json`` removed;
+* ``config.yaml`` (the task's config as run), the logger (TensorBoard or none; a resumed
+  run's events after its checkpoint dropped), ``threads`` applied once and restored;
+* the task's three steps (:meth:`~.Task.build_inputs`, :meth:`~.Task.fit`,
+  :meth:`~.Task.write_outputs`), or its batched trials (:meth:`~.Task.run_trials`) with
+  ``trials > 1``;
+* ``summary.json`` last (its presence marks a finished run), then the checkpoints removed
+  (unless ``keep_checkpoints``); an error's key re-rooted at the config's key once
+  (:attr:`~.Task.config_keys`: ``exchange.g_bits``, not the API's ``g_bits``).
 
-The runner never prints: the progress and the Paillier estimate go to the logger
-``ppdnmf_torch`` (the CLI's Hydra handlers show and keep them), and :mod:`ppdnmf_torch.cli`
-prints the summary. Errors name the config's keys (``exchange.g_bits``, not the API's
-``g_bits``): each error carries its parameter (:attr:`~ppdnmf_torch.errors.PPDNMFError.key`),
-re-rooted here once.
+The runner never prints: the CLI (:mod:`ppdnmf_torch.app.cli`) prints the task's summary lines.
 """
 from __future__ import annotations
 
-import json
-import logging
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import torch
-
-from .._utils import resolve_device
-from ..models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
-from ..checkpoint import checkpoint_iteration, latest_checkpoint
-from ..models.ppdnmf.config import RunConfig, SolverConfig, to_dict
-from .costs import format_estimate, paillier_estimate
-from ..diagnostics import degenerate_reasons, x_sketch
 from ..errors import PPDNMFError
-from ..exchange.spec import SPECS
-from ..models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data, make_split
-from .loggers import NullLogger, RunLogger
-from .outputs import (dataset_name, format_summary, run_name, summary_of, trials_summary, write_factors,
-                      write_histories, write_summary, write_trials, write_yaml)
-from .progress import Progress
-from .rundir import RunFolderLock, refuse_foreign_checkpoints, remove_checkpoints
-from ..models.ppdnmf.solver import RunInterrupted
 from ..threads import using_threads
+from .loggers import NullLogger, RunLogger
+from .outputs import write_summary, write_yaml
+from .rundir import RunFolderLock, refuse_foreign_checkpoints, remove_checkpoints
+from .tasks import Task, task_of
 
-__all__ = ["run", "build_inputs", "fit_run", "write_outputs", "run_trials", "RunInputs", "RunFits", "load_data",
-           "make_split", "build_graph", "format_summary", "CONFIG_KEYS"]
-
-log = logging.getLogger("ppdnmf_torch.runner")
-
-#: the API's parameter names and the config keys they come from
-CONFIG_KEYS = {
-    **{f.name: f"solver.{f.name}" for f in fields(SolverConfig)},
-    **{k: f"exchange.{k}" for spec in SPECS.values() for k in spec.keys()},
-    "exchange": "exchange.kind", "Z": "data", "negative": "data.negative", "columns": "data.split.counts",
-    "adjacency": "graph",
-}
-
-
-# --------------------------------------------------------------------------------------
-# 2. The fits
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunFits:
-    """The distributed result, the centralized baseline's (or None), their wall times, and what
-    is degenerate about the distributed result (:func:`~ppdnmf_torch.diagnostics.degenerate_reasons`)."""
-
-    result: FitResult
-    central: FitResult | None
-    seconds: dict = field(default_factory=dict)
-    degenerate: list = field(default_factory=list)
-
-
-def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
-    s = cfg.solver
-    kw = dict(mu=s.mu, eta=s.eta, bcd_iters=s.bcd_iters, x_iters=s.x_iters, y_iters=s.y_iters, tol=s.tol,
-              penalty=s.penalty, consensus_form=s.consensus_form, fuse=s.fuse, negative=cfg.data.negative,
-              seed=cfg.seed, device=inputs.device, dtype=inputs.dtype, threads=cfg.threads)
-    if s.admm_tol is not None:
-        kw["admm_tol"] = s.admm_tol
-    kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
-    return kw
-
-
-def _x_solver_kwargs(cfg: RunConfig) -> dict:
-    """The distributed fit's X-step solver (the centralized baseline keeps the ADMM X-step: one
-    reference curve whatever the distributed X-step)."""
-    return {k: getattr(cfg.solver, k) for k in X_SOLVER_KEYS}
-
-
-def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool) -> FitResult:
-    s = cfg.solver
-    # one agent has no neighbours: its penalty cap never enters the updates
-    g_c = s.g_max if isinstance(s.g_max, float) else float(s.g_max[0])
-    with Progress(show, s.bcd_iters, "centralized", interval=cfg.progress_interval) as bar:
-        try:
-            return fit_centralized(inputs.Z, s.rank, g_max=g_c, callback=lambda info: bar.update(
-                info.iteration, {"nmse": info.metrics["nmse"]}), **common)
-        except RunInterrupted as exc:
-            # the baseline keeps no checkpoints: say so, rather than "checkpoint: None"
-            raise KeyboardInterrupt(
-                f"during the centralized baseline (after its BCD iteration {exc.bcd_done}), before the "
-                "distributed run started: there is nothing to resume; run again (centralized=false skips "
-                "the baseline)"
-            ) from None
-
-
-def _announce(cfg: RunConfig, inputs: RunInputs, resumed_at: int) -> None:
-    """Log what takes time before the first BCD iteration: the Paillier cost, a compilation."""
-    s, e = cfg.solver, cfg.exchange
-    if e.kind == "paillier":
-        est = paillier_estimate(e, inputs.graph, inputs.Z.shape[0], s.rank, s.x_iters, s.bcd_iters - resumed_at)
-        log.info(format_estimate(e, est))
-    if s.fuse:
-        log.info("fuse=true: compiling the solver's iterations with TorchInductor before the first BCD iteration "
-                 "(seconds per new problem shape; later runs of the same shape in this process reuse it)")
-
-
-def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, show: bool, callback=None,
-            resume_from=None) -> RunFits:
-    """Step 2: the centralized baseline (first, it is fast: its curve is in TensorBoard from the
-    start), then the distributed fit with checkpoints in ``out/checkpoints``."""
-    s, e = cfg.solver, cfg.exchange
-    common = _solver_kwargs(cfg, inputs)
-    resumed_at = checkpoint_iteration(latest_checkpoint(resume_from)) if resume_from is not None else 0
-    central, seconds = None, {}
-    if cfg.centralized:
-        t0 = time.perf_counter()
-        central = _fit_centralized(cfg, inputs, common, show)
-        seconds["centralized"] = time.perf_counter() - t0
-        logger.centralized(central.history)
-    c_hist = central.history.get("nmse", []) if central is not None else []
-    _announce(cfg, inputs, resumed_at)
-    first = {}
-    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind})", interval=cfg.progress_interval,
-                  start=resumed_at) as bar:
-
-        def cb(info):
-            logger.iteration(info, s.x_iters)
-            shown = {"nmse": info.metrics["nmse"], "consensus": info.metrics["consensus"]}
-            if info.iteration <= len(c_hist):
-                shown["central"] = c_hist[info.iteration - 1]
-            bar.update(info.iteration, shown)
-            if info.iteration == 1:
-                first["sketch"] = x_sketch(info.state.X[0])
-            return bool(callback(info)) if callback is not None else False
-
-        t0 = time.perf_counter()
-        result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=e,
-                     callback=cb, checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
-                     resume_from=resume_from, **common, **_x_solver_kwargs(cfg))
-    seconds["distributed"] = time.perf_counter() - t0
-    why = degenerate_reasons(result.X, result.nmse, first.get("sketch"), result.n_iter)
-    return RunFits(result, central, seconds, why)
-
-
-# --------------------------------------------------------------------------------------
-# 3. Outputs
-# --------------------------------------------------------------------------------------
-
-
-def _sample_columns(M: int, n: int) -> list[int]:
-    """``n`` column indices spread evenly from the first column to the last."""
-    n = max(1, min(n, M))
-    if n == 1:
-        return [0]
-    return sorted({round(i * (M - 1) / (n - 1)) for i in range(n)})
-
-
-#: the Paillier switches logged as hparams
-_CRYPTO_SWITCHES = ("fast", "packing", "slot_bits", "precompute", "djn", "djn_exponent_bits", "workers")
-
-
-def _hparams(cfg: RunConfig, device) -> dict:
-    s, e = cfg.solver, cfg.exchange
-    hp = {
-        "name": run_name(cfg), "dataset": dataset_name(cfg), "seed": cfg.seed, "trials": cfg.trials,
-        "n_agents": cfg.n_agents, "data": cfg.data.kind, "graph": cfg.graph.kind, "rank": s.rank, "mu": s.mu,
-        "eta": s.eta, "g_max": s.g_max if isinstance(s.g_max, float) else str(s.g_max),
-        "bcd_iters": s.bcd_iters, "x_iters": s.x_iters, "y_iters": s.y_iters, "tol": s.tol,
-        "penalty": s.penalty, "consensus_form": s.consensus_form, "penalty_schedule": s.penalty_schedule,
-        "init": s.init, "y_solver": s.y_solver, "exchange": e.kind,
-        "protocol": getattr(e, "protocol", None), "n_max": getattr(e, "n_max", None),
-        "key_bits": getattr(e, "key_bits", None), "g_bits": getattr(e, "g_bits", None), "dtype": cfg.dtype,
-        "device": str(device), "threads": torch.get_num_threads(), "fuse": s.fuse,
-    }
-    for k in _CRYPTO_SWITCHES:
-        if hasattr(e, k):
-            v = getattr(e, k)
-            hp[f"exchange.{k}"] = "auto" if v is None and k == "workers" else v
-    return hp
-
-
-def _cost_metrics(costs: dict) -> dict:
-    """The exchange's costs as hparams metrics: counts, ``crypto_ciphertext_MB``, seconds."""
-    out = {}
-    for k, v in (costs or {}).items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if k == "ciphertext_bytes":
-                out["crypto_ciphertext_MB"] = v / 1e6
-            else:
-                out[f"crypto_{k}"] = v
-    return out
-
-
-def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, logger: RunLogger, *,
-                  factors: bool = True) -> dict:
-    """Step 3: ``factors.pt``, ``history.csv``/``.json`` and the logger's end of run; returns the
-    summary (``summary.json`` is written last, by :func:`run`: its presence marks a finished run).
-    ``factors=False``: a result without the agents' factors (a distributed run with
-    ``share="sums"``): no ``factors.pt`` and no images."""
-    result, central = fits.result, fits.central
-    if factors:
-        write_factors(out / "factors.pt", result, central, inputs.graph, inputs.scale)
-    write_histories(out, result, central)
-    summary = summary_of(cfg, inputs, fits, out)
-    images = None
-    if factors and inputs.image_shape is not None and cfg.logger.images:
-        images = {"shape": inputs.image_shape, "Z": inputs.Z, "scale": cfg.logger.image_scale,
-                  "columns": _sample_columns(inputs.Z.shape[1], cfg.logger.n_samples)}
-    metrics = {"nmse_distributed": result.nmse,
-               **({"consensus": result.consensus} if result.consensus is not None else {}),
-               **({"nmse_worst": result.history["nmse_worst"][-1]} if result.history.get("nmse_worst") else {}),
-               "wall_time": fits.seconds["distributed"], **_cost_metrics(result.costs)}
-    if central is not None:
-        metrics["nmse_centralized"] = central.nmse
-    logger.finished(result, central, hparams=_hparams(cfg, inputs.device), metrics=metrics, images=images,
-                    config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
-    return summary
+__all__ = ["run", "make_logger"]
 
 
 def make_logger(kind: str, folder, *, flush_secs: int = 30, resume_at: int | None = None,
@@ -246,69 +44,13 @@ def make_logger(kind: str, folder, *, flush_secs: int = 30, resume_at: int | Non
     return NullLogger()
 
 
-# --------------------------------------------------------------------------------------
-# Batched trials
-# --------------------------------------------------------------------------------------
-
-
-class _MeanInfo:
-    """A batched run's :class:`~ppdnmf_torch.solver.IterationInfo` seen through its trial means
-    (what the logger and the progress show)."""
-
-    def __init__(self, info):
-        self.iteration, self.n_iter, self.state, self.elapsed = info.iteration, info.n_iter, info.state, info.elapsed
-        self.metrics = {k: float(torch.as_tensor(v, dtype=torch.float64).mean()) for k, v in info.metrics.items()}
-        self.costs, self.iteration_costs = info.costs, getattr(info, "iteration_costs", [])
-
-
-def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, callback=None) -> dict:
-    """``cfg.trials`` independent trials (seeds ``cfg.seed + t``) as one batched computation
-    (:func:`~ppdnmf_torch.experiments.run_experiment`); writes their outputs, returns the summary."""
-    from ..models.ppdnmf.experiments import run_experiment
-
-    s, e = cfg.solver, cfg.exchange
-    device = resolve_device(cfg.device)
-    if e.kind == "paillier":
-        graph = build_graph(cfg)
-        L = load_data(cfg)[0].shape[0]
-        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters)
-        log.info(format_estimate(e, est).replace("paillier estimate", f"paillier estimate per trial ({cfg.trials} "
-                                                                       "trials run side by side)", 1))
-    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
-
-        def cb(info):
-            mean = _MeanInfo(info)
-            logger.iteration(mean, s.x_iters)
-            bar.update(info.iteration, {"nmse": mean.metrics["nmse"], "consensus": mean.metrics["consensus"]})
-            return bool(callback(info)) if callback is not None else False
-
-        exp = run_experiment(cfg, trials=cfg.trials, seed=cfg.seed, centralized=cfg.centralized, device=device,
-                             dtype=cfg.dtype, callback=cb, threads=cfg.threads)
-    write_trials(out, exp)
-    summary = trials_summary(cfg, exp, out, device)
-    metrics = {"nmse_distributed": summary["nmse"]["distributed"]["mean"],
-               "consensus": summary["consensus"]["mean"], "wall_time": exp.seconds["distributed"],
-               **_cost_metrics(exp.distributed.costs)}
-    if summary["nmse"]["centralized"] is not None:
-        metrics["nmse_centralized"] = summary["nmse"]["centralized"]["mean"]
-        if exp.centralized is not None:
-            logger.centralized({"nmse": exp.centralized.history["nmse"].mean(axis=1).tolist()})
-    logger.finished(None, None, hparams=_hparams(cfg, device), metrics=metrics,
-                    config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
-    return summary
-
-
-# --------------------------------------------------------------------------------------
-# The run
-# --------------------------------------------------------------------------------------
-
-
-def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None, resume_from=None) -> dict:
-    """Run one experiment and write its outputs into ``out_dir``.
+def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_from=None,
+        task: Task | None = None) -> dict:
+    """Run one experiment of ``cfg``'s task and write its outputs into ``out_dir``.
 
     Parameters
     ----------
-    cfg : RunConfig
+    cfg : a task's typed config (PPDNMF: :class:`~ppdnmf_torch.models.ppdnmf.config.RunConfig`)
         Validated here again (so a hand-built config gets the same checks).
     out_dir : str or os.PathLike
         Created if missing; locked while the run writes (a second run into it is refused).
@@ -322,6 +64,8 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
         uninterrupted run). Checkpoints are written to ``out_dir/checkpoints`` every
         ``cfg.checkpoint_every`` BCD iterations and on Ctrl-C, and removed when the run
         finishes (``cfg.keep_checkpoints`` keeps them).
+    task : Task, optional
+        The task that runs ``cfg`` (default: the one its ``task`` names).
 
     Returns
     -------
@@ -339,6 +83,7 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
         are kept.
     """
     t_start = time.perf_counter()
+    task = task_of(cfg) if task is None else task
     try:
         cfg.validate()
         out = Path(out_dir)
@@ -348,21 +93,21 @@ def run(cfg: RunConfig, out_dir, *, progress: bool | None = None, callback=None,
                 # a fresh run in a used folder: the old run's summary would mark this one finished
                 # (the CLI refuses to resume a folder with a summary.json)
                 (out / "summary.json").unlink(missing_ok=True)
-            write_yaml(out / "config.yaml", to_dict(cfg))
+            write_yaml(out / "config.yaml", task.config_to_dict(cfg))
             show = cfg.progress if progress is None else bool(progress)
-            resume_at = checkpoint_iteration(latest_checkpoint(resume_from)) if resume_from is not None else None
+            resume_at = task.resume_point(resume_from) if resume_from is not None else None
             with make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs, resume_at=resume_at,
-                             x_iters=cfg.solver.x_iters) as logger:
+                             x_iters=task.inner_iterations(cfg)) as logger:
                 if cfg.trials > 1:
-                    summary = run_trials(cfg, out, logger, show=show, callback=callback)
+                    summary = task.run_trials(cfg, out, logger, show=show, callback=callback)
                 else:
-                    inputs = build_inputs(cfg)
-                    fits = fit_run(cfg, inputs, logger, out, show=show, callback=callback, resume_from=resume_from)
-                    summary = write_outputs(cfg, inputs, fits, out, logger)
+                    inputs = task.build_inputs(cfg)
+                    fits = task.fit(cfg, inputs, logger, out, show=show, callback=callback, resume_from=resume_from)
+                    summary = task.write_outputs(cfg, inputs, fits, out, logger)
             summary["wall_time"]["total"] = time.perf_counter() - t_start
             write_summary(out / "summary.json", summary)
             if not cfg.keep_checkpoints:
                 remove_checkpoints(out)
     except PPDNMFError as exc:
-        raise exc.renamed(CONFIG_KEYS) from None
+        raise exc.renamed(task.config_keys) from None
     return summary

@@ -233,6 +233,8 @@ class RunConfig:
     """One run of the app: the paper's synthetic experiment by default (as ``ppdnmf`` with no
     arguments, which composes ``experiment=paper_synthetic``)."""
 
+    # the app's task that runs this config (conf/task/ppdnmf.yaml; ppdnmf_torch.app.tasks)
+    task: str = _spec("ppdnmf", choices=("ppdnmf",))
     name: str = "custom"
     seed: int = _spec(0, ge=0)
     device: str = "auto"

@@ -27,7 +27,6 @@ import glob
 import hashlib
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

@@ -1,0 +1,328 @@
+"""The PPDNMF task: how the app runs :mod:`ppdnmf_torch.models.ppdnmf` (:class:`PPDNMFTask`).
+
+1. :func:`~ppdnmf_torch.models.ppdnmf.inputs.build_inputs`: the data, the column split, the
+   graph, the device and dtype;
+2. :func:`fit_run`: the centralized baseline and the distributed fit, reporting to one
+   :class:`~ppdnmf_torch.app.loggers.RunLogger` (TensorBoard or none) and to
+   :class:`~ppdnmf_torch.app.progress.Progress` (a bar on a terminal, log lines elsewhere);
+3. :func:`write_outputs`: the files of :mod:`ppdnmf_torch.app.outputs` and the logger's end.
+
+With ``trials > 1`` the run is :func:`~ppdnmf_torch.models.ppdnmf.experiments.run_experiment`'s
+batched trials instead (:func:`run_trials`). The folder, its lock, ``config.yaml``,
+``summary.json`` and the checkpoints' removal are the runner's (:mod:`ppdnmf_torch.app.runner`).
+
+Nothing here prints: the progress and the Paillier estimate go to the logger
+``ppdnmf_torch`` (the CLI's Hydra handlers show and keep them). Errors name the config's keys
+(``exchange.g_bits``, not the API's ``g_bits``): :data:`CONFIG_KEYS`, applied by the runner.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from ..._utils import resolve_device
+from ...diagnostics import degenerate_reasons, x_sketch
+from ...exchange.spec import SPECS
+from ...checkpoint import checkpoint_iteration, latest_checkpoint
+from ...models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
+from ...models.ppdnmf.config import RunConfig, SolverConfig, from_dict, to_dict
+from ...models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data
+from ...models.ppdnmf.solver import RunInterrupted
+from ..costs import format_estimate, paillier_estimate
+from ..loggers import RunLogger
+from ..outputs import (dataset_name, format_summary, run_name, summary_of, trials_summary, write_factors,
+                       write_histories, write_trials)
+from ..progress import Progress
+from .base import Task
+
+__all__ = ["TASK", "PPDNMFTask", "fit_run", "write_outputs", "run_trials", "RunFits", "CONFIG_KEYS"]
+
+log = logging.getLogger("ppdnmf_torch.runner")
+
+#: the API's parameter names and the config keys they come from
+CONFIG_KEYS = {
+    **{f.name: f"solver.{f.name}" for f in fields(SolverConfig)},
+    **{k: f"exchange.{k}" for spec in SPECS.values() for k in spec.keys()},
+    "exchange": "exchange.kind", "Z": "data", "negative": "data.negative", "columns": "data.split.counts",
+    "adjacency": "graph",
+}
+
+
+# --------------------------------------------------------------------------------------
+# 2. The fits
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunFits:
+    """The distributed result, the centralized baseline's (or None), their wall times, and what
+    is degenerate about the distributed result (:func:`~ppdnmf_torch.diagnostics.degenerate_reasons`)."""
+
+    result: FitResult
+    central: FitResult | None
+    seconds: dict = field(default_factory=dict)
+    degenerate: list = field(default_factory=list)
+
+
+def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
+    s = cfg.solver
+    kw = dict(mu=s.mu, eta=s.eta, bcd_iters=s.bcd_iters, x_iters=s.x_iters, y_iters=s.y_iters, tol=s.tol,
+              penalty=s.penalty, consensus_form=s.consensus_form, fuse=s.fuse, negative=cfg.data.negative,
+              seed=cfg.seed, device=inputs.device, dtype=inputs.dtype, threads=cfg.threads)
+    if s.admm_tol is not None:
+        kw["admm_tol"] = s.admm_tol
+    kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
+    return kw
+
+
+def _x_solver_kwargs(cfg: RunConfig) -> dict:
+    """The distributed fit's X-step solver (the centralized baseline keeps the ADMM X-step: one
+    reference curve whatever the distributed X-step)."""
+    return {k: getattr(cfg.solver, k) for k in X_SOLVER_KEYS}
+
+
+def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool) -> FitResult:
+    s = cfg.solver
+    # one agent has no neighbours: its penalty cap never enters the updates
+    g_c = s.g_max if isinstance(s.g_max, float) else float(s.g_max[0])
+    with Progress(show, s.bcd_iters, "centralized", interval=cfg.progress_interval) as bar:
+        try:
+            return fit_centralized(inputs.Z, s.rank, g_max=g_c, callback=lambda info: bar.update(
+                info.iteration, {"nmse": info.metrics["nmse"]}), **common)
+        except RunInterrupted as exc:
+            # the baseline keeps no checkpoints: say so, rather than "checkpoint: None"
+            raise KeyboardInterrupt(
+                f"during the centralized baseline (after its BCD iteration {exc.bcd_done}), before the "
+                "distributed run started: there is nothing to resume; run again (centralized=false skips "
+                "the baseline)"
+            ) from None
+
+
+def _announce(cfg: RunConfig, inputs: RunInputs, resumed_at: int) -> None:
+    """Log what takes time before the first BCD iteration: the Paillier cost, a compilation."""
+    s, e = cfg.solver, cfg.exchange
+    if e.kind == "paillier":
+        est = paillier_estimate(e, inputs.graph, inputs.Z.shape[0], s.rank, s.x_iters, s.bcd_iters - resumed_at)
+        log.info(format_estimate(e, est))
+    if s.fuse:
+        log.info("fuse=true: compiling the solver's iterations with TorchInductor before the first BCD iteration "
+                 "(seconds per new problem shape; later runs of the same shape in this process reuse it)")
+
+
+def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, show: bool, callback=None,
+            resume_from=None) -> RunFits:
+    """Step 2: the centralized baseline (first, it is fast: its curve is in TensorBoard from the
+    start), then the distributed fit with checkpoints in ``out/checkpoints``."""
+    s, e = cfg.solver, cfg.exchange
+    common = _solver_kwargs(cfg, inputs)
+    resumed_at = checkpoint_iteration(latest_checkpoint(resume_from)) if resume_from is not None else 0
+    central, seconds = None, {}
+    if cfg.centralized:
+        t0 = time.perf_counter()
+        central = _fit_centralized(cfg, inputs, common, show)
+        seconds["centralized"] = time.perf_counter() - t0
+        logger.centralized(central.history)
+    c_hist = central.history.get("nmse", []) if central is not None else []
+    _announce(cfg, inputs, resumed_at)
+    first = {}
+    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind})", interval=cfg.progress_interval,
+                  start=resumed_at) as bar:
+
+        def cb(info):
+            logger.iteration(info, s.x_iters)
+            shown = {"nmse": info.metrics["nmse"], "consensus": info.metrics["consensus"]}
+            if info.iteration <= len(c_hist):
+                shown["central"] = c_hist[info.iteration - 1]
+            bar.update(info.iteration, shown)
+            if info.iteration == 1:
+                first["sketch"] = x_sketch(info.state.X[0])
+            return bool(callback(info)) if callback is not None else False
+
+        t0 = time.perf_counter()
+        result = fit(inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max, exchange=e,
+                     callback=cb, checkpoint_dir=out / "checkpoints", checkpoint_every=cfg.checkpoint_every,
+                     resume_from=resume_from, **common, **_x_solver_kwargs(cfg))
+    seconds["distributed"] = time.perf_counter() - t0
+    why = degenerate_reasons(result.X, result.nmse, first.get("sketch"), result.n_iter)
+    return RunFits(result, central, seconds, why)
+
+
+# --------------------------------------------------------------------------------------
+# 3. Outputs
+# --------------------------------------------------------------------------------------
+
+
+def _sample_columns(M: int, n: int) -> list[int]:
+    """``n`` column indices spread evenly from the first column to the last."""
+    n = max(1, min(n, M))
+    if n == 1:
+        return [0]
+    return sorted({round(i * (M - 1) / (n - 1)) for i in range(n)})
+
+
+#: the Paillier switches logged as hparams
+_CRYPTO_SWITCHES = ("fast", "packing", "slot_bits", "precompute", "djn", "djn_exponent_bits", "workers")
+
+
+def _hparams(cfg: RunConfig, device) -> dict:
+    s, e = cfg.solver, cfg.exchange
+    hp = {
+        "name": run_name(cfg), "dataset": dataset_name(cfg), "seed": cfg.seed, "trials": cfg.trials,
+        "n_agents": cfg.n_agents, "data": cfg.data.kind, "graph": cfg.graph.kind, "rank": s.rank, "mu": s.mu,
+        "eta": s.eta, "g_max": s.g_max if isinstance(s.g_max, float) else str(s.g_max),
+        "bcd_iters": s.bcd_iters, "x_iters": s.x_iters, "y_iters": s.y_iters, "tol": s.tol,
+        "penalty": s.penalty, "consensus_form": s.consensus_form, "penalty_schedule": s.penalty_schedule,
+        "init": s.init, "y_solver": s.y_solver, "exchange": e.kind,
+        "protocol": getattr(e, "protocol", None), "n_max": getattr(e, "n_max", None),
+        "key_bits": getattr(e, "key_bits", None), "g_bits": getattr(e, "g_bits", None), "dtype": cfg.dtype,
+        "device": str(device), "threads": torch.get_num_threads(), "fuse": s.fuse,
+    }
+    for k in _CRYPTO_SWITCHES:
+        if hasattr(e, k):
+            v = getattr(e, k)
+            hp[f"exchange.{k}"] = "auto" if v is None and k == "workers" else v
+    return hp
+
+
+def _cost_metrics(costs: dict) -> dict:
+    """The exchange's costs as hparams metrics: counts, ``crypto_ciphertext_MB``, seconds."""
+    out = {}
+    for k, v in (costs or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if k == "ciphertext_bytes":
+                out["crypto_ciphertext_MB"] = v / 1e6
+            else:
+                out[f"crypto_{k}"] = v
+    return out
+
+
+def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, logger: RunLogger, *,
+                  factors: bool = True) -> dict:
+    """Step 3: ``factors.pt``, ``history.csv``/``.json`` and the logger's end of run; returns the
+    summary (``summary.json`` is written last, by :func:`run`: its presence marks a finished run).
+    ``factors=False``: a result without the agents' factors (a distributed run with
+    ``share="sums"``): no ``factors.pt`` and no images."""
+    result, central = fits.result, fits.central
+    if factors:
+        write_factors(out / "factors.pt", result, central, inputs.graph, inputs.scale)
+    write_histories(out, result, central)
+    summary = summary_of(cfg, inputs, fits, out)
+    images = None
+    if factors and inputs.image_shape is not None and cfg.logger.images:
+        images = {"shape": inputs.image_shape, "Z": inputs.Z, "scale": cfg.logger.image_scale,
+                  "columns": _sample_columns(inputs.Z.shape[1], cfg.logger.n_samples)}
+    metrics = {"nmse_distributed": result.nmse,
+               **({"consensus": result.consensus} if result.consensus is not None else {}),
+               **({"nmse_worst": result.history["nmse_worst"][-1]} if result.history.get("nmse_worst") else {}),
+               "wall_time": fits.seconds["distributed"], **_cost_metrics(result.costs)}
+    if central is not None:
+        metrics["nmse_centralized"] = central.nmse
+    logger.finished(result, central, hparams=_hparams(cfg, inputs.device), metrics=metrics, images=images,
+                    config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# Batched trials
+# --------------------------------------------------------------------------------------
+
+
+class _MeanInfo:
+    """A batched run's :class:`~ppdnmf_torch.solver.IterationInfo` seen through its trial means
+    (what the logger and the progress show)."""
+
+    def __init__(self, info):
+        self.iteration, self.n_iter, self.state, self.elapsed = info.iteration, info.n_iter, info.state, info.elapsed
+        self.metrics = {k: float(torch.as_tensor(v, dtype=torch.float64).mean()) for k, v in info.metrics.items()}
+        self.costs, self.iteration_costs = info.costs, getattr(info, "iteration_costs", [])
+
+
+def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, callback=None) -> dict:
+    """``cfg.trials`` independent trials (seeds ``cfg.seed + t``) as one batched computation
+    (:func:`~ppdnmf_torch.experiments.run_experiment`); writes their outputs, returns the summary."""
+    from ...models.ppdnmf.experiments import run_experiment
+
+    s, e = cfg.solver, cfg.exchange
+    device = resolve_device(cfg.device)
+    if e.kind == "paillier":
+        graph = build_graph(cfg)
+        L = load_data(cfg)[0].shape[0]
+        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters)
+        log.info(format_estimate(e, est).replace("paillier estimate", f"paillier estimate per trial ({cfg.trials} "
+                                                                       "trials run side by side)", 1))
+    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
+
+        def cb(info):
+            mean = _MeanInfo(info)
+            logger.iteration(mean, s.x_iters)
+            bar.update(info.iteration, {"nmse": mean.metrics["nmse"], "consensus": mean.metrics["consensus"]})
+            return bool(callback(info)) if callback is not None else False
+
+        exp = run_experiment(cfg, trials=cfg.trials, seed=cfg.seed, centralized=cfg.centralized, device=device,
+                             dtype=cfg.dtype, callback=cb, threads=cfg.threads)
+    write_trials(out, exp)
+    summary = trials_summary(cfg, exp, out, device)
+    metrics = {"nmse_distributed": summary["nmse"]["distributed"]["mean"],
+               "consensus": summary["consensus"]["mean"], "wall_time": exp.seconds["distributed"],
+               **_cost_metrics(exp.distributed.costs)}
+    if summary["nmse"]["centralized"] is not None:
+        metrics["nmse_centralized"] = summary["nmse"]["centralized"]["mean"]
+        if exp.centralized is not None:
+            logger.centralized({"nmse": exp.centralized.history["nmse"].mean(axis=1).tolist()})
+    logger.finished(None, None, hparams=_hparams(cfg, device), metrics=metrics,
+                    config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------------
+
+
+class PPDNMFTask(Task):
+    """PPDNMF as the app runs it: :class:`~ppdnmf_torch.models.ppdnmf.config.RunConfig`,
+    :func:`~ppdnmf_torch.models.ppdnmf.inputs.build_inputs`, :func:`fit_run`,
+    :func:`write_outputs`, :func:`run_trials`."""
+
+    name = "ppdnmf"
+    config_keys = CONFIG_KEYS
+    resume_safe_keys = ("solver.bcd_iters",)
+
+    def config_from_dict(self, d: dict) -> RunConfig:
+        return from_dict(d)
+
+    def config_to_dict(self, cfg: RunConfig) -> dict:
+        return to_dict(cfg)
+
+    def inner_iterations(self, cfg: RunConfig) -> int:
+        return cfg.solver.x_iters  # the ADMM iterations of an X-step
+
+    def build_inputs(self, cfg: RunConfig) -> RunInputs:
+        return build_inputs(cfg)
+
+    def fit(self, cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, show: bool, callback=None,
+            resume_from=None) -> RunFits:
+        return fit_run(cfg, inputs, logger, out, show=show, callback=callback, resume_from=resume_from)
+
+    def write_outputs(self, cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, logger: RunLogger) -> dict:
+        return write_outputs(cfg, inputs, fits, out, logger)
+
+    def run_trials(self, cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, callback=None) -> dict:
+        return run_trials(cfg, out, logger, show=show, callback=callback)
+
+    def format_summary(self, summary: dict) -> str:
+        return format_summary(summary)
+
+    def objective(self, summary: dict) -> float:
+        """The distributed fit's final NMSE (its mean over trials)."""
+        nm = summary["nmse"]["distributed"]
+        return nm["mean"] if isinstance(nm, dict) else nm
+
+
+#: the task :mod:`ppdnmf_torch.app.tasks` finds under ``task=ppdnmf``
+TASK = PPDNMFTask()
