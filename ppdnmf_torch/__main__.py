@@ -1,10 +1,10 @@
 """``python -m ppdnmf_torch`` and the ``ppdnmf`` command: the Hydra app, in one process or over
 several ranks.
 
-A run goes to the multi-process app (:mod:`ppdnmf_torch.distributed.app`) when a launcher
+A run goes to the multi-process app (:mod:`ppdnmf_torch.app.distributed`) when a launcher
 started this process as one of several ranks (``torchrun --nproc-per-node 4 -m ppdnmf_torch``:
 ``WORLD_SIZE > 1``) or when an override names the ``distributed`` section
-(``ppdnmf distributed.nproc=2``); otherwise to the single-process app (:mod:`ppdnmf_torch.cli`),
+(``ppdnmf distributed.nproc=2``); otherwise to the single-process app (:mod:`ppdnmf_torch.app.cli`),
 unchanged.
 """
 from __future__ import annotations

@@ -127,7 +127,7 @@ MAX_CAP_RATIO = 32.0
 
 def cap_bounds(caps: torch.Tensor, schedule: str) -> torch.Tensor:
     """The largest value each cap can take during a run: the caps themselves (``paper``), or
-    :data:`MAX_CAP_RATIO` times them (``adaptive``, :mod:`ppdnmf_torch.solver.schedule`).
+    :data:`MAX_CAP_RATIO` times them (``adaptive``, :mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
     The integer codec's range is checked against these before a run starts."""
     if schedule not in PENALTY_SCHEDULES:
         raise ConfigError(f"penalty_schedule: unknown value {schedule!r}; use one of {PENALTY_SCHEDULES}")

@@ -236,6 +236,10 @@ def _resume_target(run_dir: str, new=None, task_overrides=()):
 # --------------------------------------------------------------------------------------
 
 
+#: the name of the result lines' records in ``ppdnmf.log`` (the module's name before the app had a package)
+_LOG_NAME = "ppdnmf_torch.app.cli"
+
+
 def _file_handlers():
     return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and h.level <= logging.INFO]
 
@@ -259,7 +263,7 @@ def _to_log_files(text: str, run_dir: str | None = None, level: int = logging.IN
         for handler in handlers + ([extra] if extra is not None else []):
             for line in text.splitlines():
                 try:
-                    handler.handle(logging.LogRecord(__name__, level, __file__, 0, line, None, None))
+                    handler.handle(logging.LogRecord(_LOG_NAME, level, __file__, 0, line, None, None))
                 except OSError:  # a full disk must not hide the message itself
                     pass
     finally:

@@ -3,7 +3,7 @@
 The runner calls :meth:`RunLogger.centralized` once the baseline is done,
 :meth:`RunLogger.iteration` after every BCD iteration of the distributed fit, and
 :meth:`RunLogger.finished` with the results; :meth:`RunLogger.close` always. The
-TensorBoard implementation lives in :mod:`ppdnmf_torch.tensorboard`, which the runner
+TensorBoard implementation lives in :mod:`ppdnmf_torch.app.tensorboard`, which the runner
 imports only when asked for, so the numerical core never imports TensorBoard.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ class RunLogger:
 
     def iteration(self, info, x_iters: int) -> None:
         """One BCD iteration of the distributed fit: ``info`` is the solver's
-        :class:`~ppdnmf_torch.solver.IterationInfo` (metrics as floats), with the exchange's
+        :class:`~ppdnmf_torch.models.ppdnmf.solver.IterationInfo` (metrics as floats), with the exchange's
         cumulative ``costs`` and its per-ADMM-iteration ``iteration_costs``."""
 
     def finished(self, result, central, *, hparams: dict, metrics: dict, images: dict | None = None,

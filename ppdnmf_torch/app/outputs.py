@@ -274,7 +274,7 @@ def _stats(values) -> dict:
 
 
 def trials_summary(cfg, exp, out: Path, device) -> dict:
-    """The summary of a batched run (:class:`~ppdnmf_torch.experiments.ExperimentResult`): the
+    """The summary of a batched run (:class:`~ppdnmf_torch.models.ppdnmf.experiments.ExperimentResult`): the
     mean, standard deviation, minimum and maximum over the trials of the final metrics."""
     dist, cent, h = exp.distributed, exp.centralized, exp.history
     last = {k: h[k][-1] for k in ("nmse", "consensus") if k in h}

@@ -2,7 +2,7 @@
 
 On a terminal (stderr is a tty) each phase shows a tqdm bar, as before. Off a terminal
 (nohup, a scheduler, joblib workers, a pipe) there is no bar: every ``interval`` seconds,
-and at the first and the last BCD iteration, one line goes to the ``ppdnmf_torch.progress``
+and at the first and the last BCD iteration, one line goes to the ``ppdnmf_torch.app.progress``
 logger (iteration, NMSE, consensus error, elapsed time, ETA), so Hydra's ``ppdnmf.log`` and
 the console get it. On a terminal those lines still go to the log files, never to a
 terminal the bar is drawn on.

@@ -56,7 +56,7 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
         Created if missing; locked while the run writes (a second run into it is refused).
     progress : bool, optional
         Report progress (default ``cfg.progress``): tqdm bars on a terminal, log lines on the
-        ``ppdnmf_torch.progress`` logger elsewhere.
+        ``ppdnmf_torch.app.progress`` logger elsewhere.
     callback : callable, optional
         Extra ``callback(info)`` of the distributed fit, called after the logger's.
     resume_from : str or os.PathLike, optional

@@ -55,7 +55,7 @@ __all__ = [
     "LAYOUT",
 ]
 
-#: per-BCD-iteration history keys of :class:`~ppdnmf_torch.api.FitResult` and their tags
+#: per-BCD-iteration history keys of :class:`~ppdnmf_torch.models.ppdnmf.api.FitResult` and their tags
 SCALAR_TAGS = {
     "nmse": "1_nmse/distributed",
     "nmse_worst": "1_nmse/worst_agent_refit",
@@ -171,7 +171,7 @@ def make_grid(images: torch.Tensor, nrow: int | None = None, padding: int = 1, p
 class TensorBoardLogger(RunLogger):
     """Writes a run's TensorBoard events under ``log_dir``.
 
-    As the runner's :class:`~ppdnmf_torch.loggers.RunLogger`: :meth:`centralized`,
+    As the runner's :class:`~ppdnmf_torch.app.loggers.RunLogger`: :meth:`centralized`,
     :meth:`iteration`, :meth:`finished`, :meth:`close`. On its own: :meth:`callback` as (part
     of) the ``callback`` of :func:`ppdnmf_torch.fit` logs the scalars of every BCD iteration;
     after the run :meth:`log_timing`, :meth:`log_centralized`, :meth:`log_costs`,

@@ -143,7 +143,7 @@ class Topology:
     def any_set(self, flags: torch.Tensor) -> bool:
         """Whether any node's flag in ``flags`` is set: the stopping rule's decisions are taken
         over every agent (one process holds them all; a rank of a distributed run asks the
-        others, :class:`ppdnmf_torch.distributed.topology.RankTopology`)."""
+        others, :class:`ppdnmf_torch.models.ppdnmf.distributed.topology.RankTopology`)."""
         return bool(flags.any())
 
     def all_set(self, flags: torch.Tensor) -> bool:

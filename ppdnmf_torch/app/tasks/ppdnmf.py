@@ -233,7 +233,7 @@ def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, l
 
 
 class _MeanInfo:
-    """A batched run's :class:`~ppdnmf_torch.solver.IterationInfo` seen through its trial means
+    """A batched run's :class:`~ppdnmf_torch.models.ppdnmf.solver.IterationInfo` seen through its trial means
     (what the logger and the progress show)."""
 
     def __init__(self, info):
@@ -244,7 +244,7 @@ class _MeanInfo:
 
 def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, callback=None) -> dict:
     """``cfg.trials`` independent trials (seeds ``cfg.seed + t``) as one batched computation
-    (:func:`~ppdnmf_torch.experiments.run_experiment`); writes their outputs, returns the summary."""
+    (:func:`~ppdnmf_torch.models.ppdnmf.experiments.run_experiment`); writes their outputs, returns the summary."""
     from ...models.ppdnmf.experiments import run_experiment
 
     s, e = cfg.solver, cfg.exchange

@@ -43,7 +43,7 @@ class FitResult:
     history : dict of lists
         One entry per BCD iteration: ``nmse``, ``consensus``, ``nmse_worst`` (the NMSE of
         the whole data under the left factor of the agent farthest from the mean, right
-        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.solver.refit`),
+        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.models.ppdnmf.solver.refit`),
         ``objective``, ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual`` (for
         ``y_solver="hals"``: 0 and the last sweep's change), ``time_x``, ``time_y`` (floats) and
         ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
@@ -361,7 +361,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         :data:`~ppdnmf_torch.exchange.EXCHANGE_OPTIONS`).
     checkpoint_dir : str or Path, optional
         Write crash-safe checkpoints there (every ``checkpoint_every`` BCD iterations, and
-        on Ctrl-C, which then raises :class:`~ppdnmf_torch.solver.RunInterrupted`).
+        on Ctrl-C, which then raises :class:`~ppdnmf_torch.models.ppdnmf.solver.RunInterrupted`).
     checkpoint_every : int
         BCD iterations between checkpoints (``0``: only on Ctrl-C).
     resume_from : str or Path, optional
@@ -389,18 +389,18 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         steps of 1.2x per BCD iteration, to at most 32x ``g_max``) while its copy disagrees
         with its neighbours' (from the ``S_i`` and ``rho_i`` the secure exchange gives it), and
         its ``mu_i`` to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller; the draws
-        stay random, monotone and bounded (:mod:`ppdnmf_torch.solver.schedule`). The integer
+        stay random, monotone and bounded (:mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`). The integer
         exchanges' range is checked against the 32x bound before the run. ``"paper"``: the
         fixed caps of Sec. III-B.
     init : {"random", "ones"}
         The start ``X_0 = U_0``: ``"random"`` (default) draws it from ``init_seed``, the same
-        on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.solver.state.initial_factor`);
+        on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.models.ppdnmf.solver.state.initial_factor`);
         ``"ones"`` is the paper's all-ones start, a symmetric saddle that only rounding breaks.
     init_seed : int, optional
         Seed of ``init="random"``; None (default) uses ``seed``.
     y_solver : {"admm", "hals"}
         The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14, default) or ``y_iters`` HALS
-        sweeps (:mod:`ppdnmf_torch.solver.hals`).
+        sweeps (:mod:`ppdnmf_torch.models.ppdnmf.solver.hals`).
     x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
         The X-step: the paper's decentralized ADMM with the secure exchange (default), or the
         incremental consensus engine (docs/INCREMENTAL.md): one token walks a Hamiltonian

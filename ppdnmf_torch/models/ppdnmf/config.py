@@ -1,6 +1,6 @@
 """Typed run configuration: plain dataclasses and a validating converter.
 
-The Hydra app (:mod:`ppdnmf_torch.cli`) composes ``conf/`` into a nested dict and
+The Hydra app (:mod:`ppdnmf_torch.app.cli`) composes ``conf/`` into a nested dict and
 hands it to :func:`from_dict` once; scripts and tests can build a :class:`RunConfig`
 directly, or from a dict. Nothing here imports Hydra or OmegaConf.
 

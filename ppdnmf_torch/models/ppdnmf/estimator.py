@@ -244,7 +244,7 @@ class PPDNMF:
         """Project new columns on the consensus basis: ``min_{Y >= 0} ||Z - X Y||_F``.
 
         The same nonnegative solver as the fit's Y-step (the ``y_solver`` the fit ran): the
-        Y-step's ADMM (eqs. 12-14) or HALS sweeps (:mod:`ppdnmf_torch.solver.hals`), on one
+        Y-step's ADMM (eqs. 12-14) or HALS sweeps (:mod:`ppdnmf_torch.models.ppdnmf.solver.hals`), on one
         agent holding ``Z`` with ``X`` fixed to the consensus basis ``Xbar``. It starts from
         ``Y = 0`` and runs in warm-started rounds of ``y_iters`` iterations (sweeps) until ``Y``
         changes by less than ``transform_tol`` (relative) or ``transform_iters`` ran.

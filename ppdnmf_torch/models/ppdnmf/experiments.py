@@ -1,12 +1,12 @@
 """The paper's experiments (Sec. IV) as batched trials: :func:`run_experiment`.
 
-An experiment is a :class:`~ppdnmf_torch.config.RunConfig`, the same typed config the CLI
+An experiment is a :class:`~ppdnmf_torch.models.ppdnmf.config.RunConfig`, the same typed config the CLI
 runs: the paper's two setups are the presets :data:`PAPER_EXPERIMENTS` (``conf/experiment/``
 composes to the same values; a test checks it), with ``incremental_*`` beside them: the same
 setups with the incremental X-step (``x_solver="pi_admm"``). Each trial has its own data draw, graph,
 column split and penalty draws, all derived from one integer seed (trial ``t`` of a run
 with ``seed=s`` uses ``s + t``), exactly as a CLI run with ``seed=s + t`` builds them
-(:func:`~ppdnmf_torch.runner.build_inputs`). With ``trials=1`` a run is the single run of
+(:func:`~ppdnmf_torch.app.runner.build_inputs`). With ``trials=1`` a run is the single run of
 the CLI with the same seed.
 """
 from __future__ import annotations
@@ -204,7 +204,7 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     device, dtype
         As in :func:`ppdnmf_torch.fit`.
     callback : callable, optional
-        Receives the distributed run's :class:`~ppdnmf_torch.solver.IterationInfo`.
+        Receives the distributed run's :class:`~ppdnmf_torch.models.ppdnmf.solver.IterationInfo`.
     threads : int, optional
         As in :func:`ppdnmf_torch.fit` (None: the package's default).
     **overrides

@@ -25,7 +25,7 @@ __all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "as_se
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
 
 #: Width of the column chunks that reductions over the (padded) column axis run in
-#: (:func:`~ppdnmf_torch.solver.kernels.column_gram`); :func:`build_problem` pads ``M_max``
+#: (:func:`~ppdnmf_torch.models.ppdnmf.solver.kernels.column_gram`); :func:`build_problem` pads ``M_max``
 #: to a multiple of it.
 COLUMN_CHUNK = 64
 
@@ -266,7 +266,7 @@ def _aligned_agents(N: int, L: int, K: int, itemsize: int) -> int:
 def padded_width(m: int) -> int:
     """``M_max`` for a widest agent of ``m`` columns: whole column chunks
     (:data:`COLUMN_CHUNK`), so that reductions over columns round the
-    same whatever the batch (see :func:`~ppdnmf_torch.solver.kernels.column_gram`)."""
+    same whatever the batch (see :func:`~ppdnmf_torch.models.ppdnmf.solver.kernels.column_gram`)."""
     return -(-int(m) // COLUMN_CHUNK) * COLUMN_CHUNK
 
 

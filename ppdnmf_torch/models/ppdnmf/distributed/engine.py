@@ -7,7 +7,7 @@ neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.di
 keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
 (every edge out of its agents; the stopping rule's flags and decisions across ranks) and
 reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
-(:func:`ppdnmf_torch.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
+(:func:`ppdnmf_torch.models.ppdnmf.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
 the single-process eager run's (``fuse=False``).
 
 ``share="sums"`` is the deployment mode: no agent's ``X_i``, ``U_i``, ``Y_i`` or per-agent

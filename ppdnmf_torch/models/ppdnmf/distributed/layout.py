@@ -1,12 +1,12 @@
 """One rank's share of the run: :class:`RankLayout` (where its agents sit in its tensors,
-which edges it draws, whom it exchanges what with) and its local :class:`~ppdnmf_torch.problem.Problem`.
+which edges it draws, whom it exchanges what with) and its local :class:`~ppdnmf_torch.models.ppdnmf.problem.Problem`.
 
 Same bits as one process
 ------------------------
 The eager solver computes every agent alone (batched products that do not mix agents,
 reductions over each agent's block), so a rank that runs the same operations on its
 agents gets their bits, with one caveat the batched trials know too
-(:func:`ppdnmf_torch.problem.build_problem`): small BLAS/LAPACK kernels (the Cholesky
+(:func:`ppdnmf_torch.models.ppdnmf.problem.build_problem`): small BLAS/LAPACK kernels (the Cholesky
 inverse of eq. 13, ``eigh`` of ``Y Y^T``, products by ``(K, K)`` matrices) round
 differently at different memory alignments of their operands. Agent ``i``'s ``(L, K)`` and
 ``(K, K)`` blocks start ``i * L K`` and ``i * K K`` elements into the single-process

@@ -7,7 +7,7 @@ topology of its own, :attr:`~.layout.RankLayout.ext_topology`):
 
 * the edges out of each agent, in CSR order: a stopped agent's penalty draws stay put
   (``active[src]``), and the adaptive schedule bounds an agent's cap by its degree
-  (:func:`~ppdnmf_torch.solver.schedule.adapt`): :class:`RankTopology` lists every edge
+  (:func:`~ppdnmf_torch.models.ppdnmf.solver.schedule.adapt`): :class:`RankTopology` lists every edge
   out of the rank's agents, cut edges included, so both are the single-process ones;
 * one hop of the stopping flags (Sec. II-C, :meth:`Topology.spread`): a flag crosses a cut
   edge as one byte per boundary agent and peer (:meth:`FlagHalo.extended`);

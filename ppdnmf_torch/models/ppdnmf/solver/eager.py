@@ -1,7 +1,7 @@
 """The ADMM updates as eager torch operations, one function per equation group.
 
 In-place operations on workspace buffers: the iterations are memory bound, and a fresh
-large tensor costs its page faults (see :class:`~ppdnmf_torch.solver.kernels.Workspace`).
+large tensor costs its page faults (see :class:`~ppdnmf_torch.models.ppdnmf.solver.kernels.Workspace`).
 Equation numbers refer to arXiv 2403.18326; the consensus term follows ALGORITHM.md
 ("derived" by default, "paper_literal" as printed).
 """

@@ -203,7 +203,7 @@ def incremental_x_step(problem: Problem, state: SolverState, params: SolverParam
                        *, bcd_iter: int = 1, ws: Workspace | None = None) -> dict:
     """X-step by the incremental engine: ``x_rounds`` rounds of the token (default ``x_iters``).
 
-    :func:`~ppdnmf_torch.solver.x_step`'s signature (``exchange`` and ``sampler`` are not
+    :func:`~ppdnmf_torch.models.ppdnmf.solver.x_step`'s signature (``exchange`` and ``sampler`` are not
     used: nothing goes through the secure exchange) and result; updates ``state`` in place.
 
     Returns

@@ -44,7 +44,7 @@ MINV_BLOCK_BYTES = 1 << 23
 SMALL_BMM = 400
 #: fuse=True, large problems, plain exchange: an iteration's neighbour sum (steps 5-6) runs
 #: in the next iteration's elementwise pass, which reads U anyway
-#: (:func:`~ppdnmf_torch.solver.fused.fx_carry_nbr_into`); False keeps it a pass of its own
+#: (:func:`~ppdnmf_torch.models.ppdnmf.solver.fused.fx_carry_nbr_into`); False keeps it a pass of its own
 #: (the same bits, tested)
 DEFER_NEIGHBOUR_SUM = True
 #: Inductor's limits on the reads and operations of one fused node, for the joint pass

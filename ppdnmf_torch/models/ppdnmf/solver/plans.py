@@ -15,7 +15,7 @@ differ in how the work reaches the hardware:
 * fused buffered chains (``fuse=True``, large problems with a stopping rule): compiled
   elementwise passes into reused buffers (:class:`BufferedXPlan`, :class:`BufferedYPlan`).
 
-The X-step's loop (:func:`~ppdnmf_torch.solver.admm.x_step`) calls, per ADMM iteration,
+The X-step's loop (:func:`~ppdnmf_torch.models.ppdnmf.solver.admm.x_step`) calls, per ADMM iteration,
 :meth:`XPlan.neighbour_operator` and :meth:`XPlan.iterate`, and once at the end
 :meth:`XPlan.finish`; it never looks at which plan runs.
 """
