@@ -70,6 +70,8 @@ LATTICE_MAX_DEGREE = 6
 LATTICE_RADIUS = 1
 #: ... at most this many of the shortest
 LATTICE_POOL = 16
+#: the lattice attack reduces blocks of at most this many entries of ``S`` (plus ``rho``)
+LATTICE_BLOCK = 24
 
 
 def public_x_max(g_max, g_bits: int, schedule: str = "adaptive") -> int:
@@ -355,7 +357,41 @@ def _assignments(w: list, a: list, x_max: int):
 
 
 def attack_lattice(a, rho: int, S, x_max: int) -> dict:
-    """The lattice attack of a receiver of degree ``k >= 2`` (module docstring).
+    """The lattice attack of a receiver of degree ``k >= 2`` (module docstring), on blocks of at
+    most :data:`LATTICE_BLOCK` entries of ``S`` (each with ``rho``; the reductions cost grows
+    steeply with the dimension): a call is recovered when every block is, with the same
+    penalties ``x``; it stops at the first block that fails.
+
+    Parameters and returns as :func:`_lattice_block`.
+    """
+    S = [int(v) for v in S]
+    if len(S) <= LATTICE_BLOCK:
+        return _lattice_block(a, rho, S, x_max)
+    parts = [S[o:o + LATTICE_BLOCK] for o in range(0, len(S), LATTICE_BLOCK)]
+    if len(parts[-1]) < LATTICE_BLOCK // 2:  # keep every block well above the degree
+        parts[-2:] = [parts[-2] + parts[-1]]
+    res = None
+    for part in parts:
+        r = _lattice_block(a, rho, part, x_max)
+        if res is None:
+            res = r
+        else:
+            if r["d"] is None or r["x"] != res["x"]:
+                res.update(d=None, certified=False)
+            else:
+                res["d"] = [u + v for u, v in zip(res["d"], r["d"])]
+                res["cost"] = max(res["cost"], r["cost"])
+                res["runner_up"] = min(res["runner_up"], r["runner_up"])
+                res["gap"] = min(res["gap"], r["gap"])
+                res["certified"] = res["certified"] and r["certified"]
+        if res["d"] is None:
+            res.update(x=None, cost=None, runner_up=None, certified=False)
+            break
+    return res
+
+
+def _lattice_block(a, rho: int, S, x_max: int) -> dict:
+    """The lattice attack on ``S`` (a block of entries) and ``rho``.
 
     Parameters and returns as :func:`attack_degree2` (``d`` is ``(k, P)``); ``window`` is
     ``prod_j a_j`` (a wrong weight vector passes the divisibility checks with chance about its
