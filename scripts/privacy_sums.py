@@ -99,7 +99,7 @@ def run_case(graph_name, setting, codec, *, bcd_iters, x_iters, max_calls, seed=
         case["refused"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return case
     # the public bound of the neighbours' draws: the caps' largest reachable value
-    x_max = public_x_max(g_max, g_bits, "adaptive" if schedule == "adaptive" else "paper")
+    x_max = public_x_max(g_max, g_bits, schedule)
     case.update(nmse=rec.nmse, consensus=rec.consensus, x_max=x_max,
                 sums=sums_audit(rec, x_max=x_max, max_calls=max_calls),
                 schedule=schedule_audit(rec, x_max=x_max),

@@ -51,7 +51,7 @@ from math import gcd
 import numpy as np
 
 from ..errors import ConfigError
-from ..penalties import MAX_CAP_RATIO
+from ..penalties import cap_bounds
 from .recording import Recording
 
 __all__ = ["WINDOW_MIN", "D_FRACTION", "RUNNER_UP", "LATTICE_MAX_DEGREE", "public_x_max", "diophantine2",
@@ -76,11 +76,13 @@ LATTICE_BLOCK = 24
 
 def public_x_max(g_max, g_bits: int, schedule: str = "adaptive") -> int:
     """The public upper bound of a neighbour's integer penalty ``x_j = round(2^g_bits g_ji)``:
-    the largest configured cap (times :data:`~ppdnmf_torch.penalties.MAX_CAP_RATIO` under
-    ``penalty_schedule="adaptive"``, whose caps grow up to that bound)."""
-    cap = max(np.atleast_1d(np.asarray(g_max, dtype=np.float64)).tolist())
-    if schedule == "adaptive":
-        cap *= MAX_CAP_RATIO
+    the largest value the configured caps can reach under ``schedule``
+    (:func:`~ppdnmf_torch.penalties.cap_bounds`: the caps themselves under ``"paper"``, up to
+    :data:`~ppdnmf_torch.penalties.MAX_CAP_RATIO` times them under ``"adaptive"``)."""
+    import torch
+
+    caps = torch.as_tensor(np.atleast_1d(np.asarray(g_max, dtype=np.float64)))
+    cap = float(cap_bounds(caps, schedule).max())
     return int(math.floor(cap * (1 << int(g_bits)) + 0.5))
 
 
