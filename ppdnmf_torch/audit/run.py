@@ -51,7 +51,9 @@ def _scenario(name: str, seed: int):
         # private, different caps: each agent's g_i uniform in [0.5, 1.5] x the paper's
         gen = torch.Generator().manual_seed(int(seed) + 7919)
         caps = (g_max * (0.5 + torch.rand(len(blocks), generator=gen, dtype=torch.float64))).tolist()
-        return blocks, graph, caps, solver, {}
+        # unequal caps need a per-agent schedule (the default, agreed, takes one cap): the
+        # earlier default's, under which this scenario was measured
+        return blocks, graph, caps, solver, {"penalty_schedule": "adaptive"}
     raise ConfigError(f"scenario: unknown scenario {name!r}; use one of {ALL_SCENARIOS}")
 
 
@@ -149,8 +151,9 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
 
     name, blocks, graph, g_max, solver, over = _resolve_scenario(sc, seed)
     rank = solver.pop("rank", None) or min(5, blocks[0].shape[0])
-    fit_kw = dict(solver, g_max=g_max, **iters, negative="allow", seed=seed, **(settings or {}))
+    fit_kw = dict(solver, g_max=g_max, **iters, negative="allow", seed=seed)
     fit_kw.update(over)
+    fit_kw.update(settings or {})  # given settings over the scenario's (random_caps: paper with unequal caps)
     schedule = fit_kw.get("penalty_schedule", DEFAULTS["penalty_schedule"])
     codec = dict(codec)
     if codec["n_max"] is None:
