@@ -16,8 +16,9 @@ Settings: ``defaults`` (the library's: ``penalty_schedule`` and ``init`` as ``fi
 them), ``adaptive`` (``penalty_schedule="adaptive"``, ``init="random"``), ``paper``
 (``PAPER_SETTINGS``, equal caps 0.033), ``random_caps`` (``PAPER_SETTINGS``, private caps
 uniform in [0.5, 1.5] x 0.033), ``agreed`` (``penalty_schedule="agreed"``, where the library has
-it). Codecs: ``default`` (n_max 1e6, g_bits 16), ``big_n`` (1e8, 16), ``big_g`` (1e6, 20); a
-codec the run's preflight refuses is reported as refused.
+it). Codecs: ``default`` (n_max 1e6, g_bits 16), ``big_n`` (1e8, 16), ``big_g`` (1e6, 20),
+``small_n`` (1e4, 16), ``big_g_small_n`` (1e4, 20: what ``adaptive`` admits with 20 bits); a codec the
+run's preflight refuses is reported as refused.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing
 
 GRAPHS = ("paper", "ring8", "ring12", "star9", "random9", "random12")
 SETTINGS = ("defaults", "adaptive", "paper", "random_caps", "agreed")
-CODECS = {"default": (1e6, 16), "big_n": (1e8, 16), "big_g": (1e6, 20)}
+CODECS = {"default": (1e6, 16), "big_n": (1e8, 16), "big_g": (1e6, 20), "small_n": (1e4, 16),
+          "big_g_small_n": (1e4, 20)}
 G_MAX = 0.033
 
 

@@ -188,3 +188,28 @@ def test_run_audit_default_n_max_fits_the_default_schedule():
     assert rep["scenarios"]["scaled_star"]["n_max"] == n
     assert fitting_n_max(blocks, star(len(blocks)), 0.033, penalty_schedule="paper") == 1e6
     assert torch.is_tensor(blocks[0])
+
+
+@pytest.mark.parametrize("graph_name", ["paper", "ring"])
+def test_the_default_agreed_schedule_leaves_nothing_to_the_sums_attacks(graph_name):
+    """After the fix (the library's default, penalty_schedule="agreed"): every receiver's weights
+    are equal at every call, no receiver of degree >= 2 recovers any exact value, and rho's
+    changes pin nothing to a neighbour."""
+    from ppdnmf_torch.api import DEFAULTS
+    from ppdnmf_torch.experiments import PAPER_EXPERIMENTS, make_trial
+    from ppdnmf_torch.graph import ring
+
+    graph = make_trial(PAPER_EXPERIMENTS["paper_synthetic"], 0)[1] if graph_name == "paper" else ring(6)
+    rec = _record(graph)
+    w = rec.w
+    assert (w == w[:, :1]).all()  # one weight per call on every edge
+    schedule = DEFAULTS["penalty_schedule"]
+    x_max = public_x_max(0.033, 16, schedule)
+    out = sums_audit(rec, x_max=x_max, max_calls=6)
+    assert out["by_degree"]
+    for d, b in out["by_degree"].items():
+        assert b["informative_calls"] > 0
+        assert b["exact_neighbour_values"] == 0 and b["certified"] == 0, d
+        assert b["calls_not_tried"] == 0 or int(d) > 6
+    sl = schedule_audit(rec, x_max=x_max)["all"]
+    assert sl["attributed"] == 0
