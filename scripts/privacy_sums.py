@@ -79,7 +79,7 @@ def solver_settings(name: str, n_agents: int, seed: int):
     raise SystemExit(f"unknown setting {name!r}")
 
 
-def run_case(graph_name, setting, codec, *, bcd_iters, x_iters, max_calls, seed=0) -> dict:
+def run_case(graph_name, setting, codec, *, bcd_iters, x_iters, max_calls, seed=0, lattice_max_degree=9) -> dict:
     from ppdnmf_torch.audit import public_x_max, record_fit, schedule_audit, sums_audit
     from ppdnmf_torch.data import split_columns, synthetic
     from ppdnmf_torch.errors import PPDNMFError
@@ -103,7 +103,7 @@ def run_case(graph_name, setting, codec, *, bcd_iters, x_iters, max_calls, seed=
     # the public bound of the neighbours' draws: the caps' largest reachable value
     x_max = public_x_max(g_max, g_bits, schedule)
     case.update(nmse=rec.nmse, consensus=rec.consensus, x_max=x_max,
-                sums=sums_audit(rec, x_max=x_max, max_calls=max_calls),
+                sums=sums_audit(rec, x_max=x_max, max_calls=max_calls, lattice_max_degree=lattice_max_degree),
                 schedule=schedule_audit(rec, x_max=x_max),
                 distinct_weights=_distinct_weights(rec))
     case["seconds"] = time.perf_counter() - t0
@@ -158,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--x-iters", type=int, default=30)
     p.add_argument("--max-calls", type=int, default=15, help="informative calls attacked per receiver")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lattice-max-degree", type=int, default=9,
+                   help="the lattice attack's largest receiver degree (9: a star of 10's hub; seconds per call)")
     args = p.parse_args(argv)
     out = args.out or REPO_ROOT / "outputs" / "privacy_sums" / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
         for s in args.settings:
             for c in args.codecs:
                 case = run_case(g, s, c, bcd_iters=args.bcd_iters, x_iters=args.x_iters, max_calls=args.max_calls,
-                                seed=args.seed)
+                                seed=args.seed, lattice_max_degree=args.lattice_max_degree)
                 cases.append(case)
                 print(table([case]).splitlines()[-1] if "refused" in case else table([case]).split("\n", 2)[2],
                       flush=True)

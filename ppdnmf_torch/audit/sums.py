@@ -63,8 +63,11 @@ WINDOW_MIN = 1e6
 D_FRACTION = 0.01
 #: ... and the runner-up is at least this many times worse
 RUNNER_UP = 100.0
-#: the lattice attack runs on receivers up to this degree (the assignment search grows as ``k!``)
+#: the lattice attack runs on receivers up to this degree by default (it costs seconds per call
+#: beyond: the candidate sets grow as ``C(LATTICE_POOL, k)``)
 LATTICE_MAX_DEGREE = 6
+#: assignments of one weight vector to neighbours tried at most (equal weights fit every one)
+MAX_ASSIGNMENTS = 24
 #: the lattice attack's candidate hidden vectors: combinations of the reduced basis with
 #: coefficients in ``[-RADIUS, RADIUS]`` ...
 LATTICE_RADIUS = 1
@@ -340,13 +343,16 @@ def _solve_int(T: np.ndarray, c: list):
 
 
 def _assignments(w: list, a: list, x_max: int):
-    """Every assignment of the coefficients ``w`` to neighbours ``j`` with ``a_j | w`` and
-    ``1 <= w / a_j <= x_max``: lists ``perm`` with ``w[perm[j]]`` neighbour ``j``'s weight."""
+    """The assignments (at most :data:`MAX_ASSIGNMENTS`) of the coefficients ``w`` to neighbours ``j``
+    with ``a_j | w`` and ``1 <= w / a_j <= x_max``: lists ``perm`` with ``w[perm[j]]`` neighbour
+    ``j``'s weight."""
     k = len(a)
     ok = [[(wv > 0 and wv % a[j] == 0 and 1 <= wv // a[j] <= x_max) for wv in w] for j in range(k)]
     out = []
 
     def rec(j, used, perm):
+        if len(out) >= MAX_ASSIGNMENTS:
+            return
         if j == k:
             out.append(list(perm))
             return
@@ -510,7 +516,7 @@ def _finish_bucket(b: dict) -> dict:
 
 
 def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_calls: int | None = None,
-               min_degree: int = 2) -> dict:
+               min_degree: int = 2, lattice_max_degree: int = LATTICE_MAX_DEGREE) -> dict:
     """Run the sums attacks on every receiver of degree >= ``min_degree`` and every informative call.
 
     Parameters
@@ -520,7 +526,7 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
     x_max : int
         Public bound of the integer penalties (:func:`public_x_max`).
     lattice : bool, optional
-        Run the lattice attack on receivers of degree 3 .. :data:`LATTICE_MAX_DEGREE` (default:
+        Run the lattice attack on receivers of degree 3 .. ``lattice_max_degree`` (default:
         when python-flint is installed).
     max_calls : int, optional
         Attack at most this many informative calls per receiver, evenly spread over the run
@@ -542,7 +548,7 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
         which each ``d_j`` is known once the penalties are), ``calls_not_tried`` (degree above
         :data:`LATTICE_MAX_DEGREE`, or no python-flint), ``searches_truncated`` (degree 2: more
         candidates than the attacker's budget :data:`SCREEN_FULL` could not be ruled out); and
-        ``rule`` (the acceptance rule's constants), ``x_max``, ``lattice``.
+        ``rule`` (the acceptance rule's constants), ``x_max``, ``lattice``, ``lattice_max_degree``.
     """
     rec.need_ints()
     if lattice is None:
@@ -566,7 +572,7 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
         for t in info:
             b["informative_calls"] += 1
             b["neighbour_values"] += k
-            if k > 2 and not (lattice and k <= LATTICE_MAX_DEGREE):
+            if k > 2 and not (lattice and k <= lattice_max_degree):
                 b["calls_not_tried"] += 1
                 continue
             a = rec.gamma[t, edges].tolist()
@@ -605,7 +611,8 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
     del deg
     return {"by_degree": {d: _finish_bucket(v) for d, v in sorted(buckets.items(), key=lambda kv: int(kv[0]))},
             "rule": {"window_min": WINDOW_MIN, "d_fraction": D_FRACTION, "runner_up": RUNNER_UP},
-            "x_max": int(x_max), "lattice": bool(lattice), "max_calls": max_calls}
+            "x_max": int(x_max), "lattice": bool(lattice), "max_calls": max_calls,
+            "lattice_max_degree": int(lattice_max_degree)}
 
 
 def schedule_audit(rec: Recording, *, x_max: int) -> dict:
