@@ -370,7 +370,8 @@ def attack_lattice(a, rho: int, S, x_max: int) -> dict:
     steeply with the dimension): a call is recovered when every block is, with the same
     penalties ``x``; it stops at the first block that fails.
 
-    Parameters and returns as :func:`_lattice_block`.
+    Parameters and returns as :func:`attack_degree2` (``d`` is ``(k, P)``), with ``gap``
+    (:func:`_lattice_block`); ``candidates`` and ``consistent`` are the first block's.
     """
     S = [int(v) for v in S]
     if len(S) <= LATTICE_BLOCK:
@@ -555,7 +556,6 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
         lattice = lattice_available()
     S_all, rho_all = rec.S_int, rec.rho_int
     views = _receiver_views(rec)
-    deg = rec.degree
     buckets: dict = {}
     for i, (edges, nbrs) in views.items():
         k = len(edges)
@@ -608,7 +608,6 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
                     if len(diophantine2(a[0], a[1], int(rho_all[t, i]), x_max)) == 1:
                         b["residue_bits"].append(math.log2(max(min(w1, w2) // g, 1)))
         b["pairs_any_exact"] += int(any_exact.sum())
-    del deg
     return {"by_degree": {d: _finish_bucket(v) for d, v in sorted(buckets.items(), key=lambda kv: int(kv[0]))},
             "rule": {"window_min": WINDOW_MIN, "d_fraction": D_FRACTION, "runner_up": RUNNER_UP},
             "x_max": int(x_max), "lattice": bool(lattice), "max_calls": max_calls,
@@ -635,7 +634,7 @@ def schedule_audit(rec: Recording, *, x_max: int) -> dict:
     rho = rec.rho_int
     out: dict = {}
     views = _receiver_views(rec)
-    later = np.flatnonzero((rec.bcd[1:] >= 2) & (rec.bcd[1:] >= rec.bcd[:-1])) + 1
+    later = np.flatnonzero(rec.bcd[1:] >= 2) + 1  # call t >= 1 of BCD iteration >= 2, against call t - 1
     for i, (edges, _) in views.items():
         k = len(edges)
         if k == 0:
