@@ -90,6 +90,38 @@ def test_every_edge_has_one_penalty_at_every_admm_iteration(kind, stopping, draw
     assert float(caps[-1][0]) > 0.02, "the common cap never grew"
 
 
+@pytest.mark.parametrize("schedule,equal", [("agreed", True), ("adaptive", False)])
+def test_a_receivers_integer_weights_are_equal_and_its_weight_sum_is_its_own(schedule, equal, monkeypatch):
+    """What a receiver learns of the schedule from ``rho_int_i`` alone: under the default the
+    weights ``w_ij = gamma_ij gamma_ji`` of every call are one number ``w = gamma^2``, so
+    ``rho_int_i = d_i w`` is computed from what ``i`` holds (its own draw and degree): nothing.
+    Under ``adaptive`` they differ (the positive control)."""
+    from ppdnmf_torch.exchange import quantized
+
+    calls = []
+    real = quantized.integer_penalty_sums
+
+    def spy(w, src, n_nodes):
+        rho_int = real(w, src, n_nodes)
+        calls.append((w.clone(), src.clone(), rho_int.clone()))
+        return rho_int
+
+    monkeypatch.setattr(quantized, "integer_penalty_sums", spy)
+    g = graph.random_connected(6, 3.0, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pp.SumLeakWarning)
+        pp.fit(_blocks(), g, 3, g_max=0.02, exchange="quantized", n_max=1e5, penalty_schedule=schedule, **SHORT)
+    assert len(calls) == 6 * 4
+    degree = g.degree
+    unequal = 0
+    for w, src, rho_int in calls:
+        if equal:
+            assert bool((w == w[0]).all())
+            assert torch.equal(rho_int, degree * w[0])
+        unequal += int(not bool((w == w[0]).all()))
+    assert (unequal == 0) == equal
+
+
 def test_trials_draw_their_own_common_penalty_and_match_single_runs(drawn):
     blocks = [_blocks(seed=s) for s in (0, 1)]
     graphs = [graph.ring(6), graph.random_connected(6, 3.0, seed=1)]
