@@ -210,6 +210,6 @@ def test_the_default_agreed_schedule_leaves_nothing_to_the_sums_attacks(graph_na
     for d, b in out["by_degree"].items():
         assert b["informative_calls"] > 0
         assert b["exact_neighbour_values"] == 0 and b["certified"] == 0, d
-        assert b["calls_not_tried"] == 0
+        assert b["calls_not_tried"] == 0 or (int(d) > 2 and not lattice_available())
     sl = schedule_audit(rec, x_max=x_max)["all"]
     assert sl["attributed"] == 0
