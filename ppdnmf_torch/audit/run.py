@@ -237,7 +237,8 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         (the same data on a star: 9 degree-1 leaves), ``random_caps`` (the paper's graph,
         each cap drawn in [0.5, 1.5] x 0.033) and ``short_admm`` (the paper's setup with 3
         ADMM iterations per X-step, so that the penalties are still being drawn when the
-        first informative messages go out).
+        first informative messages go out); ``ring`` (the same data on a ring, every agent of
+        degree 2) runs when named.
     seed : int
     bcd_iters, x_iters, y_iters : int
         Iterations of the recorded runs (the paper runs 100 BCD iterations; the leakage
