@@ -10,7 +10,7 @@ from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_dev
 from .models.ppdnmf.api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
 from .models.ppdnmf.estimator import PPDNMF
 from .models.ppdnmf.experiments import ExperimentResult, run_experiment
-from .errors import DegreeOneWarning
+from .errors import DegreeOneWarning, SumLeakWarning
 from .exchange import CodecRangeError
 from .models.ppdnmf.solver import ConvergenceWarning, NumericalError
 
@@ -37,6 +37,7 @@ __all__ = [
     "CodecRangeError",
     "ConvergenceWarning",
     "DegreeOneWarning",
+    "SumLeakWarning",
     "NumericalError",
     "resolve_device",
     "resolve_dtype",

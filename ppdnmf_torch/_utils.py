@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+import os
+import sys
 import warnings
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from .errors import ConfigError, DataError, GraphError, PPDNMFError
 
 __all__ = [
+    "caller_stacklevel",
     "PPDNMFError",
     "ConfigError",
     "DataError",
@@ -126,3 +129,16 @@ def plain_number(v):
     if isinstance(v, numbers.Real):
         return float(v)
     return None
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` for a :func:`warnings.warn` made in the caller of this function that
+    points at the first frame outside this package: the user's line, whichever entry point
+    (``fit``, the estimator, the CLI) it came through."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -128,13 +128,13 @@ def _content_hashes(payload: dict) -> dict:
 
 def _expected_state(problem, params) -> dict:
     """``{name: (shape, dtype)}`` of the solver state of ``problem`` under ``params``
-    (the adaptive penalty schedule adds each agent's caps and ``mu_i``)."""
+    (the adaptive and agreed penalty schedules add each agent's caps and ``mu_i``)."""
     T, N, L, M = problem.Z.shape
     dt, rank = problem.Z.dtype, params.rank
     xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
     out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
            "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
-    if getattr(params, "penalty_schedule", "paper") == "adaptive":
+    if getattr(params, "penalty_schedule", "paper") != "paper":
         out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
     if getattr(params, "x_solver", "admm") != "admm":  # the token's state; its walk's length is the run's own
         out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))

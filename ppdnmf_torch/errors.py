@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
-           "DataScaleWarning", "DegreeOneWarning"]
+           "DataScaleWarning", "DegreeOneWarning", "SumLeakWarning"]
 
 # a leading "key: " (dotted, indexed or composite names: data.split.counts[0], key_bits/n_max)
 _HEAD = re.compile(r"^([A-Za-z_][\w.\[\]]*(?:/[A-Za-z_][\w.\[\]]*)*): (.*)$", re.S)
@@ -101,3 +101,11 @@ class DegreeOneWarning(UserWarning):
     """Agents with a single neighbour on a secure exchange: the sums such an agent obtains are
     that neighbour's term, so it learns the neighbour's ``U_j`` whatever the protocol
     (docs/THREAT_MODEL.md); ``min_degree=2`` refuses such graphs."""
+
+
+class SumLeakWarning(UserWarning):
+    """A secure exchange run under a penalty schedule that gives a receiver unequal weights
+    ``rho_ij`` (``penalty_schedule="adaptive"``, or ``"paper"`` with unequal caps): a receiver
+    that knows its own draws can solve its two sums for its neighbours' values (issue 32;
+    docs/SECURE_EXCHANGE.md, "What the sums reveal"). ``penalty_schedule="agreed"`` (the
+    default) keeps every weight equal."""

@@ -5,11 +5,19 @@ Agent ``i`` owns a private cap ``g_i > 0``. For each neighbour ``j`` and ADMM it
 ``g_{i->j}^(0) = 0``; draws carry over between BCD iterations. With
 ``mode="fixed"``, ``g_{i->j} = g_i`` always.
 
+With ``shared=True`` (``penalty_schedule="agreed"``, :mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`) every
+agent of a trial holds the same cap ``g`` and draws from the same stream (a seed the agents
+agree on, like the graph): ``g^(m)`` uniform in ``(g^(m-1), g]``, one draw per ADMM
+iteration, the same on every directed edge, so every ``rho_ij = g^(m)^2``. Each receiver's
+weights are then equal, and its two sums reveal ``rho_i = d_i g^2`` and ``sum_j q_j`` only
+(docs/SECURE_EXCHANGE.md, "What the sums reveal").
+
 Reproducibility contract (the per-agent reference in ``tests/`` follows it):
 
 * directed edges are ordered by ``(i, j)`` (CSR order), per trial;
 * trial ``t`` draws from ``torch.Generator().manual_seed(derive_seed(seed_t, "penalties"))``
-  on the CPU, so CPU and CUDA runs see the same numbers;
+  on the CPU, so CPU and CUDA runs see the same numbers (``shared=True``:
+  ``derive_seed(seed_t, "agreed penalties")``);
 * at the start of every BCD iteration it draws ``u = torch.rand((x_iters, 2E_t), float64)``,
   and ADMM iteration ``m`` uses ``u[m]``: ``g = g_i - u[m, e] (g_i - g_prev)``, which lies in
   ``(g_prev, g_i]`` because ``u`` lies in ``[0, 1)``.
@@ -20,11 +28,16 @@ import torch
 
 from ._utils import ConfigError, derive_seed
 
-__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds"]
+__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "UNEQUAL_WEIGHT_SCHEDULES", "MAX_CAP_RATIO",
+           "cap_bounds", "check_shared_caps"]
 
 PENALTY_MODES = ("random", "fixed")
-#: how the caps ``g_i`` evolve: fixed (the paper), or each agent's consensus-seeking rule
-PENALTY_SCHEDULES = ("paper", "adaptive")
+#: how the caps ``g_i`` evolve: fixed (the paper), each agent's own consensus-seeking rule, or
+#: one cap and one draw per ADMM iteration for every edge, grown by a rule all agents agree on
+PENALTY_SCHEDULES = ("paper", "adaptive", "agreed")
+#: the schedules under which a receiver's weights ``rho_ij`` differ across its neighbours
+#: (``paper`` with equal caps only while the draws climb to the cap)
+UNEQUAL_WEIGHT_SCHEDULES = ("paper", "adaptive")
 
 
 class PenaltySampler:
@@ -42,9 +55,13 @@ class PenaltySampler:
         One seed per trial.
     mode : {"random", "fixed"}
     x_iters : int
+    shared : bool
+        One draw per trial and ADMM iteration for every edge (``penalty_schedule="agreed"``;
+        the caps of a trial must be equal, :func:`check_shared_caps`). Stopped agents'
+        edges take the common draw too, so every weight a receiver sees stays equal.
     """
 
-    def __init__(self, caps, src, edges_per_trial, seeds, mode, x_iters):
+    def __init__(self, caps, src, edges_per_trial, seeds, mode, x_iters, shared: bool = False):
         if mode not in PENALTY_MODES:
             raise ConfigError(f"penalty: unknown mode {mode!r}; use one of {PENALTY_MODES}")
         self.mode = mode
@@ -52,7 +69,9 @@ class PenaltySampler:
         self._src = src
         self.edges_per_trial = list(edges_per_trial)
         self.x_iters = int(x_iters)
-        self.generators = [torch.Generator().manual_seed(derive_seed(s, "penalties")) for s in seeds]
+        self.shared = bool(shared)
+        label = "agreed penalties" if self.shared else "penalties"
+        self.generators = [torch.Generator().manual_seed(derive_seed(s, label)) for s in seeds]
         self._block = None
         self._block_host = None
         self._cap_host = self.cap_e.cpu()
@@ -73,24 +92,29 @@ class PenaltySampler:
         (:meth:`steps` uses them there; :meth:`step` moves them to the device, once, on first use)."""
         if self.mode != "random":
             return
-        blocks = [
-            torch.rand((self.x_iters, e), generator=gen, dtype=torch.float64)
-            for gen, e in zip(self.generators, self.edges_per_trial)
-        ]
+        if self.shared:  # one column per trial, the same on each of its edges
+            blocks = [torch.rand((self.x_iters, 1), generator=gen, dtype=torch.float64).expand(-1, e)
+                      for gen, e in zip(self.generators, self.edges_per_trial)]
+        else:
+            blocks = [
+                torch.rand((self.x_iters, e), generator=gen, dtype=torch.float64)
+                for gen, e in zip(self.generators, self.edges_per_trial)
+            ]
         self._block_host = torch.cat(blocks, dim=1)
         self._block = None
 
     def step(self, g_prev: torch.Tensor, m: int, active_edges: torch.Tensor | None = None) -> torch.Tensor:
         """Penalties of ADMM iteration ``m`` (0-based) from the previous ones, ``(2E,)``.
 
-        Edges whose source agent has stopped (``active_edges`` False) keep their value.
+        Edges whose source agent has stopped (``active_edges`` False) keep their value,
+        except with ``shared``: there every edge takes the common draw.
         """
         if self.mode == "fixed":
             return self.cap_e
         if self._block is None:
             self._block = self._block_host.to(self.cap_e.device)
         g = self.cap_e - self._block[m] * (self.cap_e - g_prev)
-        if active_edges is not None:
+        if active_edges is not None and not self.shared:
             g = torch.where(active_edges, g, g_prev)
         return g
 
@@ -121,14 +145,30 @@ class PenaltySampler:
             gen.set_state(s)
 
 
-#: ``penalty_schedule="adaptive"`` grows a cap to at most this many times its configured value
+#: ``penalty_schedule="adaptive"`` or ``"agreed"`` grows a cap to at most this many times its configured value
 MAX_CAP_RATIO = 32.0
 
 
 def cap_bounds(caps: torch.Tensor, schedule: str) -> torch.Tensor:
     """The largest value each cap can take during a run: the caps themselves (``paper``), or
-    :data:`MAX_CAP_RATIO` times them (``adaptive``, :mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
+    :data:`MAX_CAP_RATIO` times them (``adaptive``, ``agreed``, :mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
     The integer codec's range is checked against these before a run starts."""
     if schedule not in PENALTY_SCHEDULES:
         raise ConfigError(f"penalty_schedule: unknown value {schedule!r}; use one of {PENALTY_SCHEDULES}")
-    return caps * MAX_CAP_RATIO if schedule == "adaptive" else caps
+    return caps if schedule == "paper" else caps * MAX_CAP_RATIO
+
+
+def check_shared_caps(caps: torch.Tensor, schedule: str) -> None:
+    """``penalty_schedule="agreed"`` needs one cap per trial: refuse unequal caps in a row of
+    ``caps (T, N)`` (or ``(N,)``) with a :class:`ConfigError` naming ``g_max``."""
+    if schedule != "agreed":
+        return
+    rows = torch.as_tensor(caps, dtype=torch.float64).reshape(-1, caps.shape[-1])
+    odd = torch.nonzero((rows != rows[:, :1]).any(-1)).reshape(-1).tolist()
+    if odd:
+        where = "" if rows.shape[0] == 1 else f" (trials {odd})"
+        raise ConfigError(
+            f"g_max: penalty_schedule='agreed' gives every edge one common penalty, so it needs one cap for all "
+            f"agents; got unequal caps{where}. Pass a single number, or choose {{penalty_schedule}}='paper' or "
+            "'adaptive' (their unequal weights let a receiver solve its sums for its neighbours' values: "
+            "docs/SECURE_EXCHANGE.md)")

@@ -10,7 +10,8 @@ Runs :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` and writes, under ``<out
   agent; the flags);
 * ``report.md``: the same as tables.
 
-Three protocols: ``paper`` and ``aggregated`` (the printed ones; two views of ``aggregated``:
+Per scenario, also the integer and lattice attacks on the two sums (``audit.sums_audit``;
+``--no-sums`` skips them) and what the changes of ``rho_int_i`` reveal. Three protocols: ``paper`` and ``aggregated`` (the printed ones; two views of ``aggregated``:
 the honest-but-curious agent, which decrypts each neighbour's reply on its own, attack
 ``decrypt_each``, and an agent that decrypts only the two sums, ``sums_only``) and ``masked``
 (the default: the attacks on the sums, two colluding agents, and, per scenario, a real
@@ -40,20 +41,21 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing
 
 
 def parse_args(argv=None):
-    from ppdnmf_torch.models.ppdnmf.audit import SCENARIOS
+    from ppdnmf_torch.models.ppdnmf.audit import ALL_SCENARIOS, SCENARIOS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default outputs/privacy_audit/<timestamp>/)")
-    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    p.add_argument("--scenarios", nargs="+", choices=ALL_SCENARIOS, default=list(SCENARIOS))
     p.add_argument("--protocols", nargs="+", choices=("paper", "aggregated", "masked"),
                    default=["paper", "aggregated", "masked"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bcd-iters", type=int, default=10)
     p.add_argument("--x-iters", type=int, default=30)
     p.add_argument("--y-iters", type=int, default=30)
-    p.add_argument("--n-max", type=float, default=1e6)
+    p.add_argument("--n-max", type=float, default=None,
+                   help="quantization scale (default: per scenario, the largest of 1e6, 5e5, ... the codec holds)")
     p.add_argument("--g-bits", type=int, default=16)
     p.add_argument("--key-bits", type=int, default=128, help="Paillier key size (and the codec's range)")
     p.add_argument("--no-paillier", action="store_true", help="skip the real Paillier transcript scan")
@@ -63,6 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--masked-bcd-iters", type=int, default=2,
                    help="BCD iterations of the real masked run per scenario whose replies are decrypted one by "
                         "one (0: none)")
+    p.add_argument("--paper-settings", action="store_true",
+                   help="record under ppdnmf_torch.PAPER_SETTINGS (default: the library's defaults)")
+    p.add_argument("--no-sums", action="store_true", help="skip the integer and lattice attacks on the sums")
+    p.add_argument("--sums-max-calls", type=int, default=20, help="informative calls attacked per receiver")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for name in ("bcd_iters", "x_iters", "y_iters", "paillier_bcd_iters", "paillier_x_iters"):
@@ -71,6 +77,14 @@ def parse_args(argv=None):
     if args.paillier_bcd_iters < 2 and not args.no_paillier:
         p.error("--paillier-bcd-iters must be >= 2: every U equals its all-ones start in BCD iteration 1")
     return args
+
+
+def _settings(args):
+    if not args.paper_settings:
+        return None
+    from ppdnmf_torch import PAPER_SETTINGS
+
+    return dict(PAPER_SETTINGS)
 
 
 def main(argv=None) -> int:
@@ -86,7 +100,8 @@ def main(argv=None) -> int:
         y_iters=args.y_iters, n_max=args.n_max, g_bits=args.g_bits, key_bits=args.key_bits,
         protocols=tuple(args.protocols), paillier=not args.no_paillier, plain=not args.no_plain,
         paillier_bcd_iters=args.paillier_bcd_iters, paillier_x_iters=args.paillier_x_iters,
-        masked_bcd_iters=args.masked_bcd_iters, progress=say,
+        masked_bcd_iters=args.masked_bcd_iters, progress=say, sums=not args.no_sums,
+        sums_max_calls=args.sums_max_calls, settings=_settings(args),
     )
     report["meta"]["command"] = " ".join(["python", "scripts/privacy_audit.py", *(argv or sys.argv[1:])])
     (out / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
@@ -109,6 +124,11 @@ def main(argv=None) -> int:
                           f"{sm['pairs_informative']:2d} pairs, beats baseline "
                           f"{sm['sums_only_beats_baseline_pairs']:2d}; median rel. error "
                           f"{sm['sums_only_best_rel_err_median']:.3g} (an agent that decrypts only the sums)")
+        for sname, sc in report["scenarios"].items():
+            for d, b in (sc.get("sums") or {}).get("by_degree", {}).items():
+                print(f"{sname:16s} sums attack, degree {d}: exact values {b['exact_neighbour_values']}/"
+                      f"{b['neighbour_values']} at {b['exact_calls']}/{b['informative_calls']} calls, certified "
+                      f"{b['certified']} ({b['false_positives']} wrong)")
         for sname, sc in report["scenarios"].items():
             mc = sc.get("masked_ciphertexts")
             if mc:

@@ -270,7 +270,7 @@ def test_paper_settings_are_the_solver_defaults_bit_for_bit():
 
 
 def test_library_defaults_differ_from_the_paper():
-    assert DEFAULTS["penalty_schedule"] == "adaptive" and DEFAULTS["init"] == "random"
+    assert DEFAULTS["penalty_schedule"] == "agreed" and DEFAULTS["init"] == "random"
     import inspect
 
     for fn in (pp.fit, pp.fit_trials):

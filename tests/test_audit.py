@@ -377,6 +377,10 @@ def test_default_audit_headline_numbers():
         assert ev["scan"]["clean"] and ev["scan"]["n_hits"] == 0
     de = rep["eavesdropper_paillier"]["aggregated"]["decrypt_each"]
     assert de["penalties_match"] and de["replies_match"] and de["q_exact"] == de["informative"] > 0
+    for name in ("paper_synthetic", "star", "short_admm"):  # the default, agreed schedule: equal weights
+        for b in rep["scenarios"][name]["sums"]["by_degree"].values():
+            assert b["exact_neighbour_values"] == 0 and b["certified"] == 0
+        assert rep["scenarios"][name]["schedule_leak"]["all"]["attributed"] == 0
     for name, sc in rep["scenarios"].items():  # masked: only the inherent degree-1 receivers
         sm = sc["protocols"]["masked"]["summary"]
         assert sm["exact_recovery_pairs_degree2plus"] == 0

@@ -226,7 +226,8 @@ def test_runner_csv_data_and_file_graph(tmp_path, one_thread):
         "n_agents": 4, "centralized": False, "progress": False,
         "data": {"kind": "csv", "path": str(tmp_path / "z.csv"), "split": {"counts": [10, 5, 15, 10]}},
         "graph": {"kind": "file", "path": str(tmp_path / "edges.txt")},
-        "solver": {"rank": 4, "bcd_iters": 2, "x_iters": 2, "y_iters": 2, "g_max": [0.1, 0.2, 0.3, 0.4]},
+        "solver": {"rank": 4, "bcd_iters": 2, "x_iters": 2, "y_iters": 2, "g_max": [0.1, 0.2, 0.3, 0.4],
+                   "penalty_schedule": "adaptive"},  # per-agent caps: the default (agreed) takes one
         "exchange": {"kind": "quantized", "n_max": 1e4},
         "logger": {"kind": "none"},
     })

@@ -391,6 +391,7 @@ def test_hals_y_step_on_two_ranks_same_bits():
     assert "flags" not in outs[0].value["sent"]
 
 
+@pytest.mark.slow  # the default schedule's two-rank run is tests/test_schedule_agreed.py's
 def test_adaptive_schedule_on_two_ranks_same_bits():
     """penalty_schedule=adaptive: each agent's cap and mu_i adapt from what it holds (its whole
     degree, its S_i and rho_i), so the caps, the draws and the mu_i-weighted residuals give the

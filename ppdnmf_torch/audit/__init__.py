@@ -96,12 +96,21 @@ this set of attacks achieves. Every attack is compared with the trivial baseline
 output, so only error below the baseline's is leakage beyond the output. Errors are measured on the informative
 iterations (``q_j != q_i``; in BCD iteration 1 every ``U`` equals its all-ones start).
 
+**(c) The sums themselves** (:mod:`.sums`): whatever the protocol, ``i`` ends each call with
+``rho_int_i = sum_j gamma_ij gamma_ji`` and ``S_int_i = sum_j gamma_ij gamma_ji (q_j - q_i)``.
+:func:`sums_audit` attacks them with only what ``i`` holds: the integer decomposition of a
+degree-2 receiver's sums (Diophantine solutions of ``rho_int_i`` in the public range, then the
+smallest split of every entry of ``S_int_i``) and a lattice reduction (LLL) for degree >= 3;
+it counts every exact recovery, the recoveries the attacker certifies itself and their false
+positives, and partial leakage. :func:`schedule_audit`: what the changes of ``rho_int_i``
+reveal of the neighbours' penalties.
+
 Entry point: :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` (``scripts/privacy_audit.py`` is its command line).
 
 Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`),
 :mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
 attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
-Markdown). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
+Markdown), :mod:`.sums` (c). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
 named scenarios (:func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`) and the incremental
 X-step's audit are PPDNMF's: :mod:`ppdnmf_torch.models.ppdnmf.audit`.
 """
@@ -138,6 +147,15 @@ from .recording import (
     make_recording_exchange,
 )
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
+from .sums import (
+    attack_degree2,
+    attack_lattice,
+    certify,
+    diophantine2,
+    public_x_max,
+    schedule_audit,
+    sums_audit,
+)
 
 __all__ = [
     "Recording",
@@ -162,6 +180,13 @@ __all__ = [
     "MASKED_ATTACKS",
     "CONFIDENCE_Z",
     "format_markdown",
+    "attack_degree2",
+    "attack_lattice",
+    "certify",
+    "diophantine2",
+    "public_x_max",
+    "sums_audit",
+    "schedule_audit",
     "ATTACKS",
     "SUMS_ONLY_ATTACKS",
     "SIGNIFICANT",

@@ -4,7 +4,9 @@ link it is not on can get (docs/THREAT_MODEL.md).
 * :func:`masked_attacks` (on any integer :class:`~.recording.Recording`): under
   ``protocol="masked"`` agent ``i`` obtains ``A_i = sum_j rho_ij q_j`` and ``rho_int_i``, and
   nothing else that depends on its neighbours (every reply is uniform on its own:
-  :func:`masked_ciphertext_audit` measures that on real ciphertexts). The attacks use the sums of
+  :func:`masked_ciphertext_audit` measures that on real ciphertexts); what integer arithmetic
+  computes from those two sums when the weights are unequal is :mod:`.sums`'. The attacks here
+  (real-valued) use the sums of
   the whole run: ``nbr_mean`` (``A_i / rho_int_i``, the penalty-weighted neighbour mean; exact
   for a single neighbour) and ``trajectory`` (degree-2 receivers: the split of the mean between
   the two neighbours fitted across ADMM iterations, assuming the other neighbour moves like

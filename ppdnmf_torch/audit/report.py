@@ -115,6 +115,27 @@ def _masked_flags(sname: str, mc: dict) -> list:
     return out
 
 
+def _sums_flags(sname: str, sc: dict) -> list:
+    """Flags of the sums attacks (:mod:`.sums`): any exact recovery by a receiver of degree >= 2
+    counts, not only a majority of its calls; a change of ``rho_int_i`` pinned to a neighbour."""
+    out = []
+    for d, b in (sc.get("sums") or {}).get("by_degree", {}).items():
+        if b["exact_neighbour_values"]:
+            out.append({"scenario": sname, "protocol": "masked (sums)", "agent": None, "view": "sums_only",
+                        "flag": "sums_attack_recovers_neighbour_values", "neighbours": [], "degree": int(d),
+                        "inherent": False, "count": b["exact_neighbour_values"]})
+        if b["false_positives"]:
+            out.append({"scenario": sname, "protocol": "masked (sums)", "agent": None, "view": "sums_only",
+                        "flag": "sums_attack_certifies_a_wrong_value", "neighbours": [], "degree": int(d),
+                        "inherent": False, "count": b["false_positives"]})
+    sl = (sc.get("schedule_leak") or {}).get("all", {})
+    if sl.get("attributed_correct"):
+        out.append({"scenario": sname, "protocol": "masked (sums)", "agent": None, "view": "sums_only",
+                    "flag": "rho_change_pinned_to_a_neighbour", "neighbours": [], "inherent": False,
+                    "count": sl["attributed_correct"]})
+    return out
+
+
 def collect_flags(report: dict) -> list:
     """The report's flags. ``view``: ``honest_but_curious`` (the agent runs every attack on
     everything it receives), ``sums_only`` (``aggregated``: the agent decrypts only the two
@@ -127,6 +148,7 @@ def collect_flags(report: dict) -> list:
             flags += _agent_flags(sname, proto, pa)
         if sc.get("masked_ciphertexts"):
             flags += _masked_flags(sname, sc["masked_ciphertexts"])
+        flags += _sums_flags(sname, sc)
         ev = sc.get("eavesdropper_plain")
         if ev and ev["all_recovered_exactly"]:
             flags.append({"scenario": sname, "protocol": "plain", "agent": None, "view": "eavesdropper",
@@ -353,12 +375,38 @@ def _md_masked_ciphertexts(mc: dict, where: str) -> list:
     return lines
 
 
+def _md_sums(sc: dict) -> list:
+    su = sc.get("sums")
+    if not su:
+        return []
+    r = su["rule"]
+    lines = [f"Integer and lattice attacks on the two sums (`audit.sums`; the receiver's own draws, `q_i`, "
+             f"`rho_int_i`, `S_int_i`, public bound x_max = {su['x_max']}; up to {su['max_calls'] or 'all'} "
+             f"informative calls per receiver; self-certified: window > {r['window_min']:g}, |d| < "
+             f"{r['d_fraction']:g} window, runner-up >= {r['runner_up']:g}x):", "",
+             "| degree | receivers | calls | exact calls | exact values | pairs with any exact | certified "
+             "(wrong) | penalties exact | sign agreement (baseline) | not tried |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for d, b in su["by_degree"].items():
+        lines.append(f"| {d} | {b['receivers']} | {b['informative_calls']} | {b['exact_calls']} "
+                     f"({_fmt(b['exact_fraction'], '.1%')}) | {b['exact_neighbour_values']} / {b['neighbour_values']} | "
+                     f"{b['pairs_any_exact']} / {b['pairs']} | {b['certified']} ({b['false_positives']}) | "
+                     f"{b['penalties_exact']} | {_fmt(b['sign_agreement'])} ({_fmt(b['sign_baseline'])}) | "
+                     f"{b['calls_not_tried']} |")
+    sl = sc.get("schedule_leak", {}).get("all")
+    if sl:
+        lines += ["", f"Changes of `rho_int_i` after BCD iteration 1: {sl['changes']} of {sl['calls']} receiver-calls; "
+                  f"{sl['attributed']} pinned to one neighbour by divisibility, {sl['attributed_correct']} correctly."]
+    lines.append("")
+    return lines
+
+
 def format_markdown(report: dict) -> str:
     """A human-readable rendering of :func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`'s report."""
     s = report["meta"]["settings"]
     lines = ["# Privacy audit", "",
              f"Created {report['meta']['created']} (torch {report['meta']['torch']}); "
-             f"{s['bcd_iters']} BCD x {s['x_iters']} ADMM iterations, n_max = {s['n_max']:g}, "
+             f"{s['bcd_iters']} BCD x {s['x_iters']} ADMM iterations, n_max = "
+             f"{'per scenario' if s['n_max'] is None else format(s['n_max'], 'g')}, "
              f"g_bits = {s['g_bits']}, {s['key_bits']}-bit keys, seed {s['seed']}; "
              f"{report['meta'].get('seconds', 0):.1f} s.", "",
              "Relative error `||U_hat - U_j|| / ||U_j||`, median over the informative ADMM iterations "
@@ -371,6 +419,7 @@ def format_markdown(report: dict) -> str:
         lines += _md_scenario_head(sname, sc)
         for proto, pa in sc["protocols"].items():
             lines += _md_protocol(proto, pa)
+        lines += _md_sums(sc)
         lines += _md_collusion(sc)
         if sc.get("masked_ciphertexts"):
             lines += _md_masked_ciphertexts(sc["masked_ciphertexts"], sname)

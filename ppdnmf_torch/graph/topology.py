@@ -149,3 +149,10 @@ class Topology:
     def all_set(self, flags: torch.Tensor) -> bool:
         """Whether every node's flag in ``flags`` is set (see :meth:`any_set`)."""
         return bool(flags.all())
+
+    def trial_counts(self, flags: torch.Tensor) -> torch.Tensor:
+        """How many nodes of each trial have each flag set: ``flags (k, T, N)`` bool ->
+        LongTensor ``(k, T)``, every trial's agents counted (the agreed penalty schedule's
+        one-bit decisions, :func:`ppdnmf_torch.models.ppdnmf.solver.schedule.adapt_agreed`; a rank of a
+        distributed run sums its count with the others')."""
+        return flags.to(torch.int64).sum(-1)

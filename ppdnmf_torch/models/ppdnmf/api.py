@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..._utils import ConfigError, resolve_device, resolve_dtype
-from ...errors import DegreeOneWarning
+from ..._utils import ConfigError, caller_stacklevel, resolve_device, resolve_dtype
+from ...errors import DegreeOneWarning, SumLeakWarning
 from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...exchange.base import accepts_keyword
@@ -19,7 +19,7 @@ from ...checkpoint import CheckpointError, Checkpointer, check_payload, checkpoi
     fingerprint, load_checkpoint
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
 from ...errors import DegenerateResultWarning
-from ...penalties import cap_bounds
+from ...penalties import cap_bounds, check_shared_caps
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS
 from ...threads import with_threads
@@ -160,13 +160,36 @@ def _warn_degree_one(exch, graphs) -> None:
     warnings.warn(
         f"agents [{names}] have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
         "exactly from the sums the exchange gives it (S_i and rho_i are that neighbour's term); pass "
-        "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
+        "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=caller_stacklevel())
+
+
+def warn_sum_leak(exch, params, caps, degrees) -> None:
+    """:class:`~ppdnmf_torch.errors.SumLeakWarning` (once, at the user's line) when an integer
+    (secure) exchange runs the ADMM X-step under a schedule whose weights differ across a
+    receiver's neighbours: ``adaptive``, or ``paper`` with unequal caps in a trial. ``caps (T, N)``,
+    ``degrees``: one LongTensor ``(N,)`` per trial (receivers of degree >= 2 are at stake; degree 1
+    has its own warning, :class:`~ppdnmf_torch.errors.DegreeOneWarning`)."""
+    if getattr(exch, "codec", None) is None or params.x_solver != "admm" or params.penalty_schedule == "agreed":
+        return
+    caps = torch.as_tensor(caps, dtype=torch.float64).reshape(len(degrees), -1)
+    if not any(bool((torch.as_tensor(d) >= 2).any()) for d in degrees):
+        return
+    if params.penalty_schedule == "paper" and not bool((caps == caps[:, :1]).all()):
+        why = "penalty_schedule='paper' with unequal caps g_max"
+    elif params.penalty_schedule == "adaptive":
+        why = "penalty_schedule='adaptive' (each agent grows its own cap)"
+    else:
+        return
+    warnings.warn(
+        f"{why} gives a receiver unequal weights rho_ij: from its two sums it can compute its neighbours' "
+        "exact values (a degree-2 receiver by integer arithmetic); penalty_schedule='agreed' (the default) "
+        "keeps every weight equal (docs/SECURE_EXCHANGE.md)", SumLeakWarning, stacklevel=caller_stacklevel())
 
 
 def _preflight(exch, blocks, caps, degree, params=None):
     """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
 
-    With ``penalty_schedule="adaptive"`` the caps can grow during the run: the bound
+    With ``penalty_schedule="adaptive"`` or ``"agreed"`` the caps can grow during the run: the bound
     checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
     """
     codec = getattr(exch, "codec", None)
@@ -384,14 +407,19 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         CPU threads of torch's intra-op pool for this call (restored afterwards); None: the
         package's default (:func:`~ppdnmf_torch.threads.default_threads`: one thread, or
         torch's current count when ``OMP_NUM_THREADS`` is set).
-    penalty_schedule : {"adaptive", "paper"}
-        ``"adaptive"`` (default): each agent raises its own cap ``g_i`` (from ``g_max``, by
-        steps of 1.2x per BCD iteration, to at most 32x ``g_max``) while its copy disagrees
-        with its neighbours' (from the ``S_i`` and ``rho_i`` the secure exchange gives it), and
-        its ``mu_i`` to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller; the draws
-        stay random, monotone and bounded (:mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`). The integer
-        exchanges' range is checked against the 32x bound before the run. ``"paper"``: the
-        fixed caps of Sec. III-B.
+    penalty_schedule : {"agreed", "adaptive", "paper"}
+        ``"agreed"`` (default): every edge takes one common penalty per ADMM iteration,
+        ``g^(m)`` drawn monotone in ``(g^(m-1), g]`` from a stream all agents agree on, so
+        every ``rho_ij = g^(m)^2`` and a receiver's sums reveal no single neighbour; the one
+        cap ``g`` (``g_max``, which must be one number) grows by 1.2x after a BCD iteration,
+        to at most 32x ``g_max``, when some agent still disagrees with its neighbours and no
+        agent's stability bound forbids it (two bits per BCD iteration, spread like the
+        stopping rule's flags); each agent's ``mu_i`` rises to a quarter of
+        ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller (:mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
+        ``"adaptive"``: each agent raises its own cap ``g_i`` the same way from its own
+        disagreement (unequal weights: an integer exchange warns,
+        :class:`~ppdnmf_torch.SumLeakWarning`). The integer exchanges' range is checked
+        against the 32x bound before the run. ``"paper"``: the fixed caps of Sec. III-B.
     init : {"random", "ones"}
         The start ``X_0 = U_0``: ``"random"`` (default) draws it from ``init_seed``, the same
         on every agent (uniform on ``[0, 2)``, :func:`~ppdnmf_torch.models.ppdnmf.solver.state.initial_factor`);
@@ -447,6 +475,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         not move), with the likely cause and what to try.
     DataScaleWarning
         Up front, when the data's largest entry is far from 1.
+    SumLeakWarning
+        Up front, when an integer exchange runs under ``penalty_schedule="adaptive"``, or
+        ``"paper"`` with unequal caps: a receiver's weights differ across its neighbours.
     """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype)
@@ -464,7 +495,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     _warn_degree_one(exch, [graph])
+    warn_sum_leak(exch, params, caps[None], [graph.degree])
     try:
+        check_shared_caps(caps, params.penalty_schedule)
         _preflight(exch, blocks, caps, graph.degree, params)
         problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
                                 init_seeds=[_init_seed(init_seed, seed)])
@@ -623,7 +656,9 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
     _warn_degree_one(exch, graphs)
+    warn_sum_leak(exch, params, caps, [g.degree for g in graphs])
     try:
+        check_shared_caps(caps, params.penalty_schedule)
         for b, g, c in zip(blocks, graphs, caps):
             _preflight(exch, b, c, g.degree, params)
         if init_seeds is not None and len(init_seeds) != T:

@@ -150,7 +150,8 @@ class SolverConfig:
     consensus_form: str = _spec("derived", choices=CONSENSUS_FORMS)
     # compile the ADMM iterations with TorchInductor (faster for long runs; see fit)
     fuse: bool = False
-    # the caps g_i: paper (fixed) | adaptive (each agent's consensus-seeking rule; see fit)
+    # the caps g_i: agreed (one cap for every edge, grown by a rule all agents agree on) |
+    # adaptive (each agent's consensus-seeking rule) | paper (fixed); see fit
     penalty_schedule: str = _spec(_FIT_DEFAULTS["penalty_schedule"], choices=PENALTY_SCHEDULES)
     # the start X_0: ones (the paper) | random (drawn from a seed every agent shares)
     init: str = _spec(_FIT_DEFAULTS["init"], choices=INITS)

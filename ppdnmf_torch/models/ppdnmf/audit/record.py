@@ -40,9 +40,10 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
     fit_kwargs.setdefault("device", "cpu")
     import warnings
 
-    from ....errors import DegreeOneWarning
+    from ....errors import DegreeOneWarning, SumLeakWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
+        warnings.simplefilter("ignore", SumLeakWarning)  # and measures what the sums give away
         result = fit(blocks, graph, rank, exchange=exch, **fit_kwargs)
     return _as_recording(exch, graph, kind, protocol, n_max, g_bits, result)

@@ -15,18 +15,23 @@ from ....audit.masked import CONFIDENCE_Z, collusion_audit, masked_ciphertext_au
 from ....audit.neighbour import decrypt_each_check, neighbour_audit
 from .record import record_fit
 from ....audit.report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, collect_flags
+from ....audit.sums import public_x_max, schedule_audit, sums_audit
 
-__all__ = ["run_audit", "SCENARIOS"]
+__all__ = ["run_audit", "fitting_n_max", "SCENARIOS", "ALL_SCENARIOS"]
 
-#: the scenarios :func:`run_audit` knows by name
+#: the scenarios :func:`run_audit` runs by default
 SCENARIOS = ("paper_synthetic", "star", "random_caps", "short_admm")
+#: every scenario it knows by name (``ring``: the paper's data on a ring, every agent of degree 2)
+ALL_SCENARIOS = SCENARIOS + ("ring",)
+#: the codec scales :func:`fitting_n_max` tries, largest first
+N_MAX_STEPS = (1e6, 5e5, 2e5, 1e5, 5e4, 2e4, 1e4)
 
 
 def _scenario(name: str, seed: int):
     """``(blocks, graph, g_max, solver, overrides)`` of a named scenario (``overrides``: fit
     keywords that take precedence over :func:`run_audit`'s iteration counts)."""
     from ..experiments import PAPER_EXPERIMENTS, make_trial
-    from ....graph import star
+    from ....graph import ring, star
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
     blocks, graph = make_trial(spec, seed)
@@ -36,6 +41,8 @@ def _scenario(name: str, seed: int):
         return blocks, graph, g_max, solver, {}
     if name == "star":
         return blocks, star(len(blocks)), g_max, solver, {}
+    if name == "ring":
+        return blocks, ring(len(blocks)), g_max, solver, {}
     if name == "short_admm":
         # 3 ADMM iterations per X-step: the penalty draws are still moving when the first
         # informative messages (BCD iteration 2) go out
@@ -44,8 +51,36 @@ def _scenario(name: str, seed: int):
         # private, different caps: each agent's g_i uniform in [0.5, 1.5] x the paper's
         gen = torch.Generator().manual_seed(int(seed) + 7919)
         caps = (g_max * (0.5 + torch.rand(len(blocks), generator=gen, dtype=torch.float64))).tolist()
-        return blocks, graph, caps, solver, {}
-    raise ConfigError(f"scenario: unknown scenario {name!r}; use one of {SCENARIOS}")
+        # unequal caps need a per-agent schedule (the default, agreed, takes one cap): the
+        # earlier default's, under which this scenario was measured
+        return blocks, graph, caps, solver, {"penalty_schedule": "adaptive"}
+    raise ConfigError(f"scenario: unknown scenario {name!r}; use one of {ALL_SCENARIOS}")
+
+
+def fitting_n_max(blocks, graph, g_max, *, g_bits: int = 16, key_bits: int = 128,
+                  penalty_schedule: str | None = None) -> float:
+    """The largest of :data:`N_MAX_STEPS` whose codec range holds the scenario under its penalty
+    schedule (the check ``fit`` makes before a run, with the caps' largest reachable values:
+    ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does not fit every
+    scenario that the paper's schedule fits)."""
+    from ..api import DEFAULTS
+    from ..exchange.codec import IntegerCodec
+    from ..penalties import cap_bounds
+
+    schedule = penalty_schedule or DEFAULTS["penalty_schedule"]
+    caps = torch.as_tensor(np.broadcast_to(np.asarray(g_max, dtype=np.float64), (graph.n_agents,)).copy())
+    highest = cap_bounds(caps, schedule)
+    zmax = max(float(torch.as_tensor(b).abs().max()) for b in blocks)
+    deg = graph.degree
+    for n_max in N_MAX_STEPS:
+        try:
+            IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits).preflight(
+                value_scale=zmax, g_max=float(highest.max()), max_degree=int(deg.max()))
+        except ConfigError:
+            continue
+        return n_max
+    raise ConfigError(f"n_max: no scale down to {N_MAX_STEPS[-1]:g} fits {key_bits}-bit keys with g_bits={g_bits} "
+                      f"under penalty_schedule={schedule!r}; pass n_max and g_bits explicitly")
 
 
 def _graph_info(graph) -> dict:
@@ -109,21 +144,35 @@ def _masked_real(name, blocks, graph, rank, fit_kw, codec, bcd_iters: int, say) 
 
 
 def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: bool, say,
-                    masked_real=None) -> tuple[str, dict]:
+                    masked_real=None, settings=None, sums=True, sums_max_calls=None) -> tuple[str, dict]:
     """``(name, entry)``: one scenario recorded on the integer protocol, every neighbour view
-    audited and (``plain``) the plain eavesdropper run on the same setup."""
+    audited, the sums attacked (``sums``) and (``plain``) the plain eavesdropper run on the same setup."""
+    from ..api import DEFAULTS
+
     name, blocks, graph, g_max, solver, over = _resolve_scenario(sc, seed)
     rank = solver.pop("rank", None) or min(5, blocks[0].shape[0])
     fit_kw = dict(solver, g_max=g_max, **iters, negative="allow", seed=seed)
     fit_kw.update(over)
+    fit_kw.update(settings or {})  # given settings over the scenario's (random_caps: paper with unequal caps)
+    schedule = fit_kw.get("penalty_schedule", DEFAULTS["penalty_schedule"])
+    codec = dict(codec)
+    if codec["n_max"] is None:
+        codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
+                                       penalty_schedule=schedule)
     t0 = time.perf_counter()
     say(f"[{name}] recording the integer protocol ({fit_kw['bcd_iters']} BCD x {fit_kw['x_iters']} "
-        "ADMM iterations)")
+        f"ADMM iterations, penalty_schedule={schedule}, n_max={codec['n_max']:g})")
     rec = record_fit(blocks, graph, rank, kind="quantized", **codec, **fit_kw)
-    entry = {"graph": _graph_info(graph), "g_max": g_max,
+    entry = {"graph": _graph_info(graph), "g_max": g_max, "penalty_schedule_setting": schedule,
+             "n_max": codec["n_max"],
              "iterations": {k: fit_kw[k] for k in ("bcd_iters", "x_iters", "y_iters")},
              "fit": {"nmse": rec.nmse, "consensus": rec.consensus}, "protocols": {}}
     entry["penalty_schedule"] = _penalty_schedule(rec)
+    if sums:
+        say(f"[{name}] integer and lattice attacks on the sums")
+        x_max = public_x_max(g_max, codec["g_bits"], schedule)
+        entry["sums"] = sums_audit(rec, x_max=x_max, max_calls=sums_max_calls)
+        entry["schedule_leak"] = schedule_audit(rec, x_max=x_max)
     for proto in protocols:
         say(f"[{name}] attacks under protocol={proto}")
         entry["protocols"][proto] = neighbour_audit(rec, proto)
@@ -140,11 +189,15 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
     return name, entry
 
 
-def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols, say) -> dict:
+def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols, say, settings=None) -> dict:
     """Per protocol, the real Paillier run of ``scenario``: its transcript scanned and, under
     ``aggregated``, every reply decrypted on its own with its receiver's key."""
     blocks, graph, g_max, solver, _ = _scenario(scenario, seed)
     rank = solver.pop("rank")
+    codec = dict(codec)
+    if codec["n_max"] is None:
+        codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
+                                       penalty_schedule=(settings or {}).get("penalty_schedule"))
     out = {}
     for proto in protocols:
         say(f"[paillier/{proto}] {codec['key_bits']}-bit keys, {iters['bcd_iters']} BCD x {iters['x_iters']} ADMM "
@@ -154,7 +207,7 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
         keys = _make_keypairs(codec["key_bits"], graph.n_agents)
         with record_seeds() as drawn:
             rec = record_fit(blocks, graph, rank, kind="paillier", protocol=proto, **codec, g_max=g_max, **iters,
-                             negative="allow", seed=seed, keypairs=keys)
+                             negative="allow", seed=seed, keypairs=keys, **(settings or {}))
         ev = eavesdropper_paillier(rec, seeds=drawn)
         ev["scenario"] = scenario
         if proto == "aggregated":
@@ -170,9 +223,10 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
 
 
 def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
-              y_iters=30, n_max=1e6, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
+              y_iters=30, n_max=None, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
               paillier=True, paillier_bcd_iters=2, paillier_x_iters=3, paillier_y_iters=30,
-              paillier_scenario="paper_synthetic", masked_bcd_iters=2, plain=True, progress=None) -> dict:
+              paillier_scenario="paper_synthetic", masked_bcd_iters=2, plain=True, settings=None, sums=True,
+              sums_max_calls=20, progress=None) -> dict:
     """Run the privacy audit and return the report (a JSON-ready dict).
 
     Parameters
@@ -183,12 +237,17 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         (the same data on a star: 9 degree-1 leaves), ``random_caps`` (the paper's graph,
         each cap drawn in [0.5, 1.5] x 0.033) and ``short_admm`` (the paper's setup with 3
         ADMM iterations per X-step, so that the penalties are still being drawn when the
-        first informative messages go out).
+        first informative messages go out); ``ring`` (the same data on a ring, every agent of
+        degree 2) runs when named.
     seed : int
     bcd_iters, x_iters, y_iters : int
         Iterations of the recorded runs (the paper runs 100 BCD iterations; the leakage
         per iteration does not depend on how many follow).
-    n_max, g_bits, key_bits : codec (``key_bits`` is also the Paillier key size).
+    n_max, g_bits, key_bits : codec (``key_bits`` is also the Paillier key size). ``n_max=None``:
+        per scenario, the largest of 1e6, 5e5, 2e5, ... that the codec's range holds under the
+        scenario's penalty schedule (:func:`fitting_n_max`; the library's default schedule can
+        grow the caps 32-fold, which ``1e6`` does not fit for every scenario); the report
+        gives the value used per scenario.
     protocols : which neighbour views to audit (``"masked"``: also two colluding agents, and,
         with ``paillier``, a real masked run per scenario whose replies are decrypted one by
         one, :func:`~.masked.masked_ciphertext_audit`).
@@ -207,6 +266,15 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         (``protocols`` with ``"masked"`` and ``paillier``; 0: none).
     plain : bool
         Also run ``exchange="plain"`` per scenario for the plain eavesdropper.
+    settings : dict, optional
+        Solver keywords of every recorded run (e.g. ``ppdnmf_torch.PAPER_SETTINGS``); None: the
+        library's defaults (``penalty_schedule="adaptive"``, ``init="random"``).
+    sums : bool
+        Run the sums attacks on each scenario (:func:`~.sums.sums_audit`: integer decomposition
+        at degree 2, lattice reduction at degree >= 3 when python-flint is installed) and
+        :func:`~.sums.schedule_audit` (what the changes of ``rho_int_i`` reveal).
+    sums_max_calls : int, optional
+        Informative calls attacked per receiver, evenly spread (None: all).
     progress : callable(str), optional
     """
     say = progress or (lambda s: None)
@@ -217,7 +285,8 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
             "audit": "ppdnmf_torch.audit", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "python": platform.python_version(), "torch": torch.__version__,
             "settings": {"seed": seed, "bcd_iters": bcd_iters, "x_iters": x_iters, "y_iters": y_iters,
-                         **codec, "protocols": list(protocols)},
+                         **codec, "protocols": list(protocols), "solver": dict(settings or {}),
+                         "sums_max_calls": sums_max_calls},
             "thresholds": {"exact_fraction": EXACT_FRACTION, "beats_baseline_ratio": BEATS_BASELINE_RATIO,
                            "direction_corr": DIRECTION_CORR, "significant": SIGNIFICANT,
                            "correlation_z": CONFIDENCE_Z},
@@ -230,12 +299,13 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
     masked_real = masked_bcd_iters if (paillier and "masked" in protocols and masked_bcd_iters > 0) else None
     for sc in scenarios:
         name, entry = _audit_scenario(sc, seed=seed, iters=iters, codec=codec, protocols=protocols, plain=plain,
-                                      say=say, masked_real=masked_real)
+                                      say=say, masked_real=masked_real, settings=settings, sums=sums,
+                                      sums_max_calls=sums_max_calls)
         report["scenarios"][name] = entry
     if paillier:
         p_iters = {"bcd_iters": paillier_bcd_iters, "x_iters": paillier_x_iters, "y_iters": paillier_y_iters}
         report["eavesdropper_paillier"] = _audit_paillier(paillier_scenario, seed=seed, iters=p_iters, codec=codec,
-                                                          protocols=protocols, say=say)
+                                                          protocols=protocols, say=say, settings=settings)
     report["flags"] = collect_flags(report)
     report["meta"]["seconds"] = time.perf_counter() - t_start
     return report

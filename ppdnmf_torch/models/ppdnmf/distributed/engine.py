@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from ...._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _init_seed, _preflight
+from ..api import FitResult, _history_single, _init_seed, _preflight, warn_sum_leak
 from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
-from ....penalties import cap_bounds
+from ....penalties import cap_bounds, check_shared_caps
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ....threads import with_threads
@@ -214,6 +214,9 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     penalty_schedule, init, init_seed, y_solver
         As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
         (:data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
+        ``penalty_schedule="agreed"`` (every rank draws the common penalties from the shared
+        stream; the cap's two bits per BCD iteration are counted over the ranks in one
+        ``int64`` all-reduce of two values, category ``flags``, :meth:`.topology.FlagHalo.counts`),
         ``penalty_schedule="adaptive"`` (each agent adapts its cap and ``mu_i`` from what it
         holds, its whole degree included; its neighbours' caps reach it inside their penalty
         draws, which the halo carries anyway), ``y_solver="hals"`` (per agent, no message)
@@ -246,6 +249,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     N = graph.n_agents
     blocks = check_data(as_blocks(Z, N, columns), negative)
     caps = as_caps(g_max, N)
+    check_shared_caps(caps, penalty_schedule)
     L = blocks[0].shape[0]
     check_rank(rank, L)
     params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters, y_iters=y_iters,
@@ -262,6 +266,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
     _preflight(exch, blocks, caps, graph.degree, params)
+    warn_sum_leak(exch, params, caps[None], [graph.degree])
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                            dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
@@ -269,7 +274,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     counts = [b.shape[1] for b in blocks]
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
     sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
-                          penalty, x_iters)
+                          penalty, x_iters, shared=params.penalty_schedule == "agreed")
     fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
     if fp and share != "all":  # its history has other keys: an "all" run's checkpoints are another run's
         fp = hashlib.sha256((fp + share).encode()).hexdigest()

@@ -56,12 +56,12 @@ class RankSampler(PenaltySampler):
     edge_ids : LongTensor (D,)
     n_edges : int
         ``2E``, the directed edges of the whole graph (one trial).
-    seed, mode, x_iters
+    seed, mode, x_iters, shared
         As the single-process sampler's.
     """
 
-    def __init__(self, caps, src, edge_ids, n_edges: int, seed: int, mode: str, x_iters: int):
-        super().__init__(caps, src, [int(n_edges)], [int(seed)], mode, x_iters)
+    def __init__(self, caps, src, edge_ids, n_edges: int, seed: int, mode: str, x_iters: int, shared: bool = False):
+        super().__init__(caps, src, [int(n_edges)], [int(seed)], mode, x_iters, shared=shared)
         self._keep = edge_ids.cpu()
 
     def begin_bcd_iteration(self) -> None:

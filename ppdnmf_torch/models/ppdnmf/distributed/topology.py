@@ -14,6 +14,8 @@ topology of its own, :attr:`~.layout.RankLayout.ext_topology`):
 * whether any (every) agent's flag is set: the loops of every rank end at the same
   iteration, the one where the single process's would, so the rank asks the others
   (one ``int64`` sum over the ranks, :meth:`FlagHalo.count`). Dummy slots never count.
+  The agreed penalty schedule's two bits per BCD iteration are counted the same way
+  (:meth:`FlagHalo.counts`, one all-reduce of two ``int64``).
 """
 from __future__ import annotations
 
@@ -74,6 +76,12 @@ class FlagHalo:
         total = self.comm.all_reduce(own, category="flags", what="the stopping rule's decision")
         return int(total[0])
 
+    def counts(self, flags: torch.Tensor, what: str) -> torch.Tensor:
+        """How many agents of every rank have each flag set in ``flags (k, n_slots)``: one
+        ``int64`` per flag, summed over the ranks in one all-reduce; ``(k,)`` on the CPU."""
+        own = flags[:, self.slots].to(torch.int64).sum(-1).cpu()
+        return self.comm.all_reduce(own, category="flags", what=what)
+
 
 @dataclass(frozen=True)
 class RankTopology(Topology):
@@ -106,6 +114,13 @@ class RankTopology(Topology):
 
     def all_set(self, flags: torch.Tensor) -> bool:
         return self.halo.count(~flags) == 0
+
+    def trial_counts(self, flags: torch.Tensor) -> torch.Tensor:
+        """``flags (k, 1, n_slots)`` -> ``(k, 1)``: each flag's count over every rank's agents
+        (dummy slots never count)."""
+        k = flags.shape[0]
+        total = self.halo.counts(flags.reshape(k, -1), "the agreed penalty schedule's decision")
+        return total.to(flags.device).reshape(k, 1)
 
 
 def rank_topology(layout: RankLayout, graph: Graph, comm: Comm, device) -> RankTopology:

@@ -17,7 +17,7 @@ from .admm import x_step, y_step
 from .incremental import incremental_x_step
 from .kernels import Workspace, rel_change, sync
 from .refit import worst_agent_nmse
-from .schedule import adapt, init_schedule
+from .schedule import adapt, adapt_agreed, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
@@ -160,8 +160,8 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     values, x_iters, y_iters = agents.metrics(problem, state, xi, yi, ws, z_norms, bcd_iter)
     values = {k: v.detach().to("cpu", torch.float64) for k, v in values.items()}
     # each agent's caps and mu_i for the next BCD iteration (the ADMM X-step's: the token has neither)
-    if params.penalty_schedule == "adaptive" and params.x_solver == "admm":
-        adapt(problem, state, xi["rho"])
+    if params.penalty_schedule != "paper" and params.x_solver == "admm":
+        (adapt_agreed if params.penalty_schedule == "agreed" else adapt)(problem, state, xi["rho"])
         sampler.set_caps(state.caps)
     t3 = time.perf_counter()
     for k, v in values.items():
@@ -237,7 +237,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         state = init_state(problem, params.rank, init=params.init)
     if sampler is None:
         sampler = make_sampler(problem, params)
-    if params.penalty_schedule == "adaptive":
+    if params.penalty_schedule != "paper":
         if state.caps is None:
             init_schedule(problem, state, params.mu)
         sampler.set_caps(state.caps)  # a resumed run continues with the checkpoint's caps

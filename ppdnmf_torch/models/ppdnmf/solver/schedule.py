@@ -1,6 +1,7 @@
-"""The consensus-seeking penalty schedule (``penalty_schedule="adaptive"``): each agent's
-cap ``g_i`` and X-step penalty ``mu_i``, adapted after every BCD iteration from what the
-agent holds.
+"""The consensus-seeking penalty schedules: ``penalty_schedule="agreed"`` (the library's
+default: one cap for every edge, grown by two bits all agents agree on) and ``"adaptive"``
+(each agent's own cap ``g_i``); both adapt each agent's X-step penalty ``mu_i`` after every
+BCD iteration from what the agent holds.
 
 Why. The consensus coupling of the X-step is ``rho_ij = g_{i->j} g_{j->i}``; with the
 paper's fixed caps it is small against ``mu`` and against the local curvature
@@ -29,6 +30,20 @@ secure exchange gave it in the X-step's last ADMM iteration, ``S_i = Q_i - Q_pre
    ``MAX_RATIO`` times the configured cap (the bound the integer codec is checked
    against before the run, :func:`~ppdnmf_torch.penalties.cap_bounds`).
 
+``penalty_schedule="agreed"`` (:func:`adapt_agreed`). Under ``adaptive`` the weights
+``rho_ij = g_{i->j} g_{j->i}`` of a receiver's sum differ across its neighbours, and a
+receiver that knows its own draws can solve ``rho_int_i = sum_j w_j`` and
+``S_int_i = sum_j w_j (q_j - q_i)`` for its neighbours' values (issue 32; a degree-2
+receiver by integer arithmetic). The agreed rule keeps every weight equal: every agent of a
+trial holds the same cap ``g`` (the configured ``g_max``, one number), draws the same
+``g^(m)`` from a stream all agents agree on (:class:`~ppdnmf_torch.penalties.PenaltySampler`
+with ``shared=True``), so ``rho_ij = g^(m)^2`` on every edge; steps 1-2 as above, and step 3
+becomes global: ``g <- min(GROWTH g, MAX_RATIO g^(0))`` iff ``OR_i (delta_i > TOL)`` and
+``AND_i (GROWTH g <= max(g^(0), sqrt(STABILITY mu_i / d_i)))`` (the same stability bound,
+held by every agent at once). The two bits, one OR and one AND per BCD iteration, are all an
+agent reveals of its state (the stopping rule's flags travel the same way); ``mu_i`` stays
+private and per agent (it enters no sum).
+
 Caps and ``mu_i`` only grow and stay bounded, so the draws ``g_{i->j}`` in
 ``(g_prev, g_i]`` (:class:`~ppdnmf_torch.penalties.PenaltySampler`) stay random,
 monotone and bounded, and each agent still knows only its own. Both live in the solver
@@ -43,7 +58,7 @@ from ....penalties import MAX_CAP_RATIO
 from ..problem import Problem
 from .state import SolverState
 
-__all__ = ["GROWTH", "TOL", "STABILITY", "KAPPA", "init_schedule", "adapt"]
+__all__ = ["GROWTH", "TOL", "STABILITY", "KAPPA", "init_schedule", "adapt", "adapt_agreed"]
 
 #: factor of one growth step of a cap (one per BCD iteration at most)
 GROWTH = 1.2
@@ -63,6 +78,31 @@ def init_schedule(problem: Problem, state: SolverState, mu: float) -> None:
     state.mu = torch.full((T, N), float(mu), dtype=torch.float64, device=problem.Z.device)
 
 
+def _mu_floor(state: SolverState) -> torch.Tensor:
+    """Step 1 of both rules: ``mu_i <- max(mu_i, KAPPA ||Y_i||_F^2 / K)`` with ``P_i`` rescaled
+    by ``mu_old / mu_new``, in place on ``state``; returns the new ``mu`` flat ``(T * N,)``."""
+    T, N, L, K = state.U.shape
+    f64 = torch.float64
+    curv = state.Y.reshape(T * N, -1).to(f64).square().sum(-1).div_(K)
+    mu_old = state.mu.reshape(T * N)
+    mu_new = torch.maximum(mu_old, KAPPA * curv)
+    state.P.mul_((mu_old / mu_new).to(state.P.dtype).view(T, N, 1, 1))  # exactly 1 where mu_i stays
+    state.mu = mu_new.view(T, N)
+    return mu_new
+
+
+def _disagreement(state: SolverState, rho: torch.Tensor) -> torch.Tensor:
+    """Step 2 of both rules: ``delta_i = ||S_i||_F / (rho_i ||U_i||_F)`` flat ``(T * N,)``
+    float64, from what the exchange gave each agent (0 for an agent without a neighbour)."""
+    T, N = state.U.shape[:2]
+    f64 = torch.float64
+    S = (state.Q - state.Q_prev).reshape(T * N, -1).to(f64)
+    u_norm = state.U.reshape(T * N, -1).to(f64).norm(dim=-1)
+    r = rho.reshape(T * N).to(f64)
+    linked = (r > 0) & (u_norm > 0)
+    return torch.where(linked, S.norm(dim=-1) / torch.where(linked, r * u_norm, 1.0), 0.0)
+
+
 def adapt(problem: Problem, state: SolverState, rho: torch.Tensor) -> None:
     """One step of the rule (module docstring) after a BCD iteration, in place on ``state``
     (``caps``, ``mu`` and the rescaled ``P``).
@@ -75,24 +115,44 @@ def adapt(problem: Problem, state: SolverState, rho: torch.Tensor) -> None:
     rho : Tensor (T, N)
         ``rho_i`` of the X-step's last ADMM iteration, as each agent obtained it.
     """
-    T, N, L, K = state.U.shape
-    A = T * N
     f64 = torch.float64
-    # 1. mu_i's floor and the rescaled dual of the nonnegativity split
-    curv = state.Y.reshape(A, -1).to(f64).square().sum(-1).div_(K)
-    mu_old = state.mu.reshape(A)
-    mu_new = torch.maximum(mu_old, KAPPA * curv)
-    state.P.mul_((mu_old / mu_new).to(state.P.dtype).view(T, N, 1, 1))  # exactly 1 where mu_i stays
-    state.mu = mu_new.view(T, N)
-    # 2. each agent's distance to its neighbours' weighted mean, from what the exchange gave it
-    S = (state.Q - state.Q_prev).reshape(A, -1).to(f64)
-    u_norm = state.U.reshape(A, -1).to(f64).norm(dim=-1)
-    r = rho.reshape(A).to(f64)
-    linked = (r > 0) & (u_norm > 0)
-    delta = torch.where(linked, S.norm(dim=-1) / torch.where(linked, r * u_norm, 1.0), 0.0)
+    mu_new = _mu_floor(state)  # 1.
+    delta = _disagreement(state, rho)  # 2.
     # 3. grow the caps of the agents that still disagree, up to their bounds
     caps0 = problem.caps.reshape(-1).to(f64)
     degree = problem.topology.degree.to(f64).clamp_min(1.0)
     bound = torch.minimum(MAX_CAP_RATIO * caps0, torch.maximum(caps0, (STABILITY * mu_new / degree).sqrt()))
     grown = torch.minimum(GROWTH * state.caps, bound)
     state.caps = torch.where(delta > TOL, torch.maximum(grown, state.caps), state.caps)
+
+
+def adapt_agreed(problem: Problem, state: SolverState, rho: torch.Tensor) -> None:
+    """One step of the agreed rule (``penalty_schedule="agreed"``, module docstring) after a
+    BCD iteration, in place on ``state``: each agent's ``mu_i`` as in :func:`adapt`; the
+    trial's one cap ``g`` becomes ``g' = min(GROWTH g, MAX_RATIO g^(0))`` iff some agent
+    still disagrees (``delta_i > TOL``, an OR over the trial's agents) and no agent's
+    stability bound forbids it (``g' <= max(g^(0), sqrt(STABILITY mu_i / d_i))``, an AND).
+
+    The two bits are all that leaves an agent (:meth:`~ppdnmf_torch.graph.topology.Topology.trial_counts`:
+    the stopping rule's flags and decisions carry them the same way); every agent of a trial
+    then holds the same cap, and every edge's penalty stays equal.
+
+    Parameters
+    ----------
+    problem, state, rho
+        As :func:`adapt`.
+    """
+    T, N = state.U.shape[:2]
+    f64 = torch.float64
+    mu_new = _mu_floor(state)  # 1.
+    delta = _disagreement(state, rho)  # 2.
+    caps0 = problem.caps.reshape(-1).to(f64)
+    degree = problem.topology.degree.to(f64)
+    proposal = torch.minimum(GROWTH * state.caps, MAX_CAP_RATIO * caps0)
+    stable = torch.maximum(caps0, (STABILITY * mu_new / degree.clamp_min(1.0)).sqrt())
+    # an agent without a neighbour (batch padding) neither disagrees nor objects
+    objects = (degree > 0) & (proposal > stable)
+    counts = problem.topology.trial_counts(torch.stack([delta > TOL, objects]).view(2, T, N))
+    grow = (counts[0] > 0) & (counts[1] == 0)  # (T,): OR of disagreement, AND of consent
+    state.caps = torch.where(grow.view(T, 1).expand(T, N).reshape(-1), torch.maximum(proposal, state.caps),
+                             state.caps)

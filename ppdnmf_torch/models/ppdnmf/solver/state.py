@@ -30,8 +30,10 @@ Y_SOLVERS = ("admm", "hals")
 #: tests/, and :class:`SolverParams`' defaults)
 PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm"}
 #: the library's defaults of the same keywords (``fit``, ``fit_trials``, conf/solver/default.yaml):
-#: the combination that met the agreement target on every data set tried (docs/RESULTS.md)
-DEFAULTS = {"penalty_schedule": "adaptive", "init": "random", "y_solver": "admm"}
+#: the combination that met the agreement target on every data set tried (docs/RESULTS.md),
+#: with the schedule whose equal weights keep a receiver's sums from revealing any one
+#: neighbour (issue 32, docs/SECURE_EXCHANGE.md)
+DEFAULTS = {"penalty_schedule": "agreed", "init": "random", "y_solver": "admm"}
 #: the X-step's solvers: the paper's decentralized ADMM (eqs. 8-11), or the incremental
 #: consensus engine (:mod:`.incremental`): I-ADMM, PI-ADMM1 (perturbed step), PI-ADMM2 (noise)
 X_SOLVERS = ("admm", "i_admm", "pi_admm", "pi_admm2")
@@ -65,9 +67,10 @@ class SolverParams:
         Compile the ADMM iterations with TorchInductor (see :mod:`.fused`; a
         compilation per new shape; rounding differs slightly). The HALS Y-step runs
         eager either way.
-    penalty_schedule : {"paper", "adaptive"}
-        The penalty caps: the paper's fixed ``g_i``, or each agent's own consensus-seeking
-        rule (:mod:`ppdnmf_torch.penalties`, :class:`~ppdnmf_torch.penalties.CapSchedule`).
+    penalty_schedule : {"paper", "adaptive", "agreed"}
+        The penalty caps: the paper's fixed ``g_i``, each agent's own consensus-seeking
+        rule, or one cap and one draw per ADMM iteration for every edge, grown by a rule all
+        agents agree on (:mod:`ppdnmf_torch.solver.schedule`, :mod:`ppdnmf_torch.penalties`).
     init : {"ones", "random"}
         The start ``X_0 = U_0``: all ones (the paper), or drawn from each trial's
         ``init_seeds`` entry (:func:`initial_factor`).
@@ -207,7 +210,7 @@ class SolverState:
     inc_y: torch.Tensor | None = None
     inc_z: torch.Tensor | None = None
     inc_cycle: torch.Tensor | None = None
-    # penalty_schedule="adaptive" only (None otherwise): the agents' caps g_i (T * N,) and
+    # penalty_schedule="adaptive" or "agreed" only (None otherwise): the agents' caps g_i (T * N,) and
     # X-step penalties mu_i (T, N), both float64 (see .schedule)
     caps: torch.Tensor | None = None
     mu: torch.Tensor | None = None
@@ -284,6 +287,7 @@ def make_sampler(problem: Problem, params: SolverParams) -> PenaltySampler:
     return PenaltySampler(
         problem.caps.reshape(-1).to(device=device, dtype=torch.float64),
         problem.topology.src.to(device), edges_per_trial, problem.seeds, params.penalty, params.x_iters,
+        shared=params.penalty_schedule == "agreed",
     )
 
 
