@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
 #: module (or subpackage) -> layer; a module may import only from its own layer or below,
 #: and within a layer only without a circle
 LAYERS = {
-    "errors": 0, "_utils": 0, "threads": 0,
+    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "problem": 2, "checkpoint": 2, "exchange": 2,
     "solver": 3, "consensus": 3,
