@@ -69,3 +69,157 @@ def test_a_fit_refuses_a_checkpoint_dir_another_run_is_writing(tmp_path):
             pp.fit(_Z(), RING4, 2, checkpoint_dir=tmp_path, **KW)
     assert checkpoint_files(tmp_path) == []
     pp.fit(_Z(), RING4, 2, checkpoint_dir=tmp_path, **KW)  # free again
+
+
+# --------------------------------------------------------------------------------------
+# 2-5, 8. Ranks: bounded waits, resource bounds and settings checked before any process
+# --------------------------------------------------------------------------------------
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HYDRA_FULL_ERROR="0", PYTHONWARNINGS="ignore")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _popen(args, cwd, **env):
+    return subprocess.Popen([sys.executable, "-m", "ppdnmf_torch", *args], cwd=cwd, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr and "frame #" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("ppdnmf: error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("threads", [20000, 10 ** 6])
+def test_threads_above_the_bound_are_refused_before_a_thread_is_made(threads, monkeypatch):
+    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.threads import max_threads
+
+    made = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: made.append(n))
+    with pytest.raises(ConfigError, match=rf"^threads: {threads} is above the limit of 4 per usable CPU core"):
+        pp.fit(_Z(), RING4, 2, threads=threads, **KW)
+    with pytest.raises(ConfigError, match=r"^threads: .* at most"):
+        from_dict({"threads": threads})
+    assert made == []
+    assert max_threads() >= 4
+
+
+def test_local_ranks_are_bounded_before_any_process_starts(monkeypatch):
+    import multiprocessing
+
+    from ppdnmf_torch.distributed.launch import check_local_ranks, launch_local, max_local_ranks
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("a process was about to start"))
+    with pytest.raises(ConfigError, match=r"^world_size: 1000 local ranks is above the limit"):
+        launch_local(1000, print)
+    with pytest.raises(ConfigError, match=r"^distributed.nproc: 1000 ranks for 10 agents; every rank needs an agent"):
+        check_local_ranks(1000, 10, key="distributed.nproc")
+    assert check_local_ranks(2, 10) == 2 and max_local_ranks() >= 4
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"RANK": "5", "WORLD_SIZE": "2"}, r"^RANK: the environment variable is 5, but WORLD_SIZE = 2"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, r"^RANK: the environment variable is '-1', not an integer >= 0"),
+    ({"RANK": "0", "WORLD_SIZE": "abc"}, r"^WORLD_SIZE: the environment variable is 'abc', not an integer >= 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x"}, r"^LOCAL_RANK: the environment variable is 'x'"),
+])
+def test_the_launchers_variables_are_checked_up_front(env, match, monkeypatch):
+    from ppdnmf_torch.distributed.launch import env_world
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match=match):
+        env_world()
+
+
+def test_the_app_refuses_what_its_ranks_could_not_run_before_starting_them():
+    from ppdnmf_torch.config import from_dict
+    from ppdnmf_torch.distributed.app import DistConfig, _preflight
+
+    cfg = from_dict({"trials": 3, "n_agents": 10})
+    with pytest.raises(ConfigError, match=r"^trials: a multi-process run fits one trial, got trials=3"):
+        _preflight(cfg, DistConfig(nproc=2), None)
+    cfg = from_dict({"n_agents": 10, "device": "cpu"})
+    with pytest.raises(ConfigError, match=r"^distributed.nproc: 11 ranks for 10 agents"):
+        _preflight(cfg, DistConfig(nproc=11), None)
+    with pytest.raises(ConfigError, match=r"^distributed.backend: 'nccl' moves CUDA tensors only.*on cpu"):
+        _preflight(cfg, DistConfig(nproc=2, backend="nccl"), None)
+    _preflight(cfg, DistConfig(nproc=2), None)
+
+
+def _rank_pids(launcher: int) -> list:
+    """The launcher's rank processes (multiprocessing's spawned children), oldest first."""
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(launcher)], capture_output=True, text=True).stdout
+    return sorted(int(ln.split()[0]) for ln in out.splitlines() if "spawn_main" in ln)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_whole_run_within_its_timeout(tmp_path):
+    # SIGSTOP one rank: before, rank 0 reported the missing heartbeat and the launcher waited for
+    # the stopped process forever ("rank 1: exit code None")
+    timeout, heartbeat = 5, 2
+    run_dir = tmp_path / "run"
+    p = _popen(["distributed.nproc=2", "exchange=quantized", f"distributed.timeout={timeout}",
+                f"distributed.heartbeat={heartbeat}", "solver.bcd_iters=100000", "n_agents=4", "centralized=false",
+                "logger=none", "progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint_files(run_dir / "checkpoints" / "rank001"):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.5)
+        ranks = _rank_pids(p.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        bound = heartbeat + timeout + 30 + 5 + 30  # watchdog, launcher's grace, SIGTERM's wait, slack
+        _, err = p.communicate(timeout=bound + 60)
+        took = time.monotonic() - stopped
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert took < bound, (took, err)
+    assert p.returncode == 3, err
+    line = _error_line(err)
+    assert "rank 1" in line and "ended by the launcher" in line, line
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in ranks)
+    assert checkpoint_files(run_dir / "checkpoints" / "rank000")  # nothing written is lost
+
+
+@pytest.mark.slow
+def test_a_rank_whose_store_port_is_held_by_another_program_ends_within_its_timeout(tmp_path):
+    # another listener on MASTER_PORT accepts the connection and never answers: rank 1 hung for
+    # minutes, whatever distributed.timeout said
+    timeout = 5
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(8)
+        port = held.getsockname()[1]
+        t0 = time.monotonic()
+        p = _popen([f"distributed.timeout={timeout}", "n_agents=4", "logger=none", "progress=false",
+                    f"hydra.run.dir={tmp_path / 'r1'}"], tmp_path, RANK="1", WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        try:
+            _, err = p.communicate(timeout=240)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        took = time.monotonic() - t0
+        assert p.returncode == 3, err
+        line = _error_line(err)
+        assert f"127.0.0.1:{port}" in line and "MASTER_PORT" in line, line
+        # rank 0 cannot host the store there: one line with the reason
+        q = _popen([f"distributed.timeout={timeout}", "n_agents=4", "logger=none", "progress=false",
+                    f"hydra.run.dir={tmp_path / 'r0'}"], tmp_path, RANK="0", WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        _, err0 = q.communicate(timeout=240)
+    assert q.returncode == 3 and "EADDRINUSE" in _error_line(err0), err0
+    assert took < 120, took  # the interpreter's start (seconds on a busy machine), the timeout, 10 s

@@ -17,8 +17,10 @@ Exit status: 0, 2 for a user error (as ``ppdnmf``), 3 on a rank whose peer faile
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 from dataclasses import asdict, dataclass
 
 import hydra
@@ -130,9 +132,32 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
                         share=opts.share)
 
 
+def _preflight(cfg, opts: DistConfig, world) -> None:
+    """What the ranks would refuse only after they started (or never): checked before any
+    process is made. ``world``: :func:`~.launch.env_world` (None: this process starts the ranks)."""
+    from .comm import resolve_backend
+    from .launch import check_local_ranks
+
+    if cfg.trials > 1:
+        raise ConfigError(f"trials: a multi-process run fits one trial, got trials={cfg.trials}; run batched trials "
+                          "in one process (leave the distributed.* settings out), or one multi-process run per seed "
+                          "(ppdnmf -m seed=0,1,2 distributed.nproc=...)")
+    if world is None:
+        check_local_ranks(opts.nproc, cfg.n_agents, key="distributed.nproc")
+    try:
+        resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
+    except PPDNMFError as exc:
+        raise exc.within("distributed") from None
+
+
 def _fail(exc: BaseException, code: int) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
+    if any(t.name == "ppdnmf-rendezvous" and t.is_alive() for t in threading.enumerate()):
+        # a rendezvous abandoned in torch's C++ code (:func:`.comm._rendezvous`) would hold up the
+        # interpreter's exit for minutes: end now, the log files flushed
+        logging.shutdown()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -153,6 +178,7 @@ def _app(cfg: DictConfig):
 
         args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()
+        _preflight(run_cfg, opts, world)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
