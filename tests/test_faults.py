@@ -86,8 +86,13 @@ def _env(**extra):
     return env
 
 
+#: a small run of the app: 4 agents, 8 x 20 data, rank 2
+SMALL = ["n_agents=4", "data.L=8", "data.M=20", "data.K=2", "solver.rank=2", "solver.x_iters=2", "solver.y_iters=2",
+         "centralized=false", "logger=none", "progress=false"]
+
+
 def _popen(args, cwd, **env):
-    return subprocess.Popen([sys.executable, "-m", "ppdnmf_torch", *args], cwd=cwd, env=_env(**env),
+    return subprocess.Popen([sys.executable, "-m", "ppdnmf_torch", *SMALL, *args], cwd=cwd, env=_env(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -158,8 +163,14 @@ def test_the_app_refuses_what_its_ranks_could_not_run_before_starting_them():
 
 def _rank_pids(launcher: int) -> list:
     """The launcher's rank processes (multiprocessing's spawned children), oldest first."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(launcher)], capture_output=True, text=True).stdout
-    return sorted(int(ln.split()[0]) for ln in out.splitlines() if "spawn_main" in ln)
+    with open(f"/proc/{launcher}/task/{launcher}/children") as fh:
+        children = [int(c) for c in fh.read().split()]
+    ranks = []
+    for pid in children:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if b"spawn_main" in fh.read():
+                ranks.append(pid)
+    return sorted(ranks)
 
 
 @pytest.mark.slow
@@ -169,8 +180,7 @@ def test_a_stopped_rank_ends_the_whole_run_within_its_timeout(tmp_path):
     timeout, heartbeat = 5, 2
     run_dir = tmp_path / "run"
     p = _popen(["distributed.nproc=2", "exchange=quantized", f"distributed.timeout={timeout}",
-                f"distributed.heartbeat={heartbeat}", "solver.bcd_iters=100000", "n_agents=4", "centralized=false",
-                "logger=none", "progress=false", f"hydra.run.dir={run_dir}"], tmp_path)
+                f"distributed.heartbeat={heartbeat}", "solver.bcd_iters=100000", f"hydra.run.dir={run_dir}"], tmp_path)
     try:
         deadline = time.monotonic() + 240
         while not checkpoint_files(run_dir / "checkpoints" / "rank001"):
@@ -204,8 +214,7 @@ def test_a_rank_whose_store_port_is_held_by_another_program_ends_within_its_time
         held.listen(8)
         port = held.getsockname()[1]
         t0 = time.monotonic()
-        p = _popen([f"distributed.timeout={timeout}", "n_agents=4", "logger=none", "progress=false",
-                    f"hydra.run.dir={tmp_path / 'r1'}"], tmp_path, RANK="1", WORLD_SIZE="2",
+        p = _popen([f"distributed.timeout={timeout}", f"hydra.run.dir={tmp_path / 'r1'}"], tmp_path, RANK="1", WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         try:
             _, err = p.communicate(timeout=240)
@@ -217,8 +226,7 @@ def test_a_rank_whose_store_port_is_held_by_another_program_ends_within_its_time
         line = _error_line(err)
         assert f"127.0.0.1:{port}" in line and "MASTER_PORT" in line, line
         # rank 0 cannot host the store there: one line with the reason
-        q = _popen([f"distributed.timeout={timeout}", "n_agents=4", "logger=none", "progress=false",
-                    f"hydra.run.dir={tmp_path / 'r0'}"], tmp_path, RANK="0", WORLD_SIZE="2",
+        q = _popen([f"distributed.timeout={timeout}", f"hydra.run.dir={tmp_path / 'r0'}"], tmp_path, RANK="0", WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         _, err0 = q.communicate(timeout=240)
     assert q.returncode == 3 and "EADDRINUSE" in _error_line(err0), err0

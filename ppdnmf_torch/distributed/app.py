@@ -150,6 +150,23 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
         raise exc.within("distributed") from None
 
 
+def _interrupted_text(out_dir) -> str:
+    """After Ctrl-C: the BCD iteration every rank's checkpoint holds, and the command that
+    continues the run (:func:`ppdnmf_torch.__main__.main` routes ``resume=`` to this app)."""
+    import shlex
+
+    from ..checkpoint import checkpoint_files, checkpoint_iteration
+
+    ckpt = os.path.join(str(out_dir), "checkpoints")
+    ranks = sorted(d for d in (os.listdir(ckpt) if os.path.isdir(ckpt) else ()) if d.startswith("rank"))
+    done = [{checkpoint_iteration(f) for f in checkpoint_files(os.path.join(ckpt, d))} for d in ranks]
+    common = set.intersection(*done) if done else set()
+    if not common:
+        return "interrupted before the ranks wrote a checkpoint: there is nothing to resume; run again"
+    return (f"interrupted after BCD iteration {max(common)}; the {len(ranks)} ranks' checkpoints are in {ckpt}; "
+            f"continue with: ppdnmf resume={shlex.quote(str(out_dir))}")
+
+
 def _fail(exc: BaseException, code: int) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
@@ -172,7 +189,7 @@ def _app(cfg: DictConfig):
         run_cfg = to_run_config(OmegaConf.create(raw))
         out_dir, resume = HydraConfig.get().runtime.output_dir, False
         if run_cfg.resume:
-            run_cfg, out_dir, _ = _resume_target(run_cfg.resume)
+            run_cfg, out_dir, _ = _resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
             resume = True
         from ..config import to_dict
 
@@ -184,6 +201,9 @@ def _app(cfg: DictConfig):
         else:
             outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
             bad = [o for o in outcomes if o.exitcode != 0]
+            if any(o.exitcode == EXIT_INTERRUPTED for o in bad):
+                print(f"ppdnmf: {_interrupted_text(out_dir)}", file=sys.stderr, flush=True)
+                sys.exit(EXIT_INTERRUPTED)
             if bad:
                 # the rank whose own error stopped the run (not one that stopped because of it)
                 first = min(bad, key=lambda o: (o.exitcode == EXIT_PEER_FAILED, o.error is None, o.rank))

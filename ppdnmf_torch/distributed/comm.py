@@ -42,6 +42,8 @@ EXIT_PEER_FAILED = 3
 BACKENDS = ("auto", "gloo", "nccl")
 
 _PREFIX = "ppdnmf/"
+#: set to "1" in the ranks :func:`.launch.launch_local` starts: their launcher reports for them
+LAUNCHED_ENV = "PPDNMF_LOCAL_LAUNCHER"
 
 
 class DistributedError(PPDNMFError):
@@ -415,7 +417,12 @@ class Watchdog:
     def _end(self, message: str) -> None:
         if self._stop.is_set():
             return
-        print(f"ppdnmf: error: rank {self.comm.rank}: {message}", file=sys.stderr, flush=True)
+        try:  # a local launcher reads it (:func:`.launch.launch_local`) and prints the run's one line
+            self.comm.store.set(f"ended/{self.comm.rank}", message)
+        except Exception:  # noqa: BLE001 - the store is gone
+            pass
+        if os.environ.get(LAUNCHED_ENV) != "1":
+            print(f"ppdnmf: error: rank {self.comm.rank}: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_PEER_FAILED)
 
     def _run(self) -> None:

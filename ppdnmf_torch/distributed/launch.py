@@ -104,6 +104,9 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
     per rank. A rank that fails or dies gives the others ``grace`` seconds to end on their own;
     then, and at ``timeout`` seconds, the rest are terminated (exit code ``-15``), or killed
     (``-9``) when they do not end within 5 s (a stopped process); their ``error`` says so.
+    Ctrl-C (a ``KeyboardInterrupt`` here, SIGINT in the ranks) waits up to ``grace`` seconds
+    for the ranks to write their checkpoints and end (exit code 130), keeping their store up,
+    and returns their outcomes; a second Ctrl-C ends them and raises.
     ``world_size`` is checked against :func:`max_local_ranks` before any process starts.
     """
     check_local_ranks(world_size)
@@ -115,13 +118,50 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
     # or dies takes nothing the others still need with it (its error report, the heartbeats)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     port = store.port
-    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
+    from .comm import _PREFIX, LAUNCHED_ENV
+
+    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True", **{LAUNCHED_ENV: "1"})
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), dict(kwargs or {}), queue,
                                               env), name=f"ppdnmf-rank{r}") for r in range(world_size)]
     for p in procs:
         p.start()
-    start, first_failure = time.monotonic(), None
     results = {}
+    try:
+        _watch(procs, queue, results, grace, timeout)
+    except KeyboardInterrupt:
+        # Ctrl-C reached the ranks too: they write their checkpoints and end (exit 130) while this
+        # process keeps their store up; a second Ctrl-C ends them at once
+        try:
+            _watch(procs, queue, results, grace, grace)
+        except KeyboardInterrupt:
+            _end_ranks(procs, wait=1.0)
+            raise
+    for p in procs:
+        p.join(10)
+    while not queue.empty():
+        rank, value, error, tb = queue.get()
+        results[rank] = (value, error, tb)
+    for r in range(world_size):  # why a rank's watchdog ended it (it printed nothing itself)
+        if results.get(r, (None, None))[1] is None and procs[r].exitcode not in (None, 0):
+            try:
+                if store.check([f"{_PREFIX}ended/{r}"]):
+                    results[r] = (None, store.get(f"{_PREFIX}ended/{r}").decode("utf-8", "replace"), None)
+            except Exception:  # noqa: BLE001 - best effort: the exit code still tells
+                pass
+    del store
+    out = []
+    for r, p in enumerate(procs):
+        value, error, _ = results.get(r, (None, None, None))
+        value = pickle.loads(value) if isinstance(value, bytes) else value
+        out.append(RankOutcome(r, p.exitcode, value, error))
+    return out
+
+
+def _watch(procs, queue, results: dict, grace: float, timeout: float | None) -> None:
+    """Wait for the ranks, collecting their reports into ``results``; a rank that fails or dies
+    gives the others ``grace`` seconds, the whole wait lasts at most ``timeout`` seconds; then
+    the ranks still running are ended (:func:`_end_ranks`) and their ``results`` say why."""
+    start, first_failure = time.monotonic(), None
     while any(p.is_alive() for p in procs):
         while not queue.empty():
             rank, value, error, tb = queue.get()
@@ -138,20 +178,8 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
                 results.setdefault(r, (None, None, None))
                 if results[r][1] is None:
                     results[r] = (None, f"{why} (stopped or hung); ended by the launcher", None)
-            break
+            return
         time.sleep(0.05)
-    for p in procs:
-        p.join(10)
-    del store
-    while not queue.empty():
-        rank, value, error, tb = queue.get()
-        results[rank] = (value, error, tb)
-    out = []
-    for r, p in enumerate(procs):
-        value, error, _ = results.get(r, (None, None, None))
-        value = pickle.loads(value) if isinstance(value, bytes) else value
-        out.append(RankOutcome(r, p.exitcode, value, error))
-    return out
 
 
 def _end_ranks(procs, wait: float = 5.0) -> list:
