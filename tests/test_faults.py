@@ -231,3 +231,53 @@ def test_a_rank_whose_store_port_is_held_by_another_program_ends_within_its_time
         _, err0 = q.communicate(timeout=240)
     assert q.returncode == 3 and "EADDRINUSE" in _error_line(err0), err0
     assert took < 120, took  # the interpreter's start (seconds on a busy machine), the timeout, 10 s
+
+
+# --------------------------------------------------------------------------------------
+# 9. PPDNMF.transform checks its input as fit does
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    model = pp.PPDNMF(n_components=2, random_state=0, bcd_iters=2, x_iters=2, y_iters=2, device="cpu")
+    return model.fit(_Z(), RING4)
+
+
+@pytest.mark.parametrize("Z, error, match", [
+    (np.full((8, 3), np.nan), DataError, r"^Z: agent 0's block has a NaN or Inf entry at row 0, column 0"),
+    (np.full((8, 3), np.inf), DataError, r"^Z: agent 0's block has a NaN or Inf entry"),
+    (-np.ones((8, 3)), DataError, r"^Z: has 24 negative entries"),
+    (np.array([["a"] * 3] * 8), DataError, r"^Z: cannot be read as a numeric matrix"),
+    (np.zeros((8, 0)), DataError, r"^Z: the matrix is empty \(shape \(8, 0\)\)"),
+    (torch.empty(8, 3, device="meta"), DataError, r"^Z: is a meta tensor"),
+    (np.ma.array(np.ones((8, 3)), mask=np.eye(8, 3, dtype=bool)), DataError, r"^Z: a masked array with 3 masked"),
+    (np.ones((7, 3)), DataError, r"^Z: expected \(8, M\) columns like the fitted data, got shape \(7, 3\)"),
+])
+def test_transform_checks_its_input_as_fit_does(fitted, Z, error, match):
+    with pytest.raises(error, match=match):
+        fitted.transform(Z)
+
+
+@pytest.mark.parametrize("key, value", [("transform_iters", -5), ("transform_iters", 0), ("transform_iters", 2.5),
+                                        ("transform_tol", float("nan")), ("transform_tol", -1.0)])
+def test_transform_refuses_bad_settings(fitted, key, value):
+    old = getattr(fitted, key)
+    fitted.set_params(**{key: value})
+    try:
+        with pytest.raises(ConfigError, match=rf"^{key}: must be"):
+            fitted.transform(_Z()[:, :3])
+    finally:
+        fitted.set_params(**{key: old})
+    Y = fitted.transform(_Z()[:, :3])
+    assert Y.shape == (2, 3) and bool((Y >= 0).all()) and float(Y.sum()) > 0
+
+
+def test_fit_refuses_meta_tensors_and_masked_arrays():
+    with pytest.raises(DataError, match=r"^Z: is a meta tensor"):
+        pp.fit(torch.empty(8, 20, device="meta"), RING4, 2, **KW)
+    masked = np.ma.array(_Z().numpy(), mask=np.zeros((8, 20), dtype=bool))
+    masked.mask[0, 0] = True
+    with pytest.raises(DataError, match=r"^Z: a masked array with 1 masked entries"):
+        pp.fit(masked, RING4, 2, **KW)
+    pp.fit(np.ma.array(_Z().numpy()), RING4, 2, **KW)  # nothing masked: the values are the data
