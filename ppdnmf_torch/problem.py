@@ -352,15 +352,22 @@ def finite_positive(name, value, *, minimum=0.0, inclusive=False):
     return value
 
 
+#: the largest seed accepted (:func:`as_seed`)
+MAX_SEED = 2**63 - 1
+
+
 def as_seed(seed, name: str = "seed") -> int:
-    """``seed`` as a Python int (numpy integers accepted; a float, a bool or None is refused,
-    never truncated)."""
+    """``seed`` as a Python int from 0 to :data:`MAX_SEED` (numpy integers accepted; a float, a
+    bool or None is refused, never truncated)."""
     if isinstance(seed, bool):
         raise ConfigError(f"{name}: must be an integer, got {seed!r}")
     try:
-        return operator.index(seed)
+        value = operator.index(seed)
     except TypeError:
         raise ConfigError(f"{name}: must be an integer, got {seed!r} ({type(seed).__name__})") from None
+    if not 0 <= value <= MAX_SEED:  # as the CLI's seed (>= 0); torch's generators take 64 bits
+        raise ConfigError(f"{name}: must be an integer from 0 to 2**63 - 1, got {value}")
+    return value
 
 
 def _memory_bytes() -> int | None:

@@ -281,3 +281,76 @@ def test_fit_refuses_meta_tensors_and_masked_arrays():
     with pytest.raises(DataError, match=r"^Z: a masked array with 1 masked entries"):
         pp.fit(masked, RING4, 2, **KW)
     pp.fit(np.ma.array(_Z().numpy()), RING4, 2, **KW)  # nothing masked: the values are the data
+
+
+# --------------------------------------------------------------------------------------
+# 10. Smaller: data files, seeds, a closed exchange's keys
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", r"matrix is empty"),
+    (b"# only a comment\n", r"matrix is empty"),
+])
+def test_an_empty_csv_is_one_error_without_numpys_warning(tmp_path, content, match):
+    from ppdnmf_torch.data import load_csv
+
+    path = tmp_path / "z.csv"
+    path.write_bytes(content)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's UserWarning would fail here
+        with pytest.raises(DataError, match=match):
+            load_csv(path)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"1,2\n3,4\n", r"does not start with the .npy magic bytes: it is a text file \(a CSV\?"),
+    (b"\x00\x01\x02garbage\xff", r"does not start with the .npy magic bytes: it is not a .npy file"),
+    (b"", r"does not start with the .npy magic bytes: it is empty"),
+])
+def test_a_npy_file_that_is_not_one_is_named_for_what_it_is(tmp_path, content, match):
+    from ppdnmf_torch.data import load_npy
+
+    path = tmp_path / "z.npy"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=rf"^path: .*{match}") as err:
+        load_npy(path)
+    assert "pickled" not in str(err.value)
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 70])
+def test_fit_refuses_seeds_the_cli_refuses(seed):
+    with pytest.raises(ConfigError, match=r"^seed: must be an integer from 0 to 2\*\*63 - 1"):
+        pp.fit(_Z(), RING4, 2, seed=seed, **KW)
+    with pytest.raises(ConfigError, match=r"^seeds\[1\]: must be an integer from 0"):
+        pp.fit_trials([_Z(), _Z()], [RING4, RING4], 2, seeds=[0, seed], **KW)
+
+
+@pytest.mark.crypto
+def test_a_closed_exchange_leaves_no_private_key_in_the_agents_a_caller_kept():
+    import pickle
+    import warnings
+
+    from ppdnmf_torch.exchange import IntegerCodec
+    from ppdnmf_torch.exchange.paillier import PaillierExchange
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = PaillierExchange(IntegerCodec(key_bits=128, n_max=1e5))  # keys made inside, at bind
+        kept = []
+
+        def keep(info):
+            kept.extend(ex.agents)
+            return False
+
+        pp.fit(_Z(), RING4, 2, exchange=ex, callback=keep, bcd_iters=1, x_iters=1, y_iters=1, device="cpu")
+    assert kept
+    for agent in kept:
+        for name in ("_Agent__private_key", "_Agent__crt"):
+            held = getattr(agent, name)
+            assert held is None, f"{name} still held after close"
+        assert pickle.dumps([getattr(agent, "_Agent__private_key")]) == pickle.dumps([None])
+        with pytest.raises(RuntimeError, match="its exchange was closed and its private key dropped"):
+            agent.decrypt_residues(agent.encrypt([1]))
