@@ -65,6 +65,8 @@ CONFIG_DIR = _config_dir()
 EXIT_USER_ERROR = 2
 #: exit status after Ctrl-C (128 + SIGINT)
 EXIT_INTERRUPTED = 130
+#: bytes the writability probe of a run folder writes (Hydra's .hydra/ files take a few KiB)
+PROBE_BYTES = 64 << 10
 #: a failed job of a multirun leaves this file (its one-line error) in its folder
 FAILED_NAME = "FAILED"
 #: the config keys ``resume=`` applies when given on the command line (they change no number
@@ -182,6 +184,8 @@ def _load_saved(folder: str) -> dict:
                           "from it") from None
     if not isinstance(d, dict):
         raise ConfigError(f"resume: {cfg_file} does not hold a run config (a mapping), it holds {type(d).__name__}")
+    if not d:  # read as the defaults, it would look like another run
+        raise ConfigError(f"resume: {cfg_file} is empty (damaged or truncated); the run cannot be resumed from it")
     return d
 
 
@@ -324,7 +328,9 @@ def _check_writable(key: str, folder: str) -> None:
     try:
         os.makedirs(folder, exist_ok=True)
         with open(probe, "w", encoding="utf-8") as fh:
-            fh.write("ppdnmf\n")
+            # as much as Hydra's .hydra/ files take and more: a nearly full disk fails here, with one
+            # line, rather than in Hydra's _save_config with a traceback
+            fh.write("ppdnmf\n" * (PROBE_BYTES // 7))
             fh.flush()
             os.fsync(fh.fileno())
         os.unlink(probe)

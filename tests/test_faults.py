@@ -354,3 +354,25 @@ def test_a_closed_exchange_leaves_no_private_key_in_the_agents_a_caller_kept():
         assert pickle.dumps([getattr(agent, "_Agent__private_key")]) == pickle.dumps([None])
         with pytest.raises(RuntimeError, match="its exchange was closed and its private key dropped"):
             agent.decrypt_residues(agent.encrypt([1]))
+
+
+# --------------------------------------------------------------------------------------
+# 6. A write that fails (a full disk) names its file; the earlier checkpoints stay
+# --------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_write_that_fails_names_its_file(tmp_path):
+    # a file size limit (for the fit only) stands in for a full disk: the write fails part-way
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))
+    try:
+        with pytest.raises(OSError) as err:
+            pp.fit(torch.rand(40, 80, dtype=torch.float64), graph.ring(4), 3, checkpoint_dir=tmp_path,
+                   bcd_iters=2, x_iters=1, y_iters=1, device="cpu")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert err.value.filename == str(tmp_path / "ckpt_bcd000001.pt") and err.value.strerror, err.value
+    assert os.listdir(tmp_path) == []  # no temporary file, no torn checkpoint
