@@ -376,3 +376,44 @@ def test_a_checkpoint_write_that_fails_names_its_file(tmp_path):
         signal.signal(signal.SIGXFSZ, handler)
     assert err.value.filename == str(tmp_path / "ckpt_bcd000001.pt") and err.value.strerror, err.value
     assert os.listdir(tmp_path) == []  # no temporary file, no torn checkpoint
+
+
+# --------------------------------------------------------------------------------------
+# 7. Ctrl-C on a multi-process run: one line with the resume command, and resume= finds its ranks
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_two_ranks_is_one_line_and_resume_finds_the_ranks(tmp_path):
+    run_dir = tmp_path / "run"
+    p = _popen(["distributed.nproc=2", "solver.bcd_iters=100000", f"hydra.run.dir={run_dir}"], tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint_files(run_dir / "checkpoints" / "rank001"):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)  # a terminal's Ctrl-C: the launcher and its ranks
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert "frame #" not in err and "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ppdnmf: interrupted after BCD iteration "), err
+    assert f"continue with: ppdnmf resume={run_dir}" in lines[0], lines[0]
+    done = int(lines[0].split("BCD iteration ")[1].split(";")[0])
+    # without distributed.nproc: the run's two ranks are found from its checkpoints
+    r = subprocess.run([sys.executable, "-m", "ppdnmf_torch", f"resume={run_dir}", f"solver.bcd_iters={done + 2}"],
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"after {done + 2} BCD iterations" in r.stdout, r.stdout
+
+
+def test_an_empty_config_yaml_is_named_as_such(tmp_path):
+    from ppdnmf_torch.cli import _resume_target
+
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ConfigError, match=r"^resume: .*config.yaml is empty \(damaged or truncated\)"):
+        _resume_target(str(tmp_path))
