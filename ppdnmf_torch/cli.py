@@ -27,6 +27,7 @@ import os
 import secrets
 import shlex
 import sys
+import threading
 import warnings
 
 import hydra
@@ -282,12 +283,33 @@ def _one_line(exc: BaseException) -> str:
 
 def _io_text(exc: OSError, out_dir: str | None) -> str:
     what = exc.strerror or type(exc).__name__
-    where = f"cannot write {exc.filename}" if exc.filename else "a file operation failed"
+    filename = exc.filename or _tensorboard_file(exc, out_dir)
+    where = f"cannot write {filename}" if filename else "a file operation failed"
     text = f"{where}: {what}" + (f" (errno {exc.errno})" if exc.errno else "")
     ckpt = os.path.join(out_dir, "checkpoints") if out_dir else None
     if ckpt and os.path.isdir(ckpt) and any(n.startswith("ckpt_bcd") for n in os.listdir(ckpt)):
         text += f"; the checkpoints written so far are kept in {ckpt} (free the space, then: ppdnmf resume={shlex.quote(out_dir)})"
     return text
+
+
+def _tensorboard_file(exc: BaseException, out_dir: str | None) -> str | None:
+    """The TensorBoard folder, when ``exc`` (whose own error names no file) came from TensorBoard's
+    event writer (its thread hands its error to the next write of the run's thread)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}tensorboard{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return os.path.join(out_dir, "tb") + " (TensorBoard's events file)" if out_dir else "TensorBoard's events file"
+        tb = tb.tb_next
+    return None
+
+
+def _thread_errors(args, _default=threading.excepthook) -> None:
+    """TensorBoard's writer thread re-raises a failed write (a full disk) after keeping it for the
+    run's thread, whose next write raises it again: that one is reported (one line, naming the
+    folder); the thread's own traceback is not printed."""
+    if issubclass(args.exc_type, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _default(args)
 
 
 def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
@@ -414,6 +436,7 @@ def _app(cfg: DictConfig):
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
     warnings.showwarning = _show_warning
+    threading.excepthook = _thread_errors
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per record
     _app()
 

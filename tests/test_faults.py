@@ -417,3 +417,29 @@ def test_an_empty_config_yaml_is_named_as_such(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError, match=r"^resume: .*config.yaml is empty \(damaged or truncated\)"):
         _resume_target(str(tmp_path))
+
+
+def test_tensorboard_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, capsys):
+    import threading
+
+    from ppdnmf_torch.cli import _io_text, _thread_errors
+    from ppdnmf_torch.tensorboard import TensorBoardLogger
+
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    hook, threading.excepthook = threading.excepthook, _thread_errors
+    logger = TensorBoardLogger(tmp_path / "tb", flush_secs=1)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        with pytest.raises(OSError) as err:
+            for step in range(100000):
+                logger.writer.add_text("t", "x" * 1000, step)
+                logger.writer.flush()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+        threading.excepthook = hook
+    assert "Traceback" not in capsys.readouterr().err  # the writer thread's traceback is not shown
+    text = _io_text(err.value, str(tmp_path))
+    assert text.startswith(f"cannot write {tmp_path / 'tb'} (TensorBoard's events file): "), text
