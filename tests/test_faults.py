@@ -443,3 +443,19 @@ def test_tensorboard_on_a_full_disk_is_one_line_naming_its_folder(tmp_path, caps
     assert "Traceback" not in capsys.readouterr().err  # the writer thread's traceback is not shown
     text = _io_text(err.value, str(tmp_path))
     assert text.startswith(f"cannot write {tmp_path / 'tb'} (TensorBoard's events file): "), text
+
+
+@pytest.mark.slow
+def test_a_multi_process_run_never_takes_over_an_interrupted_runs_folder(tmp_path):
+    # as ppdnmf's own run folders: the ranks would have overwritten and pruned these checkpoints
+    ckpt = tmp_path / "run" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    (ckpt / "ckpt_bcd000003.pt").write_bytes(b"an interrupted run's work")
+    p = _popen(["distributed.nproc=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2, err
+    line = _error_line(err)
+    assert line.startswith(f"ppdnmf: error: hydra.run.dir: {tmp_path / 'run'} holds the checkpoints of an "
+                           "interrupted run"), line
+    assert os.listdir(ckpt) == ["ckpt_bcd000003.pt"]
+    assert (ckpt / "ckpt_bcd000003.pt").read_bytes() == b"an interrupted run's work"

@@ -150,6 +150,27 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
         raise exc.within("distributed") from None
 
 
+def _hold_folder(out_dir: str, resume: bool) -> None:
+    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.rundir`): lock the run folder until this process
+    ends, and refuse a fresh run in a folder that holds an interrupted run's checkpoints (its
+    ranks would overwrite and prune them)."""
+    import atexit
+
+    from ..rundir import RunFolderLock, refuse_foreign_checkpoints
+
+    key = "resume" if resume else "hydra.run.dir"
+    try:
+        lock = RunFolderLock(out_dir).acquire()
+    except PPDNMFError as exc:
+        raise exc.renamed({"out_dir": key}) from None
+    atexit.register(lock.release)
+    if not resume:
+        try:
+            refuse_foreign_checkpoints(out_dir)
+        except PPDNMFError as exc:
+            raise exc.renamed({"out_dir": key}) from None
+
+
 def _interrupted_text(out_dir) -> str:
     """After Ctrl-C: the BCD iteration every rank's checkpoint holds, and the command that
     continues the run (:func:`ppdnmf_torch.__main__.main` routes ``resume=`` to this app)."""
@@ -196,6 +217,8 @@ def _app(cfg: DictConfig):
         args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()
         _preflight(run_cfg, opts, world)
+        if world is None or world[0] == 0:
+            _hold_folder(str(out_dir), resume)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
