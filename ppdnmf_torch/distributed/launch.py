@@ -45,6 +45,7 @@ def check_local_ranks(world_size, n_agents: int | None = None, *, key: str = "wo
         Naming ``key``.
     """
     from ..errors import ConfigError
+    from ..threads import THREADS_PER_CORE
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"{key}: must be an integer >= 1, got {world_size!r}")
@@ -52,8 +53,9 @@ def check_local_ranks(world_size, n_agents: int | None = None, *, key: str = "wo
         raise ConfigError(f"{key}: {world_size} ranks for {n_agents} agents; every rank needs an agent "
                           f"(at most {n_agents})")
     if world_size > max_local_ranks():
-        raise ConfigError(f"{key}: {world_size} local ranks is above the limit of 4 per usable CPU core "
-                          f"(at most {max_local_ranks()} here); start more ranks on more machines (torchrun, SLURM)")
+        raise ConfigError(f"{key}: {world_size} local ranks is above the limit of {THREADS_PER_CORE} per usable CPU "
+                          f"core (at most {max_local_ranks()} here); start more ranks on more machines (torchrun, "
+                          "SLURM)")
     return world_size
 
 
