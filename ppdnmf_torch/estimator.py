@@ -284,9 +284,12 @@ class PPDNMF:
         Raises
         ------
         ConfigError
-            Before :meth:`fit`.
+            Before :meth:`fit`, or for a ``transform_iters`` below 1 or a ``transform_tol`` that
+            is not a finite number >= 0.
         DataError
-            When ``Z`` does not have ``L`` rows.
+            When ``Z`` does not have ``L`` rows, or is not what :meth:`fit` takes: NaN or Inf,
+            negative entries (unless the fit's ``negative`` allows them), not numbers, no
+            columns, a meta tensor, a masked array with masked entries.
         """
         self._check_fitted()
         _check_transform_settings(self.transform_iters, self.transform_tol)
