@@ -459,3 +459,21 @@ def test_a_multi_process_run_never_takes_over_an_interrupted_runs_folder(tmp_pat
                            "interrupted run"), line
     assert os.listdir(ckpt) == ["ckpt_bcd000003.pt"]
     assert (ckpt / "ckpt_bcd000003.pt").read_bytes() == b"an interrupted run's work"
+
+
+def test_fit_rank_refuses_a_checkpoint_dir_holding_another_runs_checkpoints(tmp_path):
+    from ppdnmf_torch.distributed.comm import Comm
+    from ppdnmf_torch.distributed.engine import fit_rank
+    from ppdnmf_torch.distributed.launch import free_port
+
+    comm = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=30, heartbeat=None)
+    kw = dict(bcd_iters=3, x_iters=2, y_iters=2, device="cpu", checkpoint_dir=tmp_path)
+    try:
+        fit_rank(comm, _Z(), RING4, 2, seed=0, **kw)
+        before = {p: Path(p).read_bytes() for p in checkpoint_files(tmp_path / "rank000")}
+        assert before
+        with pytest.raises(CheckpointError, match=r"^checkpoint_dir: .*rank000 holds the checkpoints of another run"):
+            fit_rank(comm, _Z(), RING4, 2, seed=1, **kw)
+        assert {p: Path(p).read_bytes() for p in checkpoint_files(tmp_path / "rank000")} == before
+    finally:
+        comm.close()
