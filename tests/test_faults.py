@@ -477,3 +477,15 @@ def test_fit_rank_refuses_a_checkpoint_dir_holding_another_runs_checkpoints(tmp_
         assert {p: Path(p).read_bytes() for p in checkpoint_files(tmp_path / "rank000")} == before
     finally:
         comm.close()
+
+
+def test_resume_of_a_multi_process_run_is_routed_to_its_ranks(tmp_path):
+    from ppdnmf_torch.__main__ import resumed_ranks
+
+    for r in (0, 1, 2):
+        (tmp_path / "run" / "checkpoints" / f"rank{r:03d}").mkdir(parents=True)
+    (tmp_path / "one" / "checkpoints").mkdir(parents=True)
+    assert resumed_ranks([f"resume={tmp_path / 'run'}", "solver.bcd_iters=9"]) == 3
+    assert resumed_ranks([f"resume={tmp_path / 'one'}"]) == 0  # a one-process run
+    assert resumed_ranks([f"resume={tmp_path / 'missing'}"]) == 0  # the app says what is wrong
+    assert resumed_ranks(["seed=1"]) == 0
