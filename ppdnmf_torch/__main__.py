@@ -10,9 +10,10 @@ unchanged.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
-__all__ = ["main", "wants_ranks"]
+__all__ = ["main", "wants_ranks", "resumed_ranks"]
 
 
 def wants_ranks(argv, environ) -> bool:
@@ -24,8 +25,27 @@ def wants_ranks(argv, environ) -> bool:
     return world > 1 or any(a.lstrip("+~").startswith("distributed.") for a in argv)
 
 
+def resumed_ranks(argv) -> int:
+    """The number of ranks of the run that ``resume=<folder>`` names (its checkpoints'
+    ``rank<r>/`` folders), or 0 (none named, or a one-process run)."""
+    for arg in argv:
+        if arg.startswith("resume="):
+            ckpt = os.path.join(os.path.expanduser(arg.split("=", 1)[1].strip("'\"")), "checkpoints")
+            try:
+                names = os.listdir(ckpt)
+            except OSError:
+                return 0
+            return sum(1 for n in names if re.fullmatch(r"rank\d+", n) and os.path.isdir(os.path.join(ckpt, n)))
+    return 0
+
+
 def main() -> None:
-    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``."""
+    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``. ``resume=`` of a multi-process
+    run goes to the multi-process app with as many local ranks as the run had, unless the
+    command line says how many (``distributed.nproc=``)."""
+    ranks = resumed_ranks(sys.argv[1:])
+    if ranks and not any(a.lstrip("+~").startswith("distributed.nproc=") for a in sys.argv[1:]):
+        sys.argv.append(f"distributed.nproc={ranks}")
     if wants_ranks(sys.argv[1:], os.environ):
         from .app.distributed import main as run
     else:

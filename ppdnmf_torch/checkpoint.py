@@ -21,6 +21,7 @@ wrote (or adopted when resuming), never another run's.
 from __future__ import annotations
 
 import glob
+import io
 import hashlib
 import os
 import tempfile
@@ -258,16 +259,28 @@ def write_atomically(path: str, write, *, binary: bool = True) -> str:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names no file: this one
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from None
         raise
     return path
 
 
 def save_checkpoint(path: str, payload: dict) -> str:
-    """Atomically write ``payload`` to ``path`` (:func:`write_atomically`)."""
-    return write_atomically(path, lambda fh: torch.save(payload, fh))
+    """Atomically write ``payload`` to ``path`` (:func:`write_atomically`).
+
+    The payload is serialized in memory first: a failed write (a full disk) is then the
+    ``OSError`` of the write itself, naming the file and the reason, instead of the archive
+    writer's ``RuntimeError`` (``[enforce fail at inline_container.cc] unexpected pos``)."""
+
+    def write(fh):
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        fh.write(buf.getbuffer())
+
+    return write_atomically(path, write)
 
 
 def checkpoint_files(folder) -> list:

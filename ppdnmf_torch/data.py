@@ -10,6 +10,7 @@ import math
 import operator
 import os
 import random
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -397,6 +398,7 @@ def load_npy(path, dtype=torch.float64) -> torch.Tensor:
 
     dtype = resolve_dtype(dtype)
     p = _existing_file(path, ".npy")
+    _check_npy_magic(p)
     try:
         arr = np.load(p, allow_pickle=False)
     except Exception as exc:  # ValueError for pickled objects, OSError/EOFError for junk
@@ -404,6 +406,27 @@ def load_npy(path, dtype=torch.float64) -> torch.Tensor:
     if not isinstance(arr, np.ndarray):
         raise DataError(f"path: {p!r} holds a {type(arr).__name__}, expected a single .npy array")
     return torch.from_numpy(_check_matrix(arr, repr(p))).to(dtype)
+
+
+#: the first bytes of every .npy file (numpy.lib.format.MAGIC_PREFIX)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_npy_magic(p: str) -> None:
+    """Refuse a file that does not start as a .npy file does (numpy would call it "pickled
+    (object) data"), naming what it looks like."""
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise DataError(f"path: cannot read {p!r}: {exc.strerror or exc}") from None
+    if head == _NPY_MAGIC:
+        return
+    if head[:2] == b"PK":
+        raise DataError(f"path: {p!r} is a .npz archive (a zip file), not a .npy array; save one array with numpy.save")
+    looks = "a text file (a CSV? use data.kind=csv)" if head and all(32 <= c < 127 or c in (9, 10, 13) for c in head) \
+        else "empty" if not head else "not a .npy file"
+    raise DataError(f"path: {p!r} does not start with the .npy magic bytes: it is {looks}")
 
 
 def load_csv(path, dtype=torch.float64, delimiter=",") -> torch.Tensor:
@@ -434,7 +457,9 @@ def load_csv(path, dtype=torch.float64, delimiter=",") -> torch.Tensor:
     dtype = resolve_dtype(dtype)
     p = _existing_file(path, "CSV")
     try:
-        arr = np.loadtxt(p, delimiter=delimiter, ndmin=2, dtype=np.float64, comments="#")
+        with warnings.catch_warnings():  # "input contained no data": the empty matrix is refused below
+            warnings.simplefilter("ignore", UserWarning)
+            arr = np.loadtxt(p, delimiter=delimiter, ndmin=2, dtype=np.float64, comments="#")
     except ValueError as exc:
         # numpy's message ends with advice about its own keywords (usecols=...), which this
         # loader does not take: keep the first sentence, which says what is wrong and where

@@ -18,10 +18,29 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["default_threads", "resolve_threads", "using_threads", "with_threads", "THREAD_ENV"]
+__all__ = ["default_threads", "resolve_threads", "using_threads", "with_threads", "THREAD_ENV", "usable_cores",
+           "max_threads", "THREADS_PER_CORE"]
 
 #: environment variables that, when set, make torch's current thread count the default
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+#: the most threads (or local ranks) per usable core a setting may ask for: more never helps, and
+#: OpenMP aborts (``threads=20000``) or crashes (``threads=1000000``) long before memory runs out
+THREADS_PER_CORE = 4
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - no affinity masks (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def max_threads() -> int:
+    """The largest ``threads`` accepted: :data:`THREADS_PER_CORE` per usable core."""
+    return THREADS_PER_CORE * usable_cores()
 
 
 def default_threads() -> int:
@@ -40,12 +59,16 @@ def resolve_threads(threads) -> int:
     Raises
     ------
     ConfigError
-        Naming ``threads`` for anything but None or an integer >= 1.
+        Naming ``threads`` for anything but None or an integer from 1 to :func:`max_threads`
+        (checked before torch makes a thread).
     """
     if threads is None:
         return default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"threads: must be None (the default) or an integer >= 1, got {threads!r}")
+    if threads > max_threads():
+        raise ConfigError(f"threads: {threads} is above the limit of {THREADS_PER_CORE} per usable CPU core "
+                          f"({usable_cores()} here: at most {max_threads()})")
     return threads
 
 

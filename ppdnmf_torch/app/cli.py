@@ -29,6 +29,7 @@ import os
 import secrets
 import shlex
 import sys
+import threading
 import warnings
 
 import hydra
@@ -67,6 +68,8 @@ CONFIG_DIR = _config_dir()
 EXIT_USER_ERROR = 2
 #: exit status after Ctrl-C (128 + SIGINT)
 EXIT_INTERRUPTED = 130
+#: bytes the writability probe of a run folder writes (Hydra's .hydra/ files take a few KiB)
+PROBE_BYTES = 64 << 10
 #: a failed job of a multirun leaves this file (its one-line error) in its folder
 FAILED_NAME = "FAILED"
 #: the config keys ``resume=`` applies when given on the command line (they change no number
@@ -187,6 +190,8 @@ def _load_saved(folder: str) -> dict:
                           "from it") from None
     if not isinstance(d, dict):
         raise ConfigError(f"resume: {cfg_file} does not hold a run config (a mapping), it holds {type(d).__name__}")
+    if not d:  # read as the defaults, it would look like another run
+        raise ConfigError(f"resume: {cfg_file} is empty (damaged or truncated); the run cannot be resumed from it")
     return d
 
 
@@ -289,12 +294,33 @@ def _one_line(exc: BaseException) -> str:
 
 def _io_text(exc: OSError, out_dir: str | None) -> str:
     what = exc.strerror or type(exc).__name__
-    where = f"cannot write {exc.filename}" if exc.filename else "a file operation failed"
+    filename = exc.filename or _tensorboard_file(exc, out_dir)
+    where = f"cannot write {filename}" if filename else "a file operation failed"
     text = f"{where}: {what}" + (f" (errno {exc.errno})" if exc.errno else "")
     ckpt = os.path.join(out_dir, "checkpoints") if out_dir else None
     if ckpt and os.path.isdir(ckpt) and any(n.startswith("ckpt_bcd") for n in os.listdir(ckpt)):
         text += f"; the checkpoints written so far are kept in {ckpt} (free the space, then: ppdnmf resume={shlex.quote(out_dir)})"
     return text
+
+
+def _tensorboard_file(exc: BaseException, out_dir: str | None) -> str | None:
+    """The TensorBoard folder, when ``exc`` (whose own error names no file) came from TensorBoard's
+    event writer (its thread hands its error to the next write of the run's thread)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"{os.sep}tensorboard{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return os.path.join(out_dir, "tb") + " (TensorBoard's events file)" if out_dir else "TensorBoard's events file"
+        tb = tb.tb_next
+    return None
+
+
+def _thread_errors(args, _default=threading.excepthook) -> None:
+    """TensorBoard's writer thread re-raises a failed write (a full disk) after keeping it for the
+    run's thread, whose next write raises it again: that one is reported (one line, naming the
+    folder); the thread's own traceback is not printed."""
+    if issubclass(args.exc_type, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _default(args)
 
 
 def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
@@ -335,7 +361,9 @@ def _check_writable(key: str, folder: str) -> None:
     try:
         os.makedirs(folder, exist_ok=True)
         with open(probe, "w", encoding="utf-8") as fh:
-            fh.write("ppdnmf\n")
+            # as much as Hydra's .hydra/ files take and more: a nearly full disk fails here, with one
+            # line, rather than in Hydra's _save_config with a traceback
+            fh.write("ppdnmf\n" * (PROBE_BYTES // 7))
             fh.flush()
             os.fsync(fh.fileno())
         os.unlink(probe)
@@ -419,6 +447,7 @@ def _app(cfg: DictConfig):
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
     warnings.showwarning = _show_warning
+    threading.excepthook = _thread_errors
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per record
     _app()
 

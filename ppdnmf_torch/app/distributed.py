@@ -17,8 +17,10 @@ Exit status: 0, 2 for a user error (as ``ppdnmf``), 3 on a rank whose peer faile
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -209,9 +211,70 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
                         share=opts.share)
 
 
+def _preflight(cfg, opts: DistConfig, world) -> None:
+    """What the ranks would refuse only after they started (or never): checked before any
+    process is made. ``world``: :func:`~.launch.env_world` (None: this process starts the ranks)."""
+    from ..distributed.comm import resolve_backend
+    from ..distributed.launch import check_local_ranks
+
+    if cfg.trials > 1:
+        raise ConfigError(f"trials: a multi-process run fits one trial, got trials={cfg.trials}; run batched trials "
+                          "in one process (leave the distributed.* settings out), or one multi-process run per seed "
+                          "(ppdnmf -m seed=0,1,2 distributed.nproc=...)")
+    if world is None:
+        check_local_ranks(opts.nproc, cfg.n_agents, key="distributed.nproc")
+    try:
+        resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
+    except PPDNMFError as exc:
+        raise exc.within("distributed") from None
+
+
+def _hold_folder(out_dir: str, resume: bool) -> None:
+    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.rundir`): lock the run folder until this process
+    ends, and refuse a fresh run in a folder that holds an interrupted run's checkpoints (its
+    ranks would overwrite and prune them)."""
+    import atexit
+
+    from ..rundir import RunFolderLock, refuse_foreign_checkpoints
+
+    key = "resume" if resume else "hydra.run.dir"
+    try:
+        lock = RunFolderLock(out_dir).acquire()
+    except PPDNMFError as exc:
+        raise exc.renamed({"out_dir": key}) from None
+    atexit.register(lock.release)
+    if not resume:
+        try:
+            refuse_foreign_checkpoints(out_dir)
+        except PPDNMFError as exc:
+            raise exc.renamed({"out_dir": key}) from None
+
+
+def _interrupted_text(out_dir) -> str:
+    """After Ctrl-C: the BCD iteration every rank's checkpoint holds, and the command that
+    continues the run (:func:`ppdnmf_torch.__main__.main` routes ``resume=`` to this app)."""
+    import shlex
+
+    from ..checkpoint import checkpoint_files, checkpoint_iteration
+
+    ckpt = os.path.join(str(out_dir), "checkpoints")
+    ranks = sorted(d for d in (os.listdir(ckpt) if os.path.isdir(ckpt) else ()) if d.startswith("rank"))
+    done = [{checkpoint_iteration(f) for f in checkpoint_files(os.path.join(ckpt, d))} for d in ranks]
+    common = set.intersection(*done) if done else set()
+    if not common:
+        return "interrupted before the ranks wrote a checkpoint: there is nothing to resume; run again"
+    return (f"interrupted after BCD iteration {max(common)}; the {len(ranks)} ranks' checkpoints are in {ckpt}; "
+            f"continue with: ppdnmf resume={shlex.quote(str(out_dir))}")
+
+
 def _fail(exc: BaseException, code: int) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
+    if any(t.name == "ppdnmf-rendezvous" and t.is_alive() for t in threading.enumerate()):
+        # a rendezvous abandoned in torch's C++ code (:func:`.comm._rendezvous`) would hold up the
+        # interpreter's exit for minutes: end now, the log files flushed
+        logging.shutdown()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -229,17 +292,23 @@ def _app(cfg: DictConfig):
                               "run this task in one process")
         out_dir, resume = HydraConfig.get().runtime.output_dir, False
         if run_cfg.resume:
-            run_cfg, out_dir, _ = _resume_target(run_cfg.resume)
+            run_cfg, out_dir, _ = _resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
             resume = True
         from ..models.ppdnmf.config import to_dict
 
         args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()
+        _preflight(run_cfg, opts, world)
+        if world is None or world[0] == 0:
+            _hold_folder(str(out_dir), resume)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
             outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
             bad = [o for o in outcomes if o.exitcode != 0]
+            if any(o.exitcode == EXIT_INTERRUPTED for o in bad):
+                print(f"ppdnmf: {_interrupted_text(out_dir)}", file=sys.stderr, flush=True)
+                sys.exit(EXIT_INTERRUPTED)
             if bad:
                 # the rank whose own error stopped the run (not one that stopped because of it)
                 first = min(bad, key=lambda o: (o.exitcode == EXIT_PEER_FAILED, o.error is None, o.rank))

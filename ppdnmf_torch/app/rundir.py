@@ -11,36 +11,21 @@
 """
 from __future__ import annotations
 
-import datetime
 import os
 import shlex
-import socket
-import sys
 
 from ..checkpoint import PREFIX, checkpoint_files
 from ..errors import PPDNMFError
+from ..folderlock import LOCK_NAME, FolderLock
 
 __all__ = ["RunFolderError", "RunFolderLock", "refuse_foreign_checkpoints", "remove_checkpoints", "LOCK_NAME"]
-
-LOCK_NAME = ".ppdnmf.lock"
-
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: the lock file alone, without flock
-    fcntl = None
 
 
 class RunFolderError(PPDNMFError):
     """A run folder is in use by another run, or holds another run's work."""
 
 
-def _owner_text() -> str:
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    argv = " ".join(shlex.quote(a) for a in sys.argv) if sys.argv and sys.argv[0] else "python"
-    return f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {argv}"
-
-
-class RunFolderLock:
+class RunFolderLock(FolderLock):
     """An exclusive lock on a run folder (:data:`LOCK_NAME` inside it), held until :meth:`release`.
 
     Raises
@@ -50,62 +35,7 @@ class RunFolderLock:
     """
 
     def __init__(self, folder):
-        self.folder = os.path.abspath(os.fspath(folder))
-        self.path = os.path.join(self.folder, LOCK_NAME)
-        self._fd = None
-
-    def acquire(self) -> "RunFolderLock":
-        os.makedirs(self.folder, exist_ok=True)
-        for _ in range(10):  # the holder may remove the file between our open and our lock
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    owner = _read(fd)
-                    os.close(fd)
-                    raise RunFolderError(
-                        f"out_dir: {self.folder} is being written by another ppdnmf run ({owner or 'owner unknown'}); "
-                        "wait for it to end, or give this run another folder"
-                    ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        else:  # pragma: no cover - a folder whose lock file keeps changing under us
-            raise RunFolderError(f"out_dir: cannot lock {self.folder}: its lock file keeps changing")
-        os.ftruncate(fd, 0)
-        os.write(fd, (_owner_text() + "\n").encode())
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            os.unlink(self.path)  # while still locked: a waiting run then sees a new file
-        except OSError:
-            pass
-        os.close(fd)
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
-        return False
-
-
-def _read(fd) -> str:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        return os.read(fd, 4096).decode(errors="replace").strip()
-    except OSError:
-        return ""
+        super().__init__(folder, key="out_dir", error=RunFolderError)
 
 
 def refuse_foreign_checkpoints(folder) -> None:

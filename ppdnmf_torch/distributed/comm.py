@@ -42,6 +42,8 @@ EXIT_PEER_FAILED = 3
 BACKENDS = ("auto", "gloo", "nccl")
 
 _PREFIX = "ppdnmf/"
+#: set to "1" in the ranks :func:`.launch.launch_local` starts: their launcher reports for them
+LAUNCHED_ENV = "PPDNMF_LOCAL_LAUNCHER"
 
 
 class DistributedError(PPDNMFError):
@@ -110,7 +112,7 @@ class Comm:
         if world_size is not None:
             kw["world_size"] = int(world_size)
         try:
-            store, rank, world_size = next(dist.rendezvous(url, timeout=timedelta(seconds=timeout), **kw))
+            store, rank, world_size = _rendezvous(url, timeout, kw)
         except (RuntimeError, ValueError, TimeoutError) as exc:
             raise DistributedError(f"rendezvous at {url!r} failed: {_first_line(exc)}") from None
         device = torch.device(device)
@@ -330,6 +332,37 @@ class Comm:
                 dist.destroy_process_group()
 
 
+#: seconds the rendezvous may take beyond its timeout before this rank gives up on it
+RENDEZVOUS_SLACK = 10.0
+
+
+def _rendezvous(url: str, timeout: float, kw: dict):
+    """``torch.distributed.rendezvous``, bounded: torch's own timeout does not cover a store
+    address where another program listens (it accepts the connection and never answers), so
+    the call runs in a daemon thread that this rank abandons after ``timeout`` +
+    :data:`RENDEZVOUS_SLACK` seconds."""
+    box = {}
+
+    def join():
+        try:
+            box["value"] = next(dist.rendezvous(url, timeout=timedelta(seconds=timeout), **kw))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=join, name="ppdnmf-rendezvous", daemon=True)
+    thread.start()
+    thread.join(timeout + RENDEZVOUS_SLACK)
+    if "error" in box:
+        raise box["error"]
+    if "value" not in box:
+        where = (f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+                 if url.startswith("env://") else url)
+        raise TimeoutError(f"no answer from the rendezvous store at {where} within {timeout + RENDEZVOUS_SLACK:g} s "
+                           "(distributed.timeout plus 10 s): rank 0 did not start it, or another program holds that "
+                           "port (MASTER_PORT)")
+    return box["value"]
+
+
 def _as_bytes(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
@@ -343,6 +376,11 @@ def resolve_backend(backend: str, device: torch.device, world_size: int) -> str:
         from ..errors import ConfigError
 
         raise ConfigError(f"backend: unknown backend {backend!r}; use one of {BACKENDS}")
+    if backend == "nccl" and device.type != "cuda":
+        from ..errors import ConfigError
+
+        raise ConfigError(f"backend: 'nccl' moves CUDA tensors only, and this run's tensors are on {device}; use "
+                          "backend 'gloo' (or 'auto'), or a CUDA device")
     if backend != "auto":
         return backend
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -379,7 +417,12 @@ class Watchdog:
     def _end(self, message: str) -> None:
         if self._stop.is_set():
             return
-        print(f"ppdnmf: error: rank {self.comm.rank}: {message}", file=sys.stderr, flush=True)
+        try:  # a local launcher reads it (:func:`.launch.launch_local`) and prints the run's one line
+            self.comm.store.set(f"ended/{self.comm.rank}", message)
+        except Exception:  # noqa: BLE001 - the store is gone
+            pass
+        if os.environ.get(LAUNCHED_ENV) != "1":
+            print(f"ppdnmf: error: rank {self.comm.rank}: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_PEER_FAILED)
 
     def _run(self) -> None:

@@ -16,7 +16,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-__all__ = ["free_port", "RankOutcome", "launch_local", "env_world", "export_slurm_env"]
+__all__ = ["free_port", "RankOutcome", "launch_local", "env_world", "export_slurm_env", "max_local_ranks",
+           "check_local_ranks"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,6 +25,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def max_local_ranks() -> int:
+    """The most ranks :func:`launch_local` starts on this machine: as many as the threads
+    ``threads`` may ask for (:func:`~ppdnmf_torch.threads.max_threads`, 4 per usable core)."""
+    from ..threads import max_threads
+
+    return max_threads()
+
+
+def check_local_ranks(world_size, n_agents: int | None = None, *, key: str = "world_size") -> int:
+    """``world_size`` local ranks, checked before any process starts: an integer >= 1, at most
+    ``n_agents`` (every rank needs an agent) and at most :func:`max_local_ranks`.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``key``.
+    """
+    from ..errors import ConfigError
+    from ..threads import THREADS_PER_CORE
+
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ConfigError(f"{key}: must be an integer >= 1, got {world_size!r}")
+    if n_agents is not None and world_size > n_agents:
+        raise ConfigError(f"{key}: {world_size} ranks for {n_agents} agents; every rank needs an agent "
+                          f"(at most {n_agents})")
+    if world_size > max_local_ranks():
+        raise ConfigError(f"{key}: {world_size} local ranks is above the limit of {THREADS_PER_CORE} per usable CPU "
+                          f"core (at most {max_local_ranks()} here); start more ranks on more machines (torchrun, "
+                          "SLURM)")
+    return world_size
 
 
 @dataclass
@@ -71,8 +104,14 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
 
     ``target`` must be importable (a module-level function). Returns a :class:`RankOutcome`
     per rank. A rank that fails or dies gives the others ``grace`` seconds to end on their own;
-    then, and at ``timeout`` seconds, the rest are terminated (exit code ``-15``).
+    then, and at ``timeout`` seconds, the rest are terminated (exit code ``-15``), or killed
+    (``-9``) when they do not end within 5 s (a stopped process); their ``error`` says so.
+    Ctrl-C (a ``KeyboardInterrupt`` here, SIGINT in the ranks) waits up to ``grace`` seconds
+    for the ranks to write their checkpoints and end (exit code 130), keeping their store up,
+    and returns their outcomes; a second Ctrl-C ends them and raises.
+    ``world_size`` is checked against :func:`max_local_ranks` before any process starts.
     """
+    check_local_ranks(world_size)
     import torch.distributed as dist
 
     ctx = mp.get_context("spawn")
@@ -81,13 +120,50 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
     # or dies takes nothing the others still need with it (its error report, the heartbeats)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     port = store.port
-    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
+    from .comm import _PREFIX, LAUNCHED_ENV
+
+    env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True", **{LAUNCHED_ENV: "1"})
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), dict(kwargs or {}), queue,
                                               env), name=f"ppdnmf-rank{r}") for r in range(world_size)]
     for p in procs:
         p.start()
-    start, first_failure = time.monotonic(), None
     results = {}
+    try:
+        _watch(procs, queue, results, grace, timeout)
+    except KeyboardInterrupt:
+        # Ctrl-C reached the ranks too: they write their checkpoints and end (exit 130) while this
+        # process keeps their store up; a second Ctrl-C ends them at once
+        try:
+            _watch(procs, queue, results, grace, grace)
+        except KeyboardInterrupt:
+            _end_ranks(procs, wait=1.0)
+            raise
+    for p in procs:
+        p.join(10)
+    while not queue.empty():
+        rank, value, error, tb = queue.get()
+        results[rank] = (value, error, tb)
+    for r in range(world_size):  # why a rank's watchdog ended it (it printed nothing itself)
+        if results.get(r, (None, None))[1] is None and procs[r].exitcode not in (None, 0):
+            try:
+                if store.check([f"{_PREFIX}ended/{r}"]):
+                    results[r] = (None, store.get(f"{_PREFIX}ended/{r}").decode("utf-8", "replace"), None)
+            except Exception:  # noqa: BLE001 - best effort: the exit code still tells
+                pass
+    del store
+    out = []
+    for r, p in enumerate(procs):
+        value, error, _ = results.get(r, (None, None, None))
+        value = pickle.loads(value) if isinstance(value, bytes) else value
+        out.append(RankOutcome(r, p.exitcode, value, error))
+    return out
+
+
+def _watch(procs, queue, results: dict, grace: float, timeout: float | None) -> None:
+    """Wait for the ranks, collecting their reports into ``results``; a rank that fails or dies
+    gives the others ``grace`` seconds, the whole wait lasts at most ``timeout`` seconds; then
+    the ranks still running are ended (:func:`_end_ranks`) and their ``results`` say why."""
+    start, first_failure = time.monotonic(), None
     while any(p.is_alive() for p in procs):
         while not queue.empty():
             rank, value, error, tb = queue.get()
@@ -97,23 +173,32 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
         now = time.monotonic()
         late = first_failure is not None and now - first_failure > grace
         if late or (timeout is not None and now - start > timeout):
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            break
+            ended = _end_ranks(procs)
+            why = (f"still running {grace:g} s after another rank failed" if late else
+                   f"still running at the launch's timeout of {timeout:g} s")
+            for r in ended:
+                results.setdefault(r, (None, None, None))
+                if results[r][1] is None:
+                    results[r] = (None, f"{why} (stopped or hung); ended by the launcher", None)
+            return
         time.sleep(0.05)
-    for p in procs:
-        p.join(10)
-    del store
-    while not queue.empty():
-        rank, value, error, tb = queue.get()
-        results[rank] = (value, error, tb)
-    out = []
-    for r, p in enumerate(procs):
-        value, error, _ = results.get(r, (None, None, None))
-        value = pickle.loads(value) if isinstance(value, bytes) else value
-        out.append(RankOutcome(r, p.exitcode, value, error))
-    return out
+
+
+def _end_ranks(procs, wait: float = 5.0) -> list:
+    """Terminate the ranks still alive (SIGTERM), and kill (SIGKILL) those that did not end
+    within ``wait`` seconds: a stopped process (``kill -STOP``) never handles SIGTERM, and
+    multiprocessing's exit handler would wait for it forever. Returns their ranks."""
+    alive = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in alive:
+        procs[r].terminate()
+    deadline = time.monotonic() + wait
+    for r in alive:
+        procs[r].join(max(0.0, deadline - time.monotonic()))
+    for r in alive:
+        if procs[r].is_alive():
+            procs[r].kill()
+            procs[r].join(5)
+    return alive
 
 
 def export_slurm_env() -> bool:
@@ -143,4 +228,28 @@ def env_world():
     export_slurm_env()
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0, "0")
+    if rank >= world_size:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"RANK: the environment variable is {rank}, but WORLD_SIZE = {world_size} makes the ranks "
+                          f"0 .. {world_size - 1}; check the launcher's settings")
+    return rank, world_size, local_rank
+
+
+def _env_int(name: str, low: int, default: str | None = None) -> int:
+    """The environment variable ``name`` as an integer >= ``low``, or a ``ConfigError`` naming it
+    (checked up front: a bad value would otherwise surface as a rendezvous timeout)."""
+    from ..errors import ConfigError
+
+    text = os.environ.get(name, default)
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ConfigError(f"{name}: the environment variable is {text!r}, not an integer >= {low} (torchrun, SLURM "
+                          "or the user set it)") from None
+    return value

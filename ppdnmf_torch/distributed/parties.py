@@ -385,7 +385,7 @@ class RankParties(HoldsPrivateKey):
         self.supply = self.pool = None
         for p in self.parties.values():
             if isinstance(p, _Agent):
-                p._seeds.clear()
+                p.forget()  # also in the references a caller kept
         self.parties = {}
 
     def __repr__(self) -> str:

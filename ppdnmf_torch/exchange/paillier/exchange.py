@@ -239,7 +239,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         cannot be used again."""
         self._close_rounds()
         for ag in self._agents:
-            ag._seeds.clear()
+            ag.forget()  # also in the references a caller kept (a callback's info.exchange, say)
         self._agents = ()
         self._net = None
         self._pending_keys = None

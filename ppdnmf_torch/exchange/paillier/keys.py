@@ -229,6 +229,20 @@ class _Agent(HoldsPrivateKey):
     def key_bits(self) -> int:
         return self.public_key.n.bit_length()
 
+    def forget(self) -> None:
+        """Drop the private key, its CRT form and the seeds (the exchange closed): a reference
+        the caller kept to this agent holds no private material from now on."""
+        self.__private_key = None
+        self.__crt = None
+        self._seeds.clear()
+
+    def _private_key(self):
+        key = self.__private_key
+        if key is None:
+            raise RuntimeError(f"agent {self.agent} (trial {self.trial}): its exchange was closed and its private "
+                               "key dropped")
+        return key
+
     def encrypt(self, values) -> EncryptedVector:
         """``E_i(v)`` for signed integers ``v`` under the agent's own key (negatives mod ``n``)."""
         n = self.public_key.n
@@ -247,7 +261,7 @@ class _Agent(HoldsPrivateKey):
             the ciphertext was not made under this key).
         """
         self._check_key(message)
-        residues = self._raw.decrypt(self.__private_key, message.ciphertexts)
+        residues = self._raw.decrypt(self._private_key(), message.ciphertexts)
         n = self.public_key.n
         codec = self._codec
         try:
@@ -269,7 +283,7 @@ class _Agent(HoldsPrivateKey):
         ``own_mode``: ``"djn"`` (fixed-base DJN table of the public key), ``"crt"`` (CRT with
         the agent's own factors) or None (the caller supplies public-key obfuscators).
         """
-        self.__crt = PrivateCRT(self.__private_key)
+        self.__crt = PrivateCRT(self._private_key())
         self._own_mode = own_mode
         self._djn_bits = djn_bits
 
@@ -287,7 +301,7 @@ class _Agent(HoldsPrivateKey):
         self._check_key(message)
         crt = self.__crt
         if crt is None:
-            return [self.__private_key.raw_decrypt(int(c)) for c in message.ciphertexts]
+            return [self._private_key().raw_decrypt(int(c)) for c in message.ciphertexts]
         return crt.decrypt(message.ciphertexts)
 
     def decrypt_packed(self, message: EncryptedVector, layout: SlotLayout, count: int, *, bcd_iter: int = 0,

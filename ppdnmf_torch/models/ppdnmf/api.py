@@ -15,11 +15,12 @@ from ...exchange.base import accepts_keyword
 from ...graph import Graph, check_min_degree, complete
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
-from ...checkpoint import CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
+from ...checkpoint import PREFIX, CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
     fingerprint, load_checkpoint
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
 from ...errors import DegenerateResultWarning
 from ...penalties import cap_bounds, check_shared_caps
+from ...folderlock import FolderLock
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS
 from ...threads import with_threads
@@ -222,7 +223,7 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         sampler.load_state_dict(payload["sampler"])
         history = payload["history"]
     check_iteration_buffers(problem, params.rank, params.x_iters)
-    checkpointer = None
+    checkpointer = lock = None
     if checkpoint_dir is not None:
         adopt = ()
         if resume_from is not None:  # the resumed segment's own files are this run's to prune
@@ -257,6 +258,8 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         return callback(info)
 
     try:
+        if checkpointer is not None:
+            lock = _lock_checkpoint_dir(checkpoint_dir, payload["path"] if resume_from is not None else None)
         try:
             state, history, info = run_bcd(problem, params, exch, callback=cb, state=state,
                                            sampler=sampler, history=history, checkpointer=checkpointer,
@@ -277,8 +280,28 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
             costs = dict(costs, transcript=exch.transcript)
     finally:
         exch.close()
+        if lock is not None:
+            lock.release()
     _warn_if_degenerate(problem, state, history, first.get("X"), info["n_iter"], params)
     return state, history, info, costs
+
+
+def _lock_checkpoint_dir(checkpoint_dir, continued=None) -> FolderLock:
+    """Hold ``checkpoint_dir`` for this run (as the CLI holds its run folders,
+    :mod:`~ppdnmf_torch.folderlock`), and refuse it when it holds checkpoints of another run:
+    this run would overwrite and prune them, and resuming that run would pick up this one's.
+    ``continued``: the checkpoint a resumed run continues (its folder's files are its own)."""
+    here = os.path.abspath(os.fspath(checkpoint_dir))
+    lock = FolderLock(here, key="checkpoint_dir", error=CheckpointError).acquire()
+    files = checkpoint_files(here)
+    if files and (continued is None or os.path.dirname(os.path.abspath(continued)) != here):
+        lock.release()
+        raise CheckpointError(
+            f"checkpoint_dir: {here} holds the checkpoints of another run (newest: {os.path.basename(files[-1])}); "
+            f"continue that run with resume_from={here!r}, remove its {PREFIX}*.pt files to start over there, "
+            "or give this run another checkpoint_dir"
+        )
+    return lock
 
 
 def _warn_if_degenerate(problem, state, history, sketch_first, n_iter, params) -> None:

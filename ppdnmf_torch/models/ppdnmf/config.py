@@ -25,6 +25,7 @@ from ...penalties import PENALTY_MODES
 from .problem import NEGATIVE_MODES, check_rank
 from .solver import CONSENSUS_FORMS, X_SOLVERS, X_WALKS
 from ...penalties import PENALTY_SCHEDULES
+from ...threads import resolve_threads
 from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
 
 __all__ = [
@@ -423,6 +424,8 @@ def _check_cross(cfg: RunConfig):
     if cfg.trials > 1 and cfg.resume is not None:
         raise ConfigError("trials: batched trials keep no checkpoints, so there is nothing to resume; "
                           "resume a single run (trials=1)")
+    if cfg.threads is not None:
+        resolve_threads(cfg.threads)  # the upper bound, before any thread is made
     if not _DEVICE_RE.match(cfg.device.strip().lower()):
         raise ConfigError(f"device: unknown device {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
     N = cfg.n_agents

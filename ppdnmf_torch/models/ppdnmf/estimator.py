@@ -21,7 +21,7 @@ import torch
 from .api import FitResult, fit
 from ...errors import ConfigError, DataError
 from ...graph import complete
-from .problem import build_problem
+from .problem import as_blocks, build_problem, check_data
 from .solver import DEFAULTS, SolverParams, init_state
 from .solver.admm import y_step
 
@@ -87,6 +87,28 @@ def _shape(Z) -> tuple[int, int] | None:
     if shape is not None and len(shape) == 2:
         return int(shape[0]), int(shape[1])
     return None
+
+
+def _check_transform_settings(iters, tol) -> None:
+    """``transform_iters`` (an integer >= 1) and ``transform_tol`` (a finite number >= 0)."""
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
+        raise ConfigError(f"transform_iters: must be an integer >= 1, got {iters!r}")
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol < 0:
+        raise ConfigError(f"transform_tol: must be a finite number >= 0, got {tol!r}")
+
+
+def _new_columns(Z, n_features: int, negative: str) -> torch.Tensor:
+    """The columns :meth:`PPDNMF.transform` takes, checked as :meth:`PPDNMF.fit` checks its data
+    (:func:`~ppdnmf_torch.problem.as_blocks`, :func:`~ppdnmf_torch.problem.check_data`: numbers,
+    not empty, finite, nonnegative unless ``negative`` says otherwise), with ``n_features`` rows;
+    float64 on the CPU."""
+    Z, _ = _dense_columns(Z, None, 1)
+    if isinstance(Z, list) and len(Z) == 1 and _shape(Z[0]) is not None:
+        Z = Z[0]
+    (Zt,) = check_data(as_blocks(Z, 1), negative)
+    if Zt.shape[0] != n_features:
+        raise DataError(f"Z: expected ({n_features}, M) columns like the fitted data, got shape {tuple(Zt.shape)}")
+    return Zt
 
 
 class PPDNMF:
@@ -262,18 +284,16 @@ class PPDNMF:
         Raises
         ------
         ConfigError
-            Before :meth:`fit`.
+            Before :meth:`fit`, or for a ``transform_iters`` below 1 or a ``transform_tol`` that
+            is not a finite number >= 0.
         DataError
-            When ``Z`` does not have ``L`` rows.
+            When ``Z`` does not have ``L`` rows, or is not what :meth:`fit` takes: NaN or Inf,
+            negative entries (unless the fit's ``negative`` allows them), not numbers, no
+            columns, a meta tensor, a masked array with masked entries.
         """
         self._check_fitted()
-        Z, _ = _dense_columns(Z, None, 1)
-        if isinstance(Z, list):
-            Z = Z[0]
-        Zt = torch.as_tensor(Z.detach().cpu().numpy() if isinstance(Z, torch.Tensor) else Z, dtype=torch.float64)
-        if Zt.dim() != 2 or Zt.shape[0] != self.n_features_in_:
-            raise DataError(f"Z: expected ({self.n_features_in_}, M) columns like the fitted data, "
-                            f"got shape {tuple(Zt.shape)}")
+        _check_transform_settings(self.transform_iters, self.transform_tol)
+        Zt = _new_columns(Z, self.n_features_in_, self.fit_kwargs.get("negative", "error"))
         X = self.result_.X_mean
         problem = build_problem([[Zt]], [complete(1)], torch.ones((1, 1), dtype=torch.float64), [0], dtype=X.dtype,
                                 device=X.device)

@@ -98,12 +98,15 @@ def as_graph(adjacency, n_agents: int | None = None) -> Graph:
 def _to_tensor(x, what: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         t = x.detach()
+        if t.is_meta:
+            raise DataError(f"{what}: is a meta tensor (a shape without values); give a tensor that holds its data")
         if t.is_sparse or t.layout != torch.strided:
             t = t.to_dense()
     else:
         try:
             import numpy as np  # only for array-likes handed in by the user
 
+            _refuse_masked(x, what)
             arr = np.asarray(x)
             if np.iscomplexobj(arr):  # float64 conversion would drop the imaginary parts
                 raise DataError(f"{what}: expected a real numeric matrix, got complex values (dtype {arr.dtype})")
@@ -115,6 +118,16 @@ def _to_tensor(x, what: str) -> torch.Tensor:
     if not (t.is_floating_point() or t.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)):
         raise DataError(f"{what}: expected a real numeric matrix, got dtype {t.dtype}")
     return t.to(torch.float64)
+
+
+def _refuse_masked(x, what: str) -> None:
+    """A ``numpy.ma`` array with masked entries: ``numpy.asarray`` would drop the mask and the
+    masked entries would be factorized as data."""
+    import numpy as np
+
+    if isinstance(x, np.ma.MaskedArray) and np.ma.count_masked(x):
+        raise DataError(f"{what}: a masked array with {int(np.ma.count_masked(x))} masked entries; NMF here has no "
+                        "missing values: fill them (Z.filled(value)) or drop their columns")
 
 
 def _is_block_list(Z) -> bool:
@@ -339,15 +352,22 @@ def finite_positive(name, value, *, minimum=0.0, inclusive=False):
     return value
 
 
+#: the largest seed accepted (:func:`as_seed`)
+MAX_SEED = 2**63 - 1
+
+
 def as_seed(seed, name: str = "seed") -> int:
-    """``seed`` as a Python int (numpy integers accepted; a float, a bool or None is refused,
-    never truncated)."""
+    """``seed`` as a Python int from 0 to :data:`MAX_SEED` (numpy integers accepted; a float, a
+    bool or None is refused, never truncated)."""
     if isinstance(seed, bool):
         raise ConfigError(f"{name}: must be an integer, got {seed!r}")
     try:
-        return operator.index(seed)
+        value = operator.index(seed)
     except TypeError:
         raise ConfigError(f"{name}: must be an integer, got {seed!r} ({type(seed).__name__})") from None
+    if not 0 <= value <= MAX_SEED:  # as the CLI's seed (>= 0); torch's generators take 64 bits
+        raise ConfigError(f"{name}: must be an integer from 0 to 2**63 - 1, got {value}")
+    return value
 
 
 def _memory_bytes() -> int | None:

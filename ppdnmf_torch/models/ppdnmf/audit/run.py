@@ -64,8 +64,8 @@ def fitting_n_max(blocks, graph, g_max, *, g_bits: int = 16, key_bits: int = 128
     ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does not fit every
     scenario that the paper's schedule fits)."""
     from ..api import DEFAULTS
-    from ..exchange.codec import IntegerCodec
-    from ..penalties import cap_bounds
+    from ....exchange.codec import IntegerCodec
+    from ....penalties import cap_bounds
 
     schedule = penalty_schedule or DEFAULTS["penalty_schedule"]
     caps = torch.as_tensor(np.broadcast_to(np.asarray(g_max, dtype=np.float64), (graph.n_agents,)).copy())

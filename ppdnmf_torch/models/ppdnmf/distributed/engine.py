@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ...._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _init_seed, _preflight, warn_sum_leak
+from ..api import FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, warn_sum_leak
 from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
@@ -312,7 +312,10 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
                                what=f"the stop decision of BCD iteration {info.iteration}")
         return bool(int(flag[0]))
 
+    lock = None
     try:
+        if checkpointer is not None:  # as fit's: never another run's checkpoints (:func:`~..api._lock_checkpoint_dir`)
+            lock = _lock_checkpoint_dir(checkpointer.folder, payload["path"] if payload is not None else None)
         state, history, info = run_bcd(problem, params, exch, state=state, sampler=sampler, callback=cb,
                                        history=history, checkpointer=checkpointer, fingerprint=fp, agents=agents)
         costs = exch.costs()
@@ -321,6 +324,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
             costs = dict(costs, bytes_per_edge=_edge_order(per_edge, graph))
     finally:
         exch.close()
+        if lock is not None:
+            lock.release()
     # the X-step loops' lengths (the stopping rule ends a loop early on every rank at once)
     iters = sum(int(v.max()) for v in history["x_iters" if share == "all" else "x_iters_max"][bcd_start:])
     if spec.kind == "paillier":
