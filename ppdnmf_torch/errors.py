@@ -13,9 +13,12 @@ for the API's ``g_bits: ... use g_bits >= 4``, and no message is ever rewritten.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
+import warnings
 
-__all__ = ["PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
+__all__ = ["warn_at_caller", "PPDNMFError", "ConfigError", "DataError", "GraphError", "ConvergenceWarning", "DegenerateResultWarning",
            "DataScaleWarning", "DegreeOneWarning"]
 
 # a leading "key: " (dotted, indexed or composite names: data.split.counts[0], key_bits/n_max)
@@ -101,3 +104,17 @@ class DegreeOneWarning(UserWarning):
     """Agents with a single neighbour on a secure exchange: the sums such an agent obtains are
     that neighbour's term, so it learns the neighbour's ``U_j`` whatever the protocol
     (docs/THREAT_MODEL.md); ``min_degree=2`` refuses such graphs."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first frame outside this package: the user's own
+    line (``fit(...)``, ``model.fit(...)``), not a module of the library, so that Python's
+    default filter shows it once per calling line and says where it came from."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
