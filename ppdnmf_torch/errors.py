@@ -113,7 +113,7 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` attributed to the first frame outside this package: the user's own
     line (``fit(...)``, ``model.fit(...)``), not a module of the library, so that Python's
     default filter shows it once per calling line and says where it came from."""
-    level, frame = 1, sys._getframe(1)
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is the caller of this function
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         frame = frame.f_back
         level += 1

@@ -99,8 +99,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     n_components : int or None
         ``K``, the inner rank (None: ``n_features``, as scikit-learn's ``NMF``).
     graph : Graph, adjacency matrix, networkx graph or None
-        The agents and who talks to whom. None: a ring of ``min(n_agents, n_samples)``
-        agents (every agent has two neighbours from three agents on).
+        The agents and who talks to whom. None: a ring of ``min(n_agents, n_samples // 2)``
+        agents (at least two samples each; every agent has two neighbours from three agents on).
     n_agents : int
         Agents of the default ring (ignored when ``graph`` is given).
     columns : list of int or None
@@ -251,7 +251,9 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     def _graph(self, n_samples: int) -> Graph:
         if self.graph is None:
-            n = min(int(self.n_agents), n_samples)
+            # at least two samples per agent: an agent with one sample that happens to be zero
+            # has no data to fit (its NMSE term is undefined)
+            n = min(int(self.n_agents), max(1, n_samples // 2))
             return ring(n) if n >= 3 else complete(n)
         g = as_graph(self.graph)
         if g.n_agents > n_samples:
