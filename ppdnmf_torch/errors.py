@@ -107,14 +107,22 @@ class DegreeOneWarning(UserWarning):
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: frames of scikit-learn's wrappers (set_output, Pipeline, GridSearchCV) are skipped too
+_SKLEARN_PART = os.sep + "sklearn" + os.sep
+
+
+def _library_frame(frame) -> bool:
+    name = os.path.abspath(frame.f_code.co_filename)
+    return name.startswith(_PACKAGE_DIR) or _SKLEARN_PART in name
 
 
 def warn_at_caller(message: str, category: type[Warning]) -> None:
-    """``warnings.warn`` attributed to the first frame outside this package: the user's own
-    line (``fit(...)``, ``model.fit(...)``), not a module of the library, so that Python's
-    default filter shows it once per calling line and says where it came from."""
+    """``warnings.warn`` attributed to the first frame outside this package (and outside
+    scikit-learn's wrappers): the user's own line (``fit(...)``, ``model.fit(...)``,
+    ``pipeline.fit(...)``), not a module of the library, so that Python's default filter shows
+    it once per calling line and says where it came from."""
     level, frame = 2, sys._getframe(1)  # stacklevel 2 is the caller of this function
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and _library_frame(frame):
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)

@@ -29,7 +29,7 @@ from .api import FitResult, fit
 from .errors import ConfigError, DataError
 from .graph import Graph, complete, ring
 from .problem import as_graph, build_problem
-from .solver import DEFAULTS, SolverParams, init_state
+from .solver import DEFAULTS, STOPPING, SolverParams, init_state
 from .solver.admm import y_step
 from .threads import using_threads
 
@@ -158,7 +158,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """
 
     def __init__(self, n_components=None, *, graph=None, n_agents=10, columns=None, init="random",
-                 random_state=None, max_iter=500, tol=1e-5, mu=0.1, eta=1.0, g_max=0.033, x_iters=30, y_iters=30,
+                 random_state=None, max_iter=STOPPING["bcd_iters"], tol=STOPPING["tol"], mu=0.1, eta=1.0, g_max=0.033, x_iters=30, y_iters=30,
                  admm_tol=None, exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                  penalty="random", penalty_schedule=None, y_solver=None, negative="error", min_degree=None,
                  device="auto", dtype="float64", fuse=False, threads=None, exchange_options=None,
