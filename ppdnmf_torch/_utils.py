@@ -136,9 +136,20 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def caller_stacklevel() -> int:
     """The ``stacklevel`` for a :func:`warnings.warn` made in the caller of this function that
-    points at the first frame outside this package: the user's line, whichever entry point
-    (``fit``, the estimator, the CLI) it came through."""
+    points at the first frame outside this package (and outside scikit-learn's wrappers:
+    ``set_output``, ``Pipeline``, ``GridSearchCV``): the user's line, whichever entry point
+    (``fit``, the estimator, a pipeline, the CLI) it came through, so that Python's default
+    filter shows the warning once per calling line."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and _library_frame(frame):
         frame, level = frame.f_back, level + 1
     return level
+
+
+#: frames of scikit-learn's wrappers are skipped too
+_SKLEARN_PART = os.sep + "sklearn" + os.sep
+
+
+def _library_frame(frame) -> bool:
+    name = os.path.abspath(frame.f_code.co_filename)
+    return name.startswith(_PACKAGE_DIR) or _SKLEARN_PART in name

@@ -31,14 +31,17 @@ import torch
 
 from ._utils import PPDNMFError
 
-__all__ = ["CheckpointError", "Checkpointer", "fingerprint", "latest_checkpoint", "load_checkpoint",
+__all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "fingerprint", "latest_checkpoint", "load_checkpoint",
            "save_checkpoint", "write_atomically", "good_point", "snapshot", "check_payload",
            "checkpoint_iteration", "checkpoint_files", "PREFIX"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
 #: format-1 checkpoint could no longer be continued bit for bit; 3: content hashes, and the
-#: fingerprint leaves out ``bcd_iters`` (a resumed run may run longer)
-FORMAT_VERSION = 3
+#: fingerprint leaves out ``bcd_iters`` (a resumed run may run longer); 4: each history key
+#: packed into one tensor (:class:`HistoryPacker`), so that a write costs the same at every
+#: point of a long run. Format 3 is still read.
+FORMAT_VERSION = 4
+_READABLE_FORMATS = (3, 4)
 _PREFIX = "ckpt_bcd"
 #: checkpoint files are named ``<PREFIX><bcd_done:06d>.pt``
 PREFIX = _PREFIX
@@ -64,13 +67,91 @@ def good_point(state, sampler, history: dict, keep: bool = True, exchange=None) 
     }
 
 
-def snapshot(good: dict, history: dict, fp: str) -> dict:
+class HistoryPacker:
+    """The history as one tensor per key, grown in place as the run appends to it.
+
+    A checkpoint's history used to be pickled as Python lists of small tensors, so each
+    write cost time in proportion to the run's length and a run's checkpoints in
+    proportion to its square. The packer keeps, per key, a buffer that holds the entries
+    packed so far and packs only the new ones at each write: a key whose entries are all
+    floats becomes a float64 vector ``(n,)``, one whose entries are tensors of one shape
+    and dtype a stacked tensor ``(n, *shape)``; any other key stays a list.
+    :func:`unpack_history` gives back the lists, value for value.
+    """
+
+    def __init__(self):
+        self._buf: dict = {}  # key -> (kind, buffer tensor, entries packed)
+
+    def pack(self, history: dict, lengths: dict) -> dict:
+        """``{key: {"floats"|"stack": tensor (n, ...)}}`` (or a plain list) of the first
+        ``lengths[key]`` entries of each history list."""
+        out = {}
+        for key, vals in history.items():
+            n = int(lengths.get(key, 0))
+            kind, buf, done = self._buf.get(key, (None, None, 0))
+            if done > n or kind == "list":
+                kind, buf, done = None, None, 0
+            new = vals[done:n]
+            if kind is None:
+                kind = _kind_of(vals[:n])
+            elif new and _kind_of(new, like=buf) != kind:
+                kind, buf, done, new = _kind_of(vals[:n]), None, 0, vals[:n]
+            if kind == "list":
+                self._buf[key] = ("list", None, 0)
+                out[key] = [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals[:n]]
+                continue
+            if new:
+                packed = (torch.tensor([float(v) for v in new], dtype=torch.float64) if kind == "floats"
+                          else torch.stack([v.detach().cpu() for v in new]))
+                if buf is None:
+                    buf = torch.empty((max(16, 2 * n),) + tuple(packed.shape[1:]), dtype=packed.dtype)
+                elif buf.shape[0] < n:
+                    grown = torch.empty((2 * n,) + tuple(buf.shape[1:]), dtype=buf.dtype)
+                    grown[:done] = buf[:done]
+                    buf = grown
+                buf[done:n] = packed
+            self._buf[key] = (kind, buf, n)
+            out[key] = {kind: (buf[:n].clone() if buf is not None else torch.empty(0, dtype=torch.float64))}
+        return out
+
+
+def _kind_of(vals, like=None) -> str:
+    """How a run of history entries packs: ``floats``, ``stack`` (tensors of one shape and dtype,
+    that of ``like``'s rows when given) or ``list``."""
+    if all(isinstance(v, float) for v in vals):
+        return "floats"
+    if vals and all(isinstance(v, torch.Tensor) for v in vals):
+        shape, dtype = ((tuple(like.shape[1:]), like.dtype) if like is not None
+                        else (tuple(vals[0].shape), vals[0].dtype))
+        if all(tuple(v.shape) == shape and v.dtype == dtype for v in vals):
+            return "stack"
+    return "list"
+
+
+def unpack_history(history: dict) -> dict:
+    """The history lists of a checkpoint's (packed, format 4; or plain, format 3) history."""
+    out = {}
+    for key, vals in history.items():
+        if isinstance(vals, dict) and "floats" in vals:
+            out[key] = vals["floats"].tolist()
+        elif isinstance(vals, dict) and "stack" in vals:
+            out[key] = list(vals["stack"].unbind(0))
+        else:
+            out[key] = list(vals)
+    return out
+
+
+def _history_length(vals) -> int:
+    if isinstance(vals, dict) and len(vals) == 1 and next(iter(vals)) in ("floats", "stack"):
+        return int(next(iter(vals.values())).shape[0])
+    return len(vals)
+
+
+def snapshot(good: dict, history: dict, fp: str, packer: HistoryPacker | None = None) -> dict:
     """The checkpoint payload of a :func:`good_point` (on the CPU): what :class:`Checkpointer`
-    writes and :func:`load_checkpoint` reads back."""
-    hist = {}
-    for k, vals in history.items():
-        vals = vals[: good["hist_len"].get(k, 0)]
-        hist[k] = [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals]
+    writes and :func:`load_checkpoint` reads back. With the run's ``packer`` (its
+    :class:`Checkpointer`'s), only the history entries new since the last write are packed."""
+    hist = (packer or HistoryPacker()).pack(history, good["hist_len"])
     payload = {
         "format": FORMAT_VERSION,
         "bcd_done": int(good["bcd_done"]),
@@ -208,7 +289,7 @@ def _check_history(where: str, payload: dict, params) -> None:
     if not isinstance(hist, dict) or "nmse" not in hist and done > 0:
         raise CheckpointError(f"{where}: its history has no 'nmse' entries")
     for key, vals in hist.items():
-        n = len(vals)
+        n = _history_length(vals)
         # a crypto_* counter that the checkpoint's segment did not log can be shorter
         if n != done and not (str(key).startswith("crypto_") and n < done):
             raise CheckpointError(f"{where}: bcd_done = {done} but its history holds {n} {key!r} entries")
@@ -319,7 +400,7 @@ def load_checkpoint(path: str) -> dict:
         raise CheckpointError(f"resume_from: cannot read checkpoint {file!r}: {exc}") from None
     if not isinstance(payload, dict) or "format" not in payload:
         raise CheckpointError(f"resume_from: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
-    if payload["format"] != FORMAT_VERSION:
+    if payload["format"] not in _READABLE_FORMATS:
         raise CheckpointError(
             f"resume_from: {file!r} was written by another version of ppdnmf_torch (checkpoint format "
             f"{payload['format']!r}, this version reads {FORMAT_VERSION}); its run cannot be continued bit for bit"
@@ -352,6 +433,8 @@ class Checkpointer:
         #: the files this checkpointer may prune: those it wrote, and those it adopted (the
         #: checkpoints of the segment a resumed run continues)
         self.written: list[str] = [os.path.abspath(os.fspath(p)) for p in adopt]
+        #: packs the run's history incrementally across its writes (:func:`snapshot`)
+        self.packer = HistoryPacker()
 
     def due(self, bcd_done: int) -> bool:
         return self.every > 0 and bcd_done % self.every == 0

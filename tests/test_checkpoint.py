@@ -194,10 +194,11 @@ def test_no_private_key_in_checkpoints_or_results(tmp_path, paillier_keypairs):
 
 
 def test_checkpoint_of_another_format_is_refused_by_name(tmp_path):
-    from ppdnmf_torch.checkpoint import FORMAT_VERSION
+    from ppdnmf_torch.checkpoint import _READABLE_FORMATS
 
-    save_checkpoint(str(tmp_path / "ckpt_bcd000001.pt"), {"format": FORMAT_VERSION - 1, "state": {}})
-    with pytest.raises(CheckpointError, match=f"checkpoint format {FORMAT_VERSION - 1}.*bit for bit"):
+    old = min(_READABLE_FORMATS) - 1
+    save_checkpoint(str(tmp_path / "ckpt_bcd000001.pt"), {"format": old, "state": {}})
+    with pytest.raises(CheckpointError, match=f"checkpoint format {old}.*bit for bit"):
         load_checkpoint(str(tmp_path))
 
 
@@ -219,3 +220,72 @@ def test_resume_of_a_checkpoint_without_cost_counters_keeps_rows_aligned(tmp_pat
     enc = resumed.history["crypto_encryptions"]
     assert len(enc) == len(resumed.history["nmse"]) == 6
     assert all(v != v for v in enc[:3]) and all(v > 0 for v in enc[3:])
+
+
+# -- the history's packing (issue 31, item 2: a write's cost does not grow with the run) -----
+
+
+class _CountedFloat(float):
+    """A float that counts how often a checkpoint converts it."""
+
+    calls = 0
+
+    def __float__(self):
+        type(self).calls += 1
+        return float.__float__(self)
+
+
+def test_history_packer_packs_only_the_new_entries():
+    from ppdnmf_torch.checkpoint import HistoryPacker, unpack_history
+
+    packer, history = HistoryPacker(), {"nmse": [], "per_trial": []}
+    for n in range(1, 301):
+        history["nmse"].append(_CountedFloat(1.0 / n))
+        history["per_trial"].append(torch.full((2,), float(n), dtype=torch.float64))
+        if n % 10 == 0:
+            packed = packer.pack(history, {k: n for k in history})
+    # each entry converted once over 30 writes (a full repack each write would make 4,650)
+    assert _CountedFloat.calls == 300
+    assert set(packed["nmse"]) == {"floats"} and packed["nmse"]["floats"].shape == (300,)
+    assert packed["per_trial"]["stack"].shape == (300, 2)
+    back = unpack_history(packed)
+    assert back["nmse"] == [1.0 / n for n in range(1, 301)]
+    assert all(torch.equal(a, b) for a, b in zip(back["per_trial"], history["per_trial"]))
+
+
+def test_history_packer_keeps_mixed_entries_as_lists():
+    from ppdnmf_torch.checkpoint import HistoryPacker, unpack_history
+
+    history = {"odd": [1.0, torch.ones(2), 3.0]}
+    packed = HistoryPacker().pack(history, {"odd": 3})
+    assert isinstance(packed["odd"], list)
+    back = unpack_history(packed)
+    assert back["odd"][0] == 1.0 and torch.equal(back["odd"][1], torch.ones(2))
+
+
+def test_checkpoint_history_is_one_tensor_per_key(tmp_path):
+    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path / "ck", callback=_stop_at(3), **KW)
+    payload = load_checkpoint(str(tmp_path / "ck"))
+    assert payload["format"] == 4
+    for key, vals in payload["history"].items():
+        assert isinstance(vals, dict) and len(vals) == 1, key
+        assert next(iter(vals.values())).shape[0] == 3, key
+
+
+def test_a_format_3_checkpoint_still_resumes_bit_for_bit(tmp_path):
+    from ppdnmf_torch.checkpoint import _content_hashes, unpack_history
+
+    full = pp.fit(_blocks(), G, 2, **KW)
+    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path / "ck", callback=_stop_at(3), **KW)
+    newest = load_checkpoint(str(tmp_path / "ck"))
+    old = {k: v for k, v in newest.items() if k != "path"}
+    old["format"] = 3
+    old["history"] = {k: [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
+                      for k, vals in unpack_history(newest["history"]).items()}
+    old["hashes"] = _content_hashes(old)
+    (tmp_path / "old").mkdir()
+    save_checkpoint(str(tmp_path / "old" / "ckpt_bcd000003.pt"), old)
+    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path / "old", **KW)
+    assert torch.equal(resumed.X, full.X)
+    assert all(torch.equal(x, y) for x, y in zip(resumed.Y, full.Y))
+    assert resumed.history["nmse"] == full.history["nmse"]

@@ -240,23 +240,26 @@ def test_a_rank_whose_store_port_is_held_by_another_program_ends_within_its_time
 
 @pytest.fixture(scope="module")
 def fitted():
-    model = pp.PPDNMF(n_components=2, random_state=0, bcd_iters=2, x_iters=2, y_iters=2, device="cpu")
-    return model.fit(_Z(), RING4)
+    model = pp.PPDNMF(n_components=2, graph=RING4, random_state=0, max_iter=2, tol=0.0, x_iters=2, y_iters=2,
+                      device="cpu")
+    return model.fit(_Z().T.numpy())
 
 
-@pytest.mark.parametrize("Z, error, match", [
-    (np.full((8, 3), np.nan), DataError, r"^Z: agent 0's block has a NaN or Inf entry at row 0, column 0"),
-    (np.full((8, 3), np.inf), DataError, r"^Z: agent 0's block has a NaN or Inf entry"),
-    (-np.ones((8, 3)), DataError, r"^Z: has 24 negative entries"),
-    (np.array([["a"] * 3] * 8), DataError, r"^Z: cannot be read as a numeric matrix"),
-    (np.zeros((8, 0)), DataError, r"^Z: the matrix is empty \(shape \(8, 0\)\)"),
-    (torch.empty(8, 3, device="meta"), DataError, r"^Z: is a meta tensor"),
-    (np.ma.array(np.ones((8, 3)), mask=np.eye(8, 3, dtype=bool)), DataError, r"^Z: a masked array with 3 masked"),
-    (np.ones((7, 3)), DataError, r"^Z: expected \(8, M\) columns like the fitted data, got shape \(7, 3\)"),
+# the estimator takes scikit-learn's X (samples x features, the transpose of Z) and checks it
+# with scikit-learn's own validation (ValueError messages of its own), as fit does
+@pytest.mark.parametrize("X, error, match", [
+    (np.full((3, 8), np.nan), ValueError, r"Input X contains NaN"),
+    (np.full((3, 8), np.inf), ValueError, r"Input X contains infinity"),
+    (-np.ones((3, 8)), ValueError, r"Negative values in data passed to PPDNMF"),
+    (np.array([["a"] * 8] * 3), ValueError, r"string|could not convert"),
+    (np.zeros((0, 8)), ValueError, r"0 sample\(s\)"),
+    (torch.empty(3, 8, device="meta"), DataError, r"^X: a meta tensor"),
+    (np.ma.array(np.ones((3, 8)), mask=np.eye(3, 8, dtype=bool)), DataError, r"^X: a masked array with masked"),
+    (np.ones((3, 7)), ValueError, r"X has 7 features, but PPDNMF is expecting 8 features"),
 ])
-def test_transform_checks_its_input_as_fit_does(fitted, Z, error, match):
+def test_transform_checks_its_input_as_fit_does(fitted, X, error, match):
     with pytest.raises(error, match=match):
-        fitted.transform(Z)
+        fitted.transform(X)
 
 
 @pytest.mark.parametrize("key, value", [("transform_iters", -5), ("transform_iters", 0), ("transform_iters", 2.5),
@@ -266,11 +269,11 @@ def test_transform_refuses_bad_settings(fitted, key, value):
     fitted.set_params(**{key: value})
     try:
         with pytest.raises(ConfigError, match=rf"^{key}: must be"):
-            fitted.transform(_Z()[:, :3])
+            fitted.transform(_Z()[:, :3].T.numpy())
     finally:
         fitted.set_params(**{key: old})
-    Y = fitted.transform(_Z()[:, :3])
-    assert Y.shape == (2, 3) and bool((Y >= 0).all()) and float(Y.sum()) > 0
+    W = fitted.transform(_Z()[:, :3].T.numpy())
+    assert W.shape == (3, 2) and bool((W >= 0).all()) and float(W.sum()) > 0
 
 
 def test_fit_refuses_meta_tensors_and_masked_arrays():

@@ -16,13 +16,13 @@ from ...graph import Graph, check_min_degree, complete
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
 from ...checkpoint import PREFIX, CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
-    fingerprint, load_checkpoint
+    fingerprint, load_checkpoint, unpack_history
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
 from ...errors import DegenerateResultWarning
 from ...penalties import cap_bounds, check_shared_caps
 from ...folderlock import FolderLock
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
-from .solver.state import DEFAULTS, PAPER_SETTINGS
+from .solver.state import DEFAULTS, PAPER_SETTINGS, STOPPING
 from ...threads import with_threads
 
 __all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "check_min_degree", "DEFAULTS",
@@ -157,11 +157,15 @@ def _warn_degree_one(exch, graphs) -> None:
     found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
     if not found:
         return
-    names = ", ".join(str(a) if len(graphs) == 1 else f"{a} (trial {t})" for t, a in found)
+    agents = sorted({a for _, a in found})
+    shown = ", ".join(map(str, agents[:5])) + (f", ... ({len(agents)} in all)" if len(agents) > 5 else "")
+    trials = len({t for t, _ in found})
+    where = f" in {trials} of {len(graphs)} trials" if len(graphs) > 1 else ""
     warnings.warn(
-        f"agents [{names}] have a single neighbour: whatever the protocol, each learns that neighbour's U_j "
-        "exactly from the sums the exchange gives it (S_i and rho_i are that neighbour's term); pass "
-        "min_degree=2 to refuse such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=caller_stacklevel())
+        f"agents [{shown}]{where} have a single neighbour: each learns that neighbour's U_j exactly from its "
+        "sums; min_degree=2 refuses such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning,
+        stacklevel=caller_stacklevel())
+
 
 
 def warn_sum_leak(exch, params, caps, degrees) -> None:
@@ -221,7 +225,7 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         state = restore_state(payload, device)
         sampler = make_sampler(problem, params)
         sampler.load_state_dict(payload["sampler"])
-        history = payload["history"]
+        history = unpack_history(payload["history"])
     check_iteration_buffers(problem, params.rank, params.x_iters)
     checkpointer = lock = None
     if checkpoint_dir is not None:
@@ -343,7 +347,8 @@ def _first_line(exc: BaseException) -> str:
 
 @with_threads
 def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
-        bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
+        bcd_iters=STOPPING["bcd_iters"], x_iters=30, y_iters=30, tol=STOPPING["tol"],
+        admm_tol=STOPPING["admm_tol"],
         exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
         penalty="random", consensus_form="derived", negative="error",
         seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
@@ -599,7 +604,8 @@ def _history_batched(history: dict) -> dict:
 
 @with_threads
 def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0,
-               bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, admm_tol=None,
+               bcd_iters=STOPPING["bcd_iters"], x_iters=30, y_iters=30, tol=STOPPING["tol"],
+               admm_tol=STOPPING["admm_tol"],
                exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
                penalty="random", consensus_form="derived", negative="error",
                device="auto", dtype=torch.float64, callback=None, exchange_options=None,

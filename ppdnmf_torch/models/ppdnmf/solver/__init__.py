@@ -26,7 +26,7 @@ from .admm import x_step, y_step
 from .incremental import incremental_x_step
 from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
-from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, X_SOLVERS, X_WALKS, Y_SOLVERS, IterationInfo,
+from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, STOPPING, X_SOLVERS, X_WALKS, Y_SOLVERS, IterationInfo,
                     SolverParams, SolverState, init_state, make_sampler, restore_state)
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "Y_SOLVERS",
     "PAPER_SETTINGS",
     "DEFAULTS",
+    "STOPPING",
     "init_state",
     "run_bcd",
     "x_step",

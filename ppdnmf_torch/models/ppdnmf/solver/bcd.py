@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from .... import metrics
-from ...._utils import plain_number
+from ...._utils import caller_stacklevel, plain_number
 from ....errors import ConvergenceWarning, DataError, PPDNMFError
 from ....checkpoint import good_point, snapshot
 from ....exchange.base import Exchange
@@ -21,7 +21,8 @@ from .schedule import adapt, adapt_agreed, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
-__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite"]
+__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite",
+           "disagreement"]
 
 
 class NumericalError(PPDNMFError):
@@ -137,11 +138,25 @@ class AgentReduction:
         return values, xi["iters"][:, :n_real], yi["iters"][:, :n_real]
 
 
+def disagreement(state: SolverState, rho: torch.Tensor) -> torch.Tensor:
+    """Each agent's relative disagreement with its neighbours, ``(T, N)``: ``||S_i||_F /
+    (rho_i ||U_i||_F)`` with ``S_i = Q_i - Q_prev_i`` the sum its last exchange gave it, the
+    distance of ``U_i`` to the ``rho``-weighted mean of the neighbours' copies. Agent ``i``
+    computes it from what it holds; it is the adaptive schedule's signal too."""
+    T, N = rho.shape
+    s = (state.Q - state.Q_prev).reshape(T, N, -1).to(torch.float64).norm(dim=-1)
+    u = state.U.reshape(T, N, -1).to(torch.float64).norm(dim=-1)
+    r = rho.to(torch.float64)
+    linked = (r > 0) & (u > 0)  # an agent without neighbours (one agent, padding) has nothing to agree with
+    return torch.where(linked, s / torch.where(linked, r * u, 1.0), 0.0)
+
+
 def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
-                   agents: AgentReduction) -> dict:
+                   agents: AgentReduction) -> tuple[dict, dict]:
     """One BCD iteration: the X-step, the Y-step, the metrics (logged into ``history``).
 
-    Returns the metrics ``{name: Tensor (T,)}`` on the CPU, float64.
+    Returns the metrics ``{name: Tensor (T,)}`` on the CPU, float64, and the X-step's report
+    (its ``rho`` feeds the stopping rule's agreement test).
     """
     device = problem.Z.device
 
@@ -175,7 +190,7 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
     log("time_x", t1 - t0)
     log("time_y", t2 - t1)
     log("time_metrics", t3 - t2)
-    return values
+    return values, xi
 
 
 def _log_costs(exchange: Exchange, history: dict) -> dict:
@@ -257,20 +272,22 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
             bcd_iter = n + 1
             # the workspace overwrites state buffers: the stopping rule keeps its own copy
             X_before, Y_before = (state.X.clone(), state.Y.clone()) if tol > 0 else (None, None)
-            values = _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
-                                    agents)
+            values, xi_last = _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms,
+                                             history, agents)
             state.bcd_done = bcd_iter
             if tol > 0 and bcd_iter > 1:
                 # both factors: X alone can sit still while Y moves. Not on the first BCD
                 # iteration: there the "previous iterate" is the start, which X = max(0, U + P)
                 # and Y = max(0, V + R) still equal after one ADMM iteration each
                 raised = torch.maximum(rel_change(state.X, X_before), rel_change(state.Y, Y_before)) < tol
+                if "rho" in xi_last:  # and agreement: stationary copies that still disagree go on
+                    raised &= disagreement(state, xi_last["rho"]) < tol
                 bflags = stop_flags(bflags, raised & ~bflags, problem.topology)
                 state.frozen = bflags if problem.topology.any_set(bflags) else None
             costs = _log_costs(exchange, history)
             good = good_point(state, sampler, history, keep, exchange)
             if checkpointer is not None and checkpointer.due(bcd_iter):
-                checkpointer.write(snapshot(good, history, fingerprint))
+                checkpointer.write(snapshot(good, history, fingerprint, checkpointer.packer))
             stop = False
             if callback is not None:
                 stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state,
@@ -283,13 +300,11 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     except KeyboardInterrupt:
         path = None
         if checkpointer is not None:
-            path = checkpointer.write(snapshot(good, history, fingerprint))
+            path = checkpointer.write(snapshot(good, history, fingerprint, checkpointer.packer))
         raise RunInterrupted(path, good["bcd_done"]) from None
     if tol > 0 and not converged and state.bcd_done >= params.bcd_iters:
         warnings.warn(
-            f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters}; "
-            "the factors of the last iteration are returned",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
+            f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters} (scikit-learn's "
+            "max_iter); the factors of the last iteration are returned", ConvergenceWarning,
+            stacklevel=caller_stacklevel())
     return state, history, {"converged": converged, "n_iter": state.bcd_done, "sampler": sampler}
