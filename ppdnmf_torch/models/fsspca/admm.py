@@ -143,10 +143,9 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
         grad = manifold.riemannian_gradient(w, egrad)
         res = search(fg, w, value, grad, state.theta, active=act)
         w = res.w
-        moved = res.theta > 0
-        # the next search starts from twice the accepted step (half the last trial when none was)
-        state.theta = torch.where(moved, 2.0 * res.theta, state.theta * manifold.BACKTRACK ** res.n_evals)
-        state.theta = state.theta.clamp_min(torch.finfo(w.dtype).tiny ** 0.5)
+        # the next search starts from twice the accepted step; a worker whose search failed
+        # keeps its first trial (shrinking it would only slow the worker down for good)
+        state.theta = torch.where(res.theta > 0, 2.0 * res.theta, state.theta)
         state.line_search_evals += res.n_evals
         state.line_search_failures += int((~res.accepted).sum())
     return w

@@ -26,7 +26,7 @@ from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "DEFAULTS", "CHECKPOINT_NAME"]
 
 #: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
-DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=5, max_iter=500,
+DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=2, max_iter=500,
                 tol=1e-6)
 CHECKPOINT_NAME = "fsspca_state.pt"
 
@@ -94,6 +94,11 @@ def prepare_problem(blocks, n_trials=1, *, center=True, aggregation="plain", pro
         mean = global_mean(s, n, aggregation)
         gram, sqnorm = centred_gram(gram, sqnorm, s, n, mean)
     T = n_trials
+    if projector is not None:
+        # Algorithm 4: the same problem on the data A_i G (Gram G C_i G for a symmetric G)
+        gram = projector[:, None] @ gram @ projector[:, None]
+        sqnorm = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
+        return admm.FSSPCAProblem(gram, sqnorm, n.expand(T, *n.shape), projector), mean
     return admm.FSSPCAProblem(gram.expand(T, *gram.shape), sqnorm.expand(T, *sqnorm.shape),
                               n.expand(T, *n.shape), projector), mean
 

@@ -130,12 +130,22 @@ class LineSearchResult:
     n_evals: int
 
 
+def _decrease_ok(v, value, c1, theta, slope):
+    """Armijo's test, with a roundoff clause: where the decrease it asks for is below what the
+    dtype resolves at ``|f(w)|`` (``16 eps |f(w)|``), any step that does not increase ``f``
+    passes (else a converged worker would backtrack forever on rounding noise)."""
+    need = c1 * theta * slope
+    floor = 16.0 * torch.finfo(value.dtype).eps * value.abs()
+    return (v <= value + need) | ((-need <= floor) & (v <= value))
+
+
 def armijo(fg: Callable, w, value, grad, theta0, *, c1=ARMIJO_C1, beta=BACKTRACK, max_steps=MAX_LINE_SEARCH,
            active=None) -> LineSearchResult:
     """Armijo backtracking along ``zeta = -grad`` (eq. (18); Absil et al., Algorithm 1).
 
     Accepts the first ``theta = theta0 beta^m`` with
-    ``f(R_w(theta zeta)) <= f(w) - c1 theta ||grad||^2``, each batch entry on its own.
+    ``f(R_w(theta zeta)) <= f(w) - c1 theta ||grad||^2``, each batch entry on its own (with the
+    roundoff clause of :func:`_decrease_ok`).
 
     Parameters
     ----------
@@ -158,7 +168,7 @@ def armijo(fg: Callable, w, value, grad, theta0, *, c1=ARMIJO_C1, beta=BACKTRACK
         n += 1
         cand = retract(w, zeta, theta)
         v, _ = fg(cand)
-        ok = (~done) & (v <= value + c1 * theta * slope)
+        ok = (~done) & _decrease_ok(v, value, c1, theta, slope)
         w_new = torch.where(ok[..., None, None], cand, w_new)
         v_new = torch.where(ok, v, v_new)
         accepted_theta = torch.where(ok, theta, accepted_theta)
@@ -197,7 +207,7 @@ def strong_wolfe(fg: Callable, w, value, grad, theta0, *, c1=WOLFE_C1, c2=WOLFE_
         cand, dQ = retraction_derivative(w, zeta, theta)
         v, eg = fg(cand)
         dphi = inner(eg, dQ)
-        armijo_ok = v <= value + c1 * theta * slope0
+        armijo_ok = _decrease_ok(v, value, c1, theta, slope0)
         too_far = (~armijo_ok) | (dphi > c2 * slope0.abs())
         too_near = armijo_ok & (dphi < -c2 * slope0.abs())
         ok = (~done) & armijo_ok & ~too_far & ~too_near
