@@ -17,9 +17,11 @@ from ppdnmf_torch.exchange.aggregation import (
     make_aggregator,
     ring_sum,
     round_counts,
+    setup_counts,
     signed_lift,
 )
 from ppdnmf_torch.exchange.codec import CodecRangeError
+from ppdnmf_torch.exchange.costmodel import seed_chunks
 
 SMALL_KEY = 256
 
@@ -183,3 +185,67 @@ def test_costs_are_counted_per_round():
     plain = make_aggregator("plain", K)
     plain.total(_uploads((K, P), dtype=torch.float32), 0)
     assert plain.costs()["bytes"] == 4 * K * P and plain.costs()["rounds"] == 1
+
+
+# --------------------------------------------------------------------------- paillier
+def _paillier(paillier_keypairs, K, **kw):
+    import warnings
+
+    from ppdnmf_torch.exchange.paillier import InsecureKeyWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureKeyWarning)
+        return make_aggregator("paillier", K, key_bits=SMALL_KEY, keypairs=paillier_keypairs(SMALL_KEY, K + 1), **kw)
+
+
+@pytest.mark.crypto
+@pytest.mark.parametrize("K,shape,dim,dtype,bits", [
+    (3, (3, 17), 0, torch.float64, None),
+    (4, (2, 4, 5, 3), 1, torch.float32, None),
+    (2, (6, 2), 1, torch.float64, 40),
+])
+def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim, dtype, bits):
+    agg = _paillier(paillier_keypairs, K, bits=bits, record=True)
+    emu = make_aggregator("quantized", K, key_bits=SMALL_KEY, bits=bits)
+    for r in range(2):
+        v = _uploads(shape, seed=10 + r, scale=3.0, dtype=dtype)
+        got = agg.total(v, dim)
+        assert torch.equal(got, emu.total(v, dim))
+        assert torch.equal(got, _integer_sum(v, dim))
+    # the server received K uploads of C ciphertexts each, none of which decrypts to its packed value
+    P = _uploads(shape).numel() // K
+    want = round_counts(K, P, key_bits=SMALL_KEY, bits=bits)
+    c = agg.costs()
+    for key in ("encryptions", "decryptions", "homomorphic_additions", "mask_units", "bytes"):
+        assert c[key] == 2 * want[key], key
+    assert c["setup_encryptions"] == K * (K - 1) // 2 * seed_chunks(SMALL_KEY)
+    assert c["setup_bytes"] == setup_counts(K, key_bits=SMALL_KEY)["setup_bytes"]
+    rec = agg.transcript[-1]
+    assert len(rec["uploads"]) == K and all(len(u) == want["ciphertexts"] for u in rec["uploads"])
+    n = agg.server_modulus
+    for i in range(K):
+        packed = agg.layout.pack(rec["q"][i].tolist(), n)
+        assert agg._decrypt_as_server(rec["uploads"][i]) != packed
+
+
+@pytest.mark.crypto
+def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
+    keys = paillier_keypairs(SMALL_KEY, 4)
+    agg = _paillier(paillier_keypairs, 3)
+    with pytest.raises(DroppedWorkerError, match="worker 2"):
+        agg.total(_uploads((3, 4)), 0, dropped=[2])
+    for bad in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError):
+            bad(agg)
+    text = repr(agg) + str(agg.costs())
+    for _, sk in keys:
+        assert str(sk.p) not in text and str(sk.q) not in text
+    assert torch.equal(agg.total(_uploads((3, 4)), 0), _integer_sum(_uploads((3, 4)), 0))
+    stores = [w._seeds for w in agg._workers]
+    assert all(len(s) == 2 for s in stores)
+    agg.close()
+    assert all(len(s) == 0 for s in stores) and agg._server is None
+    with pytest.raises(ConfigError, match="closed"):
+        agg.total(_uploads((3, 4)), 0)
+    with pytest.raises(ConfigError, match="seed"):
+        make_aggregator("paillier", 3, seed=1)
