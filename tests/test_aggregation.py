@@ -249,3 +249,52 @@ def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
         agg.total(_uploads((3, 4)), 0)
     with pytest.raises(ConfigError, match="seed"):
         make_aggregator("paillier", 3, seed=1)
+
+
+# --------------------------------------------------------------------------- the audit
+@pytest.mark.parametrize("K", [2, 3, 5])
+def test_audit_a_curious_server_learns_only_the_sum(K):
+    from ppdnmf_torch.audit.server import run_server_audit
+
+    rep = run_server_audit("quantized", K, rounds=6, n_values=48, seed=K)
+    assert rep["sums_exact"]
+    views = rep["views"]
+    assert len(views) == K * K  # per target: the server, and the server with each other worker
+    for v in views:
+        if v["inherent"]:  # K = 2: the colluder's upload and the sum give the other one exactly
+            assert v["exact_fraction"] == 1.0 and v["baseline_exact_fraction"] == 1.0
+            continue
+        assert v["exact_fraction"] == 0.0 and not v["learns_beyond_sum"]
+        assert abs(v["corr"]) < v["corr_bound"] and v["ks"] < v["ks_bound"]
+        assert v["rel_err_median"] > 1e6 * v["baseline_rel_err_median"]
+    assert rep["verdict"]["server"] == "only the sum"
+    assert rep["verdict"].get("server+worker", "only the sum") == "only the sum"
+    assert ("server+worker" in rep["verdict"]) == (K >= 3)
+
+
+def test_audit_positive_control_masks_off_exposes_every_upload():
+    from ppdnmf_torch.audit.server import format_server_audit, run_server_audit
+
+    rep = run_server_audit("quantized", 3, rounds=4, n_values=32, masks=False)
+    assert rep["sums_exact"] and rep["verdict"] == {"server": "learns beyond the sum"}
+    for v in rep["views"]:
+        assert v["exact_fraction"] == 1.0 and v["corr"] > 0.999 and v["rel_err_median"] == 0.0
+    table = format_server_audit([rep])
+    assert "| quantized | 3 | off | server | 1 |" in table
+
+
+@pytest.mark.crypto
+def test_audit_paillier_server_decrypts_noise(paillier_keypairs):
+    import warnings
+
+    from ppdnmf_torch.audit.server import run_server_audit
+    from ppdnmf_torch.exchange.paillier import InsecureKeyWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureKeyWarning)
+        rep = run_server_audit("paillier", 3, rounds=4, n_values=40, key_bits=SMALL_KEY,
+                               keypairs=paillier_keypairs(SMALL_KEY, 4))
+    assert rep["sums_exact"]
+    for v in rep["views"]:
+        assert v["exact_fraction"] == 0.0 and v["rel_err_median"] > 1e6 * v["baseline_rel_err_median"]
+    assert rep["verdict"] == {"server": "only the sum", "server+worker": "only the sum"}
