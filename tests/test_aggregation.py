@@ -199,14 +199,15 @@ def _paillier(paillier_keypairs, K, **kw):
 
 
 @pytest.mark.crypto
-@pytest.mark.parametrize("K,shape,dim,dtype,bits", [
-    (3, (3, 17), 0, torch.float64, None),
-    (4, (2, 4, 5, 3), 1, torch.float32, None),
-    (2, (6, 2), 1, torch.float64, 40),
+@pytest.mark.parametrize("K,shape,dim,dtype,bits,h", [
+    (3, (3, 17), 0, torch.float64, None, None),
+    (4, (2, 4, 5, 3), 1, torch.float32, None, None),
+    (2, (6, 2), 1, torch.float64, 40, None),
+    (6, (6, 9), 0, torch.float64, None, 1),
 ])
-def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim, dtype, bits):
-    agg = _paillier(paillier_keypairs, K, bits=bits, record=True)
-    emu = make_aggregator("quantized", K, key_bits=SMALL_KEY, bits=bits)
+def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim, dtype, bits, h):
+    agg = _paillier(paillier_keypairs, K, bits=bits, record=True, mask_neighbours=h)
+    emu = make_aggregator("quantized", K, key_bits=SMALL_KEY, bits=bits, mask_neighbours=h)
     for r in range(2):
         v = _uploads(shape, seed=10 + r, scale=3.0, dtype=dtype)
         got = agg.total(v, dim)
@@ -214,12 +215,13 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim,
         assert torch.equal(got, _integer_sum(v, dim))
     # the server received K uploads of C ciphertexts each, none of which decrypts to its packed value
     P = _uploads(shape).numel() // K
-    want = round_counts(K, P, key_bits=SMALL_KEY, bits=bits)
+    want = round_counts(K, P, key_bits=SMALL_KEY, bits=bits, mask_neighbours=h)
     c = agg.costs()
     for key in ("encryptions", "decryptions", "homomorphic_additions", "mask_units", "bytes"):
         assert c[key] == 2 * want[key], key
-    assert c["setup_encryptions"] == K * (K - 1) // 2 * seed_chunks(SMALL_KEY)
-    assert c["setup_bytes"] == setup_counts(K, key_bits=SMALL_KEY)["setup_bytes"]
+    assert c["setup_encryptions"] == len(agg.pairs) * seed_chunks(SMALL_KEY)
+    assert len(agg.pairs) == (K * (K - 1) // 2 if h is None else K)
+    assert c["setup_bytes"] == setup_counts(K, key_bits=SMALL_KEY, mask_neighbours=h)["setup_bytes"]
     rec = agg.transcript[-1]
     assert len(rec["uploads"]) == K and all(len(u) == want["ciphertexts"] for u in rec["uploads"])
     n = agg.server_modulus
@@ -298,3 +300,24 @@ def test_audit_paillier_server_decrypts_noise(paillier_keypairs):
     for v in rep["views"]:
         assert v["exact_fraction"] == 0.0 and v["rel_err_median"] > 1e6 * v["baseline_rel_err_median"]
     assert rep["verdict"] == {"server": "only the sum", "server+worker": "only the sum"}
+
+
+@pytest.mark.parametrize("K,h,pairs", [(6, 1, 6), (7, 2, 14), (5, 2, 10), (4, None, 6)])
+def test_sparse_mask_graph(K, h, pairs):
+    from ppdnmf_torch.audit.server import server_views
+    from ppdnmf_torch.exchange.aggregation import mask_pairs
+
+    got = mask_pairs(K, h)
+    assert len(got) == pairs and all(a < b for a, b in got)
+    agg = make_aggregator("quantized", K, mask_neighbours=h, seed=1, record=True)
+    v = _uploads((K, 40), seed=K)
+    assert torch.equal(agg.total(v, 0), _integer_sum(v, 0))
+    c = agg.costs()
+    assert c["prg_bytes"] == 8 * 40 * pairs and c["model_setup_encryptions"] == pairs
+    assert c["model_mask_units"] == 2 * pairs * round_counts(K, 40, key_bits=2048)["ciphertexts"]
+    for _ in range(3):
+        agg.total(_uploads((K, 40), seed=K + _), 0)
+    views = server_views(agg)
+    assert not any(v["learns_beyond_sum"] for v in views)
+    with pytest.raises(ConfigError, match="mask_neighbours"):
+        make_aggregator("quantized", K, mask_neighbours=0)

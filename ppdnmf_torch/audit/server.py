@@ -91,6 +91,8 @@ def _paillier_reading(agg, rec, i: int, colluder):
 
 
 def _reading(agg, rec, i, colluder):
+    if colluder is not None and (min(i, colluder), max(i, colluder)) not in agg.pairs:
+        colluder = None  # no seed shared with i (a sparse mask graph): nothing of i's to strip
     if agg.kind == "paillier":
         return _paillier_reading(agg, rec, i, colluder)
     return _quantized_reading(agg, rec, i, colluder)

@@ -56,7 +56,7 @@ from .costmodel import SEED_BITS, ciphertext_nbytes, public_key_nbytes, seed_chu
 from .packing import derive_layout, natural_slot_bits
 
 __all__ = ["AGGREGATION_KINDS", "DEFAULT_N_MAX", "RING_BITS", "Aggregator", "PlainAggregator", "IntegerAggregator",
-           "QuantizedAggregator", "DroppedWorkerError", "make_aggregator", "round_counts", "setup_counts",
+           "QuantizedAggregator", "DroppedWorkerError", "make_aggregator", "round_counts", "setup_counts", "mask_pairs",
            "ring_sum", "signed_lift"]
 
 AGGREGATION_KINDS = ("plain", "quantized", "paillier")
@@ -130,31 +130,55 @@ def _ring_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a + (b - (1 << (RING_BITS - 1)) - (1 << (RING_BITS - 1)))) & _RING_MASK
 
 
-# --------------------------------------------------------------------------- the cost model
-def setup_counts(n_workers: int, *, key_bits: int) -> dict:
-    """The ``paillier`` kind's setup, once per aggregator: every worker's public key to the
-    server and, relayed, to every other worker; per pair ``a < b`` a seed drawn by ``a``,
-    encrypted under ``b``'s key and sent to ``b`` through the server (two hops)."""
+# --------------------------------------------------------------------------- the mask graph
+def mask_pairs(n_workers: int, mask_neighbours=None) -> list:
+    """The pairs ``(a, b)``, ``a < b``, of workers that share a mask seed, in a fixed order.
+
+    ``mask_neighbours=None``: every pair (the complete graph). An integer ``h >= 1``: worker ``i``
+    pairs with the ``h`` next workers on each side of a ring (``i +- 1, ..., i +- h`` mod ``K``), so
+    ``min(2h, K - 1)`` partners each and ``O(K h)`` seeds instead of ``K (K - 1) / 2``. Any connected
+    mask graph gives the server only the sum; a smaller ``h`` lets fewer colluders unmask a worker
+    (its ``2h`` partners together with the server), docs/SECURE_AGGREGATION.md.
+    """
     K = int(n_workers)
-    pairs = K * (K - 1) // 2
+    if mask_neighbours is None or 2 * int(mask_neighbours) >= K - 1:
+        return [(a, b) for a in range(K) for b in range(a + 1, K)]
+    pairs = {tuple(sorted((i, (i + s) % K))) for i in range(K) for s in range(1, int(mask_neighbours) + 1)}
+    return sorted(pairs)
+
+
+def check_mask_neighbours(mask_neighbours) -> None:
+    if mask_neighbours is not None and (isinstance(mask_neighbours, bool) or not isinstance(mask_neighbours, int)
+                                        or mask_neighbours < 1):
+        raise ConfigError(f"mask_neighbours: must be None (every pair) or an integer >= 1, got {mask_neighbours!r}")
+
+
+# --------------------------------------------------------------------------- the cost model
+def setup_counts(n_workers: int, *, key_bits: int, mask_neighbours=None) -> dict:
+    """The ``paillier`` kind's setup, once per aggregator: every worker's public key to the
+    server and, relayed, to every other worker; per pair ``a < b`` of :func:`mask_pairs` a seed drawn
+    by ``a``, encrypted under ``b``'s key and sent to ``b`` through the server (two hops)."""
+    K = int(n_workers)
+    pairs = len(mask_pairs(K, mask_neighbours))
     k, B, C = seed_chunks(key_bits), public_key_nbytes(key_bits), ciphertext_nbytes(key_bits)
     return {"setup_encryptions": pairs * k, "setup_decryptions": pairs * k,
             "setup_bytes": K * B + K * K * B + 2 * pairs * k * C, "key_pairs": K + 1}
 
 
-def round_counts(n_workers: int, n_values: int, *, key_bits: int, bits: int | None = None) -> dict:
+def round_counts(n_workers: int, n_values: int, *, key_bits: int, bits: int | None = None,
+                 mask_neighbours=None) -> dict:
     """The ``paillier`` kind's operations and bytes for one round of ``n_values`` values per worker.
 
     With ``S`` slots per plaintext (:func:`~.packing.derive_layout`) an upload is ``C = ceil(P / S)``
-    ciphertexts: encryptions ``K C`` (one per worker and ciphertext), mask units ``K (K - 1) C``
-    (PRG outputs multiplied in), homomorphic additions ``(K - 1) C`` (the server's products),
-    decryptions ``C`` (the sum only), bytes ``K C`` ciphertexts.
+    ciphertexts: encryptions ``K C`` (one per worker and ciphertext), mask units ``2 pairs C``
+    (PRG outputs multiplied in; ``K (K - 1) C`` on the complete mask graph), homomorphic additions
+    ``(K - 1) C`` (the server's products), decryptions ``C`` (the sum only), bytes ``K C`` ciphertexts.
     """
     layout = derive_layout(IntegerCodec(key_bits=int(key_bits)), slot_bits=bits)
     K, P = int(n_workers), int(n_values)
     C = layout.n_ciphertexts(P)
     return {"encryptions": K * C, "decryptions": C, "homomorphic_additions": (K - 1) * C,
-            "mask_units": K * (K - 1) * C, "bytes": K * C * ciphertext_nbytes(key_bits), "ciphertexts": C,
+            "mask_units": 2 * len(mask_pairs(K, mask_neighbours)) * C, "bytes": K * C * ciphertext_nbytes(key_bits), "ciphertexts": C,
             "slots": layout.slots}
 
 
@@ -340,8 +364,12 @@ class IntegerAggregator(SealedKeys, Aggregator):
     __slots__ = ()
 
     def __init__(self, n_workers: int, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = 2048,
-                 record: bool = False):
+                 record: bool = False, mask_neighbours=None):
         super().__init__(n_workers, record=record, min_workers=2)
+        check_mask_neighbours(mask_neighbours)
+        self.mask_neighbours = mask_neighbours
+        #: the pairs of workers that share a seed (:func:`mask_pairs`)
+        self.pairs = mask_pairs(self.n_workers, mask_neighbours)
         self.codec = IntegerCodec(n_max=n_max, g_bits=0, key_bits=key_bits)
         natural = natural_slot_bits(self.codec)
         if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= natural):
@@ -487,8 +515,9 @@ class QuantizedAggregator(IntegerAggregator):
     __slots__ = ()
 
     def __init__(self, n_workers: int, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = 2048, seed=None,
-                 record: bool = False, masks: bool = True):
-        super().__init__(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record)
+                 record: bool = False, mask_neighbours=None, masks: bool = True):
+        super().__init__(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
+                         mask_neighbours=mask_neighbours)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed: must be an integer or None, got {seed!r}")
         self.masks = bool(masks)
@@ -496,19 +525,17 @@ class QuantizedAggregator(IntegerAggregator):
         self._vaults = tuple(_SeedVault() for _ in range(K))
         t0 = time.perf_counter()
         if self.masks:
-            for a in range(K):
-                for b in range(a + 1, K):
-                    s = secrets.token_bytes(_SEED_BYTES) if seed is None else _test_seed(seed, a, b)
-                    self._vaults[a].put(b, s)
-                    self._vaults[b].put(a, s)
+            for a, b in self.pairs:
+                s = secrets.token_bytes(_SEED_BYTES) if seed is None else _test_seed(seed, a, b)
+                self._vaults[a].put(b, s)
+                self._vaults[b].put(a, s)
         self._timed("seconds_setup", t0)
-        for k, v in setup_counts(K, key_bits=self.key_bits).items():
+        for k, v in setup_counts(K, key_bits=self.key_bits, mask_neighbours=self.mask_neighbours).items():
             self._add(f"model_{k}", v)
 
     def _net_masks(self, P: int, device) -> torch.Tensor:
         """``m (K, P)`` in ``[0, 2^63)``: ``m_i = sum_{k != i} sigma_ik PRG(s_ik, r) mod 2^63``."""
-        K, r = self.n_workers, self.rounds
-        pairs = [(a, b) for a in range(K) for b in range(a + 1, K)]
+        K, r, pairs = self.n_workers, self.rounds, self.pairs
         streams = torch.from_numpy(np.stack([self._vaults[a].stream(a, b, r, P) for a, b in pairs])).to(device)
         src = torch.tensor([a for a, _ in pairs], device=device)
         dst = torch.tensor([b for _, b in pairs], device=device)
@@ -531,7 +558,8 @@ class QuantizedAggregator(IntegerAggregator):
         s = signed_lift(ring_sum(y, 0))
         self._timed("seconds_aggregate", t0)
         self._add("bytes", K * P * 8)
-        for k, v in round_counts(K, P, key_bits=self.key_bits, bits=self.bits).items():
+        for k, v in round_counts(K, P, key_bits=self.key_bits, bits=self.bits,
+                                 mask_neighbours=self.mask_neighbours).items():
             if k not in ("slots", "ciphertexts"):
                 self._add(f"model_{k}", v)
         if self.record:
@@ -548,13 +576,13 @@ class QuantizedAggregator(IntegerAggregator):
         return torch.from_numpy(self._vaults[worker].stream(worker, peer, round_no, count))
 
     def __repr__(self) -> str:
-        seeds = sum(len(v) for v in self._vaults) // 2
+        seeds = sum(len(v) for v in self._vaults) // 2  # a count, never a seed
         return (f"QuantizedAggregator(n_workers={self.n_workers}, n_max={self.n_max:g}, bits={self.bits}, "
                 f"key_bits={self.key_bits}, rounds={self.rounds}, {seeds} pair seeds{', masks off' * (not self.masks)})")
 
 
 def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = 2048,
-                    seed=None, record: bool = False, **options) -> Aggregator:
+                    seed=None, record: bool = False, mask_neighbours=None, **options) -> Aggregator:
     """The server's aggregator of ``kind`` for ``n_workers`` workers; one per run (trials share it).
 
     Parameters
@@ -573,6 +601,9 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
         ``quantized`` only: derive the mask seeds from it (tests; default: the OS CSPRNG).
     record : bool
         Keep :attr:`Aggregator.transcript` (audit, tests).
+    mask_neighbours : int, optional
+        The secure kinds' mask graph (:func:`mask_pairs`): None pairs every two workers (``K (K - 1) / 2``
+        seeds); ``h`` pairs each worker with ``2h`` ring neighbours (for many workers).
     **options
         ``paillier``: ``keypairs`` (``K + 1`` pre-made key pairs, the server's last; tests) and
         ``djn`` (DJN short-exponent obfuscators; :mod:`.paillier.obfuscation`).
@@ -585,16 +616,19 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
     if kind == "plain":
         if options:
             raise ConfigError(f"{sorted(options)[0]}: not an option of kind='plain'")
+        check_mask_neighbours(mask_neighbours)
         return PlainAggregator(n_workers, record=record)
     if kind == "quantized":
         if options:
             raise ConfigError(f"{sorted(options)[0]}: not an option of kind='quantized'")
-        return QuantizedAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, seed=seed, record=record)
+        return QuantizedAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, seed=seed, record=record,
+                                   mask_neighbours=mask_neighbours)
     if kind == "paillier":
         from .paillier.aggregation import PaillierAggregator  # imports phe: here and only here
 
         if seed is not None:
             raise ConfigError("seed: kind='paillier' draws its seeds and keys from the OS CSPRNG only")
-        return PaillierAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record, **options)
+        return PaillierAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
+                                  mask_neighbours=mask_neighbours, **options)
     raise ConfigError(f"kind: unknown aggregation kind {kind!r}; use one of {', '.join(AGGREGATION_KINDS)}")
 

@@ -58,8 +58,9 @@ class PaillierAggregator(IntegerAggregator):
     __slots__ = ()
 
     def __init__(self, n_workers: int, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = SECURE_KEY_BITS,
-                 record: bool = False, keypairs=None, djn: bool = False):
-        super().__init__(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record)
+                 record: bool = False, mask_neighbours=None, keypairs=None, djn: bool = False):
+        super().__init__(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
+                         mask_neighbours=mask_neighbours)
         check_key_bits(key_bits)
         if key_bits < SECURE_KEY_BITS:
             warnings.warn(f"{key_bits}-bit Paillier keys are for experiments only (use {SECURE_KEY_BITS} bits)",
@@ -75,20 +76,22 @@ class PaillierAggregator(IntegerAggregator):
         for ag in agents:
             ag._enable_fast(own_mode="crt")
         self._workers, self._server = agents[:K], agents[K]
-        self._tags = [[(_tag(i, k), 1 if i < k else -1) for k in range(K) if k != i] for i in range(K)]
+        self._tags = [[] for _ in range(K)]
+        for a, b in self.pairs:
+            self._tags[a].append((_tag(a, b), 1))
+            self._tags[b].append((_tag(a, b), -1))
         self._agree_seeds()
         self._timed("seconds_setup", t0)
 
     def _agree_seeds(self) -> None:
         K, kb = self.n_workers, self.key_bits
         chunks = seed_chunks(kb)
-        for a in range(K):
-            for b in range(a + 1, K):
-                peer = self._workers[b]
-                cts = self._workers[a].draw_seed_for(_tag(a, b), peer.public_key,
-                                                     public_obfuscators(peer.n, chunks, self._djn_bits))
-                peer.store_seed(_tag(a, b), EncryptedVector(peer.public_key, cts))  # a -> server -> b
-        for k, v in setup_counts(K, key_bits=kb).items():
+        for a, b in self.pairs:
+            peer = self._workers[b]
+            cts = self._workers[a].draw_seed_for(_tag(a, b), peer.public_key,
+                                                 public_obfuscators(peer.n, chunks, self._djn_bits))
+            peer.store_seed(_tag(a, b), EncryptedVector(peer.public_key, cts))  # a -> server -> b
+        for k, v in setup_counts(K, key_bits=kb, mask_neighbours=self.mask_neighbours).items():
             self._add(k, v)
 
     def _masked_sum(self, q):
@@ -113,7 +116,7 @@ class PaillierAggregator(IntegerAggregator):
         t0 = self._timed("seconds_aggregate", t0)
         sums = server.decrypt_packed(EncryptedVector(server.public_key, prod), lay, P, admm_iter=rnd)
         self._timed("seconds_decrypt", t0)
-        counts = round_counts(K, P, key_bits=self.key_bits, bits=self.bits)
+        counts = round_counts(K, P, key_bits=self.key_bits, bits=self.bits, mask_neighbours=self.mask_neighbours)
         for key in ("encryptions", "mask_units", "homomorphic_additions", "decryptions"):
             self._add(key, counts[key])
         self._add("bytes", K * C * ciphertext_nbytes(self.key_bits))
@@ -146,4 +149,4 @@ class PaillierAggregator(IntegerAggregator):
         K = self.n_workers
         return (f"PaillierAggregator(n_workers={K}, n_max={self.n_max:g}, bits={self.bits}, "
                 f"key_bits={self.key_bits}, slots={self.layout.slots}, rounds={self.rounds}, "
-                f"{K * (K - 1) // 2 if self._server is not None else 0} pair seeds)")
+                f"{len(self.pairs) if self._server is not None else 0} pair seeds)")
