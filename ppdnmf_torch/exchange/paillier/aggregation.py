@@ -31,7 +31,7 @@ import warnings
 import gmpy2
 import torch
 
-from ..aggregation import DEFAULT_N_MAX, IntegerAggregator, round_counts, setup_counts
+from ..secure_sum import DEFAULT_N_MAX, IntegerAggregator, round_counts, setup_counts
 from ..costmodel import ciphertext_nbytes, seed_chunks
 from ..spec import SECURE_KEY_BITS
 from .keys import EncryptedVector, InsecureKeyWarning, RawPaillier, check_key_bits, generate_keypairs, make_agents
