@@ -79,8 +79,11 @@ _DOMAIN = b"ppdnmf-aggregate-v1|"
 def ring_sum(y: torch.Tensor, dim: int) -> torch.Tensor:
     """``sum y mod 2^63`` along ``dim`` for int64 ``y`` in ``[0, 2^63)``, exact (two 32/31-bit limbs,
     so no partial sum overflows int64 for fewer than ``2^31`` terms)."""
-    lo = (y & _LO_MASK).sum(dim)
-    hi = (y >> _LO_BITS).sum(dim)
+    return _from_limbs((y & _LO_MASK).sum(dim), (y >> _LO_BITS).sum(dim))
+
+
+def _from_limbs(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``(hi 2^32 + lo) mod 2^63`` from sums of the low (32-bit) and high (31-bit) limbs."""
     return (((hi + (lo >> _LO_BITS)) & ((1 << (RING_BITS - _LO_BITS)) - 1)) << _LO_BITS) | (lo & _LO_MASK)
 
 
@@ -195,7 +198,7 @@ class QuantizedAggregator(IntegerAggregator):
         def ring_scatter(index):  # the mod-2^63 sum of the streams per worker, in two limbs
             lo = torch.zeros((K, P), dtype=torch.int64, device=device).index_add_(0, index, streams & _LO_MASK)
             hi = torch.zeros((K, P), dtype=torch.int64, device=device).index_add_(0, index, streams >> _LO_BITS)
-            return (((hi + (lo >> _LO_BITS)) & ((1 << (RING_BITS - _LO_BITS)) - 1)) << _LO_BITS) | (lo & _LO_MASK)
+            return _from_limbs(lo, hi)
 
         return (ring_scatter(src) - ring_scatter(dst)) & _RING_MASK
 
@@ -228,8 +231,9 @@ class QuantizedAggregator(IntegerAggregator):
 
     def __repr__(self) -> str:
         seeds = sum(len(v) for v in self._vaults) // 2  # a count, never a seed
+        off = "" if self.masks else ", masks off"
         return (f"QuantizedAggregator(n_workers={self.n_workers}, n_max={self.n_max:g}, bits={self.bits}, "
-                f"key_bits={self.key_bits}, rounds={self.rounds}, {seeds} pair seeds{', masks off' * (not self.masks)})")
+                f"key_bits={self.key_bits}, rounds={self.rounds}, {seeds} pair seeds{off})")
 
 
 def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = 2048,

@@ -90,8 +90,8 @@ def round_counts(n_workers: int, n_values: int, *, key_bits: int, bits: int | No
     K, P = int(n_workers), int(n_values)
     C = layout.n_ciphertexts(P)
     return {"encryptions": K * C, "decryptions": C, "homomorphic_additions": (K - 1) * C,
-            "mask_units": 2 * len(mask_pairs(K, mask_neighbours)) * C, "bytes": K * C * ciphertext_nbytes(key_bits), "ciphertexts": C,
-            "slots": layout.slots}
+            "mask_units": 2 * len(mask_pairs(K, mask_neighbours)) * C, "bytes": K * C * ciphertext_nbytes(key_bits),
+            "ciphertexts": C, "slots": layout.slots}
 
 
 # --------------------------------------------------------------------------- the interface
