@@ -6,8 +6,8 @@
 
 For every ``K`` (workers) and ``P`` (values per worker and round; 192 = FSSPCA's ``w_i`` at
 ``d = 64, r = 3``, 2352 = ``d = 784, r = 3``) one process builds a ``plain``, a ``quantized`` and a
-``paillier`` aggregator (``make_aggregator``; the paillier one with fresh ``key_bits`` keys, and
-with ``--djn`` a second one with DJN obfuscators) and runs ``--rounds`` rounds of the same
+``paillier`` aggregator (``make_aggregator``, with fresh ``key_bits`` keys: the default, one worker's
+fresh obfuscators; ``paillier_every``, ``obfuscators="every"``; with ``--djn`` one with DJN obfuscators) and runs ``--rounds`` rounds of the same
 FSSPCA-like uploads through each in turn (round by round, the kinds interleaved, so that the
 machine's load hits them alike). It checks every round's quantized and paillier sums bit for bit
 against each other, and reports per kind the seconds per round (median and range), its ratio to
@@ -47,7 +47,7 @@ def _uploads(K, P, rounds, seed=0):
 
 
 def bench(K: int, P: int, *, key_bits: int, rounds: int, djn: bool) -> dict:
-    kinds = {"plain": {}, "quantized": {}, "paillier": {}}
+    kinds = {"plain": {}, "quantized": {}, "paillier": {}, "paillier_every": {"obfuscators": "every"}}
     if djn:
         kinds["paillier_djn"] = {"djn": True}
     aggs, setup = {}, {}

@@ -176,7 +176,7 @@ def test_costs_are_counted_per_round():
     one = round_counts(K, P, key_bits=2048)
     two = round_counts(K, 2 * P, key_bits=2048)
     assert one["slots"] == 32 and one["ciphertexts"] == 3
-    assert c["model_encryptions"] == one["encryptions"] + two["encryptions"] == K * (3 + 5)
+    assert c["model_encryptions"] == one["encryptions"] + two["encryptions"] == 3 + 5  # the designated worker's
     assert c["model_decryptions"] == 3 + 5
     assert c["model_setup_encryptions"] == K * (K - 1) // 2
     rounds = agg.pop_round_costs()
@@ -199,14 +199,14 @@ def _paillier(paillier_keypairs, K, **kw):
 
 
 @pytest.mark.crypto
-@pytest.mark.parametrize("K,shape,dim,dtype,bits,h", [
-    (3, (3, 17), 0, torch.float64, None, None),
-    (4, (2, 4, 5, 3), 1, torch.float32, None, None),
-    (2, (6, 2), 1, torch.float64, 40, None),
-    (6, (6, 9), 0, torch.float64, None, 1),
+@pytest.mark.parametrize("K,shape,dim,dtype,bits,h,obf", [
+    (3, (3, 17), 0, torch.float64, None, None, "designated"),
+    (4, (2, 4, 5, 3), 1, torch.float32, None, None, "every"),
+    (2, (6, 2), 1, torch.float64, 40, None, "designated"),
+    (6, (6, 9), 0, torch.float64, None, 1, "designated"),
 ])
-def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim, dtype, bits, h):
-    agg = _paillier(paillier_keypairs, K, bits=bits, record=True, mask_neighbours=h)
+def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim, dtype, bits, h, obf):
+    agg = _paillier(paillier_keypairs, K, bits=bits, record=True, mask_neighbours=h, obfuscators=obf)
     emu = make_aggregator("quantized", K, key_bits=SMALL_KEY, bits=bits, mask_neighbours=h)
     for r in range(2):
         v = _uploads(shape, seed=10 + r, scale=3.0, dtype=dtype)
@@ -215,7 +215,8 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim,
         assert torch.equal(got, _integer_sum(v, dim))
     # the server received K uploads of C ciphertexts each, none of which decrypts to its packed value
     P = _uploads(shape).numel() // K
-    want = round_counts(K, P, key_bits=SMALL_KEY, bits=bits, mask_neighbours=h)
+    want = round_counts(K, P, key_bits=SMALL_KEY, bits=bits, mask_neighbours=h, obfuscators=obf)
+    assert want["encryptions"] == (K if obf == "every" else 1) * want["ciphertexts"]
     c = agg.costs()
     for key in ("encryptions", "decryptions", "homomorphic_additions", "mask_units", "bytes"):
         assert c[key] == 2 * want[key], key
@@ -228,6 +229,8 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim,
     for i in range(K):
         packed = agg.layout.pack(rec["q"][i].tolist(), n)
         assert agg._decrypt_as_server(rec["uploads"][i]) != packed
+        # every upload is re-randomized by its mask unit: none is the bare embedding 1 + n M
+        assert all(int(c) % n != 1 for c in rec["uploads"][i])
 
 
 @pytest.mark.crypto
@@ -251,6 +254,8 @@ def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
         agg.total(_uploads((3, 4)), 0)
     with pytest.raises(ConfigError, match="seed"):
         make_aggregator("paillier", 3, seed=1)
+    with pytest.raises(ConfigError, match="obfuscators"):
+        _paillier(paillier_keypairs, 3, obfuscators="none")
 
 
 # --------------------------------------------------------------------------- the audit

@@ -261,7 +261,9 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
         seeds); ``h`` pairs each worker with ``2h`` ring neighbours (for many workers).
     **options
         ``paillier``: ``keypairs`` (``K + 1`` pre-made key pairs, the server's last; tests) and
-        ``djn`` (DJN short-exponent obfuscators; :mod:`.paillier.obfuscation`).
+        ``djn`` (DJN short-exponent obfuscators; :mod:`.paillier.obfuscation`) and ``obfuscators``
+        (``"designated"``: one worker's fresh obfuscators randomize the product; ``"every"``: every
+        worker encrypts with its own, ``K`` times the cost).
 
     Raises
     ------

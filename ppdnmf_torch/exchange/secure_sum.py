@@ -19,7 +19,8 @@ from .packing import derive_layout, natural_slot_bits
 from .sealed import HoldsPrivateKey
 
 __all__ = ["AGGREGATION_KINDS", "DEFAULT_N_MAX", "RING_BITS", "Aggregator", "IntegerAggregator",
-           "DroppedWorkerError", "round_counts", "setup_counts", "mask_pairs", "check_mask_neighbours"]
+           "DroppedWorkerError", "round_counts", "setup_counts", "mask_pairs", "check_mask_neighbours",
+           "OBFUSCATORS", "check_obfuscators"]
 
 AGGREGATION_KINDS = ("plain", "quantized", "paillier")
 #: the default quantization scale ``2^32``: a power of two, so decoding divides exactly
@@ -77,19 +78,30 @@ def setup_counts(n_workers: int, *, key_bits: int, mask_neighbours=None) -> dict
             "setup_bytes": K * B + K * K * B + 2 * pairs * k * C, "key_pairs": K + 1}
 
 
+#: who adds a fresh obfuscator to its upload (``paillier``): one designated worker, or every worker
+OBFUSCATORS = ("designated", "every")
+
+
+def check_obfuscators(obfuscators) -> None:
+    if obfuscators not in OBFUSCATORS:
+        raise ConfigError(f"obfuscators: must be one of {', '.join(OBFUSCATORS)}, got {obfuscators!r}")
+
+
 def round_counts(n_workers: int, n_values: int, *, key_bits: int, bits: int | None = None,
-                 mask_neighbours=None) -> dict:
+                 mask_neighbours=None, obfuscators: str = "designated") -> dict:
     """The ``paillier`` kind's operations and bytes for one round of ``n_values`` values per worker.
 
     With ``S`` slots per plaintext (:func:`~.packing.derive_layout`) an upload is ``C = ceil(P / S)``
-    ciphertexts: encryptions ``K C`` (one per worker and ciphertext), mask units ``2 pairs C``
-    (PRG outputs multiplied in; ``K (K - 1) C`` on the complete mask graph), homomorphic additions
-    ``(K - 1) C`` (the server's products), decryptions ``C`` (the sum only), bytes ``K C`` ciphertexts.
+    ciphertexts: encryptions (fresh obfuscators) ``C`` (the designated worker's) or ``K C``
+    (``obfuscators="every"``), mask units ``2 pairs C`` (PRG outputs multiplied in; ``K (K - 1) C``
+    on the complete mask graph), homomorphic additions ``(K - 1) C`` (the server's products),
+    decryptions ``C`` (the sum only), bytes ``K C`` ciphertexts.
     """
+    check_obfuscators(obfuscators)
     layout = derive_layout(IntegerCodec(key_bits=int(key_bits)), slot_bits=bits)
     K, P = int(n_workers), int(n_values)
     C = layout.n_ciphertexts(P)
-    return {"encryptions": K * C, "decryptions": C, "homomorphic_additions": (K - 1) * C,
+    return {"encryptions": (K if obfuscators == "every" else 1) * C, "decryptions": C, "homomorphic_additions": (K - 1) * C,
             "mask_units": 2 * len(mask_pairs(K, mask_neighbours)) * C, "bytes": K * C * ciphertext_nbytes(key_bits),
             "ciphertexts": C, "slots": layout.slots}
 

@@ -10,8 +10,9 @@ server (which cannot read it): the masked protocol's seed agreement (:mod:`.mask
 server as the middle party.
 
 Round ``r``. Worker ``i`` quantizes its upload (``q_i``, :mod:`..codec`), packs it into ``C`` plaintexts
-of ``S`` signed slots (:mod:`..packing`), encrypts each under the server's key with a fresh
-obfuscator, ``E_S(M_b(q_i)) = (1 + n M_b) rho^n mod n^2``, and multiplies it by its mask unit
+of ``S`` signed slots (:mod:`..packing`), embeds each as ``(1 + n M_b) mod n^2`` under the server's
+key ``n`` (the designated worker, worker 0, and with ``obfuscators="every"`` every worker, times a
+fresh obfuscator ``rho^n``: a full encryption ``E_S(M_b)``), and multiplies it by its mask unit
 
     U_{i,b} = prod_{k != i} mu(s_ik, r, b)^{sigma_ik},     sigma_ik = +1 if i < k else -1,
 
@@ -20,8 +21,15 @@ the round and the server's index). ``prod_i U_{i,b} = 1``: the server multiplies
 block by block and decrypts only their product, ``E_S(M_b(sum_i q_i))``, whose slots are the exact
 integer sums (offsets added at decoding, :meth:`.packing.SlotLayout.unpack`). Each upload on its
 own decrypts, under the server's key, to ``M_b(q_i)`` plus a plaintext mask that is uniform mod
-``n`` to the server (for ``K >= 2``); an eavesdropper without the server's key sees semantically
-secure ciphertexts.
+``n`` to the server (for ``K >= 2``).
+
+Fresh obfuscators. A mask unit is a uniform unit of ``Z*_{n^2}`` to anyone without the seeds, i.e.
+``(1 + u n) t^n`` with uniform ``u`` and ``t``: it re-randomizes the upload as an obfuscator would, so
+every upload on its own is a uniform element of ``Z*_{n^2}`` to an eavesdropper (who has no seed) and
+to the server. Only the product, where the units cancel, needs randomness of its own, so that it is
+a fresh encryption of the sum and not ``1 + n sum``: the designated worker's obfuscators give it
+(the masked protocol's designated neighbour, :mod:`.masked`). ``obfuscators="every"`` (every worker
+a full encryption, ``K`` times the obfuscators) is kept for comparison.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ import warnings
 import gmpy2
 import torch
 
-from ..secure_sum import DEFAULT_N_MAX, IntegerAggregator, round_counts, setup_counts
+from ..secure_sum import DEFAULT_N_MAX, IntegerAggregator, check_obfuscators, round_counts, setup_counts
 from ..costmodel import ciphertext_nbytes, seed_chunks
 from ..spec import SECURE_KEY_BITS
 from .keys import EncryptedVector, InsecureKeyWarning, RawPaillier, check_key_bits, generate_keypairs, make_agents
@@ -47,7 +55,8 @@ def _tag(a: int, b: int) -> tuple:
 class PaillierAggregator(IntegerAggregator):
     """``kind="paillier"`` (module docstring). Parameters as :class:`~..aggregation.QuantizedAggregator`,
     plus ``keypairs`` (``K + 1`` pre-made key pairs of ``key_bits`` bits, the server's last; tests) and
-    ``djn`` (DJN short-exponent obfuscators for the encryptions, :mod:`.obfuscation`).
+    ``djn`` (DJN short-exponent obfuscators for the encryptions, :mod:`.obfuscation`) and ``obfuscators``
+    (``"designated"``, the default: worker 0 adds fresh obfuscators; ``"every"``: every worker does).
 
     Costs (measured): ``encryptions``, ``mask_units``, ``homomorphic_additions``, ``decryptions``,
     ``bytes`` (the uploads' ciphertexts) per round; ``setup_encryptions``, ``setup_decryptions``,
@@ -58,13 +67,16 @@ class PaillierAggregator(IntegerAggregator):
     __slots__ = ()
 
     def __init__(self, n_workers: int, *, n_max=DEFAULT_N_MAX, bits=None, key_bits: int = SECURE_KEY_BITS,
-                 record: bool = False, mask_neighbours=None, keypairs=None, djn: bool = False):
+                 record: bool = False, mask_neighbours=None, keypairs=None, djn: bool = False,
+                 obfuscators: str = "designated"):
         super().__init__(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
                          mask_neighbours=mask_neighbours)
         check_key_bits(key_bits)
         if key_bits < SECURE_KEY_BITS:
             warnings.warn(f"{key_bits}-bit Paillier keys are for experiments only (use {SECURE_KEY_BITS} bits)",
                           InsecureKeyWarning, stacklevel=3)
+        check_obfuscators(obfuscators)
+        self.obfuscators = obfuscators
         K = self.n_workers
         self._djn_bits = default_djn_exponent_bits(key_bits) if djn else None
         t0 = time.perf_counter()
@@ -103,8 +115,9 @@ class PaillierAggregator(IntegerAggregator):
         uploads = []
         for i, worker in enumerate(self._workers):  # each worker's own upload
             t0 = time.perf_counter()
-            obf = public_obfuscators(n, C, self._djn_bits)
-            cts = [(1 + n * gmpy2.mpz(m)) * r % nsq for m, r in zip(lay.pack(qh[i], n), obf, strict=True)]
+            cts = [(1 + n * gmpy2.mpz(m)) % nsq for m in lay.pack(qh[i], n)]
+            if i == 0 or self.obfuscators == "every":  # fresh randomness for the product (module docstring)
+                cts = [c * r % nsq for c, r in zip(cts, public_obfuscators(n, C, self._djn_bits), strict=True)]
             t0 = self._timed("seconds_encrypt", t0)
             units = worker.mask_units(self._tags[i], K, rnd, n, C)
             uploads.append([c * u % nsq for c, u in zip(cts, units, strict=True)])
@@ -116,7 +129,8 @@ class PaillierAggregator(IntegerAggregator):
         t0 = self._timed("seconds_aggregate", t0)
         sums = server.decrypt_packed(EncryptedVector(server.public_key, prod), lay, P, admm_iter=rnd)
         self._timed("seconds_decrypt", t0)
-        counts = round_counts(K, P, key_bits=self.key_bits, bits=self.bits, mask_neighbours=self.mask_neighbours)
+        counts = round_counts(K, P, key_bits=self.key_bits, bits=self.bits, mask_neighbours=self.mask_neighbours,
+                              obfuscators=self.obfuscators)
         for key in ("encryptions", "mask_units", "homomorphic_additions", "decryptions"):
             self._add(key, counts[key])
         self._add("bytes", K * C * ciphertext_nbytes(self.key_bits))
@@ -148,5 +162,6 @@ class PaillierAggregator(IntegerAggregator):
     def __repr__(self) -> str:
         K = self.n_workers
         return (f"PaillierAggregator(n_workers={K}, n_max={self.n_max:g}, bits={self.bits}, "
-                f"key_bits={self.key_bits}, slots={self.layout.slots}, rounds={self.rounds}, "
+                f"key_bits={self.key_bits}, slots={self.layout.slots}, obfuscators={self.obfuscators!r}, "
+                f"rounds={self.rounds}, "
                 f"{len(self.pairs) if self._server is not None else 0} pair seeds)")
