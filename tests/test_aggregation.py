@@ -185,6 +185,7 @@ def test_costs_are_counted_per_round():
     plain = make_aggregator("plain", K)
     plain.total(_uploads((K, P), dtype=torch.float32), 0)
     assert plain.costs()["bytes"] == 4 * K * P and plain.costs()["rounds"] == 1
+    assert plain.costs()["encryptions"] == 0 == c["encryptions"]  # every kind has the contract's keys
 
 
 # --------------------------------------------------------------------------- paillier
@@ -252,8 +253,6 @@ def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
     assert all(len(s) == 0 for s in stores) and agg._server is None
     with pytest.raises(ConfigError, match="closed"):
         agg.total(_uploads((3, 4)), 0)
-    with pytest.raises(ConfigError, match="seed"):
-        make_aggregator("paillier", 3, seed=1)
     with pytest.raises(ConfigError, match="obfuscators"):
         _paillier(paillier_keypairs, 3, obfuscators="none")
 

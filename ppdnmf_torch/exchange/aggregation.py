@@ -253,7 +253,9 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
     key_bits : int
         Paillier key size (``paillier``; ``quantized`` uses it for the range and the cost model).
     seed : int, optional
-        ``quantized`` only: derive the mask seeds from it (tests; default: the OS CSPRNG).
+        ``quantized``: derive the mask seeds from it, for a reproducible transcript (tests; default:
+        the OS CSPRNG). ``plain`` and ``paillier`` ignore it (``paillier``'s keys and seeds always come
+        from the OS); no kind's sums depend on it.
     record : bool
         Keep :attr:`Aggregator.transcript` (audit, tests).
     mask_neighbours : int, optional
@@ -283,8 +285,7 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
     if kind == "paillier":
         from .paillier.aggregation import PaillierAggregator  # imports phe: here and only here
 
-        if seed is not None:
-            raise ConfigError("seed: kind='paillier' draws its seeds and keys from the OS CSPRNG only")
+        # seed: not used; paillier's keys and seeds always come from the OS, and no sum depends on them
         return PaillierAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
                                   mask_neighbours=mask_neighbours, **options)
     raise ConfigError(f"kind: unknown aggregation kind {kind!r}; use one of {', '.join(AGGREGATION_KINDS)}")

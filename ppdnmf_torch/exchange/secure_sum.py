@@ -153,7 +153,7 @@ class Aggregator:
 
     def costs(self) -> dict:
         """Cumulative costs (a copy): counters, bytes, seconds."""
-        out = {"rounds": self.rounds, "uploads": 0, "bytes": 0, "seconds": 0.0}
+        out = {"rounds": self.rounds, "uploads": 0, "bytes": 0, "seconds": 0.0, "encryptions": 0, "decryptions": 0}
         out.update(self._total)
         return out
 
