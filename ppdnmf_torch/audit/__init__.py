@@ -96,12 +96,16 @@ this set of attacks achieves. Every attack is compared with the trivial baseline
 output, so only error below the baseline's is leakage beyond the output. Errors are measured on the informative
 iterations (``q_j != q_i``; in BCD iteration 1 every ``U`` equals its all-ones start).
 
+**(c) The secure aggregation's server** (:mod:`.server`): a curious server, alone and with one
+colluding worker, against each worker's single upload to
+:func:`~ppdnmf_torch.exchange.aggregation.make_aggregator` (:func:`run_server_audit`).
+
 Entry point: :func:`run_audit` (``scripts/privacy_audit.py`` is its command line).
 
 Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`, :func:`record_fit`),
 :mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
 attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
-Markdown), :mod:`.run` (the scenarios and :func:`run_audit`).
+Markdown), :mod:`.run` (the scenarios and :func:`run_audit`), :mod:`.server` (c).
 """
 from .eavesdropper import (
     SIGNIFICANT,
@@ -138,6 +142,7 @@ from .recording import (
 )
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
 from .run import SCENARIOS, run_audit
+from .server import format_server_audit, run_server_audit, server_views
 
 __all__ = [
     "Recording",
@@ -171,4 +176,7 @@ __all__ = [
     "EXACT_FRACTION",
     "BEATS_BASELINE_RATIO",
     "DIRECTION_CORR",
+    "server_views",
+    "run_server_audit",
+    "format_server_audit",
 ]
