@@ -428,3 +428,58 @@ def test_splits_give_every_worker_rows(split):
     else:
         g = split_dirichlet(y, 7, concentration=0.1, seed=0)
     assert np.bincount(g, minlength=7).min() >= 1 and g.shape == (100,)
+
+
+# -- the server's aggregation (ppdnmf_torch.exchange.aggregation) ---------------------------------
+def test_secure_aggregation_wired_in_equals_the_plain_path():
+    """The z-step and the centring through the quantized secure sum: the masks cancel exactly
+    (two mask seeds give the same bits), the sums equal the plain ones to the codec's
+    resolution, and every round is counted."""
+    blocks = _small_problem(3, 6, 12)
+    kw = dict(alpha=[0.0, 5.0], trials=2, max_iter=25, tol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        plain = fit_fsspca(blocks, 2, aggregation="plain", **kw)
+        q1 = fit_fsspca(blocks, 2, aggregation="quantized", aggregation_options=dict(seed=1), **kw)
+        q2 = fit_fsspca(blocks, 2, aggregation="quantized", aggregation_options=dict(seed=2), **kw)
+    torch.testing.assert_close(q1.z, q2.z, rtol=0, atol=0)
+    torch.testing.assert_close(q1.mean, q2.mean, rtol=0, atol=0)
+    torch.testing.assert_close(q1.mean, plain.mean, rtol=0, atol=1e-8)
+    torch.testing.assert_close(q1.z, plain.z, rtol=0, atol=1e-6)
+    assert q1.costs["rounds"] == plain.costs["rounds"] == 26  # the centring round + one per iteration
+    assert q1.settings["aggregation"] == "quantized"
+
+
+@pytest.mark.crypto
+def test_paillier_aggregation_equals_quantized_bit_for_bit(paillier_keypairs):
+    blocks = _small_problem(3, 4, 13)
+    keys = paillier_keypairs(256, 4)
+    kw = dict(alpha=2.0, max_iter=3, tol=0)
+    from ppdnmf_torch.exchange.paillier import InsecureKeyWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", InsecureKeyWarning)
+        q = fit_fsspca(blocks, 1, aggregation="quantized", aggregation_options=dict(key_bits=256), **kw)
+        p = fit_fsspca(blocks, 1, aggregation="paillier", aggregation_options=dict(key_bits=256, keypairs=keys), **kw)
+    torch.testing.assert_close(p.z, q.z, rtol=0, atol=0)
+    assert p.costs["encryptions"] > 0 and p.costs["decryptions"] > 0
+
+
+def test_a_dropped_worker_is_refused():
+    from ppdnmf_torch.exchange.aggregation import DroppedWorkerError, make_aggregator
+
+    agg = make_aggregator("quantized", 3)
+
+    class Dropping:  # a round where worker 1's upload is missing
+        kind = "quantized"
+
+        def total(self, values, dim):
+            return agg.total(values, dim=dim, dropped=[1])
+
+        def costs(self):
+            return agg.costs()
+
+    with pytest.raises(DroppedWorkerError, match="1"):
+        fit_fsspca(_small_problem(3, 4, 14), 1, aggregation=Dropping(), max_iter=2)
+    agg.close()

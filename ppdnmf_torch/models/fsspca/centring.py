@@ -19,13 +19,14 @@ def aggregate(aggregation, values: torch.Tensor, event_dims: int) -> torch.Tenso
 
     Parameters
     ----------
-    aggregation : ``"plain"`` or an aggregator (``ppdnmf_torch.exchange.aggregation``)
-        An aggregator's ``total(values)`` is called; ``"plain"`` sums in the clear (the paper).
+    aggregation : ``"plain"`` or an aggregator (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`)
+        An aggregator's ``total(values, dim)`` is one round; the string ``"plain"`` sums in the
+        clear without counting.
     values : Tensor (..., K, *shape), ``len(shape) == event_dims``
     """
     if isinstance(aggregation, str):
         return values.sum(dim=-event_dims - 1)
-    return aggregation.total(values)
+    return aggregation.total(values, dim=values.dim() - event_dims - 1)
 
 
 def worker_sums(blocks):

@@ -17,6 +17,7 @@ import torch
 
 from ..._utils import derive_seed, resolve_device, resolve_dtype
 from ...errors import ConfigError, ConvergenceWarning, DataError
+from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
 from .manifold import qf
@@ -152,7 +153,7 @@ def _save(path: Path, payload):
 def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
                mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"],
                line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"], aggregation="plain",
-               center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
+               aggregation_options=None, center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
                device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50,
                projector=None) -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
@@ -179,9 +180,13 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
-    aggregation : "plain" or an aggregator
+    aggregation : {"plain", "quantized", "paillier"} or an aggregator
         How the server gets ``sum_i (w_i + u_i/rho)`` (and the centring sums): the paper's plain
-        upload, or ``ppdnmf_torch.exchange.aggregation.make_aggregator(...)`` (secure sum).
+        upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made
+        here with ``aggregation_options`` and closed at the end; an aggregator handed in is used
+        as it is and left open). Its counted costs are ``result.costs``.
+    aggregation_options : dict, optional
+        Passed to ``make_aggregator`` (``n_max``, ``key_bits``, ``seed``, ``keypairs``, ...).
     center : bool
         Centre the pooled data with the global mean, itself a secure sum (:mod:`.centring`).
     max_iter : int
@@ -225,6 +230,20 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     if projector is not None:
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
+    owned = isinstance(aggregation, str)
+    if owned:
+        aggregation = make_aggregator(aggregation, K, **(aggregation_options or {}))
+    try:
+        return _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale,
+                    line_search, inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every)
+    finally:
+        if owned:
+            aggregation.close()
+
+
+def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale, line_search,
+         inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every):
+    K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
     problem, mean = prepare_problem(blocks, T, center=center, aggregation=aggregation, projector=projector)
 
     lam1 = _per_trial(alpha, T, "alpha", like)
@@ -241,7 +260,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=psi.name, mu=mu,
                     rho=rho_t.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
                     max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
-                    aggregation=aggregation if isinstance(aggregation, str) else type(aggregation).__name__)
+                    aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
 
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
     if projector is not None:
@@ -312,7 +331,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         warnings.warn(f"FSSPCA: trials {bad} did not reach tol={tol} in {max_iter} iterations",
                       ConvergenceWarning, stacklevel=2)
     zf = state.z if projector is None else projector @ state.z
-    costs = aggregation.costs() if hasattr(aggregation, "costs") else {}
+    costs = aggregation.costs()
     return FSSPCAResult(z=state.z, components=qf(zf), w=state.w, u=state.u, n_iter=n_iter, converged=converged,
                         history=_stack(history, T, like), mean=mean,
                         explained_variance=admm.adjusted_variance(pooled, state.z), settings=settings, costs=costs,
