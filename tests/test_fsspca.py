@@ -483,3 +483,43 @@ def test_a_dropped_worker_is_refused():
     with pytest.raises(DroppedWorkerError, match="1"):
         fit_fsspca(_small_problem(3, 4, 14), 1, aggregation=Dropping(), max_iter=2)
     agg.close()
+
+
+# -- the estimator ---------------------------------------------------------------------------------
+def test_estimator_groups_equal_blocks_and_follows_scikit_learn():
+    from sklearn.base import clone
+
+    import ppdnmf_torch
+
+    est = ppdnmf_torch.FederatedSparsePCA(2, alpha=5.0, max_iter=60, tol=1e-5, random_state=0)
+    blocks = _small_problem(3, 6, 15)
+    X = np.vstack(blocks)
+    groups = np.repeat(np.arange(3), [len(b) for b in blocks])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = clone(est).fit(X, groups=groups)
+        b = clone(est).fit(blocks)
+    np.testing.assert_array_equal(a.components_, b.components_)
+    assert a.components_.shape == (2, 6) and a.orthonormal_components_.shape == (2, 6)
+    np.testing.assert_allclose(a.orthonormal_components_ @ a.orthonormal_components_.T, np.eye(2), atol=1e-12)
+    np.testing.assert_allclose(a.mean_, X.mean(0))
+    S = a.transform(X)
+    assert isinstance(S, np.ndarray) and S.shape == (len(X), 2)
+    assert a.n_workers_ == 3 and a.n_iter_ >= 1 and a.explained_variance_.shape == (2,)
+    assert 0 < a.explained_variance_ratio_.sum() <= 1
+    assert est.get_params()["alpha"] == 5.0 and est.set_params(alpha=1.0).alpha == 1.0
+    with pytest.raises(ConfigError, match="groups"):
+        clone(est).fit(blocks, groups=groups)
+
+
+@pytest.mark.slow
+def test_estimator_passes_check_estimator():
+    from sklearn.utils.estimator_checks import check_estimator
+
+    from ppdnmf_torch.models.fsspca.estimator import FederatedSparsePCA
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = check_estimator(FederatedSparsePCA(2, alpha=0.1, max_iter=30, tol=1e-4, random_state=0), on_fail=None)
+    bad = [(r["check_name"], r["status"]) for r in res if r["status"] == "failed"]
+    assert not bad

@@ -15,6 +15,15 @@ from .manifold import qf, retract, riemannian_gradient
 from .result import FSSPCAResult, IterationInfo
 from .smoothing import DEFAULT_SMOOTHING, SMOOTHINGS, get_smoothing
 
-__all__ = ["fit_fsspca", "as_blocks", "DEFAULTS", "FSSPCAResult", "IterationInfo", "FSSPCAProblem",
+__all__ = ["FederatedSparsePCA", "fit_fsspca", "as_blocks", "DEFAULTS", "FSSPCAResult", "IterationInfo", "FSSPCAProblem",
            "adjusted_variance", "soft_threshold", "qf", "retract", "riemannian_gradient", "SMOOTHINGS",
            "DEFAULT_SMOOTHING", "get_smoothing"]
+
+
+def __getattr__(name):
+    # the estimator imports scikit-learn: only when asked for
+    if name == "FederatedSparsePCA":
+        from .estimator import FederatedSparsePCA
+
+        return FederatedSparsePCA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from . import manifold
 from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "z_step",
-           "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "residuals", "LINE_SEARCHES"]
+           "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES"]
 
 LINE_SEARCHES = ("armijo", "wolfe")
 
@@ -201,14 +201,13 @@ def residuals(w, z, z_old, rho):
     return primal, dual, gap.amax(dim=1)
 
 
-def adjusted_variance(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """Adjusted explained variance of loadings ``V`` (Zou, Hastie and Tibshirani, section 3.4).
+def adjusted_variance_components(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Each loading's adjusted variance ``R_jj^2`` (Zou, Hastie and Tibshirani, section 3.4).
 
-    The scores ``A v_j`` of non-orthogonal loadings are correlated; the adjusted variance is
-    ``sum_j R_jj^2`` for the QR decomposition of the scores ``A V = QR``, computed from the
-    Gram matrix alone: ``R_jj^2`` is the residual variance of score ``j`` after regressing it
-    on the earlier scores. Loadings are normalized to unit length first; a zero column
-    explains nothing.
+    The scores ``A v_j`` of non-orthogonal loadings are correlated; with ``A V = QR`` the
+    adjusted variance of loading ``j`` is ``R_jj^2``, the residual variance of score ``j`` after
+    regressing it on the earlier scores, computed from the Gram matrix alone. Loadings are
+    normalized to unit length first; a zero column explains nothing.
 
     Parameters
     ----------
@@ -217,22 +216,25 @@ def adjusted_variance(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
     Returns
     -------
-    Tensor (T,): the adjusted variance as a fraction of ``tr(A^T A)``.
+    Tensor (T, r), in the units of ``A^T A`` (divide by ``n - 1`` for variances).
     """
     norms = torch.linalg.vector_norm(V, dim=-2, keepdim=True)
     Vn = torch.where(norms > 0, V / norms.clamp_min(torch.finfo(V.dtype).tiny), torch.zeros_like(V))
     M = Vn.transpose(-2, -1) @ gram @ Vn  # score covariance (T, r, r)
-    r = M.shape[-1]
-    total = torch.zeros(M.shape[:-2], dtype=M.dtype, device=M.device)
-    for j in range(r):  # r is small; the columns are sequential by definition
-        if j == 0:
-            res = M[..., 0, 0]
-        else:
-            B = M[..., :j, :j]
+    out = []
+    for j in range(M.shape[-1]):  # r is small; the columns are sequential by definition
+        res = M[..., j, j]
+        if j:
             b = M[..., :j, j]
-            res = M[..., j, j] - (b * (torch.linalg.pinv(B, hermitian=True) @ b.unsqueeze(-1)).squeeze(-1)).sum(-1)
-        total = total + res.clamp_min(0)
-    return total / torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
+            res = res - (b * (torch.linalg.pinv(M[..., :j, :j], hermitian=True) @ b.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        out.append(res.clamp_min(0))
+    return torch.stack(out, dim=-1)
+
+
+def adjusted_variance(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Adjusted explained variance of loadings ``V (T, d, r)`` as a fraction of ``tr(A^T A)``:
+    ``sum_j R_jj^2 / tr(A^T A)`` (:func:`adjusted_variance_components`); ``(T,)``."""
+    return adjusted_variance_components(gram, V).sum(-1) / torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
 
 
 def check_settings(line_search, inner_steps, mu):

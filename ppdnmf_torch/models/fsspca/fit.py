@@ -329,12 +329,15 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     if tol > 0 and not bool(converged.all()):
         bad = torch.nonzero(~converged).flatten().tolist()
         warnings.warn(f"FSSPCA: trials {bad} did not reach tol={tol} in {max_iter} iterations",
-                      ConvergenceWarning, stacklevel=2)
+                      ConvergenceWarning, stacklevel=3)
     zf = state.z if projector is None else projector @ state.z
     costs = aggregation.costs()
+    var = admm.adjusted_variance_components(pooled, state.z)
+    total_var = torch.diagonal(pooled, dim1=-2, dim2=-1).sum(-1)
     return FSSPCAResult(z=state.z, components=qf(zf), w=state.w, u=state.u, n_iter=n_iter, converged=converged,
                         history=_stack(history, T, like), mean=mean,
-                        explained_variance=admm.adjusted_variance(pooled, state.z), settings=settings, costs=costs,
+                        explained_variance=var.sum(-1) / total_var, variance_components=var,
+                        total_variance=total_var, settings=settings, costs=costs,
                         line_search=dict(evals=state.line_search_evals, failures=state.line_search_failures))
 
 

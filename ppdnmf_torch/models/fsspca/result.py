@@ -44,6 +44,10 @@ class FSSPCAResult:
         The global mean the data were centred with (None when not centred).
     explained_variance : Tensor (T,)
         Adjusted explained variance of ``z`` as a fraction of the total (Zou et al.).
+    variance_components : Tensor (T, r)
+        Each loading's adjusted variance ``R_jj^2`` in the units of ``A^T A``.
+    total_variance : Tensor (T,)
+        ``tr(A^T A)`` of the (centred) pooled data.
     settings : dict
         The run's parameters (no key, no seed of a secure aggregator).
     costs : dict
@@ -61,6 +65,8 @@ class FSSPCAResult:
     history: dict
     mean: torch.Tensor | None
     explained_variance: torch.Tensor
+    variance_components: torch.Tensor
+    total_variance: torch.Tensor
     settings: dict = field(default_factory=dict)
     costs: dict = field(default_factory=dict)
     line_search: dict = field(default_factory=dict)
