@@ -491,7 +491,7 @@ def test_estimator_groups_equal_blocks_and_follows_scikit_learn():
 
     import ppdnmf_torch
 
-    est = ppdnmf_torch.FederatedSparsePCA(2, alpha=5.0, max_iter=60, tol=1e-5, random_state=0)
+    est = ppdnmf_torch.FederatedSparsePCA(2, alpha=5.0, max_iter=15, tol=1e-5, random_state=0)
     blocks = _small_problem(3, 6, 15)
     X = np.vstack(blocks)
     groups = np.repeat(np.arange(3), [len(b) for b in blocks])
