@@ -73,8 +73,8 @@ def test_smoothing_tends_to_abs_and_derivative_matches(name):
                           torch.tensor([-1.0, 1.0], dtype=torch.float64), atol=1e-9)
 
 
-def test_default_smoothing_is_huber_and_unknown_is_refused():
-    assert DEFAULT_SMOOTHING == "huber" and fit_fsspca.__kwdefaults__["smoothing"] == "huber"
+def test_default_smoothing_is_sqrt_and_unknown_is_refused():
+    assert DEFAULT_SMOOTHING == "sqrt" and fit_fsspca.__kwdefaults__["smoothing"] == "sqrt"
     with pytest.raises(ConfigError, match="smoothing"):
         get_smoothing("cosh")
 

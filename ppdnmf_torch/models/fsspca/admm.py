@@ -90,6 +90,10 @@ def _col(x, like):
     return x.reshape(x.shape + (1,) * (like.dim() - 1))
 
 
+def _per_worker(z, w):
+    return z[:, None] if z.dim() == w.dim() - 1 else z
+
+
 def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
     """The worker's subproblem (14), value and Euclidean gradient.
 
@@ -98,7 +102,8 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
 
     Parameters
     ----------
-    w, u : Tensor (T, K, d, r); z : Tensor (T, d, r)
+    w, u : Tensor (T, K, d, r)
+    z : Tensor (T, d, r), or (T, K, d, r): each worker its own (the serverless variant)
     lambda_2, rho : Tensor (T,)
 
     Returns
@@ -107,7 +112,7 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
     """
     Cw = problem.gram @ w
     lam = lambda_2[:, None]
-    shift = w - z[:, None] + u / rho[:, None, None, None]
+    shift = w - _per_worker(z, w) + u / rho[:, None, None, None]
     value = (problem.sqnorm - manifold.inner(w, Cw) + lam * smooth_l1(w, smoothing, mu)
              + 0.5 * rho[:, None] * manifold.inner(shift, shift))
     egrad = -2.0 * Cw + lam[..., None, None] * smoothing.grad(w, mu) + rho[:, None, None, None] * shift
@@ -174,8 +179,9 @@ def z_step(total, n_workers, lambda_1, rho):
 
 
 def dual_step(u, w, z, rho):
-    """Step 3 of Algorithm 1: ``u_i <- u_i + rho (w_i - z)`` on each worker."""
-    return u + rho[:, None, None, None] * (w - z[:, None])
+    """Step 3 of Algorithm 1: ``u_i <- u_i + rho (w_i - z)`` on each worker (``z (T, d, r)``, or
+    ``(T, K, d, r)`` per worker)."""
+    return u + rho[:, None, None, None] * (w - _per_worker(z, w))
 
 
 def objective(problem, w, z, lambda_1, lambda_2, smoothing, mu):

@@ -36,7 +36,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         ``lambda_1``, the weight of ``||z||_1`` (unscaled, as in problem (6)).
     lambda_2 : float or None
         The smooth term's weight; None follows ``alpha`` (``alpha / K``).
-    smoothing : {"huber", "logexp", "erf", "sqrt"}
+    smoothing : {"sqrt", "huber", "logexp", "erf"}
     mu : float
     rho : float or "auto"
     line_search : {"armijo", "wolfe"}

@@ -170,7 +170,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         Weight of the smooth term ``r(w_i)`` of each worker; None follows ``alpha``:
         ``lambda_2 = lambda_1 / K``, so that the consensus point pays ``lambda_1 (||z||_1 + r(z))``
         whatever ``K`` (docs/FSSPCA.md). ``0`` is Tan et al.'s unsmoothed ADMM.
-    smoothing : {"huber", "logexp", "erf", "sqrt"}
+    smoothing : {"sqrt", "huber", "logexp", "erf"}
         ``psi_mu`` (:mod:`.smoothing`).
     mu : float
         The smoothing parameter (the paper's ``1e-3``).

@@ -3,7 +3,7 @@ of FSSPCA's problem (6) (docs/SPARSE_PCA.md, "Choice of psi"; Saheya et al.).
 
 Each ``psi_mu`` tends to ``|x|`` as ``mu -> 0``; its derivative is what the workers' local
 gradient needs (step 1 of Algorithm 1). All four are elementwise and follow the input's
-device and dtype. The default (``"huber"``) is chosen by measurement: docs/FSSPCA.md.
+device and dtype. The default (``"sqrt"``) is chosen by measurement: docs/FSSPCA.md.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ SMOOTHINGS = {
 }
 
 #: chosen by the measurement in docs/FSSPCA.md ("The smoothing function")
-DEFAULT_SMOOTHING = "huber"
+DEFAULT_SMOOTHING = "sqrt"
 
 
 def get_smoothing(smoothing) -> Smoothing:
