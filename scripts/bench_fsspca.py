@@ -80,7 +80,7 @@ def numpy_loop(blocks, r, z0, alpha, iters, mu=1e-3, inner=2, rho_scale=2.0):
     return z
 
 
-def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20):
+def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20, device="cpu"):
     out = []
     for K in Ks:
         sp = spiked_covariance(n=rows * K, d=d, r=r, support=5, seed=0)
@@ -90,14 +90,16 @@ def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20):
         tb, tn = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            res = fit_fsspca(blocks, r, alpha=alpha, init=z0, max_iter=iters, tol=0.0, inner_steps=2)
+            res = fit_fsspca(blocks, r, alpha=alpha, init=z0, max_iter=iters, tol=0.0, inner_steps=2, device=device)
+            if device != "cpu":
+                torch.cuda.synchronize()
             tb.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             zn = numpy_loop(blocks, r, z0, alpha, iters)
             tn.append(time.perf_counter() - t0)
-        diff = float(np.abs(res.z[0].numpy() - zn).max())
+        diff = float(np.abs(res.z[0].cpu().numpy() - zn).max())
         ratios = [b / a for a, b in zip(tb, tn)]
-        row = dict(K=K, iters=iters, batched_s=min(tb), numpy_loop_s=min(tn), ratio_min=min(ratios),
+        row = dict(K=K, device=device, iters=iters, batched_s=min(tb), numpy_loop_s=min(tn), ratio_min=min(ratios),
                    ratio_max=max(ratios), max_abs_diff_z=diff)
         print(json.dumps(row), flush=True)
         out.append(row)
@@ -137,10 +139,11 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-sklearn", action="store_true")
+    p.add_argument("--device", default="cpu", help="the batched side's device (cpu or cuda)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {DEFAULTS['inner_steps']}")
-    bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats)
+    bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
     if not args.skip_sklearn:
         bench_sklearn()
 

@@ -59,4 +59,7 @@ if [ "$quick" = 1 ]; then dist_size=(--n-agents 12 --bcd 2 --x-iters 3 --y-iters
 timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$nranks" "${dist_size[@]}" \
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
+# 5. FSSPCA: the batched workers on the device against the NumPy loop over workers (K = 10 to 1000)
+timeout 120 "$py" scripts/bench_fsspca.py --device "$dev" --Ks 10,100,1000 --iters 20 --repeats 1 --skip-sklearn \
+    2>&1 | tee "$out/bench_fsspca.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"
