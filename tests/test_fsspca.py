@@ -547,3 +547,13 @@ def test_serverless_on_a_complete_graph_is_the_server_version():
     assert float(few["disagreement"][-1, 0]) > 10 * float(many["disagreement"][-1, 0])
     with pytest.raises(ConfigError, match="graph"):
         fit_serverless(blocks, 2, ring(5), **kw)
+
+
+def test_pca_start_is_the_pooled_principal_subspace():
+    blocks = _small_problem(3, 6, 17)
+    res = fit_fsspca(blocks, 2, alpha=0.0, init="pca", max_iter=1, tol=0)
+    assert res.settings["init"] == "pca" and res.costs["rounds"] == 3  # centring, the Gram sum, one z-step
+    # the start is the pooled PCA subspace; one iteration moves it only slightly (the duals start at 0)
+    assert _principal_sines(np.vstack(blocks), res.components[0].numpy(), 2).max() < 0.1
+    with pytest.raises(ConfigError, match="init"):
+        fit_fsspca(blocks, 2, init="svd")

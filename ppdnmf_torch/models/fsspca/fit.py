@@ -196,8 +196,11 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     trials : int
         ``T`` trials batched in one computation, each with its own start (``seed``, trial).
     seed : int
-    init : array (d, r) or (T, d, r), optional
-        The common start ``z = w_i`` (orthonormalized); random by default.
+    init : None, "pca", array (d, r) or (T, d, r)
+        The common start ``z = w_i`` (orthonormalized). None: random, per trial from
+        ``(seed, trial)``. ``"pca"``: the top ``r`` eigenvectors of the pooled Gram matrix, summed
+        through the aggregator in one extra round (whoever holds the aggregate learns the pooled
+        ``A^T A``: more than the z-step reveals).
     device, dtype : optional
         Default: the input's.
     callback : callable, optional
@@ -244,6 +247,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
 def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale, line_search,
          inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every):
     K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
+    init_kind = init if isinstance(init, str) else (None if init is None else "given")
     problem, mean = prepare_problem(blocks, T, center=center, aggregation=aggregation, projector=projector)
 
     lam1 = _per_trial(alpha, T, "alpha", like)
@@ -262,6 +266,14 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
                     max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
                     aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
 
+    if isinstance(init, str):
+        if init != "pca":
+            raise ConfigError(f"init: expected 'pca', an array or None, got {init!r}")
+        # the pooled Gram matrix through the aggregator (one more round: its holder learns the
+        # pooled covariance, d x d numbers, more than the z-step's sums), then its top r eigenvectors
+        # (deflation: the projected Grams differ per trial)
+        pooled_c = aggregate(aggregation, problem.gram[0] if problem.projector is None else problem.gram, 2)
+        init = torch.linalg.eigh(pooled_c)[1][..., -r:].flip(-1).expand(T, d, r)
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
     if projector is not None:
         z0 = qf(projector @ z0)
@@ -276,6 +288,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
 
     ckpt = None
     fingerprint = _fingerprint(problem, {**settings, "init": None if init is None else "given"})
+    settings["init"] = "random" if init_kind is None else init_kind
     if checkpoint_dir is not None:
         ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME
         ckpt.parent.mkdir(parents=True, exist_ok=True)
