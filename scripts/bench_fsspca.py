@@ -7,7 +7,10 @@
 2. Time to a target (adjusted explained variance and sparsity) against scikit-learn's
    ``SparsePCA`` on the pooled rows.
 
-    python scripts/bench_fsspca.py [--Ks 10,100,1000] [--iters 20] [--repeats 3]
+3. The server's round: plain, quantized and 2048-bit paillier (``--aggregation``).
+
+    python scripts/bench_fsspca.py [--Ks 10,100,1000] [--iters 20] [--repeats 3] [--skip-loop]
+                                   [--skip-sklearn] [--aggregation] [--device cuda]
 """
 from __future__ import annotations
 
@@ -133,6 +136,36 @@ def bench_sklearn(target_ev=0.9, alpha=200.0, K=8):
     return rows
 
 
+def bench_aggregation(K=8, iters=3, key_bits=2048):
+    """The server's round in a FSSPCA run: plain, quantized and paillier (``key_bits``) side by
+    side on the same problem (spiked, d = 30, r = 2: 60 values per upload); seconds per round
+    from the aggregator's own counters (key generation excluded), the ratio to plain, and the
+    largest difference of ``z`` to the plain run."""
+    import warnings
+
+    sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=0)
+    g = split_iid(len(sp.X), K, seed=0)
+    rows, z_plain = [], None
+    for kind in ("plain", "quantized", "paillier"):
+        opts = dict(key_bits=key_bits) if kind != "plain" else {}
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = fit_fsspca(sp.X, 2, groups=g, alpha=200.0, max_iter=iters, tol=0.0, aggregation=kind,
+                             aggregation_options=opts)
+        wall = time.perf_counter() - t0
+        c = res.costs
+        z_plain = res.z if z_plain is None else z_plain
+        rows.append(dict(kind=kind, K=K, key_bits=key_bits if kind != "plain" else None, rounds=c["rounds"],
+                         seconds_per_round=c["seconds"] / c["rounds"], bytes_per_round=c["bytes"] / c["rounds"],
+                         encryptions=c["encryptions"], decryptions=c["decryptions"], wall_s=wall,
+                         max_abs_diff_z_vs_plain=float((res.z - z_plain).abs().max())))
+    for row in rows:
+        row["ratio_to_plain"] = row["seconds_per_round"] / rows[0]["seconds_per_round"]
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--Ks", default="10,100,1000")
@@ -140,12 +173,17 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-sklearn", action="store_true")
     p.add_argument("--device", default="cpu", help="the batched side's device (cpu or cuda)")
+    p.add_argument("--aggregation", action="store_true", help="also the secure round's cost (2048-bit paillier)")
+    p.add_argument("--skip-loop", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {DEFAULTS['inner_steps']}")
-    bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
+    if not args.skip_loop:
+        bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
     if not args.skip_sklearn:
         bench_sklearn()
+    if args.aggregation:
+        bench_aggregation()
 
 
 if __name__ == "__main__":

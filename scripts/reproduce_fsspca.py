@@ -38,9 +38,10 @@ def _figures(results, fig_dir: Path):
     if "support" in results:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         rows = results["support"]
-        for m in ("federated", "centralized", "sklearn_sparsepca"):
+        for m in ("federated", "federated_pca_start", "centralized", "sklearn_sparsepca"):
             pts = [(r["sparsity"], r["f1"]) for r in rows if r["method"] == m]
-            ax.plot(*zip(*pts), marker="o", label=m)
+            if pts:
+                ax.plot(*zip(*sorted(pts)), marker="o", label=m)
         ax.set_xlabel("sparsity")
         ax.set_ylabel("support F1")
         ax.legend(fontsize=7)
@@ -53,10 +54,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/fsspca")
     p.add_argument("--only", default="", help="comma-separated experiment names: " + ",".join(EXPERIMENTS))
-    p.add_argument("--figures", default="", help="write figures there (e.g. docs/figures)")
+    p.add_argument("--figures", default="", help="write figures there (e.g. docs/figures), from every JSON in --out")
     args = p.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(EXPERIMENTS)
-    unknown = sorted(set(names) - set(EXPERIMENTS))
+    if args.only == "none":
+        names = []
+    unknown = sorted(set(names) - set(EXPERIMENTS) - {"none"})
     if unknown:
         p.error(f"unknown experiments: {unknown}")
     out = Path(args.out)
@@ -68,6 +71,8 @@ def main(argv=None):
         (out / f"{name}.json").write_text(json.dumps(results[name], indent=1))
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
     if args.figures:
+        for f in out.glob("*.json"):  # earlier runs' numbers too
+            results.setdefault(f.stem, json.loads(f.read_text()))
         _figures(results, Path(args.figures))
 
 
