@@ -252,8 +252,9 @@ def test_objective_and_residuals_at_consensus():
 
 
 # -- fits ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("split", ["iid", "class"])
-@pytest.mark.parametrize("search", ["armijo", "wolfe"])
+@pytest.mark.parametrize("split,search", [("iid", "armijo"), ("class", "wolfe"),
+                                          pytest.param("class", "armijo", marks=pytest.mark.slow),
+                                          pytest.param("iid", "wolfe", marks=pytest.mark.slow)])
 def test_zero_penalties_give_the_pca_subspace(split, search):
     blocks = _small_problem(4, 8, 1)
     A = np.vstack(blocks)
@@ -269,7 +270,7 @@ def test_zero_penalties_give_the_pca_subspace(split, search):
 def test_a_batched_trial_equals_the_same_trial_alone():
     sp = spiked_covariance(n=120, d=12, r=2, support=3, seed=0)
     groups = split_iid(120, 3, seed=0)
-    kw = dict(groups=groups, max_iter=60, tol=1e-6, seed=3)
+    kw = dict(groups=groups, max_iter=25, tol=1e-6, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         both = fit_fsspca(sp.X, 2, alpha=[0.0, 30.0, 60.0], trials=3, **kw)
@@ -436,7 +437,7 @@ def test_secure_aggregation_wired_in_equals_the_plain_path():
     (two mask seeds give the same bits), the sums equal the plain ones to the codec's
     resolution, and every round is counted."""
     blocks = _small_problem(3, 6, 12)
-    kw = dict(alpha=[0.0, 5.0], trials=2, max_iter=25, tol=0)
+    kw = dict(alpha=[0.0, 5.0], trials=2, max_iter=10, tol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         plain = fit_fsspca(blocks, 2, aggregation="plain", **kw)
@@ -445,8 +446,8 @@ def test_secure_aggregation_wired_in_equals_the_plain_path():
     torch.testing.assert_close(q1.z, q2.z, rtol=0, atol=0)
     torch.testing.assert_close(q1.mean, q2.mean, rtol=0, atol=0)
     torch.testing.assert_close(q1.mean, plain.mean, rtol=0, atol=1e-8)
-    torch.testing.assert_close(q1.z, plain.z, rtol=0, atol=1e-6)
-    assert q1.costs["rounds"] == plain.costs["rounds"] == 26  # the centring round + one per iteration
+    torch.testing.assert_close(q1.z, plain.z, rtol=0, atol=1e-7)
+    assert q1.costs["rounds"] == plain.costs["rounds"] == 11  # the centring round + one per iteration
     assert q1.settings["aggregation"] == "quantized"
 
 
@@ -536,7 +537,7 @@ def test_serverless_on_a_complete_graph_is_the_server_version():
     W = metropolis_weights(ring(4))
     torch.testing.assert_close(W.sum(0), torch.ones(4, dtype=torch.float64))
     torch.testing.assert_close(W, W.T)
-    kw = dict(alpha=3.0, max_iter=15, tol=0)
+    kw = dict(alpha=3.0, max_iter=6, tol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         server = fit_fsspca(blocks, 2, **kw)
