@@ -201,7 +201,7 @@ def test_soft_threshold():
     torch.testing.assert_close(z, torch.sign(v) * (v.abs() - tau).clamp_min(0))
 
 
-@pytest.mark.parametrize("search", ["armijo", "wolfe"])
+@pytest.mark.parametrize("search", ["armijo", pytest.param("wolfe", marks=pytest.mark.slow)])
 def test_augmented_lagrangian_over_a_round(search):
     """Each step's effect on L_rho as the ADMM theory has it: the w-step and the z-step do not
     increase it (a descent step on (14), and (12) exactly); the dual step raises it by exactly
@@ -252,8 +252,9 @@ def test_objective_and_residuals_at_consensus():
 
 
 # -- fits ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("split,search", [("iid", "armijo"), ("class", "wolfe"),
-                                          pytest.param("class", "armijo", marks=pytest.mark.slow),
+@pytest.mark.parametrize("split,search", [("class", "armijo"),
+                                          pytest.param("iid", "armijo", marks=pytest.mark.slow),
+                                          pytest.param("class", "wolfe", marks=pytest.mark.slow),
                                           pytest.param("iid", "wolfe", marks=pytest.mark.slow)])
 def test_zero_penalties_give_the_pca_subspace(split, search):
     blocks = _small_problem(4, 8, 1)
@@ -321,11 +322,13 @@ def test_sparse_loadings_recover_the_spiked_support():
 def test_deflation_loadings_are_orthogonal_to_the_earlier_ones():
     sp = spiked_covariance(n=300, d=15, r=3, support=3, spikes=(9.0, 6.0, 3.0), seed=2)
     groups = split_iid(300, 3, seed=1)
-    results, z, comps = fit_sequential(sp.X, [1, 2], groups=groups, alpha=20.0, max_iter=300, tol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # orthogonality holds at every iterate
+        results, z, comps = fit_sequential(sp.X, [1, 2], groups=groups, alpha=20.0, max_iter=60, tol=1e-6)
+        first = results[0].components[0]
+        later = fit_deflated(sp.X, first, 1, groups=groups, alpha=0.0, max_iter=60, tol=1e-6)
     Q = comps[0]
     torch.testing.assert_close(Q.T @ Q, torch.eye(3, dtype=torch.float64), rtol=0, atol=1e-10)
-    first = results[0].components[0]
-    later = fit_deflated(sp.X, first, 1, groups=groups, alpha=0.0, max_iter=300, tol=1e-6)
     assert (first.T @ later.components[0]).abs().max() < 1e-10
     # the workers' points stay in the complement too
     assert (first.T @ later.w[0]).abs().max() < 1e-8

@@ -315,7 +315,8 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     while state.iteration < max_iter and bool(active.any()):
         state.iteration += 1
         a4 = active[:, None, None, None]
-        w = local_step(problem, state, lam2, rho_t, psi, mu, line_search, inner_steps, active)
+        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
+                            active=active)
         total = aggregate(aggregation, w + state.u / rho_t[:, None, None, None], 2)
         z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_t), state.z)
         u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
@@ -352,11 +353,6 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
                         explained_variance=var.sum(-1) / total_var, variance_components=var,
                         total_variance=total_var, settings=settings, costs=costs,
                         line_search=dict(evals=state.line_search_evals, failures=state.line_search_failures))
-
-
-def local_step(problem, state, lam2, rho, psi, mu, line_search, inner_steps, active):
-    return admm.local_step(problem, state, lam2, rho, psi, mu, line_search=line_search, inner_steps=inner_steps,
-                           active=active)
 
 
 def _stack(history, T, like):
