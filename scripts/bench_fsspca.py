@@ -176,15 +176,20 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", help="the batched side's device (cpu or cuda)")
     p.add_argument("--aggregation", action="store_true", help="also the secure round's cost (2048-bit paillier)")
     p.add_argument("--skip-loop", action="store_true")
+    p.add_argument("--json", default="", help="write every row there")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {DEFAULTS['inner_steps']}")
+    rows = {}
     if not args.skip_loop:
-        bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
+        rows["loop"] = bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
     if not args.skip_sklearn:
-        bench_sklearn()
+        rows["sklearn"] = bench_sklearn()
     if args.aggregation:
-        bench_aggregation()
+        rows["aggregation"] = bench_aggregation()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
 
 
 if __name__ == "__main__":
