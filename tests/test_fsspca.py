@@ -561,3 +561,18 @@ def test_pca_start_is_the_pooled_principal_subspace():
     assert _principal_sines(np.vstack(blocks), res.components[0].numpy(), 2).max() < 0.1
     with pytest.raises(ConfigError, match="init"):
         fit_fsspca(blocks, 2, init="svd")
+
+
+def test_run_task_gives_the_app_a_summary_and_arrays():
+    from ppdnmf_torch.models.fsspca.experiments import run_task
+
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        summary, arrays = run_task(data="spiked", n_workers=3, split="iid", n_components=2, alpha=[0.0, 5.0], trials=2,
+                                   max_iter=4, tol=0, callback=lambda info: seen.append(sorted(info.values)))
+    assert summary["n_iter"] == [4, 4] and summary["n_features"] == 50 and len(seen) == 4
+    assert arrays["z"].shape == (2, 50, 2) and arrays["history_objective"].shape == (4, 2)
+    assert 0 <= arrays["loadings_image"].min() and arrays["loadings_image"].max() == 1
+    with pytest.raises(ConfigError, match="data"):
+        run_task(data="iris")
