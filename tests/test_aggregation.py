@@ -66,6 +66,19 @@ def test_totals_equal_the_sum(device, dtype, shape, dim):
     assert torch.allclose(got.double(), v.double().sum(dim), atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_integer_uploads_sum_to_the_plain_sum_bit_for_bit(device, dtype):
+    """Counts (centring's n_i) and values on the codec's grid (k / n_max) are summed exactly: the secure
+    total is the plain sum, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.randint(0, 10**6, (7, 2, 5), generator=gen).to(dtype=dtype, device=device)
+    grid = (torch.randint(-2**20, 2**20, (7, 2, 5), generator=gen).to(torch.float64) / 2**10).to(dtype=dtype,
+                                                                                                  device=device)
+    agg = make_aggregator("quantized", 7)
+    for v in (counts, grid):
+        assert torch.equal(agg.total(v, 0), v.sum(0))
+
+
 @pytest.mark.parametrize("K", [2, 3, 9])
 def test_quantized_masks_hide_each_upload_and_cancel(K):
     v = _uploads((K, 64), seed=K)
