@@ -262,6 +262,10 @@ def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
     assert torch.equal(agg.total(_uploads((3, 4)), 0), _integer_sum(_uploads((3, 4)), 0))
     stores = [w._seeds for w in agg._workers]
     assert all(len(s) == 2 for s in stores)
+    text += "".join(repr(w) + repr(s) for w, s in zip(agg._workers, stores))
+    for store in stores:
+        for seed in store._seeds.values():
+            assert seed.hex() not in text and str(int.from_bytes(seed, "big")) not in text
     agg.close()
     assert all(len(s) == 0 for s in stores) and agg._server is None
     with pytest.raises(ConfigError, match="closed"):
