@@ -174,6 +174,9 @@ def test_quantized_seeds_never_leave():
     agg.total(_uploads((4, 2)), 0)
     agg.close()
     assert all(len(v) == 0 for v in agg._vaults)
+    with make_aggregator("quantized", 3) as scoped:  # a with block closes it
+        scoped.total(_uploads((3, 2)), 0)
+    assert all(len(v) == 0 for v in scoped._vaults)
     with pytest.raises(ConfigError, match="closed"):
         agg.total(_uploads((4, 2)), 0)
 

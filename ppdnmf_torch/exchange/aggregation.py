@@ -16,12 +16,12 @@ interface (:func:`make_aggregator`):
   so the server decrypts only the sum (docs/SECURE_AGGREGATION.md).
 
 ``quantized`` and ``paillier`` return the same bits: both compute the exact integer sum
-``sum_i q_i`` and decode it through one function (:meth:`IntegerAggregator._decode`).
+``sum_i q_i`` and decode it through one function (:meth:`.secure_sum.IntegerAggregator._decode`).
 
 Masks (``quantized``). For every pair ``a < b`` of workers, a 256-bit seed ``s_ab`` drawn from
 the operating system's CSPRNG (:func:`secrets.token_bytes`, as the masked protocol's seeds,
 :mod:`.paillier.seeds`) is held by ``a`` and ``b`` only. In round ``r`` the PRG is SHAKE-256
-(FIPS 202) of ``("ppdnmf-aggregate-v1", s_ab, r)``, read in counter mode: entry ``c`` of the
+(FIPS 202) of ``("ppdnmf-aggregate-v1", s_ab, a, b, r)``, read in counter mode: entry ``c`` of the
 upload takes bytes ``8c .. 8c + 7``, reduced mod ``2^63``. Worker ``i`` adds
 
     m_i = sum_{k != i} sigma_ik PRG(s_ik, r)  mod 2^63,      sigma_ik = +1 if i < k else -1,
