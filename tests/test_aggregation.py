@@ -248,6 +248,14 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim,
         assert agg._decrypt_as_server(rec["uploads"][i]) != packed
         # every upload is re-randomized by its mask unit: none is the bare embedding 1 + n M
         assert all(int(c) % n != 1 for c in rec["uploads"][i])
+    # an eavesdropper's product of the uploads is a fresh encryption of the sum, not 1 + n M(sum):
+    # the designated worker's obfuscators randomize it (the mask units cancel in it)
+    nsq = n * n
+    for b in range(want["ciphertexts"]):
+        prod = 1
+        for up in rec["uploads"]:
+            prod = prod * up[b] % nsq
+        assert prod % n != 1
 
 
 @pytest.mark.crypto
