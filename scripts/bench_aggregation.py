@@ -2,7 +2,7 @@
 """The secure aggregation's cost per round against the plain round, side by side, and its audit.
 
     python scripts/bench_aggregation.py [--key-bits 2048] [--workers 3 10] [--values 192 2352]
-                                        [--rounds 5] [--djn] [--audit] [--json out.json]
+                                        [--rounds 5] [--djn] [--audit] [--many K:h ...] [--json out.json]
 
 For every ``K`` (workers) and ``P`` (values per worker and round; 192 = FSSPCA's ``w_i`` at
 ``d = 64, r = 3``, 2352 = ``d = 784, r = 3``) one process builds a ``plain``, a ``quantized`` and a
@@ -15,7 +15,8 @@ the plain round, the setup (key generation and the seed agreement) and the count
 
 ``--audit`` also runs the server audit (``ppdnmf_torch.audit.server``: a curious server, and one
 colluding with a worker, against each single upload; the masks-off positive control) and prints
-its table.
+its table. ``--many 100:0 1000:5`` adds ``quantized`` rounds for many workers, on the complete mask
+graph (``h = 0``) and with ``mask_neighbours = h``.
 """
 from __future__ import annotations
 
@@ -88,6 +89,25 @@ def bench(K: int, P: int, *, key_bits: int, rounds: int, djn: bool) -> dict:
     return {"K": K, "P": P, "rows": rows}
 
 
+def many(K: int, h: int, *, rounds: int, P: int = 192) -> dict:
+    """``quantized`` rounds for many workers against the plain round, side by side."""
+    plain = make_aggregator("plain", K)
+    t0 = time.perf_counter()
+    agg = make_aggregator("quantized", K, mask_neighbours=h or None)
+    setup = time.perf_counter() - t0
+    tq, tp = [], []
+    for v in _uploads(K, P, rounds):
+        t0 = time.perf_counter()
+        agg.total(v, 0)
+        t1 = time.perf_counter()
+        plain.total(v, 0)
+        tq.append(t1 - t0)
+        tp.append(time.perf_counter() - t1)
+    med = statistics.median(tq)
+    return {"K": K, "h": h, "pairs": len(agg.pairs), "median": med, "min": min(tq), "max": max(tq),
+            "ratio": med / statistics.median(tp), "setup": setup}
+
+
 def _table(results) -> str:
     lines = ["| K | P | kind | s / round (median, range) | x plain | setup s | encryptions / round | "
              "bytes / round |", "|---|---|---|---|---|---|---|---|"]
@@ -109,6 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--djn", action="store_true", help="also a paillier aggregator with DJN obfuscators")
     ap.add_argument("--audit", action="store_true", help="also run the server audit and print its table")
+    ap.add_argument("--many", type=str, nargs="*", default=None, metavar="K:h",
+                    help="also quantized rounds of 192 values for many workers, K:h pairs (h = 0: every pair), "
+                         "e.g. 100:0 100:5 1000:5 1000:20")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # small keys warn (InsecureKeyWarning): the user chose them
@@ -118,6 +141,14 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     print(_table(results))
     out = {"argv": sys.argv[1:], "results": results}
+    if args.many:
+        out["many"] = [many(*(int(x) for x in spec.split(":")), rounds=args.rounds) for spec in args.many]
+        print()
+        print("| K | mask_neighbours | pairs | quantized s / round (median, range) | x plain | setup s |")
+        print("|---|---|---|---|---|---|")
+        for r in out["many"]:
+            print(f"| {r['K']} | {r['h'] or 'every pair'} | {r['pairs']} | {r['median']:.3g} ({r['min']:.3g}-{r['max']:.3g}) "
+                  f"| {r['ratio']:.3g} | {r['setup']:.3g} |")
     if args.audit:
         from ppdnmf_torch.audit.server import format_server_audit, run_server_audit
 

@@ -66,6 +66,19 @@ def test_totals_equal_the_sum(device, dtype, shape, dim):
     assert torch.allclose(got.double(), v.double().sum(dim), atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_integer_uploads_sum_to_the_plain_sum_bit_for_bit(device, dtype):
+    """Counts (centring's n_i) and values on the codec's grid (k / n_max) are summed exactly: the secure
+    total is the plain sum, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.randint(0, 10**6, (7, 2, 5), generator=gen).to(dtype=dtype, device=device)
+    grid = (torch.randint(-2**20, 2**20, (7, 2, 5), generator=gen).to(torch.float64) / 2**10).to(dtype=dtype,
+                                                                                                  device=device)
+    agg = make_aggregator("quantized", 7)
+    for v in (counts, grid):
+        assert torch.equal(agg.total(v, 0), v.sum(0))
+
+
 @pytest.mark.parametrize("K", [2, 3, 9])
 def test_quantized_masks_hide_each_upload_and_cancel(K):
     v = _uploads((K, 64), seed=K)
@@ -161,6 +174,9 @@ def test_quantized_seeds_never_leave():
     agg.total(_uploads((4, 2)), 0)
     agg.close()
     assert all(len(v) == 0 for v in agg._vaults)
+    with make_aggregator("quantized", 3) as scoped:  # a with block closes it
+        scoped.total(_uploads((3, 2)), 0)
+    assert all(len(v) == 0 for v in scoped._vaults)
     with pytest.raises(ConfigError, match="closed"):
         agg.total(_uploads((4, 2)), 0)
 
@@ -232,6 +248,14 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs, K, shape, dim,
         assert agg._decrypt_as_server(rec["uploads"][i]) != packed
         # every upload is re-randomized by its mask unit: none is the bare embedding 1 + n M
         assert all(int(c) % n != 1 for c in rec["uploads"][i])
+    # an eavesdropper's product of the uploads is a fresh encryption of the sum, not 1 + n M(sum):
+    # the designated worker's obfuscators randomize it (the mask units cancel in it)
+    nsq = n * n
+    for b in range(want["ciphertexts"]):
+        prod = 1
+        for up in rec["uploads"]:
+            prod = prod * up[b] % nsq
+        assert prod % n != 1
 
 
 @pytest.mark.crypto
@@ -249,6 +273,10 @@ def test_paillier_refuses_drops_and_keeps_its_keys(paillier_keypairs):
     assert torch.equal(agg.total(_uploads((3, 4)), 0), _integer_sum(_uploads((3, 4)), 0))
     stores = [w._seeds for w in agg._workers]
     assert all(len(s) == 2 for s in stores)
+    text += "".join(repr(w) + repr(s) for w, s in zip(agg._workers, stores))
+    for store in stores:
+        for seed in store._seeds.values():
+            assert seed.hex() not in text and str(int.from_bytes(seed, "big")) not in text
     agg.close()
     assert all(len(s) == 0 for s in stores) and agg._server is None
     with pytest.raises(ConfigError, match="closed"):

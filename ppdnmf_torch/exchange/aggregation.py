@@ -16,12 +16,12 @@ interface (:func:`make_aggregator`):
   so the server decrypts only the sum (docs/SECURE_AGGREGATION.md).
 
 ``quantized`` and ``paillier`` return the same bits: both compute the exact integer sum
-``sum_i q_i`` and decode it through one function (:meth:`IntegerAggregator._decode`).
+``sum_i q_i`` and decode it through one function (:meth:`.secure_sum.IntegerAggregator._decode`).
 
 Masks (``quantized``). For every pair ``a < b`` of workers, a 256-bit seed ``s_ab`` drawn from
 the operating system's CSPRNG (:func:`secrets.token_bytes`, as the masked protocol's seeds,
 :mod:`.paillier.seeds`) is held by ``a`` and ``b`` only. In round ``r`` the PRG is SHAKE-256
-(FIPS 202) of ``("ppdnmf-aggregate-v1", s_ab, r)``, read in counter mode: entry ``c`` of the
+(FIPS 202) of ``("ppdnmf-aggregate-v1", s_ab, a, b, r)``, read in counter mode: entry ``c`` of the
 upload takes bytes ``8c .. 8c + 7``, reduced mod ``2^63``. Worker ``i`` adds
 
     m_i = sum_{k != i} sigma_ik PRG(s_ik, r)  mod 2^63,      sigma_ik = +1 if i < k else -1,
@@ -123,12 +123,18 @@ class _SeedVault(SeedBox):
 
     __slots__ = ()
 
-    def stream(self, me: int, peer: int, round_no: int, count: int) -> np.ndarray:
-        """``count`` PRG values in ``[0, 2^63)`` (int64) of the pair ``{me, peer}`` in round ``round_no``."""
+    def stream(self, me: int, peer: int, round_no: int, count: int) -> bytes:
+        """The PRG output of the pair ``{me, peer}`` in round ``round_no``: ``8 count`` bytes, entry ``c``
+        in bytes ``8c .. 8c + 7`` (read by :func:`_ring_values`)."""
         a, b = min(me, peer), max(me, peer)
         head = _DOMAIN + self._seeds[int(peer)] + struct.pack(">QQQ", a, b, int(round_no))
-        raw = hashlib.shake_256(head).digest(8 * int(count))
-        return (np.frombuffer(raw, dtype="<u8") & np.uint64(_RING_MASK)).astype(np.int64)
+        return hashlib.shake_256(head).digest(8 * int(count))
+
+
+def _ring_values(raw: bytes, shape) -> torch.Tensor:
+    """PRG bytes as int64 values in ``[0, 2^63)`` (little-endian 64-bit words, top bit dropped)."""
+    words = np.frombuffer(raw, dtype="<u8") & np.uint64(_RING_MASK)
+    return torch.from_numpy(words.astype(np.int64).reshape(shape))
 
 
 def _test_seed(seed: int, a: int, b: int) -> bytes:
@@ -190,7 +196,8 @@ class QuantizedAggregator(IntegerAggregator):
     def _net_masks(self, P: int, device) -> torch.Tensor:
         """``m (K, P)`` in ``[0, 2^63)``: ``m_i = sum_{k != i} sigma_ik PRG(s_ik, r) mod 2^63``."""
         K, r, pairs = self.n_workers, self.rounds, self.pairs
-        streams = torch.from_numpy(np.stack([self._vaults[a].stream(a, b, r, P) for a, b in pairs])).to(device)
+        raw = b"".join([self._vaults[a].stream(a, b, r, P) for a, b in pairs])  # one conversion for all
+        streams = _ring_values(raw, (len(pairs), P)).to(device)
         src = torch.tensor([a for a, _ in pairs], device=device)
         dst = torch.tensor([b for _, b in pairs], device=device)
         self._add("prg_bytes", 8 * P * len(pairs))
@@ -227,7 +234,7 @@ class QuantizedAggregator(IntegerAggregator):
     def mask_stream(self, worker: int, peer: int, round_no: int, count: int) -> torch.Tensor:
         """What ``worker`` can compute with its seed shared with ``peer``: the pair's PRG values of a
         round (int64 ``(count,)``). For the audit's colluding worker (it never returns a seed)."""
-        return torch.from_numpy(self._vaults[worker].stream(worker, peer, round_no, count))
+        return _ring_values(self._vaults[worker].stream(worker, peer, round_no, count), (int(count),))
 
     def __repr__(self) -> str:
         seeds = sum(len(v) for v in self._vaults) // 2  # a count, never a seed
