@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "fit",
     "PPDNMF",
+    "FederatedSparsePCA",
     "fit_centralized",
     "fit_trials",
     "run_experiment",
@@ -42,3 +43,13 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
 ]
+
+
+def __getattr__(name):
+    # FederatedSparsePCA imports scikit-learn: only when asked for, so that importing the
+    # package (and every CLI start) does not pay for it
+    if name == "FederatedSparsePCA":
+        from .models.fsspca.estimator import FederatedSparsePCA
+
+        return FederatedSparsePCA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

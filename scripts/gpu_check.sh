@@ -44,7 +44,7 @@ if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi
 timeout 90 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
 # 2. the solver: loop vs batched at N up to 10,000 agents, the roofline at N = 2000 (CBCL
 # sizes), 100 trials; eager only (fuse=True compiles a Triton kernel set per shape: minutes)
-timeout 230 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
+timeout 190 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
     "${solver_extra[@]}" --json "$out/bench_solver.json" 2>&1 | tee "$out/bench_solver.txt"
 # 3. the host-side Paillier stage, on that machine's CPU cores (its worker pool uses them all)
 timeout 100 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
@@ -59,4 +59,7 @@ if [ "$quick" = 1 ]; then dist_size=(--n-agents 12 --bcd 2 --x-iters 3 --y-iters
 timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$nranks" "${dist_size[@]}" \
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
+# 5. FSSPCA: the batched workers on the device against the NumPy loop over workers (K = 10 to 1000)
+timeout 40 "$py" scripts/bench_fsspca.py --device "$dev" --Ks 10,100,1000 --iters 5 --repeats 1 --skip-sklearn \
+    --json "$out/bench_fsspca.json" 2>&1 | tee "$out/bench_fsspca.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"

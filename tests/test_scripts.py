@@ -25,11 +25,11 @@ def test_gpu_check_is_valid_bash():
 
 def test_gpu_check_steps_fit_one_device_call():
     limits = [int(s) for s in re.findall(r"\btimeout (\d+)\b", GPU_CHECK.read_text())]
-    assert len(limits) == 4  # tests, bench_solver, bench_crypto, bench_distributed: each step is bounded
+    assert len(limits) == 5  # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca: each bounded
     assert sum(limits) <= GPU_CHECK_SECONDS
 
 
-@pytest.mark.parametrize("script", ["bench_solver.py", "bench_crypto.py"])
+@pytest.mark.parametrize("script", ["bench_solver.py", "bench_crypto.py", "bench_fsspca.py"])
 def test_gpu_check_passes_flags_the_benchmarks_take(script):
     text = GPU_CHECK.read_text()
     # every --flag on the benchmark's own command lines and in the arrays fed to them

@@ -105,12 +105,16 @@ it counts every exact recovery, the recoveries the attacker certifies itself and
 positives, and partial leakage. :func:`schedule_audit`: what the changes of ``rho_int_i``
 reveal of the neighbours' penalties.
 
+**(d) The secure aggregation's server** (:mod:`.server`): a curious server, alone and with one
+colluding worker, against each worker's single upload to
+:func:`~ppdnmf_torch.exchange.aggregation.make_aggregator` (:func:`run_server_audit`).
+
 Entry point: :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` (``scripts/privacy_audit.py`` is its command line).
 
 Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`),
 :mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
 attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
-Markdown), :mod:`.sums` (c). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
+Markdown), :mod:`.sums` (c), :mod:`.server` (d). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
 named scenarios (:func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`) and the incremental
 X-step's audit are PPDNMF's: :mod:`ppdnmf_torch.models.ppdnmf.audit`.
 """
@@ -156,6 +160,7 @@ from .sums import (
     schedule_audit,
     sums_audit,
 )
+from .server import format_server_audit, run_server_audit, server_views
 
 __all__ = [
     "Recording",
@@ -193,4 +198,7 @@ __all__ = [
     "EXACT_FRACTION",
     "BEATS_BASELINE_RATIO",
     "DIRECTION_CORR",
+    "server_views",
+    "run_server_audit",
+    "format_server_audit",
 ]

@@ -4,7 +4,7 @@
   timed into a :class:`~ppdnmf_torch.exchange.costmodel.CostLedger` (the naive path's layer).
 * :class:`EncryptedVector`: a message, ciphertexts under one public key.
 * :class:`_Agent`: one party of the protocol, the only holder of its private key; it
-  cannot be pickled, copied or printed with key material (:class:`~.obfuscation.HoldsPrivateKey`).
+  cannot be pickled, copied or printed with key material (:class:`~ppdnmf_torch.exchange.sealed.HoldsPrivateKey`).
 * :func:`generate_keypairs` (tests, benchmarks, the audit) and :func:`make_agents` (the
   agents of a bound exchange, from handed-in or freshly generated keys).
 

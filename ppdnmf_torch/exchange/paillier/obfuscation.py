@@ -54,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 import gmpy2
 from gmpy2 import mpz, powmod
 
+from ..sealed import HoldsPrivateKey
+
 __all__ = [
     "random_obfuscators",
     "PrivateCRT",
@@ -269,35 +271,6 @@ def _crt_chains(xp, xq, step, count: int, psq, qsq, threaded: bool):
             fut = None
     lp = _chain(xp, step, count, psq)
     return lp, (_chain(xq, step, count, qsq) if fut is None else fut.result())
-
-
-def _refuse(obj):
-    raise TypeError(f"{type(obj).__name__} holds Paillier private-key material (or mask seeds) and cannot be "
-                    "pickled, copied or serialized; checkpoint the solver state instead and regenerate keys on "
-                    "resume")
-
-
-class HoldsPrivateKey:
-    """Mixin for objects that hold private-key material (a Paillier key, the masked protocol's
-    seeds): pickling and copying are refused, so it can never leave its object through a
-    checkpoint, a worker pool or a deep copy."""
-
-    __slots__ = ()
-
-    def __reduce_ex__(self, protocol):
-        _refuse(self)
-
-    def __reduce__(self):
-        _refuse(self)
-
-    def __getstate__(self):
-        _refuse(self)
-
-    def __copy__(self):
-        _refuse(self)
-
-    def __deepcopy__(self, memo):
-        _refuse(self)
 
 
 class PrivateCRT(HoldsPrivateKey):

@@ -15,7 +15,7 @@ Two kinds (docs/SECURE_EXCHANGE.md):
   neighbour of the receiver who listens on the link and holds the pair seeds).
 
 A seed lives in the :class:`SeedStore` of each of its two agents and nowhere else: the store
-refuses pickling and copying (:class:`~.obfuscation.HoldsPrivateKey`), its repr shows a count,
+refuses pickling and copying (:class:`~ppdnmf_torch.exchange.sealed.HoldsPrivateKey`), its repr shows a count,
 and no method returns a seed. The transcript carries the seeds' ciphertexts only.
 
 Mask units
@@ -45,7 +45,7 @@ import gmpy2
 from gmpy2 import mpz
 
 from ..costmodel import SEED_BITS
-from .obfuscation import HoldsPrivateKey
+from ..sealed import SeedBox
 
 __all__ = ["SeedStore", "draw_seed", "seed_to_chunks", "chunks_to_seed", "unit_stream", "SEED_BYTES",
            "MASK_EXTRA_BITS"]
@@ -110,25 +110,11 @@ def unit_stream(seed: bytes, receiver: int, round_no: int, n, count: int) -> lis
     return out
 
 
-class SeedStore(HoldsPrivateKey):
+class SeedStore(SeedBox):
     """One agent's seeds, by tag. Nothing reads a seed out: :meth:`units` returns the product
     of the masks of a set of tags, the only thing the protocol needs from them."""
 
-    __slots__ = ("_seeds",)
-
-    def __init__(self):
-        self._seeds = {}
-
-    def put(self, tag: tuple, seed: bytes) -> None:
-        if len(seed) != SEED_BYTES:
-            raise ValueError("SeedStore: a seed has 32 bytes")
-        self._seeds[tag] = bytes(seed)
-
-    def __contains__(self, tag) -> bool:
-        return tag in self._seeds
-
-    def __len__(self) -> int:
-        return len(self._seeds)
+    __slots__ = ()
 
     def units(self, signed_tags, receiver: int, round_no: int, n, count: int) -> list:
         """``prod_tag mu_tag^{sign}`` for ``count`` ciphertexts (``signed_tags``: ``(tag, +1 or -1)``)."""
@@ -145,9 +131,3 @@ class SeedStore(HoldsPrivateKey):
         if neg is None:
             return pos
         return [a * gmpy2.invert(b, nsq) % nsq for a, b in zip(pos, neg)]
-
-    def clear(self) -> None:
-        self._seeds.clear()
-
-    def __repr__(self) -> str:
-        return f"SeedStore({len(self._seeds)} seeds)"

@@ -1,0 +1,147 @@
+"""``FederatedSparsePCA``: FSSPCA as a scikit-learn estimator (``sklearn.decomposition.SparsePCA``'s
+attributes, the workers given by ``groups`` or as a list of row blocks).
+
+A thin layer over :func:`.fit.fit_fsspca`: parameters are stored as given, validated once in
+``fit``; NumPy in, NumPy out.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
+
+from ...errors import ConfigError
+from .data import split_iid
+from .fit import DEFAULTS, fit_fsspca
+from .smoothing import DEFAULT_SMOOTHING
+
+__all__ = ["FederatedSparsePCA"]
+
+
+def _is_blocks(X) -> bool:
+    return isinstance(X, (list, tuple)) and len(X) > 0 and all(np.ndim(b) == 2 for b in X)
+
+
+class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Federated sparse PCA (FSSPCA): sparse loadings of rows held by several workers, found
+    by consensus ADMM on the Stiefel manifold (docs/FSSPCA.md).
+
+    Parameters
+    ----------
+    n_components : int or None
+        ``r``, the number of loadings (None: every feature).
+    alpha : float
+        ``lambda_1``, the weight of ``||z||_1`` (unscaled, as in problem (6)).
+    lambda_2 : float or None
+        The smooth term's weight; None follows ``alpha`` (``alpha / K``).
+    smoothing : {"sqrt", "huber", "logexp", "erf"}
+    mu : float
+    rho : float or "auto"
+    line_search : {"armijo", "wolfe"}
+    inner_steps : int
+    aggregation : {"plain", "quantized", "paillier"} or an aggregator
+        How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
+    n_workers : int
+        Workers of an IID split when ``fit`` gets one array without ``groups``.
+    max_iter, tol : as :func:`.fit.fit_fsspca`
+    random_state : int, RandomState or None
+        The start and the IID split.
+    device : {"cpu", "cuda", "auto"}
+    dtype : {"float64", "float32"}
+
+    Attributes
+    ----------
+    components_ : ndarray (r, d)
+        The sparse consensus loadings ``z^T``.
+    orthonormal_components_ : ndarray (r, d)
+        ``qf(z)^T``.
+    mean_ : ndarray (d,)
+        The global mean (a secure sum).
+    explained_variance_ : ndarray (r,)
+        Each loading's adjusted variance (Zou et al.), divided by ``n - 1``.
+    explained_variance_ratio_ : ndarray (r,)
+        The same over the total variance.
+    n_components_, n_iter_, n_workers_, n_features_in_ : int
+    result_ : FSSPCAResult
+    """
+
+    def __init__(self, n_components=None, *, alpha=1.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
+                 mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], line_search=DEFAULTS["line_search"],
+                 inner_steps=DEFAULTS["inner_steps"], aggregation="plain", n_workers=1,
+                 max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], random_state=None, device="cpu",
+                 dtype="float64"):
+        self.n_components = n_components
+        self.alpha = alpha
+        self.lambda_2 = lambda_2
+        self.smoothing = smoothing
+        self.mu = mu
+        self.rho = rho
+        self.line_search = line_search
+        self.inner_steps = inner_steps
+        self.aggregation = aggregation
+        self.n_workers = n_workers
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.device = device
+        self.dtype = dtype
+
+    def fit(self, X, y=None, groups=None, callback=None):
+        """Fit on ``X (n, d)`` with ``groups (n,)`` (each row's worker), or on a list of the
+        workers' row blocks ``[(n_i, d), ...]``; ``y`` is ignored."""
+        rs = check_random_state(self.random_state)
+        seed = int(rs.randint(np.iinfo(np.int32).max))
+        if _is_blocks(X):
+            if groups is not None:
+                raise ConfigError("groups: give either a list of blocks or an array with groups, not both")
+            blocks = [check_array(b, dtype=np.float64) for b in X]
+            d = blocks[0].shape[1]
+            validate_data(self, np.zeros((1, d)), reset=True)
+        else:
+            A = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
+            if groups is None:
+                k = int(self.n_workers)
+                if not 1 <= k <= A.shape[0]:
+                    raise ConfigError(f"n_workers: must be in 1..{A.shape[0]} (the number of rows), got {k}")
+                groups = split_iid(A.shape[0], k, seed=seed)
+            groups = np.asarray(groups)
+            blocks = [A[groups == g] for g in np.unique(groups)]
+            d = A.shape[1]
+        r = d if self.n_components is None else self.n_components
+        with torch.no_grad():
+            res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
+                             mu=self.mu, rho=self.rho, line_search=self.line_search, inner_steps=self.inner_steps,
+                             aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
+                             device=self.device, dtype=self.dtype, callback=callback)
+        n = sum(b.shape[0] for b in blocks)
+        var = res.variance_components[0].cpu().numpy().astype(np.float64)
+        self.components_ = res.z[0].T.cpu().numpy().astype(np.float64)
+        self.orthonormal_components_ = res.components[0].T.cpu().numpy().astype(np.float64)
+        self.mean_ = res.mean.cpu().numpy().astype(np.float64)
+        total = float(res.total_variance[0])
+        self.explained_variance_ = var / max(n - 1, 1)
+        self.explained_variance_ratio_ = var / total if total > 0 else np.zeros_like(var)
+        self.n_components_ = r
+        self.n_iter_ = int(res.n_iter[0])
+        self.n_workers_ = len(blocks)
+        self.result_ = res
+        return self
+
+    def transform(self, X):
+        """Scores ``(n, r)``: least squares of ``X - mean_`` on ``components_`` (``SparsePCA``'s
+        rule; the orthogonal projection when the loadings are orthonormal)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return (X - self.mean_) @ np.linalg.pinv(self.components_)
+
+    def inverse_transform(self, X):
+        """``scores @ components_ + mean_``."""
+        check_is_fitted(self)
+        return np.asarray(X, dtype=np.float64) @ self.components_ + self.mean_
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+

@@ -1,0 +1,360 @@
+"""``fit_fsspca``: FSSPCA (Algorithm 1) from the workers' row blocks, batched over trials,
+with the secure (or plain) aggregation, histories, a callback and checkpoints.
+
+This is the function the estimator and the app call; the maths lives in :mod:`.admm`,
+:mod:`.manifold` and :mod:`.smoothing`.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..._utils import derive_seed, resolve_device, resolve_dtype
+from ...errors import ConfigError, ConvergenceWarning, DataError
+from ...exchange.aggregation import make_aggregator
+from . import admm
+from .centring import aggregate, centred_gram, global_mean, worker_sums
+from .manifold import qf
+from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
+from .smoothing import DEFAULT_SMOOTHING, get_smoothing
+
+__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "DEFAULTS", "CHECKPOINT_NAME"]
+
+#: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
+DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=2, max_iter=500,
+                tol=1e-6)
+CHECKPOINT_NAME = "fsspca_state.pt"
+
+
+def as_blocks(data, groups=None, *, device=None, dtype=None):
+    """The workers' row blocks as a list of ``(n_i, d)`` tensors on one device and dtype.
+
+    ``data`` is a list of arrays (one per worker), or one ``(n, d)`` array with ``groups``
+    (``(n,)`` worker labels; workers are the sorted distinct labels), or the pair
+    ``(A, groups)``. ``device``/``dtype`` None follow the input (NumPy in: CPU, float64
+    unless the input is float32).
+    """
+    if isinstance(data, tuple) and len(data) == 2 and groups is None:
+        data, groups = data
+    if groups is not None:
+        A = _as_tensor(data, "data")
+        if A.dim() != 2:
+            raise DataError(f"data: expected a 2-D array with groups, got shape {tuple(A.shape)}")
+        g = np.asarray(groups.cpu() if isinstance(groups, torch.Tensor) else groups)
+        if g.shape != (A.shape[0],):
+            raise DataError(f"groups: expected one label per row ({A.shape[0]}), got shape {g.shape}")
+        labels = np.unique(g)
+        data = [A[torch.as_tensor(np.flatnonzero(g == lab), device=A.device)] for lab in labels]
+    if not isinstance(data, (list, tuple)) or len(data) == 0:
+        raise DataError("data: expected a non-empty list of row blocks, or an array with groups")
+    blocks = [_as_tensor(b, f"data[{i}]") for i, b in enumerate(data)]
+    dev = resolve_device(device) if device is not None else blocks[0].device
+    dt = resolve_dtype(dtype) if dtype is not None else (
+        blocks[0].dtype if blocks[0].dtype in (torch.float32, torch.float64) else torch.float64)
+    out = []
+    for i, b in enumerate(blocks):
+        if b.dim() != 2:
+            raise DataError(f"data[{i}]: expected a 2-D (n_i, d) block, got shape {tuple(b.shape)}")
+        if b.shape[0] == 0:
+            raise DataError(f"data[{i}]: worker {i} holds no rows")
+        if b.shape[1] != blocks[0].shape[1]:
+            raise DataError(f"data[{i}]: {b.shape[1]} features, worker 0 has {blocks[0].shape[1]}")
+        b = b.to(device=dev, dtype=dt)
+        if not bool(torch.isfinite(b).all()):
+            raise DataError(f"data[{i}]: contains NaN or infinity")
+        out.append(b)
+    return out
+
+
+def _as_tensor(x, what):
+    if isinstance(x, torch.Tensor):
+        return x
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - numpy's own message says why
+        raise DataError(f"{what}: not an array ({exc})") from None
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+        raise DataError(f"{what}: expected numbers, got dtype {arr.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def prepare_problem(blocks, n_trials=1, *, center=True, aggregation="plain", projector=None):
+    """The Gram-only problem of the workers' blocks (each computes its own ``C_i``), centred
+    through the aggregator when ``center``; returns ``(FSSPCAProblem, mean or None)``."""
+    gram = torch.stack([b.transpose(0, 1) @ b for b in blocks])
+    sqnorm = torch.stack([b.square().sum() for b in blocks])
+    s, n = worker_sums(blocks)
+    mean = None
+    if center:
+        mean = global_mean(s, n, aggregation)
+        gram, sqnorm = centred_gram(gram, sqnorm, s, n, mean)
+    T = n_trials
+    if projector is not None:
+        # Algorithm 4: the same problem on the data A_i G (Gram G C_i G for a symmetric G)
+        gram = projector[:, None] @ gram @ projector[:, None]
+        sqnorm = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
+        return admm.FSSPCAProblem(gram, sqnorm, n.expand(T, *n.shape), projector), mean
+    return admm.FSSPCAProblem(gram.expand(T, *gram.shape), sqnorm.expand(T, *sqnorm.shape),
+                              n.expand(T, *n.shape), projector), mean
+
+
+def _per_trial(x, T, name, like):
+    t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    if t.dim() == 0:
+        t = t.expand(T)
+    if t.shape != (T,):
+        raise ConfigError(f"{name}: expected a number or {T} values (one per trial), got shape {tuple(t.shape)}")
+    if bool((t < 0).any()) or not bool(torch.isfinite(t).all()):
+        raise ConfigError(f"{name}: must be finite and >= 0, got {x}")
+    return t.clone()
+
+
+def _initial_z(n_features, r, T, seed, init, dtype, device):
+    if init is not None:
+        z0 = torch.as_tensor(init, dtype=dtype, device=device)
+        if z0.dim() == 2:
+            z0 = z0.expand(T, *z0.shape)
+        if z0.shape != (T, n_features, r):
+            raise ConfigError(f"init: expected shape ({n_features}, {r}) or ({T}, {n_features}, {r}), "
+                              f"got {tuple(z0.shape)}")
+        return qf(z0.clone())
+    # each trial its own stream, so that a trial gives the same start in any batch
+    draws = [torch.randn((n_features, r), generator=torch.Generator().manual_seed(derive_seed(seed, "fsspca", t)),
+                         dtype=torch.float64) for t in range(T)]
+    return qf(torch.stack(draws).to(device=device, dtype=dtype))
+
+
+def _auto_rho(problem, scale):
+    # twice the workers' mean largest Gram eigenvalue: the local subproblem (14) is then
+    # strongly convex near the manifold (rho > 2 ||C_i||) for workers of average size
+    lam = torch.linalg.eigvalsh(problem.gram[:, :, :, :]).amax(dim=-1)
+    return scale * lam.mean(dim=1)
+
+
+def _fingerprint(problem, settings):
+    h = hashlib.sha256(repr(sorted((k, str(v)) for k, v in settings.items())).encode())
+    h.update(repr(tuple(problem.gram.shape)).encode())
+    h.update(np.float64(problem.gram.double().sum().item()).tobytes())
+    return h.hexdigest()
+
+
+def _save(path: Path, payload):
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
+               mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"],
+               line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"], aggregation="plain",
+               aggregation_options=None, center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
+               device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50,
+               projector=None) -> FSSPCAResult:
+    """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
+
+    Parameters
+    ----------
+    data : list of array (n_i, d), or array (n, d) with ``groups``, or ``(A, groups)``
+        The workers' row blocks (one per worker; row counts may differ).
+    n_components : int
+        ``r``, the number of loadings.
+    alpha : float or sequence (T,)
+        ``lambda_1``, the weight of ``||z||_1`` (per trial when a sequence).
+    lambda_2 : float, sequence (T,) or None
+        Weight of the smooth term ``r(w_i)`` of each worker; None follows ``alpha``:
+        ``lambda_2 = lambda_1 / K``, so that the consensus point pays ``lambda_1 (||z||_1 + r(z))``
+        whatever ``K`` (docs/FSSPCA.md). ``0`` is Tan et al.'s unsmoothed ADMM.
+    smoothing : {"sqrt", "huber", "logexp", "erf"}
+        ``psi_mu`` (:mod:`.smoothing`).
+    mu : float
+        The smoothing parameter (the paper's ``1e-3``).
+    rho : float, sequence (T,) or "auto"
+        The ADMM penalty; ``"auto"`` is ``rho_scale`` times the workers' mean largest
+        eigenvalue of ``C_i`` (docs/FSSPCA.md).
+    line_search : {"armijo", "wolfe"}
+    inner_steps : int
+        Riemannian line-search steps per worker per ADMM iteration.
+    aggregation : {"plain", "quantized", "paillier"} or an aggregator
+        How the server gets ``sum_i (w_i + u_i/rho)`` (and the centring sums): the paper's plain
+        upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made
+        here with ``aggregation_options`` and closed at the end; an aggregator handed in is used
+        as it is and left open). Its counted costs are ``result.costs``.
+    aggregation_options : dict, optional
+        Passed to ``make_aggregator`` (``n_max``, ``key_bits``, ``seed``, ``keypairs``, ...).
+    center : bool
+        Centre the pooled data with the global mean, itself a secure sum (:mod:`.centring`).
+    max_iter : int
+    tol : float
+        A trial stops when the RMS consensus gap ``sqrt(sum_i ||w_i - z||^2 / (K r))`` and the
+        change of ``z`` per column ``||z - z_old|| / sqrt(r)`` are both ``<= tol``.
+    trials : int
+        ``T`` trials batched in one computation, each with its own start (``seed``, trial).
+    seed : int
+    init : None, "pca", array (d, r) or (T, d, r)
+        The common start ``z = w_i`` (orthonormalized). None: random, per trial from
+        ``(seed, trial)``. ``"pca"``: the top ``r`` eigenvectors of the pooled Gram matrix, summed
+        through the aggregator in one extra round (whoever holds the aggregate learns the pooled
+        ``A^T A``: more than the z-step reveals).
+    device, dtype : optional
+        Default: the input's.
+    callback : callable, optional
+        ``callback(IterationInfo)`` after each iteration; returning True stops the run.
+    checkpoint_dir : path, optional
+        The state is written there every ``checkpoint_every`` iterations and at the end, and a
+        run finding a checkpoint of the same problem and settings resumes from it.
+    projector : Tensor (d, d) or (T, d, d), optional
+        Deflation's ``G`` (use :func:`.deflation.fit_deflated`).
+
+    Returns
+    -------
+    FSSPCAResult
+    """
+    blocks = as_blocks(data, groups, device=device, dtype=dtype)
+    K, d = len(blocks), blocks[0].shape[1]
+    like = blocks[0]
+    r = int(n_components)
+    if not 1 <= r <= d:
+        raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
+    T = int(trials)
+    if T < 1:
+        raise ConfigError(f"trials: must be >= 1, got {trials}")
+    if int(max_iter) < 1:
+        raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
+    if not tol >= 0:
+        raise ConfigError(f"tol: must be >= 0, got {tol}")
+    admm.check_settings(line_search, inner_steps, mu)
+    psi = get_smoothing(smoothing)
+    if projector is not None:
+        projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
+        projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
+    owned = isinstance(aggregation, str)
+    if owned:
+        aggregation = make_aggregator(aggregation, K, **(aggregation_options or {}))
+    try:
+        return _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale,
+                    line_search, inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every)
+    finally:
+        if owned:
+            aggregation.close()
+
+
+def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale, line_search,
+         inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every):
+    K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
+    init_kind = init if isinstance(init, str) else (None if init is None else "given")
+    problem, mean = prepare_problem(blocks, T, center=center, aggregation=aggregation, projector=projector)
+
+    lam1 = _per_trial(alpha, T, "alpha", like)
+    lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
+    if isinstance(rho, str):
+        if rho != "auto":
+            raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
+        rho_t = _auto_rho(problem, rho_scale)
+    else:
+        rho_t = _per_trial(rho, T, "rho", like)
+    if not bool((rho_t > 0).all()):
+        raise ConfigError(f"rho: must be > 0, got {rho}")
+
+    settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=psi.name, mu=mu,
+                    rho=rho_t.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
+                    max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
+                    aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
+
+    if isinstance(init, str):
+        if init != "pca":
+            raise ConfigError(f"init: expected 'pca', an array or None, got {init!r}")
+        # the pooled Gram matrix through the aggregator (one more round: its holder learns the
+        # pooled covariance, d x d numbers, more than the z-step's sums), then its top r eigenvectors
+        # (deflation: the projected Grams differ per trial)
+        pooled_c = aggregate(aggregation, problem.gram[0] if problem.projector is None else problem.gram, 2)
+        init = torch.linalg.eigh(pooled_c)[1][..., -r:].flip(-1).expand(T, d, r)
+    z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
+    if projector is not None:
+        z0 = qf(projector @ z0)
+    # first trial step: 1 / (the local curvature's scale) per worker
+    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho_t[:, None] + lam2[:, None] / mu
+    state = admm.ADMMState(w=z0[:, None].expand(T, K, d, r).clone(), u=torch.zeros((T, K, d, r), dtype=like.dtype,
+                           device=like.device), z=z0, theta=1.0 / scale)
+    active = torch.ones(T, dtype=torch.bool, device=like.device)
+    converged = torch.zeros(T, dtype=torch.bool, device=like.device)
+    n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
+    history = {k: [] for k in HISTORY_KEYS}
+
+    ckpt = None
+    fingerprint = _fingerprint(problem, {**settings, "init": None if init is None else "given"})
+    settings["init"] = "random" if init_kind is None else init_kind
+    if checkpoint_dir is not None:
+        ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        if ckpt.exists():
+            saved = torch.load(ckpt, map_location=like.device, weights_only=True)
+            if saved["fingerprint"] != fingerprint:
+                raise ConfigError(f"checkpoint_dir: {ckpt} holds a run of another problem or other settings; "
+                                  "use an empty directory")
+            state = admm.ADMMState(w=saved["w"], u=saved["u"], z=saved["z"], theta=saved["theta"],
+                                   iteration=int(saved["iteration"]), line_search_evals=int(saved["evals"]),
+                                   line_search_failures=int(saved["failures"]))
+            active, converged, n_iter = saved["active"], saved["converged"], saved["n_iter"]
+            history = {k: list(saved["history"][k].unbind(0)) if saved["history"][k].numel() else []
+                       for k in HISTORY_KEYS}
+
+    def checkpoint():
+        if ckpt is not None:
+            _save(ckpt, dict(fingerprint=fingerprint, w=state.w, u=state.u, z=state.z, theta=state.theta,
+                             iteration=state.iteration, evals=state.line_search_evals,
+                             failures=state.line_search_failures, active=active, converged=converged,
+                             n_iter=n_iter, history=_stack(history, T, like)))
+
+    pooled = problem.pooled_gram()
+    while state.iteration < max_iter and bool(active.any()):
+        state.iteration += 1
+        a4 = active[:, None, None, None]
+        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
+                            active=active)
+        total = aggregate(aggregation, w + state.u / rho_t[:, None, None, None], 2)
+        z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_t), state.z)
+        u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
+        primal, dual, consensus = admm.residuals(w, z_new, state.z, rho_t)
+        values = dict(objective=admm.objective(problem, w, z_new, lam1, lam2, psi, mu),
+                      lagrangian=admm.augmented_lagrangian(problem, w, z_new, u_new, lam1, lam2, rho_t, psi, mu),
+                      explained_variance=admm.adjusted_variance(pooled, z_new),
+                      sparsity=(z_new == 0).to(like.dtype).mean(dim=(-2, -1)),
+                      consensus=consensus, primal_residual=primal, dual_residual=dual)
+        for k in HISTORY_KEYS:  # a stopped trial repeats its last values
+            prev = history[k][-1] if history[k] else values[k]
+            history[k].append(torch.where(active, values[k], prev))
+        state.w, state.z, state.u = w, z_new, u_new
+        n_iter = torch.where(active, n_iter + 1, n_iter)
+        done = (primal / math.sqrt(K * r) <= tol) & (dual / (rho_t * math.sqrt(K * r)) <= tol) & active
+        converged = converged | done
+        active = active & ~done
+        stop = bool(callback(IterationInfo(state.iteration, values, active.clone()))) if callback else False
+        if ckpt is not None and state.iteration % int(checkpoint_every) == 0:
+            checkpoint()
+        if stop:
+            break
+    checkpoint()
+    if tol > 0 and not bool(converged.all()):
+        bad = torch.nonzero(~converged).flatten().tolist()
+        warnings.warn(f"FSSPCA: trials {bad} did not reach tol={tol} in {max_iter} iterations",
+                      ConvergenceWarning, stacklevel=3)
+    zf = state.z if projector is None else projector @ state.z
+    costs = aggregation.costs()
+    var = admm.adjusted_variance_components(pooled, state.z)
+    total_var = torch.diagonal(pooled, dim1=-2, dim2=-1).sum(-1)
+    return FSSPCAResult(z=state.z, components=qf(zf), w=state.w, u=state.u, n_iter=n_iter, converged=converged,
+                        history=_stack(history, T, like), mean=mean,
+                        explained_variance=var.sum(-1) / total_var, variance_components=var,
+                        total_variance=total_var, settings=settings, costs=costs,
+                        line_search=dict(evals=state.line_search_evals, failures=state.line_search_failures))
+
+
+def _stack(history, T, like):
+    return {k: torch.stack(v) if v else torch.zeros((0, T), dtype=like.dtype, device=like.device)
+            for k, v in history.items()}
