@@ -1,5 +1,5 @@
 """The consensus-seeking penalty schedules: ``penalty_schedule="agreed"`` (the library's
-default: one cap for every edge, grown by two bits all agents agree on) and ``"adaptive"``
+default: one cap for every edge, grown on one bit all agents agree on) and ``"adaptive"``
 (each agent's own cap ``g_i``); both adapt each agent's X-step penalty ``mu_i`` after every
 BCD iteration from what the agent holds.
 
