@@ -1,7 +1,8 @@
 """The agreed penalty schedule (issue 32, the fix): one penalty per ADMM iteration on every
 edge, so each receiver's weights are equal and its sums reveal ``w`` and ``sum_j q_j`` only;
-the library's default; the exchanges stay bit-identical under it; resume and two ranks give
-the one-process bits; the leak warning fires for the schedules with unequal weights."""
+the library's default; resume and two ranks give the one-process bits (quantized = paillier
+under it: tests/test_agree.py, ``test_exchange_kinds_agree_under_the_adaptive_schedules``);
+the leak warning fires for the schedules with unequal weights."""
 from __future__ import annotations
 
 import warnings
@@ -193,19 +194,6 @@ def test_resume_is_bit_for_bit(tmp_path):
     resumed = pp.fit(_blocks(), graph.ring(6), 3, resume_from=tmp_path, **kw)
     _same(whole, resumed)
     assert {"caps", "mu"} <= set(pp.checkpoint.load_checkpoint(tmp_path)["state"])
-
-
-@pytest.mark.crypto
-@pytest.mark.filterwarnings("ignore::ppdnmf_torch.exchange.paillier.InsecureKeyWarning")
-@pytest.mark.parametrize("protocol", ["masked", "aggregated"])
-def test_quantized_and_paillier_are_bit_identical_under_the_default(protocol, paillier_keypairs):
-    blocks = _blocks(N=4, M=40)
-    g = graph.ring(4)
-    kw = dict(SHORT, bcd_iters=3, x_iters=3, y_iters=3, key_bits=128, n_max=1e6, protocol=protocol, seed=5,
-              g_max=0.05)
-    rq = pp.fit(blocks, g, 3, exchange="quantized", **kw)
-    rp = pp.fit(blocks, g, 3, exchange="paillier", exchange_options={"keypairs": paillier_keypairs(128, 4)}, **kw)
-    _same(rq, rp)
 
 
 def _leak_warnings(**kw):
