@@ -156,12 +156,16 @@ def test_preflight_checks_the_bound_the_caps_can_reach():
 
 @pytest.mark.crypto
 @pytest.mark.filterwarnings("ignore::ppdnmf_torch.exchange.paillier.InsecureKeyWarning")
-@pytest.mark.parametrize("protocol", ["aggregated", "paper"])
-def test_exchange_kinds_agree_under_the_adaptive_schedule(protocol, paillier_keypairs):
+@pytest.mark.filterwarnings("ignore::ppdnmf_torch.SumLeakWarning")
+@pytest.mark.parametrize("schedule,protocol", [("adaptive", "aggregated"), ("adaptive", "paper"),
+                                               ("agreed", "masked"), ("agreed", "aggregated")])
+def test_exchange_kinds_agree_under_the_adaptive_schedules(schedule, protocol, paillier_keypairs):
+    """quantized and paillier give the same bits under both consensus-seeking schedules (the
+    default, agreed, included; tests/test_schedule_agreed.py has the rest of its tests)."""
     blocks = _synthetic(N=4, M=40)
     g = graph.ring(4)
     kw = dict(bcd_iters=4, x_iters=3, y_iters=3, key_bits=128, n_max=1e6, protocol=protocol, seed=5,
-              g_max=0.05, negative="allow", device="cpu", **NEW)
+              g_max=0.05, negative="allow", device="cpu", **dict(NEW, penalty_schedule=schedule))
     rq = pp.fit(blocks, g, 3, exchange="quantized", **kw)
     rp = pp.fit(blocks, g, 3, exchange="paillier", exchange_options={"keypairs": paillier_keypairs(128, 4)}, **kw)
     _same(rq, rp)

@@ -1,7 +1,8 @@
 """The agreed penalty schedule (issue 32, the fix): one penalty per ADMM iteration on every
 edge, so each receiver's weights are equal and its sums reveal ``w`` and ``sum_j q_j`` only;
-the library's default; the exchanges stay bit-identical under it; resume and two ranks give
-the one-process bits; the leak warning fires for the schedules with unequal weights."""
+the library's default; resume and two ranks give the one-process bits (quantized = paillier
+under it: tests/test_agree.py, ``test_exchange_kinds_agree_under_the_adaptive_schedules``);
+the leak warning fires for the schedules with unequal weights."""
 from __future__ import annotations
 
 import warnings
@@ -163,20 +164,27 @@ def _state(T, N, delta_agents, mu=1.0):
 @pytest.mark.parametrize("mu,disagree,grows", [
     (1.0, [(0, 2)], [True, False]),      # one agent of trial 0 disagrees: trial 0 grows, trial 1 does not
     (1.0, [], [False, False]),           # nobody disagrees
-    (0.03, [(0, 2), (1, 0)], [False, False]),  # every agent's bound forbids 1.2 x 0.1 on a ring
+    (0.03, [(0, 2), (1, 0)], [True, True]),  # mu below the bound: the cap grows, each mu_i rises to it
 ])
-def test_adapt_agreed_is_an_or_of_disagreement_and_an_and_of_consent(mu, disagree, grows):
+def test_adapt_agreed_grows_on_an_or_of_disagreement_and_each_agent_raises_its_mu(mu, disagree, grows):
     T, N = 2, 5
     problem = pp.problem.build_problem([[torch.ones(4, 3, dtype=torch.float64)] * N] * T, [graph.ring(N)] * T,
                                        torch.full((T, N), 0.1, dtype=torch.float64), [0, 1],
                                        dtype=torch.float64, device="cpu")
     state = _state(T, N, disagree, mu)
+    state.P.fill_(1.0)
     rho = torch.full((T, N), 2 * 0.01, dtype=torch.float64)
     schedule.adapt_agreed(problem, state, rho)
-    caps = state.caps.view(T, N)
+    caps, mus = state.caps.view(T, N), state.mu
     for t in range(T):
+        g = 0.12 if grows[t] else 0.1
         assert bool((caps[t] == caps[t, 0]).all())
-        assert float(caps[t, 0]) == pytest.approx(0.12 if grows[t] else 0.1, rel=0, abs=1e-15)
+        assert float(caps[t, 0]) == pytest.approx(g, rel=0, abs=1e-15)
+        need = 2 * g * g / schedule.STABILITY  # degree 2: rho_i = 2 g^2 <= STABILITY mu_i
+        assert torch.allclose(mus[t], torch.full((N,), max(mu, need), dtype=torch.float64), rtol=1e-15, atol=0)
+        # the unscaled multiplier mu_i P_i is kept
+        torch.testing.assert_close(state.P[t] * mus[t].view(N, 1, 1), torch.full_like(state.P[t], mu),
+                                   rtol=1e-14, atol=0)
 
 
 def test_resume_is_bit_for_bit(tmp_path):
@@ -186,19 +194,6 @@ def test_resume_is_bit_for_bit(tmp_path):
     resumed = pp.fit(_blocks(), graph.ring(6), 3, resume_from=tmp_path, **kw)
     _same(whole, resumed)
     assert {"caps", "mu"} <= set(pp.checkpoint.load_checkpoint(tmp_path)["state"])
-
-
-@pytest.mark.crypto
-@pytest.mark.filterwarnings("ignore::ppdnmf_torch.exchange.paillier.InsecureKeyWarning")
-@pytest.mark.parametrize("protocol", ["masked", "aggregated"])
-def test_quantized_and_paillier_are_bit_identical_under_the_default(protocol, paillier_keypairs):
-    blocks = _blocks(N=4, M=40)
-    g = graph.ring(4)
-    kw = dict(SHORT, bcd_iters=3, x_iters=3, y_iters=3, key_bits=128, n_max=1e6, protocol=protocol, seed=5,
-              g_max=0.05)
-    rq = pp.fit(blocks, g, 3, exchange="quantized", **kw)
-    rp = pp.fit(blocks, g, 3, exchange="paillier", exchange_options={"keypairs": paillier_keypairs(128, 4)}, **kw)
-    _same(rq, rp)
 
 
 def _leak_warnings(**kw):
@@ -224,7 +219,7 @@ def test_the_leak_warning_fires_once_at_the_callers_line(kw, fires):
 
 
 def test_two_ranks_give_the_one_process_bits():
-    """The common draws and the cap's two bits (one all-reduce of two int64 per BCD iteration,
+    """The common draws and the cap's bit (one all-reduce of one int64 per BCD iteration,
     counted as ``flags``) give the single-process run, bit for bit; the schedule acted."""
     from test_distributed import _assert_same, _reference, _spawn
 
@@ -233,6 +228,6 @@ def test_two_ranks_give_the_one_process_bits():
     assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
     ref = _reference(case)
     _assert_same(outs[0].value, ref)
-    assert outs[0].value["sent"].get("flags", 0) == 4 * 2 * 8  # two int64 per BCD iteration
+    assert outs[0].value["sent"].get("flags", 0) == 4 * 8  # one int64 per BCD iteration
     paper = _reference(dict(case, fit=dict(case["fit"], penalty_schedule="paper")))
     assert not torch.equal(ref.X, paper.X)

@@ -166,9 +166,10 @@ def test_penalty_cap_that_quantizes_to_zero_is_refused(exchange, g_bits, g_max, 
 
 def test_smallest_linked_cap_is_the_one_checked():
     caps = [0.033, 0.033, 0.001, 0.033]  # agent 2's cap: round(0.001 * 2^8) = 0
+    own = dict(FAST, penalty_schedule="adaptive")  # per-agent caps (the default, agreed, takes one)
     with pytest.raises(pp.ConfigError, match="cap 0.001 quantizes to 0"):
-        pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=8, g_max=caps, **FAST)
-    pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=16, g_max=caps, **FAST)  # 65.5 -> 66: runs
+        pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=8, g_max=caps, **own)
+    pp.fit(_blocks(), RING4, 2, exchange="quantized", g_bits=16, g_max=caps, **own)  # 65.5 -> 66: runs
 
 
 @pytest.mark.parametrize("n_real", [5, 3])

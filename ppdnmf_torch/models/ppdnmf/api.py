@@ -440,10 +440,11 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         ``g^(m)`` drawn monotone in ``(g^(m-1), g]`` from a stream all agents agree on, so
         every ``rho_ij = g^(m)^2`` and a receiver's sums reveal no single neighbour; the one
         cap ``g`` (``g_max``, which must be one number) grows by 1.2x after a BCD iteration,
-        to at most 32x ``g_max``, when some agent still disagrees with its neighbours and no
-        agent's stability bound forbids it (two bits per BCD iteration, spread like the
-        stopping rule's flags); each agent's ``mu_i`` rises to a quarter of
-        ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller (:mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
+        to at most 32x ``g_max``, when some agent still disagrees with its neighbours (one
+        bit per BCD iteration, spread like the stopping rule's flags); each agent's ``mu_i``
+        rises to a quarter of ``tr(Y_i Y_i^T) / K`` when ``mu`` is smaller, and to
+        ``2 d_i g^2`` when the common cap needs it (``rho_i <= mu_i / 2``), privately
+        (:mod:`ppdnmf_torch.models.ppdnmf.solver.schedule`).
         ``"adaptive"``: each agent raises its own cap ``g_i`` the same way from its own
         disagreement (unequal weights: an integer exchange warns,
         :class:`~ppdnmf_torch.SumLeakWarning`). The integer exchanges' range is checked

@@ -215,8 +215,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
         (:data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
         ``penalty_schedule="agreed"`` (every rank draws the common penalties from the shared
-        stream; the cap's two bits per BCD iteration are counted over the ranks in one
-        ``int64`` all-reduce of two values, category ``flags``, :meth:`.topology.FlagHalo.counts`),
+        stream; the cap's one bit per BCD iteration is counted over the ranks in one
+        ``int64`` all-reduce, category ``flags``, :meth:`.topology.FlagHalo.counts`),
         ``penalty_schedule="adaptive"`` (each agent adapts its cap and ``mu_i`` from what it
         holds, its whole degree included; its neighbours' caps reach it inside their penalty
         draws, which the halo carries anyway), ``y_solver="hals"`` (per agent, no message)

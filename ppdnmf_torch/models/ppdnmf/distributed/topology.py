@@ -14,8 +14,8 @@ topology of its own, :attr:`~.layout.RankLayout.ext_topology`):
 * whether any (every) agent's flag is set: the loops of every rank end at the same
   iteration, the one where the single process's would, so the rank asks the others
   (one ``int64`` sum over the ranks, :meth:`FlagHalo.count`). Dummy slots never count.
-  The agreed penalty schedule's two bits per BCD iteration are counted the same way
-  (:meth:`FlagHalo.counts`, one all-reduce of two ``int64``).
+  The agreed penalty schedule's bit per BCD iteration is counted the same way
+  (:meth:`FlagHalo.counts`, one all-reduce of one ``int64``).
 """
 from __future__ import annotations
 

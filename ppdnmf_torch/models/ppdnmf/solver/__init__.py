@@ -14,7 +14,8 @@ iterations only.
 * :mod:`.stopping`: the stopping rule of Sec. II-C;
 * :mod:`.incremental`: the X-step by the incremental consensus engine (``x_solver``);
 * :mod:`.hals`: the HALS Y-step (``y_solver="hals"``), batched over agents and trials;
-* :mod:`.schedule`: the consensus-seeking penalty schedule (``penalty_schedule="adaptive"``);
+* :mod:`.schedule`: the consensus-seeking penalty schedules (``penalty_schedule="agreed"``,
+  the default, and ``"adaptive"``);
 * :mod:`.refit`: the worst-agent NMSE (``nmse_worst``), a metric that cannot hide disagreement;
 * :mod:`.bcd`: the outer BCD loop (lines 3-24), metrics and finiteness checks.
 
