@@ -229,12 +229,10 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
         raise exc.within("distributed") from None
 
 
-def _hold_folder(out_dir: str, resume: bool) -> None:
-    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.rundir`): lock the run folder until this process
-    ends, and refuse a fresh run in a folder that holds an interrupted run's checkpoints (its
-    ranks would overwrite and prune them)."""
-    import atexit
-
+def _hold_folder(out_dir: str, resume: bool):
+    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.rundir`): lock the run folder (the lock is returned,
+    to be released when the run ends), and refuse a fresh run in a folder that holds an
+    interrupted run's checkpoints (its ranks would overwrite and prune them)."""
     from ..rundir import RunFolderLock, refuse_foreign_checkpoints
 
     key = "resume" if resume else "hydra.run.dir"
@@ -242,12 +240,13 @@ def _hold_folder(out_dir: str, resume: bool) -> None:
         lock = RunFolderLock(out_dir).acquire()
     except PPDNMFError as exc:
         raise exc.renamed({"out_dir": key}) from None
-    atexit.register(lock.release)
     if not resume:
         try:
             refuse_foreign_checkpoints(out_dir)
         except PPDNMFError as exc:
+            lock.release()
             raise exc.renamed({"out_dir": key}) from None
+    return lock
 
 
 def _interrupted_text(out_dir) -> str:
@@ -282,6 +281,7 @@ def _fail(exc: BaseException, code: int) -> None:
 def _app(cfg: DictConfig):
     from .tasks.ppdnmf import TASK
 
+    lock = None
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         dist = raw.pop("distributed", None)
@@ -300,7 +300,7 @@ def _app(cfg: DictConfig):
         world = env_world()
         _preflight(run_cfg, opts, world)
         if world is None or world[0] == 0:
-            _hold_folder(str(out_dir), resume)
+            lock = _hold_folder(str(out_dir), resume)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
@@ -324,6 +324,9 @@ def _app(cfg: DictConfig):
         detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
         print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if lock is not None:
+            lock.release()
     if summary is None:  # a rank other than 0
         return None
     print(TASK.format_summary(summary), flush=True)
