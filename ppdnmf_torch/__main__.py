@@ -25,12 +25,23 @@ def wants_ranks(argv, environ) -> bool:
 
 
 def main() -> None:
-    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``."""
+    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``.
+
+    A reader that closes the pipe early (``ppdnmf --help | head``) ends the output quietly, as
+    for any Unix command, rather than with a ``BrokenPipeError`` traceback."""
     if wants_ranks(sys.argv[1:], os.environ):
         from .app.distributed import main as run
     else:
         from .app.cli import main as run
-    run()
+    try:
+        run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's recipe (docs of signal, "Note on SIGPIPE"): the rest of the output goes
+        # nowhere, so that the flush at exit raises nothing either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -339,6 +339,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
     if not issubclass(category, _OWN_WARNINGS) and category.__name__ != "InsecureKeyWarning":
         return _default(message, category, filename, lineno, file, line)
     text = _short_lists(" ".join(str(message).split()))
+    if issubclass(category, DegreeOneWarning):  # the API's parameter is the CLI's graph.min_degree
+        text = re.sub(r"(?<![.\w])min_degree=", "graph.min_degree=", text)
     if text in _SHOWN:
         return
     _SHOWN.add(text)
