@@ -40,9 +40,13 @@ def resumed_ranks(argv) -> int:
 
 
 def main() -> None:
-    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``. ``resume=`` of a multi-process
-    run goes to the multi-process app with as many local ranks as the run had, unless the
-    command line says how many (``distributed.nproc=``)."""
+    """Entry point of ``ppdnmf`` and ``python -m ppdnmf_torch``.
+
+    A reader that closes the pipe early (``ppdnmf --help | head``) ends the output quietly, as
+    for any Unix command, rather than with a ``BrokenPipeError`` traceback.
+
+    ``resume=`` of a multi-process run goes to the multi-process app with as many local ranks as
+    the run had, unless the command line says how many (``distributed.nproc=``)."""
     ranks = resumed_ranks(sys.argv[1:])
     if ranks and not any(a.lstrip("+~").startswith("distributed.nproc=") for a in sys.argv[1:]):
         sys.argv.append(f"distributed.nproc={ranks}")
@@ -50,7 +54,15 @@ def main() -> None:
         from .app.distributed import main as run
     else:
         from .app.cli import main as run
-    run()
+    try:
+        run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's recipe (docs of signal, "Note on SIGPIPE"): the rest of the output goes
+        # nowhere, so that the flush at exit raises nothing either
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":

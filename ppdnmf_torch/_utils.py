@@ -28,6 +28,7 @@ __all__ = [
     "sparse_csr",
     "sparse_matmul",
     "plain_number",
+    "counted",
 ]
 
 
@@ -115,6 +116,13 @@ def sparse_matmul(W: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = N
     if out is None:
         out = torch.empty((W.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
     return out.addmm_(W, B, beta=0)
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """``"1 BCD iteration"``, ``"3 BCD iterations"``, ``"1 negative entry"``: ``n`` and the
+    noun in its number (``plural`` default: ``singular + "s"``)."""
+    n = int(n)
+    return f"{n} {singular if n == 1 else (plural or singular + 's')}"
 
 
 def plain_number(v):

@@ -26,8 +26,10 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import secrets
 import shlex
+import shutil
 import sys
 import threading
 import warnings
@@ -37,11 +39,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .._utils import ConfigError, PPDNMFError
-from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning
+from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning
+from . import interrupts
 from .runner import run
 from ..models.ppdnmf.solver import RunInterrupted
 from .tasks import task_of
@@ -118,6 +121,45 @@ def to_run_config(cfg: DictConfig):
             msg = "is required (set it on the command line, e.g. " + f"{key}=...)"
         raise ConfigError(f"{key}: {msg}") from None
     return task_of(d).config_from_dict(_resolve_paths(d))
+
+
+# --------------------------------------------------------------------------------------
+# Your own data or graph
+# --------------------------------------------------------------------------------------
+
+#: the data kinds that are the user's own (not one of the paper's data sets)
+_OWN_DATA = ("csv", "npy")
+
+
+def _own_inputs(cfg: DictConfig) -> DictConfig:
+    """``data=csv|npy`` or ``graph=file`` without an ``experiment=`` on the command line: the
+    config composed without the default experiment preset (``paper_synthetic``, the paper's
+    settings for its synthetic data), so that the user's data and graph get the library's
+    defaults (``conf/solver/default.yaml``); and with ``graph=file`` and no ``n_agents=``,
+    ``n_agents`` is the edge file's (its ``# n_agents: N`` header, else its largest id + 1)."""
+    hc = HydraConfig.get()
+    overridden = set(_overridden(hc.overrides.task))
+    choices = hc.runtime.choices
+    if (choices.get("experiment") is not None and "experiment" not in overridden
+            and (choices.get("data") in _OWN_DATA or choices.get("graph") == "file")):
+        from hydra import compose
+
+        cfg = compose(config_name="config", overrides=[*hc.overrides.task, "~experiment"])
+    if "n_agents" not in overridden and OmegaConf.select(cfg, "graph.kind") == "file":
+        path = OmegaConf.select(cfg, "graph.path", throw_on_missing=False)
+        if isinstance(path, str) and path.strip() and path != "???":
+            from ..graph.io import from_edge_list
+
+            path = os.path.normpath(to_absolute_path(os.path.expanduser(path)))
+            if os.path.isfile(path):
+                try:
+                    n = from_edge_list(path).n_agents
+                except PPDNMFError as exc:
+                    raise exc.within("graph") from None
+                cfg = cfg.copy()
+                with open_dict(cfg):
+                    cfg.n_agents = n
+    return cfg
 
 
 # --------------------------------------------------------------------------------------
@@ -276,14 +318,37 @@ def _to_log_files(text: str, run_dir: str | None = None, level: int = logging.IN
             extra.close()
 
 
-#: the warnings the CLI shows as one line (with their category's reader-facing name)
-_OWN_WARNINGS = (DegenerateResultWarning, DataScaleWarning, ConvergenceWarning)
+#: the warnings the CLI shows as one ``ppdnmf: warning: ...`` line, not attributed to a
+#: library file (the CLI's reader did not write that line)
+_OWN_WARNINGS = (DegenerateResultWarning, DataScaleWarning, ConvergenceWarning, DegreeOneWarning)
+#: a bracketed list in a warning longer than this many items is shortened
+_LIST_SHOWN = 5
+#: the warning lines shown so far: each is shown once per process
+_SHOWN: set = set()
+
+
+def _short_lists(text: str) -> str:
+    """``[0, 3 (trial 1), 4 (trial 2), ...]`` of more than :data:`_LIST_SHOWN` items ->
+    its first items and the count (a warning over 100 trials stays one short line)."""
+
+    def shorten(match):
+        items = [i.strip() for i in match.group(1).split(",")]
+        if len(items) <= _LIST_SHOWN:
+            return match.group(0)
+        return f"[{', '.join(items[:_LIST_SHOWN])}, ... ({len(items)} in all)]"
+
+    return re.sub(r"\[([^\[\]]*)\]", shorten, text)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
     if not issubclass(category, _OWN_WARNINGS) and category.__name__ != "InsecureKeyWarning":
         return _default(message, category, filename, lineno, file, line)
-    text = " ".join(str(message).split())
+    text = _short_lists(" ".join(str(message).split()))
+    if issubclass(category, DegreeOneWarning):  # the API's parameter is the CLI's graph.min_degree
+        text = re.sub(r"(?<![.\w])min_degree=", "graph.min_degree=", text)
+    if text in _SHOWN:
+        return
+    _SHOWN.add(text)
     print(f"ppdnmf: warning: {text}", file=sys.stderr, flush=True)
     _to_log_files(f"warning: {text}", level=logging.WARNING)
 
@@ -375,6 +440,35 @@ def _check_writable(key: str, folder: str) -> None:
         sys.exit(EXIT_USER_ERROR)
 
 
+#: the run folders this process created (:meth:`AppCallbacks.on_run_start`), each with the
+#: highest of its parents that it created too: only those are removed when their run is refused
+_CREATED: dict = {}
+
+
+def _discard_refused(out_dir: str | None) -> bool:
+    """A run refused before its first iteration (a bad value, unreadable data, an invalid
+    graph): remove its folder when this process created it, so that no empty run is left for
+    TensorBoard to list (nor the date folder and ``outputs/`` it made). A multirun's job keeps
+    its folder, marked by its ``FAILED`` file, for the sweep's list of failures.
+
+    Returns whether the folder was removed."""
+    if not out_dir or _is_multirun() or os.path.abspath(out_dir) not in _CREATED:
+        return False
+    folder = os.path.abspath(out_dir)
+    try:
+        shutil.rmtree(folder)
+    except OSError:
+        return False
+    top = _CREATED.pop(folder)
+    while folder != top:  # the date folder and outputs/, when this run made them and left them empty
+        folder = os.path.dirname(folder)
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break
+    return True
+
+
 class AppCallbacks(Callback):
     """Hydra callbacks of the app: the run (or sweep) folder is checked to be writable before
     Hydra writes into it (one error line instead of Hydra's traceback); at the end of a
@@ -382,7 +476,13 @@ class AppCallbacks(Callback):
     code 2 when any failed."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        _check_writable("hydra.run.dir", os.path.abspath(str(config.hydra.run.dir)))
+        folder = os.path.abspath(str(config.hydra.run.dir))
+        top = folder
+        while not os.path.exists(os.path.dirname(top)):
+            top = os.path.dirname(top)
+        if not os.path.exists(folder):
+            _CREATED[folder] = top
+        _check_writable("hydra.run.dir", folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         _check_writable("hydra.sweep.dir", os.path.abspath(str(config.hydra.sweep.dir)))
@@ -415,19 +515,28 @@ class AppCallbacks(Callback):
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig):
     out_dir = resume_from = None
+    started = []  # the distributed fit's first iteration was reported: the run did start
+
+    def mark_started(info) -> bool:
+        if not started:
+            started.append(info.iteration)
+        return False
+
     try:
         out_dir = HydraConfig.get().runtime.output_dir
-        run_cfg = to_run_config(cfg)
+        run_cfg = to_run_config(_own_inputs(cfg))
         if run_cfg.resume:
             run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume, run_cfg,
                                                            HydraConfig.get().overrides.task)
-        summary = run(run_cfg, out_dir, resume_from=resume_from)
+        summary = run(run_cfg, out_dir, resume_from=resume_from, callback=mark_started)
     except PPDNMFError as exc:
         key = exc.key or ""
         if key == "out_dir":  # the folder: the one resumed, or the one Hydra made
             where = "resume" if resume_from is not None else (
                 "hydra.sweep.dir" if _is_multirun() else "hydra.run.dir")
             exc.renamed({"out_dir": where})
+        if resume_from is None and not started and _discard_refused(out_dir):
+            out_dir = None
         return _fail(_one_line(exc), out_dir)
     except OSError as exc:  # a full disk, a read-only folder
         return _fail(_io_text(exc, out_dir), out_dir)
@@ -448,6 +557,7 @@ def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
     warnings.showwarning = _show_warning
     threading.excepthook = _thread_errors
+    interrupts.install()
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per record
     _app()
 

@@ -126,23 +126,41 @@ def format_estimate(spec, est: dict) -> str:
 _COUNT_NAMES = (("encryptions", "encryptions"), ("decryptions", "decryptions"),
                 ("homomorphic_additions", "homomorphic additions"),
                 ("scalar_multiplications", "scalar multiplications"), ("key_pairs", "key pairs"))
-_TIME_NAMES = (("time_keygen", "key generation"), ("time_encrypt", "encryption"),
-               ("time_homomorphic", "homomorphic operations"), ("time_decrypt", "decryption"),
-               ("time_transfer", "transfer"), ("estimated_seconds", "estimated operations (cost model)"),
-               ("estimated_seconds_keygen", "estimated key generation (cost model)"))
+#: the masked protocol's seed agreement, once before the rounds (``costmodel.SETUP_KEYS``)
+_SETUP_NAMES = (("setup_encryptions", "encryptions"), ("setup_decryptions", "decryptions"))
+_TIME_NAMES = (("time_keygen", "key generation"), ("time_setup", "seed agreement"),
+               ("time_encrypt", "encryption"), ("time_homomorphic", "homomorphic operations"),
+               ("time_decrypt", "decryption"), ("time_transfer", "transfer"),
+               ("estimated_seconds", "estimated operations (cost model)"),
+               ("estimated_seconds_keygen", "estimated key generation (cost model)"),
+               ("estimated_seconds_setup", "estimated seed agreement (cost model)"))
+
+
+def _count(n, name: str) -> str:
+    """``"1 encryption"``, ``"1,024 encryptions"`` (``name``: the plural, ending in ``s``)."""
+    n = int(n)
+    return f"{n:,} {name[:-1] if n == 1 else name}"
 
 
 def format_costs(costs: dict) -> str:
-    """A run's cost counters with units: counts, bytes (``ciphertext_bytes``), seconds."""
-    parts = [f"{int(costs[k]):,} {name}" for k, name in _COUNT_NAMES if k in costs]
+    """A run's cost counters in words with units: counts, bytes (``ciphertext_bytes``), the
+    seed agreement apart (``setup_*``), seconds; no raw key is shown."""
+    parts = [_count(costs[k], name) for k, name in _COUNT_NAMES if k in costs]
     if "ciphertext_bytes" in costs:
         parts.append(f"{format_bytes(costs['ciphertext_bytes'])} of ciphertexts")
+    setup = [_count(costs[k], name) for k, name in _SETUP_NAMES if k in costs]
+    if "setup_ciphertext_bytes" in costs:
+        setup.append(f"{format_bytes(costs['setup_ciphertext_bytes'])} of ciphertexts")
     times = [f"{name} {float(costs[k]):.3g} s" for k, name in _TIME_NAMES if k in costs]
-    known = {k for k, _ in _COUNT_NAMES} | {k for k, _ in _TIME_NAMES} | {"ciphertext_bytes"}
-    other = [f"{k} {v:.4g}" for k, v in costs.items() if k not in known and isinstance(v, (int, float))]
+    known = ({k for k, _ in _COUNT_NAMES} | {k for k, _ in _SETUP_NAMES} | {k for k, _ in _TIME_NAMES}
+             | {"ciphertext_bytes", "setup_ciphertext_bytes"})
+    other = [f"{k.replace('_', ' ')} {v:.4g}" for k, v in costs.items()
+             if k not in known and isinstance(v, (int, float)) and not isinstance(v, bool)]
     text = ", ".join(parts)
+    if setup:
+        text += "; seed agreement before the rounds: " + ", ".join(setup)
     if times:
         text += "; time: " + ", ".join(times)
     if other:
-        text += "; " + ", ".join(other)
+        text += "; other: " + ", ".join(other)
     return text

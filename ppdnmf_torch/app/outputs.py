@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .._utils import plain_number
+from .._utils import counted, plain_number
 from ..checkpoint import write_atomically
 from ..models.ppdnmf.config import exchange_to_dict
 from .costs import format_costs
@@ -229,7 +229,7 @@ def _stat(d: dict | None, fmt: str) -> str:
 
 
 def _threads(n) -> str:
-    return "threads ?" if n is None else f"{n} thread{'s' if n != 1 else ''}"
+    return "threads ?" if n is None else counted(n, "thread")
 
 
 def format_summary(summary: dict) -> str:
@@ -237,7 +237,7 @@ def format_summary(summary: dict) -> str:
     nm, wt = summary["nmse"], summary["wall_time"]
     if "trials" in summary:
         lines = [f"{summary['trials']} trials (seeds {summary['seeds'][0]}..{summary['seeds'][-1]}), "
-                 f"final NMSE after {summary['n_iter']['distributed']} BCD iterations: distributed "
+                 f"final NMSE after {counted(summary['n_iter']['distributed'], 'BCD iteration')}: distributed "
                  f"{_stat(nm['distributed'], '.6g')}"]
         if nm.get("centralized") is not None:
             lines.append(f"  centralized {_stat(nm['centralized'], '.6g')}")
@@ -245,7 +245,7 @@ def format_summary(summary: dict) -> str:
     else:
         central = nm.get("centralized")
         lines = [
-            f"final NMSE after {summary['n_iter']['distributed']} BCD iterations: "
+            f"final NMSE after {counted(summary['n_iter']['distributed'], 'BCD iteration')}: "
             f"distributed {nm['distributed']:.6g}"
             + (f" | centralized {central:.6g}" if central is not None else "")
             + (f" | consensus {summary['consensus']:.3g}" if summary.get("consensus") is not None else "")

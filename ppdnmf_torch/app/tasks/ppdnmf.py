@@ -255,6 +255,7 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
         est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters)
         log.info(format_estimate(e, est).replace("paillier estimate", f"paillier estimate per trial ({cfg.trials} "
                                                                        "trials run side by side)", 1))
+    central: list = []  # the baseline's Progress, made at its first iteration (it runs second)
     with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
 
         def cb(info):
@@ -263,8 +264,20 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
             bar.update(info.iteration, {"nmse": mean.metrics["nmse"], "consensus": mean.metrics["consensus"]})
             return bool(callback(info)) if callback is not None else False
 
-        exp = run_experiment(cfg, trials=cfg.trials, seed=cfg.seed, centralized=cfg.centralized, device=device,
-                             dtype=cfg.dtype, callback=cb, threads=cfg.threads)
+        def central_cb(info):
+            if not central:
+                bar.close()  # the distributed fit's last line before the baseline's first
+                central.append(Progress(show, s.bcd_iters, f"centralized ({cfg.trials} trials)",
+                                        interval=cfg.progress_interval))
+            central[0].update(info.iteration, {"nmse": _MeanInfo(info).metrics["nmse"]})
+            return False
+
+        try:
+            exp = run_experiment(cfg, trials=cfg.trials, seed=cfg.seed, centralized=cfg.centralized, device=device,
+                                 dtype=cfg.dtype, callback=cb, threads=cfg.threads, central_callback=central_cb)
+        finally:
+            for c in central:
+                c.close()
     write_trials(out, exp)
     summary = trials_summary(cfg, exp, out, device)
     metrics = {"nmse_distributed": summary["nmse"]["distributed"]["mean"],

@@ -184,7 +184,8 @@ def _resolve(experiment, overrides: dict) -> RunConfig:
 
 
 def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = True,
-                   device="auto", dtype=torch.float64, callback=None, threads=None, **overrides) -> ExperimentResult:
+                   device="auto", dtype=torch.float64, callback=None, threads=None, central_callback=None,
+                   **overrides) -> ExperimentResult:
     """Run an experiment as ``trials`` batched independent trials.
 
     Parameters
@@ -207,6 +208,9 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
         Receives the distributed run's :class:`~ppdnmf_torch.models.ppdnmf.solver.IterationInfo`.
     threads : int, optional
         As in :func:`ppdnmf_torch.fit` (None: the package's default).
+    central_callback : callable, optional
+        Receives the centralized baseline's :class:`~ppdnmf_torch.models.ppdnmf.solver.IterationInfo`
+        (its trials batched, as ``callback``'s).
     **overrides
         The solver keywords of :func:`ppdnmf_torch.fit` (``rank``, ``mu``, ``eta``,
         ``g_max``, ``bcd_iters``, ``x_iters``, ``y_iters``, ``tol``, ``admm_tol``,
@@ -246,7 +250,8 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
         # baseline runs unaligned, equal to single centralized runs up to rounding
         # the ADMM X-step: one reference curve whatever the distributed X-step
         cent_kw = {k: v for k, v in common.items() if k not in X_SOLVER_KEYS}
-        cent = fit_trials(whole, [complete(1)] * trials, rank, align_trials=False, **cent_kw)
+        cent = fit_trials(whole, [complete(1)] * trials, rank, align_trials=False, callback=central_callback,
+                          **cent_kw)
         seconds["centralized"] = time.perf_counter() - t0
         history["centralized_nmse"] = cent.history["nmse"]
     return ExperimentResult(name=cfg.name, history=history, distributed=dist, centralized=cent, config=cfg,

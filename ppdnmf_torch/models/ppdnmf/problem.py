@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..._utils import ConfigError, DataError
+from ..._utils import ConfigError, DataError, counted
 from ...diagnostics import scale_warning
 from ...errors import DataScaleWarning
 from ...graph.topology import Topology
@@ -253,7 +253,7 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
             i = next(k for k, lo in enumerate(lows) if lo < 0)
             count = sum(int((b < 0).sum()) for b in blocks)
             raise DataError(
-                f"Z: has {count} negative entries (min {zmin:.4g}, first in agent {i}'s block); NMF needs "
+                f"Z: has {counted(count, 'negative entry', 'negative entries')} (min {zmin:.4g}, first in agent {i}'s block); NMF needs "
                 "nonnegative data. Set {negative}=clip or shift (or {negative}=allow to factorize as is)"
             )
         if negative == "clip":
