@@ -28,16 +28,12 @@ import torch
 
 from ._utils import ConfigError, derive_seed
 
-__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "UNEQUAL_WEIGHT_SCHEDULES", "MAX_CAP_RATIO",
-           "cap_bounds", "check_shared_caps"]
+__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds", "check_shared_caps"]
 
 PENALTY_MODES = ("random", "fixed")
 #: how the caps ``g_i`` evolve: fixed (the paper), each agent's own consensus-seeking rule, or
 #: one cap and one draw per ADMM iteration for every edge, grown by a rule all agents agree on
 PENALTY_SCHEDULES = ("paper", "adaptive", "agreed")
-#: the schedules under which a receiver's weights ``rho_ij`` differ across its neighbours
-#: (``paper`` with equal caps only while the draws climb to the cap)
-UNEQUAL_WEIGHT_SCHEDULES = ("paper", "adaptive")
 
 
 class PenaltySampler:
