@@ -370,3 +370,24 @@ def test_synthetic_model_of_sec_iv(noise):
     # a trial's data do not depend on how many trials are drawn with it
     X1, _ = synthetic_similarity(10, 2, 0.0, noise=noise, trials=1, seed=1)
     assert torch.equal(X1[0], X[0])
+
+
+# -- the app's entry point -------------------------------------------------------------------
+
+def test_run_symnmf_streams_scalars_and_returns_summary_and_arrays():
+    from ppdnmf_torch.models.symnmf.run import SCALAR_TAGS, run_symnmf
+
+    X = _problem(n=24, r=3, sigma=0.1, trials=2)
+    logs = []
+    summary, arrays = run_symnmf(X, 3, max_iter=6, tol=0, log_scalars=lambda k, d: logs.append((k, d)),
+                                 score=lambda labels: {"clusters": float(labels.unique().numel())})
+    assert [k for k, _ in logs] == list(range(1, 7))
+    assert set(logs[0][1]) == set(SCALAR_TAGS.values()) and len(logs[0][1]["symnmf/E"]) == 2
+    assert summary["n_iter"] == [6, 6] and len(summary["clusters"]) == 2
+    t = summary["reported_trial"]
+    assert t == int(torch.tensor(summary["E"]).argmin())
+    assert arrays["U"].shape == (24, 3) and arrays["history/E"].shape == (7, 2)
+    assert torch.equal(arrays["labels"], arrays["U"].argmax(1))
+    R = arrays["reordered_similarity"]
+    order = torch.argsort(arrays["labels"], stable=True)
+    torch.testing.assert_close(R, X[t][order][:, order] / X[t].max())
