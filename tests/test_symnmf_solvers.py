@@ -391,3 +391,36 @@ def test_run_symnmf_streams_scalars_and_returns_summary_and_arrays():
     R = arrays["reordered_similarity"]
     order = torch.argsort(arrays["labels"], stable=True)
     torch.testing.assert_close(R, X[t][order][:, order] / X[t].max())
+
+
+# -- the benchmark's numpy reference computes the same updates -------------------------------
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_symnmf.py"
+    spec = importlib.util.spec_from_file_location("bench_symnmf", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("method", ["symhals", "symanls"])
+def test_bench_numpy_reference_matches_the_torch_solver(method):
+    bench = _bench_module()
+    X = _problem(n=30, r=4, sigma=0.1)[0]
+    U0 = initial_factor(30, 4, trials=1, seed=3)
+    res = fit_symnmf(X, 4, method=method, U0=U0, lam0=0.5, max_iter=8, tol=0)
+    U, V = bench.np_fit(X.numpy(), U0[0].numpy(), 0.5, 8, method)
+    np.testing.assert_allclose(U, res.U[0].numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(V, res.V[0].numpy(), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.slow
+def test_bench_script_quick_run(tmp_path):
+    bench = _bench_module()
+    out = bench.main(["--part", "all", "--quick", "--out", str(tmp_path / "b.json")])
+    assert {"numpy", "time-to-E", "sparse"} <= set(out)
+    assert all(row["max_abs_diff_U"] < 1e-9 for row in out["numpy"])
+    assert all(row["E_last"] < row["E_first"] for row in out["sparse"])
