@@ -84,6 +84,9 @@ def test_split_objective_never_increases_under_a_fixed_penalty(method, sigma):
     # the reported objective is (3) itself
     direct = _split_value(X, res.U, res.V, 0.5)
     torch.testing.assert_close(direct, g[-1], rtol=1e-9, atol=0)
+    # E^k is the symmetric problem's error with U (spec choice), not U V^T's
+    E = torch.linalg.matrix_norm(X - res.U @ res.U.transpose(1, 2)) ** 2 / torch.linalg.matrix_norm(X) ** 2
+    torch.testing.assert_close(res.history["E"][-1], E, rtol=1e-8, atol=1e-14)
 
 
 # -- the penalty rules ------------------------------------------------------------------------
@@ -121,6 +124,36 @@ def test_kuang_schedule_multiplies_by_1_01_until_the_gap_closes():
     lam = torch.tensor([2.0, 3.0], dtype=torch.float64)
     new = next_lambda(parse_penalty("kuang", 2), lam, U, V)
     assert new.tolist() == [2.0 * 1.01, 3.0]
+
+
+def test_kuang_starts_from_max_x_squared_and_adaptive_from_1e_5():
+    X = _problem(n=15, r=3, sigma=0.1)
+    assert float(fit_symnmf(X, 3, method="kuang", max_iter=0).lam[0]) == float(X.max()) ** 2
+    assert float(fit_symnmf(X, 3, max_iter=0).lam[0]) == 1e-5
+    assert float(fit_symnmf(X, 3, method="symanls", lam0=0.3, max_iter=0).lam[0]) == 0.3
+
+
+def test_a_symhals_sweeps_a_fixed_count_or_until_the_change_is_small():
+    X = _problem()[0]
+    gen = torch.Generator().manual_seed(5)
+    V = torch.rand((2, 12, 3), generator=gen, dtype=torch.float64)
+    U = torch.rand((2, 12, 3), generator=gen, dtype=torch.float64)
+    A, B = block_data(X @ V, V, torch.tensor([0.1, 0.1], dtype=torch.float64))
+    three = hals_sweep(hals_sweep(hals_sweep(U, A, B), A, B), A, B)
+    assert torch.equal(hals_block(U, A, B, inner_max=3, delta=0.0), three)
+    # delta close to 1: the second sweep moves less than delta^2 x the first, so it is the last
+    two = hals_sweep(hals_sweep(U, A, B), A, B)
+    assert torch.equal(hals_block(U, A, B, inner_max=10, delta=0.999), two)
+
+
+def test_a_column_that_becomes_zero_is_reset_to_1e_16_times_the_block_max():
+    X = torch.eye(4, dtype=torch.float64)[None]
+    V = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]], dtype=torch.float64)
+    U = torch.full((1, 4, 2), 2.0, dtype=torch.float64)
+    A, B = block_data(X @ V, V, torch.tensor([0.0], dtype=torch.float64))
+    A[..., 1] = -1.0  # column 2's minimizer is all zero
+    out = hals_sweep(U, A, B)
+    assert torch.equal(out[0, :, 1], torch.full((4,), 1e-16 * 2.0, dtype=torch.float64))
 
 
 def test_bound_penalty_is_the_theorem_bound_times_1_01():
