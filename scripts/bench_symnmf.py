@@ -48,7 +48,8 @@ def np_hals_sweep(Zt, At, B):
     for i in range(Zt.shape[0]):
         zi = Zt[i] + (At[i] - B[i] @ Zt) / B[i, i]
         np.maximum(zi, 0, out=zi)
-        Zt[i] = zi if zi.any() else reset
+        Zt[i] = zi
+    Zt[~(Zt > 0).any(axis=1)] = reset
 
 
 def _solve_grouped(G, C, P):
@@ -109,19 +110,34 @@ def np_nnls_bpp(G, C, init):
 
 
 def np_fit(X, U0, lam0, iters, method):
-    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial."""
+    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial, with
+    the per-iteration metrics ``fit_symnmf`` records (the same two products ``X W`` per
+    iteration, the same expansions), so that both sides do the same work."""
     Ut, Vt = U0.T.copy(), U0.T.copy()
     lam = lam0
     eye = np.eye(U0.shape[1])
+    sqX = float((X * X).sum())
+    XVt = Vt @ X  # (X V)^T, X symmetric
+    history = []
     for _ in range(iters):
-        for Z, W in ((Ut, Vt), (Vt, Ut)):
-            At = W @ X + lam * W  # (X W)^T, X symmetric
-            B = W @ W.T + lam * eye
-            if method == "symhals":
-                np_hals_sweep(Z, At, B)
-            else:
-                Z[...] = np_nnls_bpp(B, At, Z)
-        uu, vv, uv = (Ut * Ut).sum(), (Vt * Vt).sum(), (Ut * Vt).sum()
+        B = Vt @ Vt.T + lam * eye
+        if method == "symhals":
+            np_hals_sweep(Ut, XVt + lam * Vt, B)
+        else:
+            Ut[...] = np_nnls_bpp(B, XVt + lam * Vt, Ut)
+        XUt = Ut @ X
+        B = Ut @ Ut.T + lam * eye
+        if method == "symhals":
+            np_hals_sweep(Vt, XUt + lam * Ut, B)
+        else:
+            Vt[...] = np_nnls_bpp(B, XUt + lam * Ut, Vt)
+        XVt = Vt @ X
+        UtU, VtV = Ut @ Ut.T, Vt @ Vt.T
+        uu, vv, uv = np.trace(UtU), np.trace(VtV), float((Ut * Vt).sum())
+        gap = uu + vv - 2 * uv
+        history.append(((sqX - 2 * (XUt * Ut).sum() + (UtU * UtU).sum()) / sqX,
+                        0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
+                        gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
         lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
     return Ut.T, Vt.T
 
