@@ -120,18 +120,17 @@ def np_fit(X, U0, lam0, iters, method):
     sqX = float((X * X).sum())
     XVt = Vt @ X  # (X V)^T, X symmetric
     history = []
+    def block(Z, W, XWt):  # one block of (3) in place, the other factor W fixed
+        B = W @ W.T + lam * eye
+        if method == "symhals":
+            np_hals_sweep(Z, XWt + lam * W, B)
+        else:
+            Z[...] = np_nnls_bpp(B, XWt + lam * W, Z)
+
     for _ in range(iters):
-        B = Vt @ Vt.T + lam * eye
-        if method == "symhals":
-            np_hals_sweep(Ut, XVt + lam * Vt, B)
-        else:
-            Ut[...] = np_nnls_bpp(B, XVt + lam * Vt, Ut)
+        block(Ut, Vt, XVt)
         XUt = Ut @ X
-        B = Ut @ Ut.T + lam * eye
-        if method == "symhals":
-            np_hals_sweep(Vt, XUt + lam * Ut, B)
-        else:
-            Vt[...] = np_nnls_bpp(B, XUt + lam * Ut, Vt)
+        block(Vt, Ut, XUt)
         XVt = Vt @ X
         UtU, VtV = Ut @ Ut.T, Vt @ Vt.T
         uu, vv, uv = np.trace(UtU), np.trace(VtV), float((Ut * Vt).sum())
