@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One short call on a CUDA machine: the GPU tests, the benchmarks and a distributed run, results under $OUT
-# (or outputs/gpu_check). Sized to end within 9.5 minutes: each step has its own time limit,
+# (or outputs/gpu_check). Sized to end within 8 minutes: each step has its own time limit,
 # and a step that runs out leaves what it printed in its log.
 #
 #   bash scripts/gpu_check.sh                       # on a CUDA machine
@@ -59,12 +59,4 @@ if [ "$quick" = 1 ]; then dist_size=(--n-agents 12 --bcd 2 --x-iters 3 --y-iters
 timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$nranks" "${dist_size[@]}" \
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
-# 5. symmetric NMF: batched SymHALS and SymANLS on the device against numpy on the host (n up
-# to 5000, 1 and 20 trials; a step cut by its limit keeps the rows it printed), and the sparse
-# path at n = 50,000 on the device
-if [ "$quick" = 1 ]; then sym_ns=(60 120); sym_sparse=(2000); sym_q=(--quick); else sym_ns=(1000 5000); sym_sparse=(50000); sym_q=(); fi
-timeout 50 "$py" scripts/bench_symnmf.py --device "$dev" --part numpy --ns "${sym_ns[@]}" "${sym_q[@]}" \
-    --out "$out/bench_symnmf_numpy.json" 2>&1 | tee "$out/bench_symnmf.txt"
-timeout 40 "$py" scripts/bench_symnmf.py --device "$dev" --part sparse --ns "${sym_sparse[@]}" "${sym_q[@]}" \
-    --out "$out/bench_symnmf_sparse.json" 2>&1 | tee -a "$out/bench_symnmf.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"
