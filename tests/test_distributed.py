@@ -410,7 +410,7 @@ def test_stopping_rule_on_two_ranks_same_iterations_and_flag_bytes():
     """tol and admm_tol: agents stop at different ADMM iterations and freeze at different BCD
     iterations, the flags cross every cut edge; every rank stops where one process does (the
     same counts, the same converged iteration), with the flag bytes as modelled."""
-    fit = dict(SHORT, exchange="quantized", tol=3e-3, admm_tol=1e-3, bcd_iters=10)
+    fit = dict(SHORT, exchange="quantized", tol=1e-1, admm_tol=1e-3, bcd_iters=10)
     case = {"data": dict(N=9, K=3), "fit": fit, "cost_model": True}
     outs = _spawn(2, case)
     assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
@@ -693,7 +693,7 @@ def _assert_own_factors(own, ref):
 def test_share_sums_on_one_rank_with_the_stopping_rule_and_the_adaptive_schedule(solo):
     """One rank in this process: the factors are the single-process bits, the reduced metrics
     agree to 1e-12 (the per-agent counts of a stopping rule's loops as means and maxima)."""
-    fit = dict(SHORT, exchange="quantized", tol=3e-3, admm_tol=1e-3, bcd_iters=10, penalty_schedule="adaptive")
+    fit = dict(SHORT, exchange="quantized", tol=3e-2, admm_tol=1e-3, bcd_iters=10, penalty_schedule="adaptive")
     case = {"data": dict(N=6, K=3), "fit": fit, "cost_model": True}
     Z, G, counts = _data(**case["data"])
     r = fit_rank(solo, Z, G, 3, columns=counts, share="sums", **_fit_kwargs(case))

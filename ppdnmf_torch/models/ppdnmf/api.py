@@ -157,12 +157,10 @@ def _warn_degree_one(exch, graphs) -> None:
     found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
     if not found:
         return
-    agents = sorted({a for _, a in found})
-    shown = ", ".join(map(str, agents[:5])) + (f", ... ({len(agents)} in all)" if len(agents) > 5 else "")
-    trials = len({t for t, _ in found})
-    where = f" in {trials} of {len(graphs)} trials" if len(graphs) > 1 else ""
+    names = [str(a) if len(graphs) == 1 else f"{a} (trial {t})" for t, a in found]
+    shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
     warnings.warn(
-        f"agents [{shown}]{where} have a single neighbour: each learns that neighbour's U_j exactly from its "
+        f"agents [{shown}] have a single neighbour: each learns that neighbour's U_j exactly from its "
         "sums; min_degree=2 refuses such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning,
         stacklevel=caller_stacklevel())
 
