@@ -2,7 +2,9 @@
 
 * :mod:`.cli`: the Hydra app (``ppdnmf``, ``python -m ppdnmf_torch``); :mod:`.distributed`
   the same over several ranks (``python -m ppdnmf_torch.distributed``);
-* :mod:`.runner`: one run without Hydra (folder, lock, logger, progress, summary);
+* :mod:`.runner`: one run without Hydra (folder, lock, logger, summary), for every model,
+  through the task interface (:mod:`.tasks`: :class:`~.tasks.base.Task`, one module per
+  model, ``task=<name>``);
 * :mod:`.outputs`, :mod:`.loggers`, :mod:`.tensorboard`, :mod:`.progress`, :mod:`.costs`,
   :mod:`.rundir`: the files, the TensorBoard layout, the progress lines, the cost estimate,
   the run folder's lock.

@@ -8,7 +8,9 @@ The model's package, in the shape every model of :mod:`ppdnmf_torch.models` has:
   :func:`~.api.fit_centralized`) returning a result object (:class:`~.api.FitResult`);
 * :mod:`.estimator`: :class:`~.estimator.PPDNMF`, a scikit-learn-style estimator;
 * :mod:`.inputs` and :mod:`.experiments`: a run's inputs built from its spec, and the
-  paper's experiments as batched trials (:func:`~.experiments.run_experiment`).
+  paper's experiments as batched trials (:func:`~.experiments.run_experiment`);
+* :mod:`.distributed`: its agents over ``torch.distributed`` ranks (:func:`~.distributed.fit_rank`);
+* :mod:`.audit`: the privacy audit's scenarios of its runs (:func:`~.audit.run_audit`).
 
 It imports the shared engine only (never another model, never the app); the app runs it
 through :mod:`ppdnmf_torch.app.tasks.ppdnmf`.
