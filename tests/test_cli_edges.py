@@ -138,7 +138,7 @@ def _check_interrupted(r: subprocess.CompletedProcess) -> None:
     assert "ppdnmf: interrupted after BCD iteration" in r.stderr and "ppdnmf resume=" in r.stderr
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_ctrl_c_never_aborts_the_cli(tmp_path, seed):
     """Ctrl-C at a random moment of a run writing a checkpoint every iteration: exit code 130,
     the resume command, never an abort (exit 134) or a traceback."""
@@ -195,7 +195,8 @@ def own_inputs(tmp_path):
     (["data=csv", "data.path=z.csv", "graph=file", "graph.path=g.txt"], False),
     pytest.param(["data=npy", "data.path=z.npy", "n_agents=4", "graph=ring"], False, marks=pytest.mark.slow),
     pytest.param(["data=synthetic", "graph=file", "graph.path=g.txt"], False, marks=pytest.mark.slow),
-    (["data=csv", "data.path=z.csv", "graph=file", "graph.path=g.txt", "experiment=paper_synthetic"], True),
+    pytest.param(["data=csv", "data.path=z.csv", "graph=file", "graph.path=g.txt", "experiment=paper_synthetic"],
+                 True, marks=pytest.mark.slow),
 ])
 def test_own_data_and_graph_get_the_library_defaults(own_inputs, args, preset):
     run_dir = own_inputs / "run"
