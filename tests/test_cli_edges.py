@@ -111,7 +111,7 @@ def test_without_the_handler_the_write_breaks(tmp_path):
 
 def _interrupt_cli(tmp_path: Path, delay: float) -> subprocess.CompletedProcess:
     """Start a long run, wait for its first progress line, wait ``delay`` s more, Ctrl-C."""
-    run_dir = tmp_path / f"run{delay:.3f}"
+    run_dir = tmp_path / f"run{time.monotonic_ns()}"  # a folder of its own per try
     p = subprocess.Popen([sys.executable, "-m", "ppdnmf_torch", "solver.bcd_iters=1000", "solver.x_iters=5",
                           "solver.y_iters=5", "centralized=false", "logger=none", "checkpoint_every=1",
                           "progress_interval=1e-6", f"hydra.run.dir={run_dir}"],
