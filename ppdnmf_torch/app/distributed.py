@@ -30,7 +30,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, to_run_config
+from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, _to_log_files, to_run_config
+from .rundir import remove_checkpoints
 from ..errors import ConfigError, PPDNMFError
 from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
 from ..models.ppdnmf.distributed.engine import SHARE_MODES, distributed_summary, fit_rank, write_own_factors
@@ -269,6 +270,7 @@ def _interrupted_text(out_dir) -> str:
 def _fail(exc: BaseException, code: int) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
+    _to_log_files(f"error: {text}", level=logging.ERROR)
     if any(t.name == "ppdnmf-rendezvous" and t.is_alive() for t in threading.enumerate()):
         # a rendezvous abandoned in torch's C++ code (:func:`.comm._rendezvous`) would hold up the
         # interpreter's exit for minutes: end now, the log files flushed
@@ -329,7 +331,11 @@ def _app(cfg: DictConfig):
             lock.release()
     if summary is None:  # a rank other than 0
         return None
-    print(TASK.format_summary(summary), flush=True)
+    if not run_cfg.keep_checkpoints:  # every rank has finished: as a one-process run, none left
+        remove_checkpoints(Path(out_dir))
+    text = TASK.format_summary(summary)
+    print(text, flush=True)
+    _to_log_files(text)  # Hydra's ppdnmf.log of this call, as the one-process app's
     return summary["nmse"]["distributed"]
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from ..checkpoint import PREFIX, checkpoint_files
@@ -57,12 +58,7 @@ def refuse_foreign_checkpoints(folder) -> None:
         )
 
 
-def remove_checkpoints(folder) -> int:
-    """Remove the checkpoints (and leftover temporary files) in ``folder/checkpoints``, and the
-    folder when it is then empty; returns the number of files removed."""
-    ckpt = os.path.join(os.fspath(folder), "checkpoints")
-    if not os.path.isdir(ckpt):
-        return 0
+def _remove_checkpoint_files(ckpt: str) -> int:
     removed = 0
     for name in os.listdir(ckpt):
         if name.startswith(PREFIX) and name.endswith(".pt") or name.startswith(".tmp_"):
@@ -71,6 +67,28 @@ def remove_checkpoints(folder) -> int:
                 removed += 1
             except OSError:
                 pass
+    return removed
+
+
+def remove_checkpoints(folder) -> int:
+    """Remove the checkpoints (and leftover temporary files) in ``folder/checkpoints``, those
+    of a multi-process run's ranks (``rank<r>/``, with its ``partition.json``) too, and the
+    folders when they are then empty; returns the number of files removed."""
+    ckpt = os.path.join(os.fspath(folder), "checkpoints")
+    if not os.path.isdir(ckpt):
+        return 0
+    removed = _remove_checkpoint_files(ckpt)
+    ranks = [n for n in os.listdir(ckpt) if re.fullmatch(r"rank\d+", n) and os.path.isdir(os.path.join(ckpt, n))]
+    for name in ranks:
+        sub = os.path.join(ckpt, name)
+        removed += _remove_checkpoint_files(sub)
+        try:
+            os.rmdir(sub)
+        except OSError:
+            pass
+    if ranks and os.path.isfile(os.path.join(ckpt, "partition.json")):
+        os.unlink(os.path.join(ckpt, "partition.json"))
+        removed += 1
     try:
         os.rmdir(ckpt)
     except OSError:  # not empty: other files the user put there stay
