@@ -340,3 +340,28 @@ def test_multi_process_run_folder_as_one_process(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not (run_dir / "checkpoints").exists()
     assert "final NMSE after 2 BCD iterations" in (run_dir / "ppdnmf.log").read_text()
+
+
+# --------------------------------------------------------------------------------------
+# 4 and 6 over several processes: the run folder, the log, progress and warnings as in one
+# process; the user's own data gets the library's defaults there too
+# --------------------------------------------------------------------------------------
+
+
+def test_a_run_over_two_ranks_reports_and_cleans_up_like_one_process(tmp_path):
+    data = tmp_path / "z.csv"
+    np.savetxt(data, np.random.default_rng(0).random((8, 24)), delimiter=",")
+    out = tmp_path / "run"
+    p = _cli(["distributed.nproc=2", "data=csv", f"data.path={data}", "n_agents=4", "graph=star",
+              "exchange=quantized", "exchange.n_max=1e4", "solver.bcd_iters=3", "logger=none", "centralized=false",
+              "progress_interval=0.01", f"hydra.run.dir={out}"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert not (out / "checkpoints").exists()  # removed once the run finished, as in one process
+    log = (out / "ppdnmf.log").read_text(encoding="utf-8")
+    assert "BCD iteration 3/3" in log and "final NMSE" in log
+    assert "BCD iteration 3/3" in p.stderr  # the progress lines reach the console too
+    # the star's leaves have one neighbour: one short warning, once, in the console and the log
+    assert p.stderr.count("have a single neighbour") == 1 and "graph.min_degree=2" in p.stderr
+    assert "have a single neighbour" in log
+    cfg = _run_config(out)
+    assert cfg["name"] == "custom" and cfg["solver"]["penalty_schedule"] == "agreed"  # not the paper's preset

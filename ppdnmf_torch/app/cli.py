@@ -131,7 +131,7 @@ def to_run_config(cfg: DictConfig):
 _OWN_DATA = ("csv", "npy")
 
 
-def _own_inputs(cfg: DictConfig) -> DictConfig:
+def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
     """``data=csv|npy`` or ``graph=file`` without an ``experiment=`` on the command line: the
     config composed without the default experiment preset (``paper_synthetic``, the paper's
     settings for its synthetic data), so that the user's data and graph get the library's
@@ -144,7 +144,7 @@ def _own_inputs(cfg: DictConfig) -> DictConfig:
             and (choices.get("data") in _OWN_DATA or choices.get("graph") == "file")):
         from hydra import compose
 
-        cfg = compose(config_name="config", overrides=[*hc.overrides.task, "~experiment"])
+        cfg = compose(config_name=config_name, overrides=[*hc.overrides.task, "~experiment"])
     if "n_agents" not in overridden and OmegaConf.select(cfg, "graph.kind") == "file":
         path = OmegaConf.select(cfg, "graph.path", throw_on_missing=False)
         if isinstance(path, str) and path.strip() and path != "???":

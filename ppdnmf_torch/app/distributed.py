@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,10 +31,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _resume_target, _to_log_files, to_run_config
+from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _own_inputs, _resume_target, _to_log_files,
+                  to_run_config)
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, PPDNMFError
-from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
+from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, LAUNCHED_ENV, Comm, DistributedError
 from ..models.ppdnmf.distributed.engine import SHARE_MODES, distributed_summary, fit_rank, write_own_factors
 from ..distributed.launch import env_world, launch_local
 from ..distributed.partition import PARTITION_METHODS
@@ -131,6 +133,7 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
     from ..models.ppdnmf.inputs import build_inputs
     from .loggers import NullLogger
     from .outputs import write_summary, write_yaml
+    from .progress import Progress
     from .runner import make_logger
     from .tasks.ppdnmf import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, write_outputs
 
@@ -154,16 +157,21 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
             kw = _solver_kwargs(cfg, inputs)
             kw.pop("device")
 
-            def cb(info):
-                if comm.rank == 0:
-                    logger.iteration(info, s.x_iters)
-                return bool(callback(info)) if callback is not None else False
+            label = f"PPDNMF ({cfg.exchange.kind}, {comm.world_size} ranks)"
+            with Progress(cfg.progress and comm.rank == 0, s.bcd_iters, label, interval=cfg.progress_interval) as bar:
 
-            t0 = time.perf_counter()
-            fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
-                           exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
-                           checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
-                           assignment=assignment, share=share, **kw)
+                def cb(info):
+                    if comm.rank == 0:
+                        logger.iteration(info, s.x_iters)
+                        bar.update(info.iteration, {k: info.metrics[k] for k in ("nmse", "consensus")
+                                                    if k in info.metrics})
+                    return bool(callback(info)) if callback is not None else False
+
+                t0 = time.perf_counter()
+                fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
+                               exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
+                               checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
+                               assignment=assignment, share=share, **kw)
             seconds = {"distributed": time.perf_counter() - t0}
             if share != "all":
                 write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit, comm.rank, inputs.scale)
@@ -198,6 +206,43 @@ def _device_of(cfg, local_rank: int):
     return dev
 
 
+def _report_like_the_app(rank: int, out_dir: str) -> None:
+    """A rank this app's launcher started has no Hydra logging: rank 0 sends the progress lines
+    to stderr and to the run's ``ppdnmf.log``, and shows the library's warnings as the
+    one-process app does (one short ``ppdnmf: warning:`` line each); the other ranks keep
+    theirs to themselves, so that each warning is shown once."""
+    from .cli import _SHOWN, _show_warning
+
+    if rank != 0:
+        warnings.showwarning = lambda *args, **kwargs: None
+        return
+    root = logging.getLogger("ppdnmf_torch")
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    file = None
+    try:
+        file = logging.FileHandler(os.path.join(out_dir, "ppdnmf.log"), encoding="utf-8")
+        file.setFormatter(fmt)
+    except OSError:
+        pass
+
+    def show(message, category, filename, lineno, f=None, line=None):
+        before = set(_SHOWN)
+        _show_warning(message, category, filename, lineno, f, line)
+        for text in _SHOWN - before if file is not None else ():  # shown now: into the run's log too
+            file.handle(logging.LogRecord("ppdnmf_torch.cli", logging.WARNING, __file__, 0, f"warning: {text}",
+                                          None, None))
+
+    warnings.showwarning = show
+    if root.handlers:
+        return
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    for h in (stream, file):
+        if h is not None:
+            root.addHandler(h)
+    root.setLevel(logging.INFO)
+
+
 def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank: int | None = None):
     """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
     process group, run, and leave; errors are reported to the other ranks before they rise."""
@@ -205,6 +250,8 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
 
     cfg = from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
+    if os.environ.get(LAUNCHED_ENV) == "1":  # started by this app's launcher: report as the one-process app
+        _report_like_the_app(int(os.environ.get("RANK", "0")), out_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
                       heartbeat=opts.heartbeat or None) as comm:
@@ -285,6 +332,7 @@ def _app(cfg: DictConfig):
 
     lock = None
     try:
+        cfg = _own_inputs(cfg, CONFIG_NAME)  # the user's data and graph get the library's defaults
         raw = OmegaConf.to_container(cfg, resolve=True)
         dist = raw.pop("distributed", None)
         opts = DistConfig.from_dict(dist)

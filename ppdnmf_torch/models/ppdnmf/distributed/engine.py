@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from ...._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, warn_sum_leak
+from ..api import (FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, _warn_degree_one,
+                   warn_sum_leak)
 from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, unpack_history, write_atomically
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
@@ -266,6 +267,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
     _preflight(exch, blocks, caps, graph.degree, params)
+    _warn_degree_one(exch, [graph])
     warn_sum_leak(exch, params, caps[None], [graph.degree])
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
