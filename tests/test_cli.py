@@ -350,7 +350,7 @@ def test_resumed_run_writes_the_whole_cost_history(tmp_path, one_thread):
     ({"exchange": {"kind": "quantized", "g_bits": 0}}, r"^exchange\.g_bits: .*use exchange\.g_bits >= \d+"),
     ({"exchange": {"kind": "quantized", "n_max": 1e14, "key_bits": 2048}},
      r"^exchange\.key_bits/exchange\.n_max: .*exchange\.n_max"),
-    ({"negative": True}, r"^data: has \d+ negative entries.*Set data\.negative=clip"),
+    ({"negative": True}, r"^data: has \d+ negative entr(y|ies).*Set data\.negative=clip"),
     ({"n_agents": 9}, r"^n_agents: 9 agents, but the data has only M = 8 columns"),
 ])
 def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):

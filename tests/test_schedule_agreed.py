@@ -14,6 +14,7 @@ import ppdnmf_torch as pp
 from ppdnmf_torch import graph
 from ppdnmf_torch.graph.topology import Topology
 from ppdnmf_torch.penalties import MAX_CAP_RATIO, PenaltySampler
+from ppdnmf_torch.models.ppdnmf import config as ppdnmf_config, problem as ppdnmf_problem
 from ppdnmf_torch.models.ppdnmf.solver import schedule
 from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, SolverState
 
@@ -63,7 +64,7 @@ def test_agreed_is_the_default():
     assert DEFAULTS["penalty_schedule"] == "agreed"
     for fn in (pp.fit, pp.fit_trials):
         assert inspect.signature(fn).parameters["penalty_schedule"].default == "agreed"
-    assert pp.config.SolverConfig().penalty_schedule == "agreed"
+    assert ppdnmf_config.SolverConfig().penalty_schedule == "agreed"
     yaml = (Path(__file__).resolve().parents[1] / "conf" / "solver" / "default.yaml").read_text()
     assert "\npenalty_schedule: agreed\n" in yaml
     assert pp.PPDNMF(3).get_params()["penalty_schedule"] is None  # None: fit's default
@@ -168,7 +169,7 @@ def _state(T, N, delta_agents, mu=1.0):
 ])
 def test_adapt_agreed_grows_on_an_or_of_disagreement_and_each_agent_raises_its_mu(mu, disagree, grows):
     T, N = 2, 5
-    problem = pp.problem.build_problem([[torch.ones(4, 3, dtype=torch.float64)] * N] * T, [graph.ring(N)] * T,
+    problem = ppdnmf_problem.build_problem([[torch.ones(4, 3, dtype=torch.float64)] * N] * T, [graph.ring(N)] * T,
                                        torch.full((T, N), 0.1, dtype=torch.float64), [0, 1],
                                        dtype=torch.float64, device="cpu")
     state = _state(T, N, disagree, mu)

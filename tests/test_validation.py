@@ -116,7 +116,7 @@ def test_value_out_of_range_mid_run_names_agent_and_iteration():
     # the iterates diverge (see docs/ALGORITHM.md, "Notes on the algorithm as implemented") until they outgrow it
     with pytest.raises(CodecRangeError) as err:
         pp.fit(_blocks(), RING4, 2, exchange="quantized", n_max=1e6, g_bits=4, key_bits=128, mu=1e-3, g_max=30.0,
-               penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5, device="cpu")
+               penalty="fixed", penalty_schedule="paper", bcd_iters=60, x_iters=30, y_iters=5, device="cpu")
     msg = str(err.value)
     assert "agent" in msg and "BCD iteration" in msg and "limit" in msg
     assert err.value.limit == 2 ** 62
@@ -131,7 +131,7 @@ def test_missing_cbcl_path(tmp_path):
 def test_nan_during_iterations_names_iterations_and_agents():
     # a huge penalty on a bipartite ring makes the derived update diverge (see ALGORITHM notes)
     with pytest.raises(pp.NumericalError, match=r"BCD iteration \d+.*agents \["):
-        pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", bcd_iters=60, x_iters=30, y_iters=5,
+        pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", penalty_schedule="paper", bcd_iters=60, x_iters=30, y_iters=5,
                device="cpu")
 
 
