@@ -22,9 +22,10 @@ Choices (each pinned by a test in ``tests/test_symnmf_clustering.py``):
   with it (Kuang's code sorts a column of ``D`` and drops the point itself; with ties the
   sort may put a duplicate first, and this construction keeps the point's duplicate as a
   neighbour instead of the point itself);
-* **edge values from differences**: ``D_ij`` on an edge is recomputed as
-  ``sum_k (m_ik - m_jk)^2``, exactly symmetric and free of the cancellation of
-  ``|m_i|^2 + |m_j|^2 - 2 m_i . m_j`` (which serves only to rank the neighbours);
+* **values from differences**: ``D_ij`` on an edge, and ``sigma_i^2``, are recomputed as
+  ``sum_k (m_ik - m_jk)^2``, exactly symmetric, free of the cancellation of
+  ``|m_i|^2 + |m_j|^2 - 2 m_i . m_j`` (which serves only to rank the neighbours) and
+  independent of the block size;
 * **coincident points**: ``sigma_i sigma_j = 0`` (seven or more copies of a point) gives
   ``A_ij = 1`` when ``D_ij = 0`` (the limit of the kernel along equal points) and ``0``
   otherwise, where Kuang's code would give ``NaN``.
@@ -61,7 +62,8 @@ def _as_samples(M, device, dtype) -> torch.Tensor:
         t = M
     else:
         try:
-            t = torch.as_tensor(np.asarray(M))
+            arr = np.asarray(M)
+            t = torch.as_tensor(arr if arr.flags.writeable else arr.copy())
         except (TypeError, ValueError) as exc:
             raise DataError(f"M: cannot read the samples as a matrix ({exc})") from None
     if t.dim() != 2:
@@ -172,9 +174,11 @@ def similarity_matrix(M, *, n_neighbors: int | None = None, scale_neighbor: int 
     if sparse not in ("auto", True, False):
         raise ConfigError(f"sparse: expected 'auto', True or False, got {sparse!r}")
     dist, idx = knn_graph(M, max(kk, nn), block_rows=block_rows)
-    sigma = dist[:, nn - 1].sqrt()
+    nodes = torch.arange(n, device=dev)
+    # sigma from the exact difference as well: the expanded form's rounding depends on the block
+    sigma = _edge_sq_dist(M, nodes, idx[:, nn - 1]).sqrt()
     # step 2: the symmetric kNN graph, each undirected edge once per direction
-    rows = torch.arange(n, device=dev).repeat_interleave(kk)
+    rows = nodes.repeat_interleave(kk)
     cols = idx[:, :kk].reshape(-1)
     keys = torch.unique(torch.cat([rows * n + cols, cols * n + rows]))  # sorted: CSR order
     i, j = keys // n, keys % n
