@@ -88,8 +88,9 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
     method : str
         The solver (:func:`fit_symnmf`'s ``method``): ``"symhals"``, ``"a_symhals"``,
         ``"symanls"`` or a baseline.
-    penalty : "adaptive", "fixed", "bound", "kuang" or float
-        ``lambda`` (:func:`fit_symnmf`'s ``penalty``).
+    penalty : "adaptive", "bound", "kuang", float or None
+        ``lambda`` (:func:`fit_symnmf`'s ``penalty``; None: the method's default, the
+        adaptive rule (20) for the split methods).
     init : {"scaled", "uniform"}
         The start (:func:`scaled_start`).
     n_init : int
@@ -118,7 +119,7 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
     n_features_in_ : int
     """
 
-    def __init__(self, n_components=2, *, affinity="knn", n_neighbors=None, method="symhals", penalty="adaptive",
+    def __init__(self, n_components=2, *, affinity="knn", n_neighbors=None, method="symhals", penalty=None,
                  init="scaled", n_init=1, max_iter=500, tol=1e-4, random_state=None, device="auto", dtype=None):
         self.n_components = n_components
         self.affinity = affinity
@@ -184,16 +185,12 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
         res = fit_symnmf(S, int(self.n_components), method=self.method, penalty=self.penalty, U0=U0,
                          trials=int(self.n_init), seed=seed, max_iter=int(self.max_iter), tol=float(self.tol),
                          device=self.device, dtype=S.dtype)
-        U = res.U if res.U.dim() == 3 else res.U[None]
-        Sd = S.to_dense() if S.layout == torch.sparse_csr else S
-        err = torch.linalg.matrix_norm(Sd.to(U.device) - U @ U.mT).square() / torch.linalg.matrix_norm(Sd).square()
-        best = int(torch.argmin(err))
-        lam = torch.as_tensor(res.lam).reshape(-1)
-        self.embedding_ = U[best].detach().cpu().numpy()
-        self.labels_ = cluster_labels(U[best]).cpu().numpy()
-        self.n_iter_ = int(res.n_iter)
-        self.lambda_ = float(lam[best if lam.numel() > 1 else 0])
-        self.reconstruction_err_ = float(err[best])
+        best = res.best_trial()
+        self.embedding_ = res.U[best].detach().cpu().numpy()
+        self.labels_ = cluster_labels(res.U[best]).cpu().numpy()
+        self.n_iter_ = int(res.n_iter[best])
+        self.lambda_ = float(res.lam[best])
+        self.reconstruction_err_ = float(res.E[best])
         self.affinity_matrix_ = self._shown(S) if self.affinity == "knn" else shown
         return self
 
