@@ -59,8 +59,11 @@ from ...penalties import PenaltySampler
 __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
            "ADAPTIVE_LAMBDA0"]
 
-#: ``lambda_0`` of the adaptive rule (20), the paper's choice
-ADAPTIVE_LAMBDA0 = 1e-5
+#: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
+#: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
+#: copies drift apart in it (measured on digits, 600 points, N = 10: E blows up to 1e6 from
+#: 1e-5 and 1e-2, converges from 0.1; docs/RESULTS.md, "Symmetric NMF")
+ADAPTIVE_LAMBDA0 = 0.1
 
 
 @dataclass
@@ -264,7 +267,7 @@ def _graphs(graph, n_agents: int, trials: int, seeds) -> list[Graph]:
     if graph is None:
         if n_agents == 1:
             return [Graph(1, [])] * trials
-        return [random_connected(n_agents, 3.0, seed=s) for s in seeds]
+        return [random_connected(n_agents, min(3.0, n_agents - 1.0), seed=s) for s in seeds]
     graphs = list(graph) if isinstance(graph, (list, tuple)) else [graph] * trials
     if len(graphs) != trials or not all(isinstance(g, Graph) for g in graphs):
         raise ConfigError(f"graph: expected a Graph or a list of {trials} Graphs")
@@ -275,7 +278,7 @@ def _graphs(graph, n_agents: int, trials: int, seeds) -> list[Graph]:
 
 def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
                       exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                      mu="auto", g_cap: float = 1.0, penalty_mode: str = "random", x_iters: int = 10,
+                      mu="auto", g_cap: float = 0.3, penalty_mode: str = "random", x_iters: int = 10,
                       y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, trials: int = 1,
                       seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
                       callback=None) -> AgentsResult:
@@ -297,12 +300,14 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         with ``exchange_options`` such as ``protocol``, ``n_max``, ``key_bits``,
         ``cost_model``). The exchange is closed at the end when made here.
     penalty : "adaptive" or float
-        ``lambda``: eq. (20) from ``lam0``, or fixed.
+        ``lambda``: eq. (20) from ``lam0`` (default :data:`ADAPTIVE_LAMBDA0`), or fixed.
     mu : "auto" or float
         The X-step's ADMM penalty of ``X_i = U_i`` (eq. 8); ``"auto"``: :func:`auto_mu`,
         per agent and X-step, from the agent's own ``V_i``.
     g_cap : float
-        Every agent's cap ``g_i`` of the consensus penalties (``rho_ij = g_{i->j} g_{j->i}``).
+        Every agent's cap ``g_i`` of the consensus penalties (``rho_ij = g_{i->j} g_{j->i}``);
+        the default 0.3 suits a normalized similarity (largest eigenvalue 1); caps of 1 and
+        more made the runs of docs/RESULTS.md diverge.
     penalty_mode : {"random", "fixed"}
         The penalties' draws (:class:`~ppdnmf_torch.penalties.PenaltySampler`).
     x_iters, y_iters : int

@@ -25,9 +25,10 @@ import torch
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import validate_data
 
-from ..._utils import derive_seed, sparse_csr
+from ..._utils import sparse_csr
 from ...errors import ConfigError, DataError
 from .clustering import cluster_labels
+from .data import initial_factor
 from .fit import fit_symnmf
 from .similarity import similarity_matrix
 
@@ -39,17 +40,14 @@ INITS = ("scaled", "uniform")
 
 def scaled_start(S: torch.Tensor, rank: int, trials: int, seed: int, kind: str = "scaled") -> torch.Tensor:
     """Starts ``U_0 (trials, n, rank)``, i.i.d. uniform on ``[0, c]``: ``c = 2 sqrt(mean(S) / rank)``
-    (``"scaled"``) or ``c = 1`` (``"uniform"``, the paper's); trial ``t`` draws from
-    ``derive_seed(seed, "symnmf_init", t)``, on the CPU (the same numbers on every device)."""
+    (``"scaled"``) or ``c = 1`` (``"uniform"``, the paper's), by
+    :func:`~.data.initial_factor` (trial ``t`` from its own stream of ``seed``)."""
     n = S.shape[0]
+    c = 1.0
     if kind == "scaled":
         total = S.values().sum() if S.layout == torch.sparse_csr else S.sum()
         c = 2.0 * float(total / (n * n) / rank) ** 0.5
-    else:
-        c = 1.0
-    draws = [torch.rand((n, rank), generator=torch.Generator().manual_seed(derive_seed(seed, "symnmf_init", t)),
-                        dtype=torch.float64) for t in range(trials)]
-    return (c * torch.stack(draws)).to(device=S.device, dtype=S.dtype)
+    return initial_factor(n, rank, trials=trials, seed=seed, scale=c, device=S.device, dtype=S.dtype)
 
 
 def _seed_of(random_state) -> int:
