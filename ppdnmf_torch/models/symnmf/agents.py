@@ -355,8 +355,9 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     if idx.shape[:2] != (T, N):
         raise ConfigError(f"parts: expected shape (trials, n_agents, m) = ({T}, {N}, m), got {tuple(idx.shape)}")
     idx = idx.to(dev)
-    real = idx[idx < n]
-    if real.numel() != n or torch.unique(idx[0][idx[0] < n]).numel() != n:
+    hits = torch.zeros((T, n + 1), dtype=torch.long, device=dev).scatter_add_(1, idx.reshape(T, -1),
+                                                                               torch.ones_like(idx.reshape(T, -1)))
+    if bool((hits[:, :n] != 1).any()) or bool((idx < 0).any()) or bool((idx > n).any()):
         raise ConfigError("parts: every trial's parts must cover every node exactly once")
     # agent i's data: the columns S_i (zero columns on padding)
     Xpad = torch.cat([Xd, Xd.new_zeros(n, 1)], dim=1)
