@@ -22,7 +22,7 @@ def block_data(XW: torch.Tensor, W: torch.Tensor, lam: torch.Tensor):
     return A, B
 
 
-def alternate(sim, U, V, XV, lam, solve_block):
+def alternate(sim, U, V, prods, lam, solve_block):
     """``(U_k, V_k)`` from ``(U_{k-1}, V_{k-1})``: the ``U``-block with ``V_{k-1}`` fixed, then
     the ``V``-block with ``U_k`` fixed.
 
@@ -31,8 +31,9 @@ def alternate(sim, U, V, XV, lam, solve_block):
     sim : Similarity
     U, V : torch.Tensor
         ``(T, n, r)``, the previous iterate.
-    XV : torch.Tensor
-        ``X V_{k-1}``, ``(T, n, r)`` (kept from the previous iteration).
+    prods : dict
+        ``{"XU": X U_{k-1}, "XV": X V_{k-1}}``, ``(T, n, r)`` each (kept from the previous
+        iteration).
     lam : torch.Tensor
         ``(T,)``.
     solve_block : callable
@@ -40,13 +41,14 @@ def alternate(sim, U, V, XV, lam, solve_block):
 
     Returns
     -------
-    U, V, XU, XV : torch.Tensor
-        The new iterate and the products ``X U_k``, ``X V_k`` (the metrics' and the next
-        iteration's).
+    U, V : torch.Tensor
+        The new iterate.
+    prods : dict
+        ``{"XU": X U_k, "XV": X V_k}`` (the metrics' and the next iteration's).
     """
-    A, B = block_data(XV, V, lam)
+    A, B = block_data(prods["XV"], V, lam)
     U = solve_block(U, A, B)
     XU = sim.matmul(U)
     A, B = block_data(XU, U, lam)
     V = solve_block(V, A, B)
-    return U, V, XU, sim.matmul(V)
+    return U, V, {"XU": XU, "XV": sim.matmul(V)}

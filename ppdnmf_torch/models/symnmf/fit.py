@@ -164,9 +164,8 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     fp = ckpt.digest(sim.digest(), U0, meth.name, meth.options(), rule.describe(), float(tol))
 
     state = meth.init_state(sim, U0)
-    XU = sim.matmul(U0)
-    XV = meth.carry(sim, state) if hasattr(meth, "carry") else XU
-    lam = initial_lambda(rule, sim, U0, U0, XV)
+    prods = _products(sim, state)
+    lam = initial_lambda(rule, sim, U0, U0, prods["XV"])
     sqX = sim.sq_norm_per_trial(T)
     active = torch.ones(T, dtype=torch.bool, device=dev)
     n_iter = torch.zeros(T, dtype=torch.int64, device=dev)
@@ -187,10 +186,9 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
         n_iter, converged = body["n_iter"].to(dev), body["converged"].to(dev)
         history = {key: list(body["history"][key]) for key in HISTORY_KEYS}
         k, elapsed = int(body["k"]), float(body["elapsed"])
-        XU = sim.matmul(state["U"])
-        XV = meth.carry(sim, state) if hasattr(meth, "carry") else sim.matmul(state["V"])
+        prods = _products(sim, state)
     else:
-        record(metrics(sqX, state["U"], _v(state), XU, XV, lam), 0.0)
+        record(metrics(sqX, state["U"], _v(state), prods["XU"], prods["XV"], lam), 0.0)
 
     def save():
         ckpt.save(checkpoint_dir, {
@@ -201,16 +199,16 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     t0 = time.perf_counter() - elapsed
     stopped = False
     while k < max_iter and bool(active.any()) and not stopped:
-        new, XU_new, XV_new = meth.step(sim, state, XV, lam)
+        new, new_prods = meth.step(sim, state, prods, lam)
         if not bool(active.all()):  # frozen trials keep their iterate bit for bit
             a3 = active[:, None, None]
             new = {n: torch.where(a3, new[n], state[n]) for n in new}
-            XU_new, XV_new = torch.where(a3, XU_new, XU), torch.where(a3, XV_new, XV)
+            new_prods = {n: torch.where(a3, new_prods[n], prods[n]) for n in new_prods}
         W_prev = state
-        state, XU, XV = new, XU_new, XV_new
+        state, prods = new, new_prods
         k += 1
         n_iter = n_iter + active.to(torch.int64)
-        m = metrics(sqX, state["U"], _v(state), XU, XV, lam)
+        m = metrics(sqX, state["U"], _v(state), prods["XU"], prods["XV"], lam)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - t0
@@ -241,6 +239,12 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     return SymNMFResult(U=state["U"], V=_v(state), lam=lam, history=hist, n_iter=n_iter.cpu(),
                         converged=converged.cpu(), wall_time=elapsed, method=meth.name, penalty=rule.kind,
                         options=meth.options())
+
+
+def _products(sim, state):
+    """``{"XU": X U, "XV": X V}`` of a state (one product when there is no ``V``)."""
+    XU = sim.matmul(state["U"])
+    return {"XU": XU, "XV": sim.matmul(state["V"]) if "V" in state else XU}
 
 
 def _v(state):

@@ -62,14 +62,15 @@ class Similarity:
     def matmul(self, W: torch.Tensor) -> torch.Tensor:
         """``X @ W`` for ``W (T, n, r)``, shape ``(T, n, r)``.
 
-        The sparse product stacks the trials side by side, ``(n, T r)``, so one sparse pass
-        serves every trial.
+        With one ``X`` for every trial, the trials stand side by side, ``(n, T r)``: one GEMM
+        (or one sparse pass) serves them all, and ``X`` is never expanded per trial.
         """
-        if not self.sparse:
-            return torch.matmul(self.data, W)
+        if self.batched:
+            return torch.bmm(self.data, W)
         T, n, r = W.shape
         flat = W.permute(1, 0, 2).reshape(n, T * r)
-        return sparse_matmul(self.data, flat).reshape(n, T, r).permute(1, 0, 2)
+        out = sparse_matmul(self.data, flat) if self.sparse else self.data @ flat
+        return out.reshape(n, T, r).permute(1, 0, 2)
 
     def sq_norm_per_trial(self, T: int) -> torch.Tensor:
         """``||X||_F^2`` for each of ``T`` trials, ``(T,)``."""

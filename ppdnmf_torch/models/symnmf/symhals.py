@@ -104,11 +104,11 @@ class SymHALS:
     def init_state(self, sim, U0: torch.Tensor) -> dict:
         return {"U": U0.clone(), "V": U0.clone()}
 
-    def step(self, sim, state: dict, XV: torch.Tensor, lam: torch.Tensor):
+    def step(self, sim, state, prods, lam):
         """One outer iteration: eq. (17) over the columns of ``U``, then of ``V``.
 
-        Returns ``(state, XU, XV)``.
+        Returns ``(state, prods)`` with ``prods = {"XU": X U_k, "XV": X V_k}``.
         """
-        U, V, XU, XV = alternate(sim, state["U"], state["V"], XV, lam,
+        U, V, prods = alternate(sim, state["U"], state["V"], prods, lam,
                                  lambda Z, A, B: hals_block(Z, A, B, self.inner_max, self.delta))
-        return {"U": U, "V": V}, XU, XV
+        return {"U": U, "V": V}, prods
