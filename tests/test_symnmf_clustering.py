@@ -179,3 +179,37 @@ def test_check_estimator(affinity):
     allowed = {"check_clustering"} if affinity == "precomputed" else set()
     assert {name for name, _ in bad} <= allowed, bad
     assert sum(r["status"] == "passed" for r in results) >= 40
+
+
+# -- the app's presets ---------------------------------------------------------------------
+from ppdnmf_torch.models.symnmf.presets import cluster_means, load_preset, run_preset  # noqa: E402
+
+ORL_PATH = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "orl_faces.mat"
+
+
+def test_presets_samples_and_similarity_files(tmp_path):
+    M, y = _blobs(45, 3, 3, seed=2)
+    np.save(tmp_path / "m.npy", M)
+    np.savetxt(tmp_path / "y.csv", y[:, None], delimiter=",")
+    logs = []
+    summary, arrays = run_preset("samples", path=tmp_path / "m.npy", labels_path=tmp_path / "y.csv", max_iter=60,
+                                 tol=0, device="cpu", log_scalars=lambda k, d: logs.append(d))
+    assert summary["rank"] == 3 and summary["accuracy"] == [1.0] and summary["nmi"][0] == pytest.approx(1.0)
+    assert "symnmf/accuracy" in logs[-1] and "symnmf/E" in logs[0]
+    np.testing.assert_allclose(arrays["cluster_means"].numpy(), cluster_means(M, arrays["labels"].numpy(), 3))
+    S = similarity_matrix(M, device="cpu").numpy()
+    sp.save_npz(tmp_path / "s.npz", sp.csr_matrix(S))
+    again, arr2 = run_preset("similarity", path=tmp_path / "s.npz", rank=3, max_iter=60, tol=0, device="cpu")
+    np.testing.assert_allclose(arr2["U"].numpy(), arrays["U"].numpy(), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ConfigError, match="path"):
+        load_preset("orl")
+    with pytest.raises(DataError, match="not found"):
+        load_preset("samples", path=tmp_path / "none.npy")
+
+
+@pytest.mark.skipif(not ORL_PATH.exists(), reason=f"ORL data not found at {ORL_PATH}")
+def test_orl_preset_images():
+    data = load_preset("orl", path=ORL_PATH)
+    assert data["samples"].shape == (400, 10304) and data["rank"] == 40 and data["labels"].min() == 0
+    _, arrays = run_preset("orl", path=ORL_PATH, max_iter=3, tol=0, device="cpu")
+    assert arrays["cluster_mean_images"].shape == (40, 112, 92)
