@@ -63,7 +63,7 @@ def _jsonable(obj):
 def synthetic(args, figures: Path, results: dict) -> None:
     plt = _plt()
     q = args.quick
-    n, its = (60, 30) if q else (300, args.iters)
+    n, its = (60, 30) if q else (args.n, args.iters)
     # Fig. 1 and 2
     conv = ex.split_convergence(n=n, r=10 if q else 20, iters=its)
     results["fig1_2"] = conv
@@ -103,13 +103,13 @@ def synthetic(args, figures: Path, results: dict) -> None:
     # Fig. 5
     sw_its = 20 if q else args.sweep_iters
     sweeps = {
-        "n (r=20, sigma=0.1)": ex.final_error_sweep("n", [40, 60] if q else [100, 200, 300, 400], iters=sw_its,
-                                                    r=5 if q else 20),
-        "r (n=300, sigma=0.1)": ex.final_error_sweep("r", [5, 10] if q else [10, 20, 30, 40], iters=sw_its,
+        "n (r=20, sigma=0.1)": ex.final_error_sweep("n", [40, 60] if q else [n // 3, 2 * n // 3, n, 4 * n // 3],
+                                                    iters=sw_its, r=5 if q else 20),
+        f"r (n={n}, sigma=0.1)": ex.final_error_sweep("r", [5, 10] if q else [10, 20, 30, 40], iters=sw_its,
                                                      n=n),
-        "sigma (n=300, r=20)": ex.final_error_sweep("sigma", [0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25], iters=sw_its,
+        f"sigma (n={n}, r=20)": ex.final_error_sweep("sigma", [0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25], iters=sw_its,
                                                     n=n, r=10 if q else 20),
-        "sigma (n=300, r=40)": ex.final_error_sweep("sigma", [0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25], iters=sw_its,
+        f"sigma (n={n}, r=40)": ex.final_error_sweep("sigma", [0, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25], iters=sw_its,
                                                     n=n, r=10 if q else 40),
     }
     results["fig5"] = sweeps
@@ -224,6 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--orl", default=None, help="path of orl_faces.mat (never copied)")
     p.add_argument("--out", default="symnmf_out")
     p.add_argument("--figures", default="docs/figures")
+    p.add_argument("--n", type=int, default=300, help="n of Fig. 1-4 and 6, and of Fig. 5's r and sigma sweeps")
     p.add_argument("--iters", type=int, default=300, help="iterations of Fig. 1, 2, 4, 6 (Fig. 3: three times)")
     p.add_argument("--sweep-iters", type=int, default=300, help="iterations per point of Fig. 5")
     p.add_argument("--cluster-iters", type=int, default=500)
