@@ -138,13 +138,15 @@ def _method_grid(plt, runs: dict, figures: Path, name: str, title: str) -> None:
 
 def _datasets(args):
     sets = []
-    if args.orl and Path(args.orl).exists():
+    wanted = args.datasets.split(",")
+    if "orl" in wanted and args.orl and Path(args.orl).exists():
         M, y = ex.load_orl(args.orl)
         sets.append(("ORL", M, y, 40))
     elif args.orl:
         print(f"ORL: {args.orl} not found, skipped", file=sys.stderr)
-    M, y = ex.load_digits_samples()
-    sets.append(("digits", M, y, 10))
+    if "digits" in wanted:
+        M, y = ex.load_digits_samples()
+        sets.append(("digits", M, y, 10))
     if args.quick:
         sets = [(name, M[:150], y[:150], int(len(np.unique(y[:150])))) for name, M, y, _ in sets]
     return sets
@@ -173,18 +175,21 @@ def agents(args, figures: Path, results: dict) -> None:
     sets = _datasets(args)
     kinds = ("plain", "quantized")
     options = {"quantized": {"cost_model": True, "n_max": 10**6, "protocol": "masked"}}
-    fig, ax = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 3.8), squeeze=False)
-    for j, (name, M, y, r) in enumerate(sets):
+    for name, M, y, r in sets:
+        fig, ax = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
         res = ex.agents_run(M, y, r, n_agents=(3,) if args.quick else (10, 20), kinds=kinds,
                             iters=10 if args.quick else args.agent_iters, x_iters=args.x_iters,
                             exchange_options=options)
         results[f"agents_{name}"] = {str(k): v for k, v in res.items()}
         for key, row in res.items():
             label = "centralized SymHALS" if key == "central" else f"N={key[0]}, {key[1]}"
-            ax[0, j].semilogy(row["E_curve"], label=label)
-        ax[0, j].set(xlabel="outer iteration", ylabel="E", title=f"agents vs centralized: {name}")
-    ax[0, 0].legend(fontsize=7)
-    _save(fig, figures, "agents")
+            ax[0, 0].semilogy(row["E_curve"], label=label)
+            if key != "central":
+                ax[0, 1].semilogy(row["consensus_curve"], label=label)
+        ax[0, 0].set(xlabel="outer iteration", ylabel="E", title=f"agents vs centralized: {name}")
+        ax[0, 1].set(xlabel="outer iteration", ylabel="max_i ||U_i - U||/||U||", title="consensus error")
+        ax[0, 0].legend(fontsize=7)
+        _save(fig, figures, f"agents_{name}")
 
 
 def tables(results: dict) -> str:
@@ -231,6 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=3, help="starts per method in Table I (one batch)")
     p.add_argument("--agent-iters", type=int, default=200)
     p.add_argument("--x-iters", type=int, default=10)
+    p.add_argument("--datasets", default="orl,digits", help="data sets of the clustering and agents parts")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     out, figures = Path(args.out), Path(args.figures)
