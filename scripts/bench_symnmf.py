@@ -1,0 +1,297 @@
+"""Benchmarks of the symmetric-NMF solvers (docs/PERFORMANCE.md, "Symmetric NMF").
+
+Three parts, each side by side in one process:
+
+* ``numpy``: the batched torch SymHALS and SymANLS against a careful numpy implementation of
+  the same updates (below: the column sweep on contiguous rows, and Kim and Park's block
+  principal pivoting with the columns grouped by passive set, as in their own code), one
+  trial after another, at ``n`` = 300..5000, ``r`` = 20, 40, one and 20 trials; both check
+  that they computed the same iterates;
+* ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
+  the wall time each needs to reach a given ``E``;
+* ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
+  process that reports its time per iteration and the peak memory of the fit alone.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --out bench_numpy.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
+    python scripts/bench_symnmf.py --part all --quick        # a small smoke run (tests)
+
+Timings are medians of repeats on a shared machine: read them as ratios and ranges.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
+from ppdnmf_torch.models.symnmf.fit import METHODS
+
+
+# --------------------------------------------------------------------------------------
+# numpy reference implementations of the same updates (one trial at a time)
+# --------------------------------------------------------------------------------------
+
+def np_hals_sweep(Zt, At, B):
+    """Eq. (17) over the rows of ``Zt (r, n)`` (a block's columns, contiguous), in place."""
+    reset = 1e-16 * Zt.max()
+    for i in range(Zt.shape[0]):
+        zi = Zt[i] + (At[i] - B[i] @ Zt) / B[i, i]
+        np.maximum(zi, 0, out=zi)
+        Zt[i] = zi if zi.any() else reset
+
+
+def _solve_grouped(G, C, P):
+    """``x_F = G_FF^{-1} c_F`` per column, the columns grouped by passive set (one solve per
+    distinct set, as Kim and Park's ``solveNormalEqComb``)."""
+    X = np.zeros_like(C)
+    if C.shape[1] == 0:
+        return X
+    sets, inverse = np.unique(P.T, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for k, s in enumerate(sets):
+        idx = np.flatnonzero(s)
+        if idx.size == 0:
+            continue
+        cols = np.flatnonzero(inverse == k)
+        X[np.ix_(idx, cols)] = np.linalg.solve(G[np.ix_(idx, idx)], C[np.ix_(idx, cols)])
+    return X
+
+
+def np_nnls_bpp(G, C, init):
+    """Kim and Park's block principal pivoting for ``G (r, r)``, ``C (r, m)``, warm started."""
+    r, m = C.shape
+    P = init > 0
+    X = _solve_grouped(G, C, P)
+    Y = G @ X - C
+    X[np.abs(X) < 1e-12] = 0
+    Y[np.abs(Y) < 1e-12] = 0
+    p = np.full(m, 3)
+    ninf = np.full(m, r + 1)
+    nonopt = (Y < 0) & ~P
+    infea = (X < 0) & P
+    notgood = nonopt.sum(0) + infea.sum(0)
+    notopt = notgood > 0
+    it = 0
+    while notopt.any() and it < 5 * r:
+        it += 1
+        c1 = notopt & (notgood < ninf)
+        c2 = notopt & (notgood >= ninf) & (p >= 1)
+        c3 = notopt & ~c1 & ~c2
+        p[c1], ninf[c1] = 3, notgood[c1]
+        p[c2] -= 1
+        full = c1 | c2
+        P[:, full] = np.where(nonopt[:, full], True, np.where(infea[:, full], False, P[:, full]))
+        for j in np.flatnonzero(c3):
+            last = np.flatnonzero(nonopt[:, j] | infea[:, j])[-1]
+            P[last, j] = ~P[last, j]
+        cols = np.flatnonzero(notopt)
+        X[:, cols] = _solve_grouped(G, C[:, cols], P[:, cols])
+        Y[:, cols] = G @ X[:, cols] - C[:, cols]
+        X[np.abs(X) < 1e-12] = 0
+        Y[np.abs(Y) < 1e-12] = 0
+        mask = notopt[None, :]
+        nonopt = mask & (Y < 0) & ~P
+        infea = mask & (X < 0) & P
+        notgood = nonopt.sum(0) + infea.sum(0)
+        notopt = notgood > 0
+    return np.maximum(X, 0)
+
+
+def np_fit(X, U0, lam0, iters, method):
+    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial."""
+    Ut, Vt = U0.T.copy(), U0.T.copy()
+    lam = lam0
+    eye = np.eye(U0.shape[1])
+    for _ in range(iters):
+        for Z, W in ((Ut, Vt), (Vt, Ut)):
+            At = W @ X + lam * W  # (X W)^T, X symmetric
+            B = W @ W.T + lam * eye
+            if method == "symhals":
+                np_hals_sweep(Z, At, B)
+            else:
+                Z[...] = np_nnls_bpp(B, At, Z)
+        uu, vv, uv = (Ut * Ut).sum(), (Vt * Vt).sum(), (Ut * Vt).sum()
+        lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
+    return Ut.T, Vt.T
+
+
+def _median_time(fn, repeats):
+    times = []
+    out = None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)), out
+
+
+def part_numpy(quick: bool):
+    ns = [60, 120] if quick else [300, 1000, 2000, 5000]
+    ranks = [4] if quick else [20, 40]
+    trials_list = [1, 3] if quick else [1, 20]
+    rows = []
+    Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
+    for method in ("symhals", "symanls"):
+        fit_symnmf(Xw[0], 4, method=method, max_iter=3, tol=0)
+        np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
+    for n in ns:
+        X, _ = synthetic_similarity(n, 20 if not quick else 4, 0.1, seed=n)
+        Xt = X[0]
+        Xn = Xt.numpy()
+        for r in ranks:
+            for T in trials_list:
+                iters = 2 if quick else (5 if n <= 1000 else (2 if n <= 2000 else 1))
+                repeats = 1 if (quick or n >= 2000) else 3
+                U0 = initial_factor(n, r, trials=T, seed=1)
+                lam0 = 0.5
+                for method in ("symhals", "symanls"):
+                    t_torch, res = _median_time(lambda: fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive",
+                                                                   lam0=lam0, max_iter=iters, tol=0), repeats)
+
+                    def run_np():
+                        return [np_fit(Xn, U0[t].numpy(), lam0, iters, method) for t in range(T)]
+
+                    t_np, outs = _median_time(run_np, repeats)
+                    diff = max(float(np.abs(outs[t][0] - res.U[t].numpy()).max()) for t in range(T))
+                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": iters,
+                                 "torch_s_per_iter": t_torch / iters, "numpy_s_per_iter": t_np / iters,
+                                 "numpy_over_torch": t_np / t_torch, "max_abs_diff_U": diff})
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def part_time_to_e(quick: bool):
+    n, r = (60, 4) if quick else (300, 20)
+    max_iter = 30 if quick else 300
+    rows = []
+    for sigma in (0.0, 0.1):
+        X, _ = synthetic_similarity(n, r, sigma, seed=7)
+        U0 = initial_factor(n, r, trials=1, seed=8)
+        runs = {}
+        for method in METHODS:
+            runs[method] = fit_symnmf(X[0], r, method=method, U0=U0, max_iter=max_iter, tol=0)
+        best = min(float(res.history["E"][:, 0].min()) for res in runs.values())
+        targets = [1e-3, 1e-5] if sigma == 0 else [1.05 * best, 1.5 * best]
+        for target in targets:
+            for method, res in runs.items():
+                E, tt = res.history["E"][:, 0], res.history["time"][:, 0]
+                hit = torch.nonzero(E <= target)
+                k = int(hit[0]) if hit.numel() else None
+                rows.append({"sigma": sigma, "target_E": target, "method": method, "iterations": k,
+                             "seconds": float(tt[k]) if k is not None else None,
+                             "final_E": float(E[-1]), "max_iter": max_iter,
+                             "s_per_iter": float(tt[-1]) / max_iter})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def knn_similarity(n: int, seed: int = 0, dim: int = 5, clusters: int = 20):
+    """A sparse kNN similarity like the spec's construction (kk = floor(log2 n) + 1
+    neighbours, self-tuning scales from the 7th neighbour, symmetric, normalized), built
+    with scikit-learn's kd-tree on Gaussian blobs; scipy CSR."""
+    import scipy.sparse as sp
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=4.0, size=(clusters, dim))
+    pts = centers[rng.integers(clusters, size=n)] + rng.normal(size=(n, dim))
+    kk = int(np.floor(np.log2(n))) + 1
+    dist, ind = NearestNeighbors(n_neighbors=max(kk, 7) + 1).fit(pts).kneighbors(pts)
+    sig = dist[:, 7]
+    rows = np.repeat(np.arange(n), kk)
+    cols = ind[:, 1:kk + 1].reshape(-1)
+    d2 = dist[:, 1:kk + 1].reshape(-1) ** 2
+    A = sp.csr_matrix((np.exp(-d2 / (sig[rows] * sig[cols])), (rows, cols)), shape=(n, n))
+    A = A.maximum(A.T)
+    deg = np.asarray(A.sum(axis=0)).reshape(-1)
+    Dm = sp.diags(1 / np.sqrt(deg))
+    A = Dm @ A @ Dm
+    return ((A + A.T) / 2).tocsr(), clusters
+
+
+def _rss_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def sparse_child(n: int, iters: int, rank: int):
+    """In a child process: build X, reset the peak RSS, fit, report."""
+    t = time.perf_counter()
+    X, _ = knn_similarity(n)
+    build = time.perf_counter() - t
+    base = _rss_mb("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM: the peak below is the fit's
+        reset = True
+    except OSError:
+        reset = False
+    t = time.perf_counter()
+    # Kuang et al.'s start, 2 sqrt(mean(X) / r) U(0, 1): a [0, 1] start is far off the scale of
+    # a normalized similarity
+    U0 = initial_factor(n, rank, scale=2 * float(np.sqrt(X.sum() / n ** 2 / rank)))
+    res = fit_symnmf(X, rank, method="symhals", U0=U0, max_iter=iters, tol=0, device="cpu")
+    fit = time.perf_counter() - t
+    out = {"n": n, "nnz": int(X.nnz), "rank": rank, "iters": iters, "build_s": build, "fit_s": fit,
+           "s_per_iter": fit / iters, "rss_before_fit_mb": base, "peak_rss_mb": _rss_mb("VmHWM"),
+           "peak_reset": reset, "fit_peak_over_base_mb": _rss_mb("VmHWM") - base,
+           "factor_mb": 2 * n * rank * 8 / 2 ** 20, "csr_mb": (X.nnz * 16 + (n + 1) * 8) / 2 ** 20,
+           "E_first": float(res.history["E"][0, 0]), "E_last": float(res.E[0]),
+           "rel_gap_last": float(res.history["rel_gap"][-1, 0]),
+           "lam_last": float(res.lam[0])}
+    print(json.dumps(out), flush=True)
+
+
+def part_sparse(quick: bool):
+    ns = [2000, 5000] if quick else [10_000, 50_000, 100_000]
+    rows = []
+    for n in ns:
+        cmd = [sys.executable, __file__, "--sparse-child", str(n), "--iters", "3" if quick else "50",
+               "--rank", "5" if quick else "20"]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ.copy())
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["numpy", "time-to-E", "sparse", "all"], default="all")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    if args.sparse_child:
+        sparse_child(args.sparse_child, args.iters, args.rank)
+        return None
+    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse}
+    chosen = list(parts) if args.part == "all" else [args.part]
+    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy": np.__version__,
+              "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    for name in chosen:
+        result[name] = parts[name](args.quick)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
