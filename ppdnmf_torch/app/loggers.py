@@ -27,6 +27,13 @@ class RunLogger:
         """The run's end: its results, the hparams and final metrics, image grids when the data
         are images (``images``: ``shape``, ``Z``, ``columns``, ``scale``), the config as text."""
 
+    def scalars(self, step: int, values: dict) -> None:
+        """A task's own scalars of one outer iteration: ``{tag: float}`` at ``step`` (the models
+        other than PPDNMF report through this and :meth:`image`)."""
+
+    def image(self, tag: str, images, step: int = 0, *, scale: int = 1) -> None:
+        """One image ``(H, W)`` or a grid of images ``(B, H, W)``, values in [0, 1]."""
+
     def close(self) -> None:
         """Flush and release."""
 
