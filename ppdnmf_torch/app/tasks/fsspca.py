@@ -181,7 +181,7 @@ class FSSPCATask(Task):
         s = fits.summary
         n_iter = max(s["n_iter"])
         if cfg.logger.images:
-            logger.image("fsspca/loadings", arrays["loadings_image"], n_iter, scale=4 * cfg.logger.image_scale)
+            logger.image("images/loadings", arrays["loadings_image"], n_iter, scale=4 * cfg.logger.image_scale)
         summary = {"task": self.name, "name": cfg.name, "data": cfg.data.kind, "split": cfg.split.kind,
                    "n_components": cfg.n_components, "alpha": cfg.alpha, "trials": cfg.trials,
                    "seed": cfg.seed, "device": str(inputs.device), "dtype": cfg.dtype, **s,
