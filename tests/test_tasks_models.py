@@ -91,6 +91,7 @@ def test_a_bad_value_names_its_key(overrides, line):
     assert str(info.value).startswith(line)
 
 
+@pytest.mark.slow  # a third interpreter start; the in-process test above checks the same key: reason lines
 def test_the_cli_refuses_a_bad_value_with_one_line(tmp_path):
     r = _cli(["task=fsspca", "split.kind=bogus"], tmp_path)
     assert r.returncode == 2
