@@ -11,15 +11,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
+from ..._utils import resolve_device
 from ...errors import ConfigError
+from .base import Task
 # the validating converter of PPDNMF's config is model-free: every task's config uses it
 from ...models.ppdnmf.config import DTYPES, LoggerConfig, _build, _check_dataclass, _spec as spec
 
-__all__ = ["RunKeys", "spec", "config_from_dict", "config_to_dict", "check_run_keys", "trial_means",
+__all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "spec", "config_from_dict", "config_to_dict", "check_run_keys", "trial_means",
            "write_arrays", "write_history_csv", "remove_files", "stat", "validate"]
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -137,3 +140,48 @@ def stat(values, fmt: str = ".4g") -> str:
     if a.size == 1:
         return format(float(a[0]), fmt)
     return f"{a.mean():{fmt}} +- {a.std():{fmt}} ({a.min():{fmt}}..{a.max():{fmt}})"
+
+
+def mean(values) -> float:
+    """The mean of a per-trial list."""
+    return float(sum(values) / len(values))
+
+
+@dataclass
+class DeviceInputs:
+    """What a model's task resolves before its fit (the model loads its own data)."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+
+@dataclass
+class ModelFits:
+    """A model's ``(summary, arrays)`` and the fit's wall time in seconds."""
+
+    summary: dict
+    arrays: dict
+    seconds: float
+
+
+class ModelTask(Task):
+    """A task whose model loads its data and batches its trials in one fit: the config's
+    conversion from :attr:`config_cls` (checked across fields by :attr:`cross`), the inputs
+    (device and dtype), and ``trials > 1`` as the same three steps."""
+
+    config_cls: type = RunKeys
+    cross: Callable | None = None
+
+    def config_from_dict(self, d: dict):
+        return config_from_dict(self.config_cls, d, type(self).cross)
+
+    def config_to_dict(self, cfg) -> dict:
+        return config_to_dict(cfg)
+
+    def build_inputs(self, cfg) -> DeviceInputs:
+        return DeviceInputs(resolve_device(cfg.device), getattr(torch, cfg.dtype))
+
+    def run_trials(self, cfg, out: Path, logger, *, show: bool, callback=None) -> dict:
+        inputs = self.build_inputs(cfg)
+        fits = self.fit(cfg, inputs, logger, out, show=show, callback=callback)
+        return self.write_outputs(cfg, inputs, fits, out, logger)

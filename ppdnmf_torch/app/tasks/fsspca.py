@@ -20,15 +20,13 @@ from pathlib import Path
 
 import torch
 
-from ..._utils import resolve_device
 from ...errors import ConfigError
 from ...models.fsspca.experiments import run_task
 from ...models.fsspca.fit import CHECKPOINT_NAME, DEFAULTS
 from ...models.fsspca.smoothing import DEFAULT_SMOOTHING
 from ..progress import Progress
 from . import _common as common
-from ._common import RunKeys, spec
-from .base import Task
+from ._common import DeviceInputs, ModelFits, ModelTask, RunKeys, spec
 
 __all__ = ["TASK", "FSSPCATask", "FSSPCARunConfig", "FSSPCAData", "FSSPCASplit", "FSSPCASolver", "CONFIG_KEYS",
            "DATA_KINDS"]
@@ -109,41 +107,21 @@ CONFIG_KEYS = {"data": "data.kind", "split": "split.kind", "max_iter": "solver.m
                "line_search": "solver.line_search", "lambda_2": "solver.lambda_2", "checkpoint_dir": "resume"}
 
 
-@dataclass
-class FSSPCAInputs:
-    device: torch.device
-    dtype: torch.dtype
-
-
-@dataclass
-class FSSPCAFits:
-    summary: dict
-    arrays: dict
-    seconds: float
-
-
-class FSSPCATask(Task):
+class FSSPCATask(ModelTask):
     """Federated sparse PCA as the app runs it."""
 
     name = "fsspca"
+    config_cls = FSSPCARunConfig
+    cross = staticmethod(_cross)
     config_keys = CONFIG_KEYS
-
-    def config_from_dict(self, d: dict) -> FSSPCARunConfig:
-        return common.config_from_dict(FSSPCARunConfig, d, _cross)
-
-    def config_to_dict(self, cfg: FSSPCARunConfig) -> dict:
-        return common.config_to_dict(cfg)
-
-    def build_inputs(self, cfg: FSSPCARunConfig) -> FSSPCAInputs:
-        return FSSPCAInputs(resolve_device(cfg.device), getattr(torch, cfg.dtype))
 
     def resume_point(self, resume_from) -> int:
         path = Path(resume_from)
         path = path / CHECKPOINT_NAME if path.is_dir() else path
         return int(torch.load(path, weights_only=True)["iteration"]) if path.is_file() else 0
 
-    def fit(self, cfg: FSSPCARunConfig, inputs: FSSPCAInputs, logger, out: Path, *, show: bool, callback=None,
-            resume_from=None) -> FSSPCAFits:
+    def fit(self, cfg: FSSPCARunConfig, inputs: DeviceInputs, logger, out: Path, *, show: bool, callback=None,
+            resume_from=None) -> ModelFits:
         s = cfg.solver
         # the model resumes by itself from a checkpoint of the same problem in its folder
         ckpt = {} if cfg.checkpoint_every == 0 else {"checkpoint_dir": out / "checkpoints",
@@ -170,9 +148,9 @@ class FSSPCATask(Task):
                 inner_steps=s.inner_steps, lambda_2=s.lambda_2, init=s.init, center=s.center,
                 aggregation=s.aggregation, max_iter=s.max_iter, tol=s.tol, device=inputs.device,
                 dtype=inputs.dtype, **ckpt)
-        return FSSPCAFits(summary, arrays, time.perf_counter() - t0)
+        return ModelFits(summary, arrays, time.perf_counter() - t0)
 
-    def write_outputs(self, cfg: FSSPCARunConfig, inputs: FSSPCAInputs, fits: FSSPCAFits, out: Path,
+    def write_outputs(self, cfg: FSSPCARunConfig, inputs: DeviceInputs, fits: ModelFits, out: Path,
                       logger) -> dict:
         arrays = fits.arrays
         histories = {k[len("history_"):]: v for k, v in arrays.items() if k.startswith("history_")}
@@ -190,18 +168,13 @@ class FSSPCATask(Task):
         hp = {"name": cfg.name, "data": cfg.data.kind, "split": cfg.split.kind, "n_workers": cfg.n_workers,
               "n_components": cfg.n_components, "alpha": str(cfg.alpha), "trials": cfg.trials, "seed": cfg.seed,
               "smoothing": cfg.solver.smoothing, "aggregation": cfg.solver.aggregation, "dtype": cfg.dtype}
-        metrics = {"explained_variance": _mean(s["explained_variance"]), "sparsity": _mean(s["sparsity"]),
+        metrics = {"explained_variance": common.mean(s["explained_variance"]), "sparsity": common.mean(s["sparsity"]),
                    "n_iter": n_iter, "wall_time": fits.seconds}
         logger.finished(None, None, hparams=hp, metrics=metrics,
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
         if not cfg.keep_checkpoints:
             common.remove_files([out / "checkpoints" / CHECKPOINT_NAME])
         return summary
-
-    def run_trials(self, cfg: FSSPCARunConfig, out: Path, logger, *, show: bool, callback=None) -> dict:
-        inputs = self.build_inputs(cfg)
-        fits = self.fit(cfg, inputs, logger, out, show=show, callback=callback)
-        return self.write_outputs(cfg, inputs, fits, out, logger)
 
     def format_summary(self, summary: dict) -> str:
         s = summary
@@ -217,11 +190,7 @@ class FSSPCATask(Task):
 
     def objective(self, summary: dict) -> float:
         """The explained variance (its mean over trials)."""
-        return _mean(summary["explained_variance"])
-
-
-def _mean(values) -> float:
-    return float(sum(values) / len(values))
+        return common.mean(summary["explained_variance"])
 
 
 #: the task :mod:`ppdnmf_torch.app.tasks` finds under ``task=fsspca``

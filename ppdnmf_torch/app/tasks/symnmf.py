@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from ..._utils import resolve_device
 from ...errors import ConfigError
 from ...models.symnmf import checkpoint as symnmf_checkpoint
 from ...models.symnmf.fit import METHODS
@@ -29,8 +28,7 @@ from ...models.symnmf.presets import PRESETS, run_preset
 from ..progress import Progress
 from ..tensorboard import normalize_images
 from . import _common as common
-from ._common import RunKeys, spec
-from .base import Task
+from ._common import DeviceInputs, ModelFits, ModelTask, RunKeys, spec
 
 __all__ = ["TASK", "SymNMFTask", "SymNMFRunConfig", "SymNMFData", "SymNMFSolver", "CONFIG_KEYS"]
 
@@ -95,34 +93,14 @@ CONFIG_KEYS = {"path": "data.path", "preset": "data.preset", "method": "solver.m
                "checkpoint_dir": "resume"}
 
 
-@dataclass
-class SymNMFInputs:
-    device: torch.device
-    dtype: torch.dtype
-
-
-@dataclass
-class SymNMFFits:
-    summary: dict
-    arrays: dict
-    seconds: float
-
-
-class SymNMFTask(Task):
+class SymNMFTask(ModelTask):
     """Symmetric NMF as the app runs it."""
 
     name = "symnmf"
+    config_cls = SymNMFRunConfig
+    cross = staticmethod(_cross)
     config_keys = CONFIG_KEYS
     resume_safe_keys = ("solver.max_iter",)  # the model's checkpoints allow another max_iter
-
-    def config_from_dict(self, d: dict) -> SymNMFRunConfig:
-        return common.config_from_dict(SymNMFRunConfig, d, _cross)
-
-    def config_to_dict(self, cfg: SymNMFRunConfig) -> dict:
-        return common.config_to_dict(cfg)
-
-    def build_inputs(self, cfg: SymNMFRunConfig) -> SymNMFInputs:
-        return SymNMFInputs(resolve_device(cfg.device), getattr(torch, cfg.dtype))
 
     def resume_point(self, resume_from) -> int:
         path = Path(resume_from)
@@ -132,8 +110,8 @@ class SymNMFTask(Task):
         digits = os.path.basename(os.fspath(path))[len(symnmf_checkpoint.PREFIX):].split(".")[0]
         return int(digits) if digits.isdigit() else 0
 
-    def fit(self, cfg: SymNMFRunConfig, inputs: SymNMFInputs, logger, out: Path, *, show: bool, callback=None,
-            resume_from=None) -> SymNMFFits:
+    def fit(self, cfg: SymNMFRunConfig, inputs: DeviceInputs, logger, out: Path, *, show: bool, callback=None,
+            resume_from=None) -> ModelFits:
         s, d = cfg.solver, cfg.data
         ckpt = out / "checkpoints"
         start = self.resume_point(ckpt) if resume_from is not None else 0
@@ -157,9 +135,9 @@ class SymNMFTask(Task):
                 penalty=s.lam if s.lam is not None else s.penalty, lam0=s.lam0, max_iter=s.max_iter, tol=s.tol,
                 callback=callback, checkpoint_dir=ckpt if cfg.checkpoint_every else None,
                 checkpoint_every=cfg.checkpoint_every, resume=resume_from is not None)
-        return SymNMFFits(summary, arrays, time.perf_counter() - t0)
+        return ModelFits(summary, arrays, time.perf_counter() - t0)
 
-    def write_outputs(self, cfg: SymNMFRunConfig, inputs: SymNMFInputs, fits: SymNMFFits, out: Path,
+    def write_outputs(self, cfg: SymNMFRunConfig, inputs: DeviceInputs, fits: ModelFits, out: Path,
                       logger) -> dict:
         arrays = fits.arrays
         histories = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("history/")}
@@ -182,20 +160,15 @@ class SymNMFTask(Task):
         hp = {"name": cfg.name, "data": cfg.data.preset, "method": cfg.solver.method, "penalty": str(s["penalty"]),
               "rank": s["rank"], "n": s["n"], "trials": cfg.trials, "seed": cfg.seed, "init": cfg.solver.init,
               "dtype": cfg.dtype}
-        metrics = {"E": _mean(s["E"]), "rel_gap_UV": _mean(s["rel_gap"]), "n_iter": n_iter,
+        metrics = {"E": common.mean(s["E"]), "rel_gap_UV": common.mean(s["rel_gap"]), "n_iter": n_iter,
                    "wall_time": fits.seconds,
-                   **({"accuracy": _mean(s["accuracy"]), "nmi": _mean(s["nmi"])} if "accuracy" in s else {})}
+                   **({"accuracy": common.mean(s["accuracy"]), "nmi": common.mean(s["nmi"])} if "accuracy" in s else {})}
         logger.finished(None, None, hparams=hp, metrics=metrics,
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
         if not cfg.keep_checkpoints:
             folder = out / "checkpoints"
             common.remove_files(sorted(folder.glob(f"{symnmf_checkpoint.PREFIX}*.pt")) or [folder / "-"])
         return summary
-
-    def run_trials(self, cfg: SymNMFRunConfig, out: Path, logger, *, show: bool, callback=None) -> dict:
-        inputs = self.build_inputs(cfg)
-        fits = self.fit(cfg, inputs, logger, out, show=show, callback=callback)
-        return self.write_outputs(cfg, inputs, fits, out, logger)
 
     def format_summary(self, summary: dict) -> str:
         s = summary
@@ -212,11 +185,7 @@ class SymNMFTask(Task):
 
     def objective(self, summary: dict) -> float:
         """The final fitting error ``E`` (its mean over trials)."""
-        return _mean(summary["E"])
-
-
-def _mean(values) -> float:
-    return float(sum(values) / len(values))
+        return common.mean(summary["E"])
 
 
 #: the task :mod:`ppdnmf_torch.app.tasks` finds under ``task=symnmf``
