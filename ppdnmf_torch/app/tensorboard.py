@@ -239,9 +239,10 @@ class TensorBoardLogger(RunLogger):
         for tag, v in numeric_items(values):
             self.writer.add_scalar(tag, v, int(step))
 
-    def image(self, tag: str, images, step: int = 0, *, scale: int = 1) -> None:
+    def image(self, tag: str, images, step: int = 0, *, scale: int = 1, normalize: bool = False) -> None:
         images = torch.as_tensor(images, dtype=torch.float32).cpu()
-        grid = make_grid(images[None] if images.dim() == 2 else images, scale=scale)
+        images = images[None] if images.dim() == 2 else images
+        grid = make_grid(normalize_images(images) if normalize else images, scale=scale)
         self.writer.add_image(tag, grid, int(step), dataformats="CHW")
 
     # -- per BCD iteration ---------------------------------------------------------------

@@ -26,7 +26,6 @@ from ...models.symnmf import checkpoint as symnmf_checkpoint
 from ...models.symnmf.fit import METHODS
 from ...models.symnmf.presets import PRESETS, run_preset
 from ..progress import Progress
-from ..tensorboard import normalize_images
 from . import _common as common
 from ._common import DeviceInputs, ModelFits, ModelTask, RunKeys, spec
 
@@ -151,8 +150,8 @@ class SymNMFTask(ModelTask):
             if "reordered_similarity" in arrays:
                 logger.image("images/reordered_similarity", arrays["reordered_similarity"], n_iter)
             if "cluster_mean_images" in arrays:
-                means = normalize_images(arrays["cluster_mean_images"].to(torch.float32))
-                logger.image("images/cluster_means", means, n_iter, scale=cfg.logger.image_scale)
+                logger.image("images/cluster_means", arrays["cluster_mean_images"], n_iter,
+                             scale=cfg.logger.image_scale, normalize=True)
         summary = {"task": self.name, "name": cfg.name, "data": cfg.data.preset, "seed": cfg.seed,
                    "device": str(inputs.device), "dtype": cfg.dtype, **s,
                    "wall_time": {"fit": fits.seconds, "solver": s.get("wall_time")}, "out_dir": str(out)}
