@@ -18,6 +18,7 @@ Usage::
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
     python scripts/bench_symnmf.py --part all --quick        # a small smoke run (tests)
+    python scripts/bench_symnmf.py --device cuda --part numpy --ns 1000 5000   # the torch side on a GPU
 
 Timings are medians of repeats on a shared machine: read them as ratios and ranges.
 """
@@ -48,7 +49,8 @@ def np_hals_sweep(Zt, At, B):
     for i in range(Zt.shape[0]):
         zi = Zt[i] + (At[i] - B[i] @ Zt) / B[i, i]
         np.maximum(zi, 0, out=zi)
-        Zt[i] = zi if zi.any() else reset
+        Zt[i] = zi
+    Zt[~(Zt > 0).any(axis=1)] = reset
 
 
 def _solve_grouped(G, C, P):
@@ -109,19 +111,33 @@ def np_nnls_bpp(G, C, init):
 
 
 def np_fit(X, U0, lam0, iters, method):
-    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial."""
+    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial, with
+    the per-iteration metrics ``fit_symnmf`` records (the same two products ``X W`` per
+    iteration, the same expansions), so that both sides do the same work."""
     Ut, Vt = U0.T.copy(), U0.T.copy()
     lam = lam0
     eye = np.eye(U0.shape[1])
+    sqX = float((X * X).sum())
+    XVt = Vt @ X  # (X V)^T, X symmetric
+    history = []
+    def block(Z, W, XWt):  # one block of (3) in place, the other factor W fixed
+        B = W @ W.T + lam * eye
+        if method == "symhals":
+            np_hals_sweep(Z, XWt + lam * W, B)
+        else:
+            Z[...] = np_nnls_bpp(B, XWt + lam * W, Z)
+
     for _ in range(iters):
-        for Z, W in ((Ut, Vt), (Vt, Ut)):
-            At = W @ X + lam * W  # (X W)^T, X symmetric
-            B = W @ W.T + lam * eye
-            if method == "symhals":
-                np_hals_sweep(Z, At, B)
-            else:
-                Z[...] = np_nnls_bpp(B, At, Z)
-        uu, vv, uv = (Ut * Ut).sum(), (Vt * Vt).sum(), (Ut * Vt).sum()
+        block(Ut, Vt, XVt)
+        XUt = Ut @ X
+        block(Vt, Ut, XUt)
+        XVt = Vt @ X
+        UtU, VtV = Ut @ Ut.T, Vt @ Vt.T
+        uu, vv, uv = np.trace(UtU), np.trace(VtV), float((Ut * Vt).sum())
+        gap = uu + vv - 2 * uv
+        history.append(((sqX - 2 * (XUt * Ut).sum() + (UtU * UtU).sum()) / sqX,
+                        0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
+                        gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
         lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
     return Ut.T, Vt.T
 
@@ -136,24 +152,24 @@ def _median_time(fn, repeats):
     return float(np.median(times)), out
 
 
-def part_numpy(quick: bool):
-    ns = [60, 120] if quick else [300, 1000, 2000, 5000]
+def part_numpy(quick: bool, device="cpu", ns=None):
+    ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
     ranks = [4] if quick else [20, 40]
     trials_list = [1, 3] if quick else [1, 20]
     rows = []
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
     for method in ("symhals", "symanls"):
-        fit_symnmf(Xw[0], 4, method=method, max_iter=3, tol=0)
+        fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n in ns:
         X, _ = synthetic_similarity(n, 20 if not quick else 4, 0.1, seed=n)
-        Xt = X[0]
-        Xn = Xt.numpy()
+        Xn = X[0].numpy()
+        Xt = X[0].to(device)
         for r in ranks:
             for T in trials_list:
                 iters = 2 if quick else (5 if n <= 1000 else (2 if n <= 2000 else 1))
                 repeats = 1 if (quick or n >= 2000) else 3
-                U0 = initial_factor(n, r, trials=T, seed=1)
+                U0 = initial_factor(n, r, trials=T, seed=1)  # on the CPU: fit_symnmf moves it
                 lam0 = 0.5
                 for method in ("symhals", "symanls"):
                     t_torch, res = _median_time(lambda: fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive",
@@ -163,15 +179,15 @@ def part_numpy(quick: bool):
                         return [np_fit(Xn, U0[t].numpy(), lam0, iters, method) for t in range(T)]
 
                     t_np, outs = _median_time(run_np, repeats)
-                    diff = max(float(np.abs(outs[t][0] - res.U[t].numpy()).max()) for t in range(T))
-                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": iters,
+                    diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
+                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": iters, "device": str(device),
                                  "torch_s_per_iter": t_torch / iters, "numpy_s_per_iter": t_np / iters,
                                  "numpy_over_torch": t_np / t_torch, "max_abs_diff_U": diff})
                     print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def part_time_to_e(quick: bool):
+def part_time_to_e(quick: bool, device="cpu", ns=None):
     n, r = (60, 4) if quick else (300, 20)
     max_iter = 30 if quick else 300
     rows = []
@@ -180,7 +196,7 @@ def part_time_to_e(quick: bool):
         U0 = initial_factor(n, r, trials=1, seed=8)
         runs = {}
         for method in METHODS:
-            runs[method] = fit_symnmf(X[0], r, method=method, U0=U0, max_iter=max_iter, tol=0)
+            runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0)
         best = min(float(res.history["E"][:, 0].min()) for res in runs.values())
         targets = [1e-3, 1e-5] if sigma == 0 else [1.05 * best, 1.5 * best]
         for target in targets:
@@ -228,7 +244,7 @@ def _rss_mb(field: str) -> float:
     return float("nan")
 
 
-def sparse_child(n: int, iters: int, rank: int):
+def sparse_child(n: int, iters: int, rank: int, device="cpu"):
     """In a child process: build X, reset the peak RSS, fit, report."""
     t = time.perf_counter()
     X, _ = knn_similarity(n)
@@ -244,9 +260,9 @@ def sparse_child(n: int, iters: int, rank: int):
     # Kuang et al.'s start, 2 sqrt(mean(X) / r) U(0, 1): a [0, 1] start is far off the scale of
     # a normalized similarity
     U0 = initial_factor(n, rank, scale=2 * float(np.sqrt(X.sum() / n ** 2 / rank)))
-    res = fit_symnmf(X, rank, method="symhals", U0=U0, max_iter=iters, tol=0, device="cpu")
+    res = fit_symnmf(X, rank, method="symhals", U0=U0, max_iter=iters, tol=0, device=device)
     fit = time.perf_counter() - t
-    out = {"n": n, "nnz": int(X.nnz), "rank": rank, "iters": iters, "build_s": build, "fit_s": fit,
+    out = {"n": n, "device": str(device), "nnz": int(X.nnz), "rank": rank, "iters": iters, "build_s": build, "fit_s": fit,
            "s_per_iter": fit / iters, "rss_before_fit_mb": base, "peak_rss_mb": _rss_mb("VmHWM"),
            "peak_reset": reset, "fit_peak_over_base_mb": _rss_mb("VmHWM") - base,
            "factor_mb": 2 * n * rank * 8 / 2 ** 20, "csr_mb": (X.nnz * 16 + (n + 1) * 8) / 2 ** 20,
@@ -256,12 +272,12 @@ def sparse_child(n: int, iters: int, rank: int):
     print(json.dumps(out), flush=True)
 
 
-def part_sparse(quick: bool):
-    ns = [2000, 5000] if quick else [10_000, 50_000, 100_000]
+def part_sparse(quick: bool, device="cpu", ns=None):
+    ns = ns or ([2000, 5000] if quick else [10_000, 50_000, 100_000])
     rows = []
     for n in ns:
         cmd = [sys.executable, __file__, "--sparse-child", str(n), "--iters", "3" if quick else "50",
-               "--rank", "5" if quick else "20"]
+               "--rank", "5" if quick else "20", "--device", str(device)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ.copy())
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
@@ -273,20 +289,22 @@ def main(argv=None):
     ap.add_argument("--part", choices=["numpy", "time-to-E", "sparse", "all"], default="all")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
+    ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy and sparse parts")
     ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     if args.sparse_child:
-        sparse_child(args.sparse_child, args.iters, args.rank)
+        sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
     parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse}
     chosen = list(parts) if args.part == "all" else [args.part]
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
-        result[name] = parts[name](args.quick)
+        result[name] = parts[name](args.quick, args.device, args.ns)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

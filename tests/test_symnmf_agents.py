@@ -80,8 +80,8 @@ def test_one_agent_equals_the_centralized_symanls():
     pytest.importorskip("ppdnmf_torch.models.symnmf.symanls")
     X, U0 = _tiny()
     lam = 0.5
-    central = fit_symnmf(X, 2, method="symanls", penalty=lam, U0=U0, max_iter=4, tol=0, device="cpu")
-    agents = fit_symnmf_agents(X, 2, n_agents=1, penalty=lam, U0=U0, max_iter=4, x_iters=400, y_iters=300,
+    central = fit_symnmf(X, 2, method="symanls", penalty=lam, U0=U0, max_iter=2, tol=0, device="cpu")
+    agents = fit_symnmf_agents(X, 2, n_agents=1, penalty=lam, U0=U0, max_iter=2, x_iters=250, y_iters=150,
                                device="cpu")
     torch.testing.assert_close(agents.U[0], central.U[0], atol=1e-7, rtol=0)
     torch.testing.assert_close(agents.V[0], central.V[0], atol=1e-7, rtol=0)

@@ -180,8 +180,10 @@ def test_u_equals_v_at_convergence_on_noise_free_data(method):
 
 # -- batched = alone; dense = sparse ----------------------------------------------------------
 
-@pytest.mark.parametrize("method", SPLIT)
+@pytest.mark.parametrize("method", ["symhals", pytest.param("a_symhals", marks=pytest.mark.slow),
+                                    pytest.param("symanls", marks=pytest.mark.slow)])
 def test_a_batched_trial_equals_the_same_trial_alone(method):
+    """Trials with their own lambda that stop at different iterations (tol)."""
     X = _problem(n=16, r=3, sigma=0.1, trials=3)
     lams = [0.2, 1.0, 3.0]
     U0 = initial_factor(16, 3, trials=3, seed=9)
@@ -194,15 +196,15 @@ def test_a_batched_trial_equals_the_same_trial_alone(method):
         assert int(batch.n_iter[t]) == int(alone.n_iter[0])
 
 
-@pytest.mark.parametrize("kind", ["scipy", "torch_csr", "torch_coo"])
-@pytest.mark.parametrize("method", SPLIT)
+@pytest.mark.parametrize("kind, method", [("scipy", "symhals"), ("torch_csr", "symhals"), ("torch_coo", "symhals"),
+                                          ("scipy", "a_symhals"), ("torch_csr", "symanls")])
 def test_dense_and_sparse_x_give_the_same_iterates(kind, method):
     X = _problem(n=25, r=3, sigma=0.1)[0]
     X[X < 2.0] = 0  # genuinely sparse
     Xs = {"scipy": sp.csr_matrix(X.numpy()), "torch_csr": X.to_sparse_csr(), "torch_coo": X.to_sparse()}[kind]
     U0 = initial_factor(25, 3, trials=2, seed=1)
-    dense = fit_symnmf(X, 3, method=method, U0=U0, max_iter=30, tol=0)
-    sparse = fit_symnmf(Xs, 3, method=method, U0=U0, max_iter=30, tol=0)
+    dense = fit_symnmf(X, 3, method=method, U0=U0, max_iter=20, tol=0)
+    sparse = fit_symnmf(Xs, 3, method=method, U0=U0, max_iter=20, tol=0)
     torch.testing.assert_close(sparse.U, dense.U, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(sparse.history["E"], dense.history["E"], rtol=1e-8, atol=1e-12)
 
@@ -284,9 +286,10 @@ def test_symanls_block_is_the_stacked_nnls_solution(lam):
 @pytest.mark.parametrize("method", ALL)
 def test_every_method_lowers_the_fitting_error(method):
     X = _problem(n=30, r=3, sigma=0.05, trials=2)
-    res = fit_symnmf(X, 3, method=method, max_iter=100, tol=0)
+    # the theorem's penalty from the start (the adaptive one needs more iterations to settle)
+    res = fit_symnmf(X, 3, method=method, penalty="bound" if method in SPLIT else None, max_iter=60, tol=0)
     E = res.history["E"]
-    assert E.shape == (101, 2)
+    assert E.shape == (61, 2)
     assert bool((E[-1] < 0.05 * E[0]).all()), E[-1]
     assert bool((res.U >= 0).all())
     if method in ("pgd", "beta"):
@@ -306,8 +309,8 @@ def test_admm_reaches_consensus_u_equals_v():
     assert float(res.E[0]) < 1e-4
 
 
-@pytest.mark.parametrize("method", ["kuang", "pgd", "admm", "beta"])
-def test_a_batched_baseline_trial_equals_the_same_trial_alone(method):
+@pytest.mark.parametrize("method", ["a_symhals", "symanls", "kuang", "pgd", "admm", "beta"])
+def test_a_batched_trial_equals_the_same_trial_alone_every_method(method):
     X = _problem(n=16, r=3, sigma=0.1, trials=2)
     U0 = initial_factor(16, 3, trials=2, seed=4)
     batch = fit_symnmf(X, 3, method=method, U0=U0, max_iter=25, tol=0)
@@ -333,7 +336,7 @@ def test_dense_and_sparse_x_give_the_same_iterates_for_the_baselines(method):
 @pytest.mark.parametrize("method", ["symhals", "symanls"])
 def test_runs_follow_the_device_and_dtype(device, dtype, method):
     X = _problem(n=20, r=3, sigma=0.0, trials=2).to(device, dtype)
-    res = fit_symnmf(X, 3, method=method, max_iter=100, tol=0)
+    res = fit_symnmf(X, 3, method=method, penalty=1.0, max_iter=50, tol=0)
     assert res.U.device.type == device.type and res.U.dtype == dtype
     assert res.history["E"].dtype == torch.float64 and res.history["E"].device.type == "cpu"
     assert float(res.E.max()) < 1e-3
@@ -347,7 +350,7 @@ def test_tolerance_stops_each_trial_and_the_callback_can_stop_the_run():
     res = fit_symnmf(X, 3, max_iter=50, tol=0, callback=lambda info: seen.append(info.k) or info.k == 7)
     assert seen == list(range(1, 8)) and res.history["E"].shape == (8, 2)
     assert res.n_iter.tolist() == [7, 7] and not bool(res.converged.any())
-    res = fit_symnmf(X, 3, penalty=[0.5, 50.0], max_iter=5000, tol=1e-4)
+    res = fit_symnmf(X, 3, penalty=[0.5, 50.0], max_iter=5000, tol=1e-3)
     assert bool(res.converged.all()) and res.n_iter[0] != res.n_iter[1]
     assert res.history["E"].shape[0] == int(res.n_iter.max()) + 1
 

@@ -161,7 +161,9 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     if method == "admm" and penalty in ("adaptive", "kuang"):
         raise ConfigError("penalty: the ADMM takes a fixed rho: a number, a number per trial, or 'bound'")
     rule = PenaltyRule("none") if penalty is None else parse_penalty(penalty, T, lam0=lam0)
-    fp = ckpt.digest(sim.digest(), U0, meth.name, meth.options(), rule.describe(), float(tol))
+    # the fingerprint hashes X's content: only when there are checkpoints to write or read
+    fp = (ckpt.digest(sim.digest(), U0, meth.name, meth.options(), rule.describe(), float(tol))
+          if checkpoint_dir is not None else None)
 
     state = meth.init_state(sim, U0)
     prods = _products(sim, state)

@@ -62,15 +62,17 @@ class Similarity:
     def matmul(self, W: torch.Tensor) -> torch.Tensor:
         """``X @ W`` for ``W (T, n, r)``, shape ``(T, n, r)``.
 
-        With one ``X`` for every trial, the trials stand side by side, ``(n, T r)``: one GEMM
+        With one ``X`` for every trial, the trials stand side by side, ``(T r, n)``: one GEMM
         (or one sparse pass) serves them all, and ``X`` is never expanded per trial.
         """
+        # dense: (X W)^T = W^T X (X symmetric), the faster GEMM shape for a skinny W
         if self.batched:
-            return torch.bmm(self.data, W)
+            return torch.bmm(W.transpose(-2, -1), self.data).transpose(-2, -1)
         T, n, r = W.shape
+        if not self.sparse:
+            return (W.transpose(-2, -1).reshape(T * r, n) @ self.data).reshape(T, r, n).transpose(-2, -1)
         flat = W.permute(1, 0, 2).reshape(n, T * r)
-        out = sparse_matmul(self.data, flat) if self.sparse else self.data @ flat
-        return out.reshape(n, T, r).permute(1, 0, 2)
+        return sparse_matmul(self.data, flat).reshape(n, T, r).permute(1, 0, 2)
 
     def sq_norm_per_trial(self, T: int) -> torch.Tensor:
         """``||X||_F^2`` for each of ``T`` trials, ``(T,)``."""
@@ -192,18 +194,35 @@ def as_similarity(X, *, device="auto", dtype=None) -> Similarity:
         t = torch.as_tensor(np.ascontiguousarray(arr), dtype=dt, device=dev)
     if t.dim() not in (2, 3) or t.shape[-1] != t.shape[-2]:
         raise DataError(f"X: a similarity matrix must be (n, n) or (T, n, n), got shape {tuple(t.shape)}")
-    asym = torch.linalg.matrix_norm(t - t.transpose(-2, -1)).max() if t.numel() else 0.0
-    return _checked(Similarity(t.contiguous()), float(asym))
+    return _checked(Similarity(t.contiguous()), _asymmetry(t.contiguous()))
+
+
+#: rows per block of the symmetry check
+_SYM_BLOCK = 256
+
+
+def _asymmetry(t: torch.Tensor) -> float:
+    """``max over trials of ||X - X^T||_F`` for a dense ``(n, n)`` or ``(T, n, n)``, in blocks of
+    rows (a whole ``X - X^T`` would read ``X^T`` with a stride of ``n`` and allocate ``n^2``)."""
+    X = t if t.dim() == 3 else t.unsqueeze(0)
+    n = X.shape[-1]
+    total = torch.zeros(X.shape[0], dtype=torch.float64, device=X.device)
+    for i in range(0, n, _SYM_BLOCK):  # blocks of rows, a bounded temporary each
+        d = X[:, i:i + _SYM_BLOCK, :] - X[:, :, i:i + _SYM_BLOCK].transpose(-2, -1)
+        total += (d * d).sum(dim=(-2, -1)).double()
+    return float(total.max().sqrt()) if n else 0.0
 
 
 def _checked(sim: Similarity, asym_norm: float) -> Similarity:
     vals = sim.data.values() if sim.sparse else sim.data
     if sim.n == 0:
         raise DataError("X: the similarity matrix is empty")
-    if not bool(torch.isfinite(vals).all()):
-        raise DataError("X: holds NaN or infinite entries")
-    if vals.numel() and bool((vals < 0).any()):
-        raise DataError(f"X: must be nonnegative (smallest entry {float(vals.min()):.3g})")
+    # ||X||_F^2 is finite exactly when every entry is (short of overflow): one pass less
+    if not bool(torch.isfinite(sim.sq_norm).all()):
+        raise DataError("X: holds NaN or infinite entries (or entries too large to square)")
+    lowest = float(vals.min()) if vals.numel() else 0.0
+    if lowest < 0:
+        raise DataError(f"X: must be nonnegative (smallest entry {lowest:.3g})")
     norms = sim.sq_norm.sqrt()
     if bool((norms == 0).any()):
         raise DataError("X: is all zero (no similarity to factor)")

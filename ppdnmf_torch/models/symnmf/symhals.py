@@ -22,8 +22,9 @@ def hals_sweep(Z: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tenso
     ``max(0, (X_i w_i + lambda w_i) / (||w_i||^2 + lambda))`` with
     ``X_i = X - sum_{j != i} z_j w_j^T``: the exact minimizer of (3) over column ``z_i``.
     A column that comes out all zero is reset to ``1e-16 x`` the block's largest entry
-    before the sweep (the authors' safety procedure takes the current largest entry; the
-    value before the sweep needs no device synchronization per column).
+    before the sweep, once the sweep is done (the authors reset it at once, to the current
+    largest entry: the later columns of the same sweep then see ``1e-16 max`` instead of 0, a
+    difference below rounding; resetting after the sweep costs no operation per column).
 
     Parameters
     ----------
@@ -39,13 +40,16 @@ def hals_sweep(Z: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tenso
     """
     # columns as contiguous rows: each column update reads and writes one row
     Zt = Z.transpose(-2, -1).clone(memory_format=torch.contiguous_format)
-    At = A.transpose(-2, -1)
+    At = A.transpose(-2, -1).contiguous()
     diag = torch.diagonal(B, dim1=-2, dim2=-1).unsqueeze(-1)
-    reset = (ZERO_COLUMN_RESET * Zt.amax(dim=(-2, -1)))[:, None]
+    reset = (ZERO_COLUMN_RESET * Zt.amax(dim=(-2, -1)))[:, None, None]
     for i in range(Zt.shape[1]):  # the columns are sequential by definition (Gauss-Seidel)
-        zi = (Zt[:, i] + (At[:, i] - torch.bmm(B[:, i:i + 1], Zt)[:, 0]) / diag[:, i]).clamp_min(0)
-        Zt[:, i] = torch.where((zi > 0).any(dim=-1, keepdim=True), zi, reset)
-    return Zt.transpose(-2, -1)
+        row = Zt[:, i:i + 1]
+        # A[:, i] - Z B[:, i] in one fused call, then z_i + that / B_ii in place
+        step = torch.baddbmm(At[:, i:i + 1], B[:, i:i + 1], Zt, alpha=-1)
+        row.addcdiv_(step, diag[:, i:i + 1]).clamp_(min=0)
+    dead = ~(Zt > 0).any(dim=-1, keepdim=True)
+    return torch.where(dead, reset, Zt).transpose(-2, -1)
 
 
 def hals_block(Z, A, B, inner_max: int = 1, delta: float = 0.1) -> torch.Tensor:
