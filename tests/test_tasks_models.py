@@ -173,3 +173,12 @@ def test_a_run_continues_from_its_checkpoint(tmp_path, name, extra):
     first = "z.npy" if name == "fsspca" else "U.npy"
     np.testing.assert_allclose(np.load(part / first), np.load(tmp_path / "whole" / first), rtol=0, atol=1e-12)
     assert not (part / "checkpoints").exists()  # removed once the outputs are written
+
+
+def test_the_estimators_are_top_level_names():
+    import ppdnmf_torch
+    from ppdnmf_torch.models.fsspca.estimator import FederatedSparsePCA
+    from ppdnmf_torch.models.symnmf.estimator import SymmetricNMF
+
+    assert ppdnmf_torch.SymmetricNMF is SymmetricNMF and ppdnmf_torch.FederatedSparsePCA is FederatedSparsePCA
+    assert {"SymmetricNMF", "FederatedSparsePCA"} <= set(ppdnmf_torch.__all__)
