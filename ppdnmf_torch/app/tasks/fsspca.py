@@ -97,8 +97,8 @@ def _cross(cfg: FSSPCARunConfig) -> None:
             raise ConfigError(f"data.path: data.kind={d.kind} needs the file's path")
         if not d.path.endswith(f".{d.kind}"):
             raise ConfigError(f"data.path: {d.path!r} is not a .{d.kind} file")
-    elif cfg.split.kind != "iid" and d.kind == "spiked":
-        raise ConfigError(f"split.kind: {cfg.split.kind!r} needs class labels; data.kind=spiked has none (use iid)")
+    if cfg.split.kind != "iid" and d.kind in ("spiked", "npy", "csv"):
+        raise ConfigError(f"split.kind: {cfg.split.kind!r} needs class labels; data.kind={d.kind} has none (use iid)")
 
 
 #: the API's parameter names and the config keys they come from
