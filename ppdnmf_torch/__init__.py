@@ -20,6 +20,7 @@ __all__ = [
     "fit",
     "PPDNMF",
     "FederatedSparsePCA",
+    "SymmetricNMF",
     "fit_centralized",
     "fit_trials",
     "run_experiment",
@@ -46,10 +47,14 @@ __all__ = [
 
 
 def __getattr__(name):
-    # FederatedSparsePCA imports scikit-learn: only when asked for, so that importing the
-    # package (and every CLI start) does not pay for it
+    # FederatedSparsePCA and SymmetricNMF import scikit-learn: only when asked for, so that
+    # importing the package (and every CLI start) does not pay for it
     if name == "FederatedSparsePCA":
         from .models.fsspca.estimator import FederatedSparsePCA
 
         return FederatedSparsePCA
+    if name == "SymmetricNMF":
+        from .models.symnmf.estimator import SymmetricNMF
+
+        return SymmetricNMF
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -93,11 +93,13 @@ OmegaConf.register_new_resolver("ppdnmf.run_id", _run_id, use_cache=True, replac
 
 
 def _resolve_paths(d: dict) -> dict:
-    """Relative data and graph paths are taken from the directory ppdnmf was started in."""
+    """Relative data and graph paths (``path``, and ``labels_path`` of task=symnmf's data) are
+    taken from the directory ppdnmf was started in."""
     for section in ("data", "graph"):
         node = d.get(section)
-        if isinstance(node, dict) and isinstance(node.get("path"), str) and node["path"].strip():
-            node["path"] = os.path.normpath(to_absolute_path(os.path.expanduser(node["path"])))
+        for key in ("path", "labels_path"):
+            if isinstance(node, dict) and isinstance(node.get(key), str) and node[key].strip():
+                node[key] = os.path.normpath(to_absolute_path(os.path.expanduser(node[key])))
     return d
 
 

@@ -43,6 +43,10 @@ def _stream_is_tty(stream) -> bool:
         return False
 
 
+#: the metrics the progress shows under their own names (PPDNMF's)
+_NAMED = ("nmse", "consensus", "central")
+
+
 class Progress:
     """One phase of a run (the centralized baseline, the distributed fit), ``total`` BCD iterations.
 
@@ -59,14 +63,16 @@ class Progress:
         Iterations already done (a resumed run).
     bar : bool, optional
         Force the bar on (True) or off (False); default: when stderr is a terminal.
+    step : str
+        What one iteration is called in the log lines (another model's outer iteration).
 
     :meth:`update` after every BCD iteration with the iteration and its metrics; :meth:`close`
     at the end.
     """
 
     def __init__(self, enabled: bool, total: int, label: str, *, interval: float = 5.0, start: int = 0,
-                 bar: bool | None = None):
-        self.enabled, self.total, self.label = bool(enabled), int(total), label
+                 bar: bool | None = None, step: str = "BCD iteration"):
+        self.enabled, self.total, self.label, self.step = bool(enabled), int(total), label, step
         self.interval, self.start = float(interval), int(start)
         self.bar = None
         self._t0 = time.perf_counter()
@@ -91,16 +97,18 @@ class Progress:
                 self._filtered.append((h, f))
 
     def line(self, iteration: int, metrics: dict) -> str:
-        """The log line of ``iteration`` (``metrics``: floats; ``nmse``, ``consensus``, ``central``)."""
+        """The log line of ``iteration`` (``metrics``: floats; ``nmse``, ``consensus``, ``central``,
+        then any other, as ``name value``)."""
         elapsed = time.perf_counter() - self._t0
         done = iteration - self.start
-        parts = [f"{self.label}: BCD iteration {iteration}/{self.total}"]
+        parts = [f"{self.label}: {self.step} {iteration}/{self.total}"]
         if "nmse" in metrics:
             parts.append(f"NMSE {metrics['nmse']:.6g}")
         if "consensus" in metrics:
             parts.append(f"consensus {metrics['consensus']:.3g}")
         if "central" in metrics:
             parts.append(f"centralized {metrics['central']:.6g}")
+        parts += [f"{k} {v:.4g}" for k, v in metrics.items() if k not in _NAMED and v is not None]
         parts.append(f"elapsed {format_seconds(elapsed)}")
         if 0 < done and iteration < self.total:
             parts.append(f"ETA {format_seconds(elapsed / done * (self.total - iteration))}")
@@ -115,6 +123,7 @@ class Progress:
                 shown["cons"] = f"{metrics['consensus']:.2g}"
             if "central" in metrics:
                 shown["central"] = f"{metrics['central']:.4g}"
+            shown.update({k: f"{v:.4g}" for k, v in metrics.items() if k not in _NAMED and v is not None})
             self.bar.update(1)
             self.bar.set_postfix(shown, refresh=False)
         now = time.perf_counter()

@@ -235,6 +235,16 @@ class TensorBoardLogger(RunLogger):
             self.log_text("config", config_text)
         self.log_hparams(hparams, metrics, step=result.n_iter if result is not None else 0)
 
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, v in numeric_items(values):
+            self.writer.add_scalar(tag, v, int(step))
+
+    def image(self, tag: str, images, step: int = 0, *, scale: int = 1, normalize: bool = False) -> None:
+        images = torch.as_tensor(images, dtype=torch.float32).cpu()
+        images = images[None] if images.dim() == 2 else images
+        grid = make_grid(normalize_images(images) if normalize else images, scale=scale)
+        self.writer.add_image(tag, grid, int(step), dataformats="CHW")
+
     # -- per BCD iteration ---------------------------------------------------------------
     def callback(self, info) -> bool:
         """Log ``info.metrics`` (floats or 1-element tensors) at step ``info.iteration``; never stops the run."""

@@ -18,8 +18,10 @@ DEFAULT_TASK = "ppdnmf"
 
 
 def task_names() -> tuple:
-    """The names of the tasks this package holds (its modules other than ``base``), sorted."""
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base" and not m.ispkg))
+    """The names of the tasks this package holds (its modules other than ``base`` and the
+    private helpers ``_*``), sorted."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                        if m.name != "base" and not m.name.startswith("_") and not m.ispkg))
 
 
 def get_task(name: str) -> Task:

@@ -1,0 +1,425 @@
+"""Symmetric NMF across agents, with privacy (docs/SYMMETRIC_NMF.md, last section).
+
+Agent ``i`` of a connected graph holds the columns ``X_i = X[:, S_i] (n, m_i)`` of its own
+nodes ``S_i`` (a partition of ``0..n-1``) and nothing else. The split objective (3) is a
+sum over agents::
+
+    g(U, V) = sum_i [ 1/2 ||X_i - U V_i^T||^2 + lambda/2 ||U[S_i] - V_i||^2 ],  V_i = V[S_i],
+
+so it is PPDNMF's problem with ``Z_i = X_i``, the consensus factor ``U`` (PPDNMF's ``X``)
+and ``Y_i = V_i^T``, plus a coupling term that touches only the rows ``S_i`` of agent
+``i``'s copy of ``U``. Every outer iteration is
+
+* the **X-step** (:func:`x_step`): ``x_iters`` iterations of PPDNMF's consensus ADMM
+  (ALGORITHM.md, X-step steps 1-6, eqs. 8-11) on the agents' copies ``U_i``, whose local
+  solve (step 3) gains ``lambda`` on the diagonal for the rows in ``S_i`` and
+  ``lambda V_i`` on the right-hand side: one ``eigh`` of ``V_i^T V_i`` serves every row
+  (a scalar shift per row); the neighbour sums ``S_i`` come from the library's exchange
+  (``plain``, ``quantized``, ``paillier``, any protocol, masked included), the penalties
+  from its :class:`~ppdnmf_torch.penalties.PenaltySampler`;
+* the **Y-step** (:func:`y_step`): ``y_iters`` HALS sweeps of eq. (17) on ``V_i`` against
+  the agent's own nonnegative copy: ``A = X_i^T U_i + lambda U_i[S_i]``,
+  ``B = U_i^T U_i + lambda I``; local, nothing is sent;
+* the **penalty** ``lambda``: fixed, or the adaptive rule (20)
+  ``lambda <- lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` with ``U`` the agents' own rows
+  ``U_i[S_i]`` (:func:`adaptive_lambda`).
+
+What crosses an edge: only what the exchange sends (for the secure kinds, ciphertexts of
+the quantized ``U_i``). ``V_i`` and ``X_i`` never leave agent ``i``; the result's
+``V`` and ``U`` (the mean of the copies) are assembled for evaluation only. The adaptive
+rule needs three network-wide sums of scalars per iteration (``sum_i ||U_i[S_i]||^2``,
+``sum_i ||V_i||^2``, ``sum_i <U_i[S_i], V_i>``): this simulation adds them directly; a
+deployment would need a sum protocol for them (not measured, not protected here), or a
+fixed ``lambda`` (``penalty=float``), which needs none.
+
+Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0`` and
+``V_i = U_0[S_i]``; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
+iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
+(``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
+Not done: the multi-process engine (``ppdnmf_torch.distributed``), checkpoints, a sparse
+``X``, and PPDNMF's adaptive cap schedule (``solver/schedule.py``, which a model package may
+not import); the caps ``g_i`` stay fixed.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..._utils import derive_seed, resolve_device, resolve_dtype
+from ...errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning
+from ...exchange import Exchange, make_exchange
+from ...graph import Graph, Topology, check_min_degree, random_connected
+from ...metrics import consensus_error
+from ...penalties import PenaltySampler
+
+__all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
+           "ADAPTIVE_LAMBDA0"]
+
+#: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
+#: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
+#: copies drift apart in it (measured on digits, 600 points, N = 10: E blows up to 1e6 from
+#: 1e-5 and 1e-2, converges from 0.1; docs/RESULTS.md, "Symmetric NMF")
+ADAPTIVE_LAMBDA0 = 0.1
+
+
+@dataclass
+class AgentsResult:
+    """What :func:`fit_symnmf_agents` returns.
+
+    Attributes
+    ----------
+    U : Tensor (T, n, r)
+        The mean of the agents' nonnegative copies (evaluation only: no agent computes it).
+    V : Tensor (T, n, r)
+        The agents' ``V_i`` in node order (evaluation only: ``V_i`` stays with agent ``i``).
+    U_agents : Tensor (T, N, n, r)
+        Every agent's nonnegative copy.
+    lam : Tensor (T,)
+        The last penalty.
+    history : dict of list
+        One entry per outer iteration, each a list of ``(T,)`` arrays (``time`` and the
+        cost counters: floats): ``E`` (``||X - U U^T||_F^2 / ||X||_F^2``), ``objective``
+        (``g(U, V)``), ``uv_dist`` (``||U - V||_F``), ``consensus``
+        (``max_i ||U_i - U||_F / ||U||_F``), ``lambda``, ``time`` (seconds since the
+        start), ``bytes`` (cumulative bytes over all edges: the exchange's count for the
+        integer kinds, ``n r`` floats per directed edge and ADMM iteration for ``plain``).
+    n_iter : int
+    parts : LongTensor (T, N, m_max)
+        ``S_i`` per trial and agent, padded with ``n``.
+    costs : dict
+        The exchange's cumulative :meth:`~ppdnmf_torch.exchange.Exchange.costs` (for
+        ``quantized`` with ``cost_model``: the estimated Paillier operations and seconds).
+    converged : bool
+    """
+
+    U: torch.Tensor
+    V: torch.Tensor
+    U_agents: torch.Tensor
+    lam: torch.Tensor
+    history: dict
+    n_iter: int
+    parts: torch.Tensor
+    costs: dict = field(default_factory=dict)
+    converged: bool = False
+
+
+@dataclass
+class _State:
+    """The agents' variables, ``(T, N, ...)``: ``Xc`` the nonnegative copies (ALGORITHM.md's
+    ``X_i``), ``U`` the unconstrained ones, ``P``, ``Q``, ``Q_prev`` the duals ``(T, N, n, r)``;
+    ``V (T, N, m_max, r)``; ``g (2E,)`` the penalty draws; ``lam (T,)``."""
+
+    Xc: torch.Tensor
+    U: torch.Tensor
+    P: torch.Tensor
+    Q: torch.Tensor
+    Q_prev: torch.Tensor
+    V: torch.Tensor
+    g: torch.Tensor
+    lam: torch.Tensor
+    mu: torch.Tensor | None = None
+
+
+def partition_nodes(n: int, n_agents: int, seeds, device=None) -> torch.Tensor:
+    """A random balanced partition of the nodes ``0..n-1`` per trial: ``(T, N, ceil(n / N))``,
+    padded with ``n``; trial ``t`` permutes with ``derive_seed(seeds[t], "symnmf_parts")``."""
+    if n_agents > n:
+        raise ConfigError(f"n_agents: {n_agents} agents for {n} nodes; every agent needs a node")
+    m = -(-n // n_agents)
+    out = torch.full((len(seeds), n_agents, m), n, dtype=torch.long)
+    for t, s in enumerate(seeds):  # a host-side permutation per trial, before the run
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(s, "symnmf_parts")))
+        for a, part in enumerate(torch.tensor_split(perm, n_agents)):
+            out[t, a, : part.numel()] = part.sort().values
+    return out.to(device)
+
+
+def _gather_rows(U: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``U[..., S_i, :]`` per agent: ``U (T, N, n, r)``, ``idx (T, N, m)`` padded with ``n`` (zero rows)."""
+    pad = torch.cat([U, U.new_zeros(*U.shape[:-2], 1, U.shape[-1])], dim=-2)
+    return torch.gather(pad, -2, idx[..., None].expand(*idx.shape, U.shape[-1]))
+
+
+def _scatter_rows(V: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``E_i^T V_i``: ``V (T, N, m, r)`` at the rows ``S_i`` of an ``(T, N, n, r)`` zero matrix."""
+    out = V.new_zeros(*V.shape[:-2], n + 1, V.shape[-1])
+    out.scatter_(-2, idx[..., None].expand(*idx.shape, V.shape[-1]), V)
+    return out[..., :n, :]
+
+
+def auto_mu(st: _State) -> torch.Tensor:
+    """``mu_i = trace(V_i^T V_i) / r + lambda`` per agent, ``(T, N, 1, 1)``: the mean eigenvalue of
+    the local system (eq. 9), so that the ADMM of ``X_i = U_i`` is equally fast at every scale
+    of the data and of ``V_i`` (a fixed ``mu`` stalls when ``V_i`` is far larger or smaller)."""
+    r = st.V.shape[-1]
+    return (st.V.square().sum(dim=(-2, -1)) / r + st.lam[:, None]).clamp_min(torch.finfo(st.V.dtype).tiny)[..., None, None]
+
+
+def x_step(Z, st: _State, idx, mask, sampler: PenaltySampler, exchange: Exchange, *, mu, x_iters: int,
+           bcd_iter: int) -> None:
+    """The X-step: ``x_iters`` consensus ADMM iterations (ALGORITHM.md steps 1-6, eqs. 8-11),
+    the local solve (eq. 9) with the coupling term; updates ``st`` in place.
+
+    Step 3 per agent and row ``l``::
+
+        U_i[l] = (Z_i V_i + lambda E_i^T V_i + mu (X_i - P_i) + rho_i U_i + 2 Q_i - Q_i_prev)[l]
+                 (V_i^T V_i + (mu + rho_i + lambda [l in S_i]) I)^-1
+
+    with ``V_i^T V_i = E diag(ev) E^T`` decomposed once per X-step.
+
+    Parameters
+    ----------
+    Z : Tensor (T, N, n, m)
+        ``X_i``, padded with zero columns.
+    idx : LongTensor (T, N, m)
+        ``S_i``, padded with ``n``. ``mask (T, N, n, 1)``: 1 on the rows ``S_i``.
+    """
+    T, N, n, r = st.U.shape
+    lam = st.lam.view(T, 1, 1, 1)
+    if mu == "auto":
+        mu = auto_mu(st)
+        if st.mu is not None:  # the scaled dual P belongs to the last mu
+            st.P = st.P * (st.mu / mu)
+        st.mu = mu
+    fixed_rhs = Z @ st.V + lam * _scatter_rows(st.V, idx, n)
+    ev, E = torch.linalg.eigh(st.V.mT @ st.V)
+    ev = ev.clamp_min(0.0)[..., None, :]
+    shift = mu + lam * mask  # (T, N, n, 1), plus rho_i below
+    sampler.begin_bcd_iteration()
+    A = T * N
+    for m in range(x_iters):
+        st.g = sampler.step(st.g, m)  # 1. penalties and rho_i
+        rho = exchange.penalty_sums(st.g, bcd_iter=bcd_iter, admm_iter=m + 1).to(st.U.dtype).view(T, N, 1, 1)
+        st.Xc = (st.U + st.P).clamp_min(0.0)  # 2.
+        rhs = fixed_rhs + mu * (st.Xc - st.P) + rho * st.U + 2 * st.Q - st.Q_prev
+        st.U = ((rhs @ E) / (ev + shift + rho)) @ E.mT  # 3. eq. 9, a scalar shift per row
+        st.P = st.P - (st.Xc - st.U)  # 4.
+        S = exchange.exchange(st.U.reshape(A, n * r), st.g, bcd_iter=bcd_iter, admm_iter=m + 1).S  # 5. eq. 11
+        st.Q_prev, st.Q = st.Q, st.Q + S.view(T, N, n, r).to(st.U.dtype)  # 6.
+    st.Xc = (st.U + st.P).clamp_min(0.0)
+
+
+def y_step(Z, st: _State, idx, *, y_iters: int) -> None:
+    """The Y-step: ``y_iters`` HALS sweeps of eq. (17) over the columns of every ``V_i``
+    (padded rows stay zero), against the agent's own copy ``U_i``; local, updates ``st.V``.
+
+    ``v_c <- max(0, v_c + (A[:, c] - V B[:, c]) / B_cc)`` with ``A = X_i^T U_i + lambda U_i[S_i]``
+    and ``B = U_i^T U_i + lambda I`` (the exact minimizer of each column's block).
+    """
+    r = st.V.shape[-1]
+    lam = st.lam.view(-1, 1, 1, 1)
+    A = Z.mT @ st.Xc + lam * _gather_rows(st.Xc, idx)
+    B = st.Xc.mT @ st.Xc + lam * torch.eye(r, dtype=st.V.dtype, device=st.V.device)
+    diag = B.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(B.dtype).tiny)
+    V = st.V.clone()
+    for _ in range(y_iters):
+        for c in range(r):  # HALS: one column at a time, each an exact block minimizer
+            step = (A[..., c] - (V @ B[..., c, None])[..., 0]) / diag[..., c, None]
+            V[..., c] = (V[..., c] + step).clamp_min(0.0)
+    st.V = V
+
+
+def _own_rows(st: _State, idx) -> torch.Tensor:
+    """``U_i[S_i]`` for every agent, ``(T, N, m, r)`` (zero on padded rows)."""
+    return _gather_rows(st.Xc, idx)
+
+
+def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Eq. (20) as docs/SYMMETRIC_NMF.md reconstructs it, from per-agent pieces:
+    ``lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` with ``U`` the agents' own rows
+    ``(T, N, m, r)`` and ``V`` their ``V_i``; ``(T,)``. The ratio is >= 1 (so ``lambda``
+    never decreases) and 1 exactly when ``U = V``; a nonpositive ``<U, V>`` keeps ``lambda``."""
+    num = U_own.square().sum(dim=(1, 2, 3)) + V.square().sum(dim=(1, 2, 3))
+    den = 2 * (U_own * V).sum(dim=(1, 2, 3))
+    return torch.where(den > 0, lam * (num / den.where(den > 0, 1.0)).clamp_min(1.0), lam)
+
+
+def _warn_degree_one(exchange, graphs) -> None:
+    if getattr(exchange, "codec", None) is None:
+        return
+    found = sorted({a for g in graphs for a, d in enumerate(g.degree.tolist()) if d == 1})
+    if found:
+        warnings.warn(f"agents {found} have a single neighbour: whatever the protocol, each learns that "
+                      "neighbour's U_j from the sums the exchange gives it; pass min_degree=2 to refuse such "
+                      "graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
+
+
+def _as_dense_similarity(X, device, dtype) -> torch.Tensor:
+    if hasattr(X, "toarray"):  # scipy.sparse
+        X = X.toarray()
+    t = X if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.dim() != 2 or t.shape[0] != t.shape[1]:
+        raise DataError(f"X: expected a square similarity matrix, got shape {tuple(t.shape)}")
+    dtype = dtype if dtype is not None else (t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float64)
+    t = t.to(device=device, dtype=resolve_dtype(dtype))
+    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+        raise DataError("X: the similarity matrix must be finite and nonnegative")
+    return t
+
+
+def _graphs(graph, n_agents: int, trials: int, seeds) -> list[Graph]:
+    if graph is None:
+        if n_agents == 1:
+            return [Graph(1, [])] * trials
+        return [random_connected(n_agents, min(3.0, n_agents - 1.0), seed=s) for s in seeds]
+    graphs = list(graph) if isinstance(graph, (list, tuple)) else [graph] * trials
+    if len(graphs) != trials or not all(isinstance(g, Graph) for g in graphs):
+        raise ConfigError(f"graph: expected a Graph or a list of {trials} Graphs")
+    if any(g.n_agents != n_agents for g in graphs):
+        raise ConfigError(f"graph: every graph must have n_agents={n_agents} agents")
+    return graphs
+
+
+def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
+                      exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
+                      mu="auto", g_cap: float = 0.3, penalty_mode: str = "random", x_iters: int = 10,
+                      y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, trials: int = 1,
+                      seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
+                      callback=None) -> AgentsResult:
+    """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
+
+    Parameters
+    ----------
+    X : array-like, Tensor or scipy.sparse (n, n)
+        The similarity matrix (made dense here: agent ``i`` holds ``X[:, S_i]``).
+    rank : int
+    n_agents : int
+    graph : Graph or list of Graph, optional
+        The agents' graph (one per trial); default the paper's random connected graph of
+        average degree 3, seeded per trial.
+    parts : LongTensor (T, N, m), optional
+        ``S_i`` padded with ``n`` (:func:`partition_nodes`; default random and balanced).
+    exchange : str, ExchangeSpec or Exchange
+        ``plain``, ``quantized``, ``paillier`` (:func:`~ppdnmf_torch.exchange.make_exchange`,
+        with ``exchange_options`` such as ``protocol``, ``n_max``, ``key_bits``,
+        ``cost_model``). The exchange is closed at the end when made here.
+    penalty : "adaptive" or float
+        ``lambda``: eq. (20) from ``lam0`` (default :data:`ADAPTIVE_LAMBDA0`), or fixed.
+    mu : "auto" or float
+        The X-step's ADMM penalty of ``X_i = U_i`` (eq. 8); ``"auto"``: :func:`auto_mu`,
+        per agent and X-step, from the agent's own ``V_i``.
+    g_cap : float
+        Every agent's cap ``g_i`` of the consensus penalties (``rho_ij = g_{i->j} g_{j->i}``);
+        the default 0.3 suits a normalized similarity (largest eigenvalue 1); caps of 1 and
+        more made the runs of docs/RESULTS.md diverge.
+    penalty_mode : {"random", "fixed"}
+        The penalties' draws (:class:`~ppdnmf_torch.penalties.PenaltySampler`).
+    x_iters, y_iters : int
+        ADMM iterations per X-step, HALS sweeps per Y-step.
+    max_iter : int
+        Outer iterations.
+    tol : float
+        Stop when every trial's ``||U_k - U_{k-1}||_F / ||U_k||_F`` falls below it (0: never);
+        a run that does not warns :class:`~ppdnmf_torch.errors.ConvergenceWarning`.
+    U0 : array-like or Tensor (n, r) or (T, n, r), optional
+        The start (default i.i.d. uniform on [0, 1], per trial seed
+        ``derive_seed(seed + t, "symnmf_agents_init")``).
+    trials : int
+        Independent trials, batched (trial ``t`` uses seed ``seed + t``).
+    callback : callable, optional
+        ``callback(k, metrics)`` after outer iteration ``k`` (1-based), ``metrics`` the
+        history's newest entries; a true return value stops the run.
+
+    Returns
+    -------
+    AgentsResult
+    """
+    dev = resolve_device(device) if not (isinstance(X, torch.Tensor) and X.is_cuda and device == "auto") else X.device
+    Xd = _as_dense_similarity(X, dev, dtype)
+    n = Xd.shape[0]
+    dt = Xd.dtype
+    for key, v, lo in (("rank", rank, 1), ("n_agents", n_agents, 1), ("x_iters", x_iters, 1),
+                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1), ("trials", trials, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
+    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and g_cap > 0 and tol >= 0):
+        raise ConfigError("mu/g_cap/tol: need mu='auto' or > 0, g_cap > 0 and tol >= 0")
+    mu = mu if mu == "auto" else float(mu)
+    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
+        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    T, N, r = int(trials), int(n_agents), int(rank)
+    seeds = [int(seed) + t for t in range(T)]
+    graphs = _graphs(graph, N, T, seeds)
+    for t, g in enumerate(graphs):
+        check_min_degree(g, min_degree, trial=t if T > 1 else None)
+    topo = Topology.from_graphs(graphs)
+    idx = partition_nodes(n, N, seeds) if parts is None else torch.as_tensor(parts, dtype=torch.long)
+    if idx.dim() == 2:
+        idx = idx.expand(T, *idx.shape)
+    if idx.shape[:2] != (T, N):
+        raise ConfigError(f"parts: expected shape (trials, n_agents, m) = ({T}, {N}, m), got {tuple(idx.shape)}")
+    idx = idx.to(dev)
+    hits = torch.zeros((T, n + 1), dtype=torch.long, device=dev).scatter_add_(1, idx.reshape(T, -1),
+                                                                               torch.ones_like(idx.reshape(T, -1)))
+    if bool((hits[:, :n] != 1).any()) or bool((idx < 0).any()) or bool((idx > n).any()):
+        raise ConfigError("parts: every trial's parts must cover every node exactly once")
+    # agent i's data: the columns S_i (zero columns on padding)
+    Xpad = torch.cat([Xd, Xd.new_zeros(n, 1)], dim=1)
+    Z = Xpad[:, idx].permute(1, 2, 0, 3).contiguous()  # (T, N, n, m)
+    mask = Xd.new_zeros(T, N, n + 1).scatter_(-1, idx, 1.0)[..., :n, None]
+    if U0 is None:
+        U0 = torch.stack([torch.rand((n, r), generator=torch.Generator().manual_seed(
+            derive_seed(s, "symnmf_agents_init")), dtype=torch.float64) for s in seeds])
+    U0 = torch.as_tensor(np.asarray(U0) if not isinstance(U0, torch.Tensor) else U0).to(dev, dt)
+    U0 = U0.expand(T, n, r) if U0.dim() == 2 else U0
+    if U0.shape != (T, n, r) or bool((U0 < 0).any()):
+        raise DataError(f"U0: expected a nonnegative ({n}, {r}) or ({T}, {n}, {r}) matrix, got {tuple(U0.shape)}")
+    own_exchange = not isinstance(exchange, Exchange)
+    exch = make_exchange(exchange, **(exchange_options or {})) if own_exchange else exchange
+    _warn_degree_one(exch, graphs)
+    try:
+        exch.bind(topo, dtype=dt, device=dev)
+        edges_per_trial = torch.bincount(torch.div(topo.src, N, rounding_mode="floor"), minlength=T).tolist()
+        sampler = PenaltySampler(torch.full((T * N,), float(g_cap), dtype=torch.float64, device=dev),
+                                 topo.src.to(dev), edges_per_trial, seeds, penalty_mode, x_iters)
+        copies = U0[:, None].expand(T, N, n, r).clone()
+        zeros = torch.zeros_like(copies)
+        lam = torch.full((T,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
+        st = _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
+                    V=_gather_rows(copies, idx), g=sampler.initial(), lam=lam)
+        history = {k: [] for k in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
+        x_norm2 = Xd.square().sum()
+        plain_bytes = 0
+        start = time.perf_counter()
+        U_prev = U0
+        converged = False
+        k = 0
+        for k in range(1, int(max_iter) + 1):
+            x_step(Z, st, idx, mask, sampler, exch, mu=mu, x_iters=int(x_iters), bcd_iter=k)
+            y_step(Z, st, idx, y_iters=int(y_iters))
+            if penalty == "adaptive":
+                st.lam = adaptive_lambda(st.lam, _own_rows(st, idx), st.V)
+            Ubar = st.Xc.mean(1)
+            Vall = _scatter_rows(st.V, idx, n).sum(1)
+            E = torch.linalg.matrix_norm(Xd - Ubar @ Ubar.mT).square() / x_norm2
+            uv = torch.linalg.matrix_norm(Ubar - Vall)
+            obj = 0.5 * torch.linalg.matrix_norm(Xd - Ubar @ Vall.mT).square() + 0.5 * st.lam * uv.square()
+            plain_bytes += topo.n_directed_edges * n * r * Xd.element_size() * int(x_iters)
+            counted = sum(exch.bytes_per_edge().values())
+            row = {"E": E, "objective": obj, "uv_dist": uv, "consensus": consensus_error(st.Xc), "lambda": st.lam,
+                   "time": time.perf_counter() - start, "bytes": float(counted if counted else plain_bytes)}
+            for key, v in row.items():
+                history[key].append(v.detach().cpu().numpy().copy() if isinstance(v, torch.Tensor) else v)
+            change = torch.linalg.matrix_norm(Ubar - U_prev) / torch.linalg.matrix_norm(Ubar).clamp_min(
+                torch.finfo(dt).tiny)
+            U_prev = Ubar
+            if callback is not None and callback(k, {key: history[key][-1] for key in history}):
+                break
+            if tol > 0 and bool((change < tol).all()):
+                converged = True
+                break
+        if tol > 0 and not converged:
+            warnings.warn(f"fit_symnmf_agents: no convergence to tol={tol} in {k} iterations",
+                          ConvergenceWarning, stacklevel=2)
+        costs = dict(exch.costs())
+    finally:
+        if own_exchange:
+            exch.close()
+    return AgentsResult(U=st.Xc.mean(1), V=_scatter_rows(st.V, idx, n).sum(1), U_agents=st.Xc, lam=st.lam,
+                        history=history, n_iter=k, parts=idx, costs=costs, converged=converged)

@@ -1,0 +1,189 @@
+"""Symmetric NMF across agents (docs/SYMMETRIC_NMF.md, last section): the X-step's local solve
+and the Y-step are exact block minimizers, one agent is the centralized solver, N agents reach
+its accuracy, the secure exchanges give the same numbers, and only U crosses an edge."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import nnls
+
+from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning, GraphError
+from ppdnmf_torch.exchange import PlainExchange
+from ppdnmf_torch.graph import Graph, ring
+from ppdnmf_torch.models.symnmf.agents import (
+    ADAPTIVE_LAMBDA0,
+    _State,
+    adaptive_lambda,
+    fit_symnmf_agents,
+    partition_nodes,
+    y_step,
+)
+from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy
+from ppdnmf_torch.models.symnmf.estimator import scaled_start
+from ppdnmf_torch.models.symnmf.fit import fit_symnmf
+from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
+
+
+def _blob_similarity(n=90, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % k
+    M = 6.0 * rng.standard_normal((k, 4))[y] + rng.standard_normal((n, 4))
+    return similarity_matrix(M, device="cpu"), y
+
+
+def _tiny(n=10, r=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.rand((n, r), generator=gen, dtype=torch.float64)
+    X = W @ W.T + 0.01 * torch.rand((n, n), generator=gen, dtype=torch.float64)
+    return (X + X.T) / 2, torch.rand((n, r), generator=gen, dtype=torch.float64)
+
+
+def test_partition_covers_every_node_once():
+    parts = partition_nodes(23, 4, [0, 1])
+    assert parts.shape == (2, 4, 6)
+    for t in range(2):
+        real = parts[t][parts[t] < 23]
+        assert sorted(real.tolist()) == list(range(23))
+    assert not torch.equal(parts[0], parts[1])
+    with pytest.raises(ConfigError, match="n_agents"):
+        partition_nodes(3, 4, [0])
+
+
+def test_y_step_is_the_exact_block_minimizer():
+    """Many HALS sweeps of the Y-step reach the NNLS solution of each row of V_i (scipy's nnls on
+    the stacked system [U; sqrt(lam) I] v ~ [X_i[:, j]; sqrt(lam) U[j]])."""
+    X, U = _tiny(n=9, r=3)
+    lam = 0.3
+    idx = partition_nodes(9, 2, [0])
+    Z = torch.cat([X, X.new_zeros(9, 1)], 1)[:, idx].permute(1, 2, 0, 3)
+    copies = U[None, None].expand(1, 2, 9, 3).clone()
+    st = _State(Xc=copies, U=copies, P=copies, Q=copies, Q_prev=copies, V=torch.zeros(1, 2, idx.shape[-1], 3),
+                g=torch.zeros(0), lam=torch.tensor([lam], dtype=torch.float64))
+    st.V = st.V.to(torch.float64)
+    y_step(Z, st, idx, y_iters=500)
+    A = np.vstack([U.numpy(), np.sqrt(lam) * np.eye(3)])
+    for a in range(2):
+        for slot, j in enumerate(idx[0, a].tolist()):
+            if j == 9:  # padding stays zero
+                assert st.V[0, a, slot].abs().max() == 0
+                continue
+            v, _ = nnls(A, np.concatenate([X[:, j].numpy(), np.sqrt(lam) * U[j].numpy()]))
+            np.testing.assert_allclose(st.V[0, a, slot].numpy(), v, atol=1e-9)
+
+
+def test_one_agent_equals_the_centralized_symanls():
+    """N = 1 (no neighbours, rho = 0): with enough ADMM iterations the X-step is the exact U-update
+    and the Y-step the exact V-update of SymANLS (fixed lambda)."""
+    pytest.importorskip("ppdnmf_torch.models.symnmf.symanls")
+    X, U0 = _tiny()
+    lam = 0.5
+    central = fit_symnmf(X, 2, method="symanls", penalty=lam, U0=U0, max_iter=2, tol=0, device="cpu")
+    agents = fit_symnmf_agents(X, 2, n_agents=1, penalty=lam, U0=U0, max_iter=2, x_iters=250, y_iters=150,
+                               device="cpu")
+    torch.testing.assert_close(agents.U[0], central.U[0], atol=1e-7, rtol=0)
+    torch.testing.assert_close(agents.V[0], central.V[0], atol=1e-7, rtol=0)
+
+
+def test_one_agent_adaptive_matches_centralized_symhals_clustering():
+    S, y = _blob_similarity(n=60)
+    U0 = scaled_start(S, 3, 1, 0)[0]
+    central = fit_symnmf(S, 3, method="symhals", penalty="adaptive", lam0=ADAPTIVE_LAMBDA0, U0=U0, max_iter=40,
+                         tol=0, device="cpu")
+    one = fit_symnmf_agents(S, 3, n_agents=1, U0=U0, max_iter=40, device="cpu")
+    acc_c = clustering_accuracy(y, cluster_labels(central.U[0]))
+    assert clustering_accuracy(y, cluster_labels(one.U[0])) == acc_c == 1.0
+    assert abs(one.history["E"][-1][0] - float(central.E[0])) < 1e-2
+
+
+@pytest.mark.parametrize("kind,n_agents", [("plain", 4), ("quantized", 6)])
+def test_n_agents_reach_the_centralized_accuracy(kind, n_agents):
+    from tests.conftest import FAKE_COSTS
+
+    S, y = _blob_similarity(n=60)
+    U0 = scaled_start(S, 3, 1, 1)[0]
+    central = fit_symnmf(S, 3, method="symhals", penalty="adaptive", lam0=ADAPTIVE_LAMBDA0, U0=U0, max_iter=40,
+                         tol=0, device="cpu")
+    res = fit_symnmf_agents(S, 3, n_agents=n_agents, exchange=kind, U0=U0, max_iter=40, device="cpu",
+                            exchange_options={"n_max": 10**6, "cost_model": FAKE_COSTS} if kind == "quantized" else None)
+    if kind == "quantized":  # the estimated Paillier cost of the same run
+        assert res.costs["encryptions"] > 0 and res.costs["estimated_seconds"] > 0
+    h = res.history
+    assert clustering_accuracy(y, cluster_labels(res.U[0])) >= clustering_accuracy(y, cluster_labels(central.U[0]))
+    assert h["consensus"][-1][0] < 1e-2 and h["uv_dist"][-1][0] < 0.1
+    assert abs(h["E"][-1][0] - float(central.E[0])) < 0.05
+    lam = np.array([v[0] for v in h["lambda"]])
+    assert (np.diff(lam) >= 0).all()  # eq. (20): lambda never decreases
+    assert h["bytes"][-1] > 0
+
+
+def test_quantized_tracks_plain():
+    S, _ = _blob_similarity(n=30, k=2)
+    kw = dict(n_agents=4, U0=scaled_start(S, 2, 1, 0)[0], max_iter=5, x_iters=4, device="cpu", graph=ring(4))
+    plain = fit_symnmf_agents(S, 2, **kw)
+    quant = fit_symnmf_agents(S, 2, exchange="quantized", exchange_options={"n_max": 10**6}, **kw)
+    torch.testing.assert_close(quant.U, plain.U, atol=1e-5, rtol=0)
+
+
+@pytest.mark.crypto
+def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs):
+    S, _ = _blob_similarity(n=12, k=2)
+    kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=2, x_iters=2, device="cpu", graph=ring(3))
+    opts = {"n_max": 10**6, "key_bits": 128, "protocol": "masked"}
+    quant = fit_symnmf_agents(S, 2, exchange="quantized", exchange_options=opts, **kw)
+    real = fit_symnmf_agents(S, 2, exchange="paillier", exchange_options={**opts, "keypairs": paillier_keypairs(128, 3)},
+                             **kw)
+    assert torch.equal(real.U, quant.U) and torch.equal(real.V, quant.V)
+
+
+def test_batched_trial_equals_the_same_trial_alone():
+    S, _ = _blob_similarity(n=40, k=2)
+    U0 = scaled_start(S, 2, 2, 0)
+    both = fit_symnmf_agents(S, 2, n_agents=3, U0=U0, trials=2, seed=5, max_iter=6, device="cpu")
+    alone = fit_symnmf_agents(S, 2, n_agents=3, U0=U0[1], trials=1, seed=6, max_iter=6, device="cpu")
+    torch.testing.assert_close(both.U[1], alone.U[0], atol=1e-12, rtol=0)
+
+
+def test_only_u_crosses_an_edge():
+    """What the exchange is handed is the agents' U copies, (A, n r), never V_i or X_i."""
+    seen = []
+
+    class Spy(PlainExchange):
+        def exchange(self, U, g, **kw):
+            seen.append(U.clone())
+            return super().exchange(U, g, **kw)
+
+    S, _ = _blob_similarity(n=30, k=2)
+    res = fit_symnmf_agents(S, 2, n_agents=3, exchange=Spy(), U0=scaled_start(S, 2, 1, 0)[0], max_iter=2,
+                            x_iters=3, device="cpu")
+    assert len(seen) == 6 and all(u.shape == (3, 30 * 2) for u in seen)
+    # each call carries every agent's current copy U_i (its own rows included), in order
+    torch.testing.assert_close(seen[-1].view(1, 3, 30, 2).clamp_min(0), res.U_agents, atol=0.2, rtol=0)
+
+
+def test_adaptive_lambda_rule():
+    U = torch.rand(1, 2, 5, 3, dtype=torch.float64)
+    lam = torch.tensor([0.2], dtype=torch.float64)
+    assert adaptive_lambda(lam, U, U).item() == pytest.approx(0.2)  # constant once U = V
+    V = U + 0.1 * torch.rand(1, 2, 5, 3, dtype=torch.float64)
+    assert adaptive_lambda(lam, U, V).item() > 0.2
+    assert adaptive_lambda(lam, U, -U).item() == 0.2  # <U, V> <= 0: kept
+
+
+def test_bad_input_and_warnings():
+    S, _ = _blob_similarity(n=20, k=2)
+    with pytest.raises(ConfigError, match="rank"):
+        fit_symnmf_agents(S, 0, n_agents=2)
+    with pytest.raises(GraphError, match="min_degree"):
+        fit_symnmf_agents(S, 2, n_agents=3, graph=Graph(3, [(0, 1), (1, 2)]), min_degree=2, device="cpu")
+    with pytest.warns(DegreeOneWarning):
+        fit_symnmf_agents(S, 2, n_agents=3, graph=Graph(3, [(0, 1), (1, 2)]), exchange="quantized",
+                          max_iter=1, x_iters=1, device="cpu")
+    with pytest.warns(ConvergenceWarning):
+        fit_symnmf_agents(S, 2, n_agents=2, max_iter=2, tol=1e-12, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        res = fit_symnmf_agents(S, 2, n_agents=2, max_iter=300, tol=1e-2, device="cpu")
+    assert res.converged and res.n_iter < 300
