@@ -521,7 +521,7 @@ def _app(cfg: DictConfig):
 
     def mark_started(info) -> bool:
         if not started:
-            started.append(info.iteration)
+            started.append(True)  # any task's iteration report
         return False
 
     try:
