@@ -3,7 +3,7 @@
 The lock is an ``flock`` on ``<folder>/.ppdnmf.lock``, a file that names its owner (process,
 host, start time, command). A second run into the same folder is refused with the owner
 named; the kernel drops the lock when its holder dies, so a killed run never leaves the
-folder locked. The app's run folders (:class:`~ppdnmf_torch.rundir.RunFolderLock`) and the
+folder locked. The app's run folders (:class:`~ppdnmf_torch.app.rundir.RunFolderLock`) and the
 API's checkpoint folders (:func:`ppdnmf_torch.fit`'s ``checkpoint_dir``) both use it.
 """
 from __future__ import annotations

@@ -122,7 +122,10 @@ def test_each_reply_decrypts_to_a_uniform_value_unrelated_to_any_plaintext(maske
     assert got["uniformity"]["uniform"] and got["uniformity"]["ks_p"] > 1e-3
     for name in ("slot_value", "unmasked_term", "penalty"):
         c = got["independence"][name]
-        assert c["independent"] and abs(c["r"]) < c["bound"], name
+        # the audit's bound is a 99.9 % one (z = 3.29) and the masks come from the OS's CSPRNG, so a
+        # run crosses it by chance about once in a few hundred; the test allows z = 4.9 (about one
+        # in a million): a reply that depended on its plaintext would give |r| near 1
+        assert abs(c["r"]) < 1.5 * c["bound"], (name, c)
     assert got["plaintext_matches"] == 0 and got["plaintexts_checked"] > 1000
     assert all(v["exact"] == 0 for v in got["decrypt_each"].values())
     assert sum(v["informative"] for v in got["decrypt_each"].values()) > 0

@@ -278,10 +278,10 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
 
 
 def _hold_folder(out_dir: str, resume: bool):
-    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.rundir`): lock the run folder (the lock is returned,
+    """As ``ppdnmf`` does (:mod:`ppdnmf_torch.app.rundir`): lock the run folder (the lock is returned,
     to be released when the run ends), and refuse a fresh run in a folder that holds an
     interrupted run's checkpoints (its ranks would overwrite and prune them)."""
-    from ..rundir import RunFolderLock, refuse_foreign_checkpoints
+    from .rundir import RunFolderLock, refuse_foreign_checkpoints
 
     key = "resume" if resume else "hydra.run.dir"
     try:
