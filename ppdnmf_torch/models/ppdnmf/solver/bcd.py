@@ -17,12 +17,11 @@ from .admm import x_step, y_step
 from .incremental import incremental_x_step
 from .kernels import Workspace, rel_change, sync
 from .refit import worst_agent_nmse
-from .schedule import adapt, adapt_agreed, init_schedule
+from .schedule import adapt, adapt_agreed, disagreement, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
-__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite",
-           "disagreement"]
+__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite"]
 
 
 class NumericalError(PPDNMFError):
@@ -136,19 +135,6 @@ class AgentReduction:
             "y_dual": yi["dual"],
         }
         return values, xi["iters"][:, :n_real], yi["iters"][:, :n_real]
-
-
-def disagreement(state: SolverState, rho: torch.Tensor) -> torch.Tensor:
-    """Each agent's relative disagreement with its neighbours, ``(T, N)``: ``||S_i||_F /
-    (rho_i ||U_i||_F)`` with ``S_i = Q_i - Q_prev_i`` the sum its last exchange gave it, the
-    distance of ``U_i`` to the ``rho``-weighted mean of the neighbours' copies. Agent ``i``
-    computes it from what it holds; it is the adaptive schedule's signal too."""
-    T, N = rho.shape
-    s = (state.Q - state.Q_prev).reshape(T, N, -1).to(torch.float64).norm(dim=-1)
-    u = state.U.reshape(T, N, -1).to(torch.float64).norm(dim=-1)
-    r = rho.to(torch.float64)
-    linked = (r > 0) & (u > 0)  # an agent without neighbours (one agent, padding) has nothing to agree with
-    return torch.where(linked, s / torch.where(linked, r * u, 1.0), 0.0)
 
 
 def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
@@ -281,7 +267,8 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
                 # and Y = max(0, V + R) still equal after one ADMM iteration each
                 raised = torch.maximum(rel_change(state.X, X_before), rel_change(state.Y, Y_before)) < tol
                 if "rho" in xi_last:  # and agreement: stationary copies that still disagree go on
-                    raised &= disagreement(state, xi_last["rho"]) < tol
+                    # each agent's delta_i, the adaptive schedules' signal (schedule.disagreement)
+                    raised &= disagreement(state, xi_last["rho"]).view_as(xi_last["rho"]) < tol
                 bflags = stop_flags(bflags, raised & ~bflags, problem.topology)
                 state.frozen = bflags if problem.topology.any_set(bflags) else None
             costs = _log_costs(exchange, history)

@@ -62,7 +62,7 @@ from ....penalties import MAX_CAP_RATIO
 from ..problem import Problem
 from .state import SolverState
 
-__all__ = ["GROWTH", "TOL", "STABILITY", "KAPPA", "init_schedule", "adapt", "adapt_agreed"]
+__all__ = ["GROWTH", "TOL", "STABILITY", "KAPPA", "init_schedule", "adapt", "adapt_agreed", "disagreement"]
 
 #: factor of one growth step of a cap (one per BCD iteration at most)
 GROWTH = 1.2
@@ -98,7 +98,7 @@ def _mu_floor(state: SolverState, need: torch.Tensor | None = None) -> torch.Ten
     return mu_new
 
 
-def _disagreement(state: SolverState, rho: torch.Tensor) -> torch.Tensor:
+def disagreement(state: SolverState, rho: torch.Tensor) -> torch.Tensor:
     """Step 2 of both rules: ``delta_i = ||S_i||_F / (rho_i ||U_i||_F)`` flat ``(T * N,)``
     float64, from what the exchange gave each agent (0 for an agent without a neighbour)."""
     T, N = state.U.shape[:2]
@@ -124,7 +124,7 @@ def adapt(problem: Problem, state: SolverState, rho: torch.Tensor) -> None:
     """
     f64 = torch.float64
     mu_new = _mu_floor(state)  # 1.
-    delta = _disagreement(state, rho)  # 2.
+    delta = disagreement(state, rho)  # 2.
     # 3. grow the caps of the agents that still disagree, up to their bounds
     caps0 = problem.caps.reshape(-1).to(f64)
     degree = problem.topology.degree.to(f64).clamp_min(1.0)
@@ -153,7 +153,7 @@ def adapt_agreed(problem: Problem, state: SolverState, rho: torch.Tensor) -> Non
     """
     T, N = state.U.shape[:2]
     f64 = torch.float64
-    delta = _disagreement(state, rho)  # 2.
+    delta = disagreement(state, rho)  # 2.
     caps0 = problem.caps.reshape(-1).to(f64)
     disagree = problem.topology.trial_counts((delta > TOL).view(1, T, N))[0] > 0  # (T,): OR over agents
     grown = torch.maximum(torch.minimum(GROWTH * state.caps, MAX_CAP_RATIO * caps0), state.caps)
