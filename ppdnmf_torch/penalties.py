@@ -28,7 +28,8 @@ import torch
 
 from ._utils import ConfigError, derive_seed
 
-__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds", "check_shared_caps"]
+__all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds", "check_shared_caps",
+           "sum_leak_message"]
 
 PENALTY_MODES = ("random", "fixed")
 #: how the caps ``g_i`` evolve: fixed (the paper), each agent's own consensus-seeking rule, or
@@ -168,3 +169,28 @@ def check_shared_caps(caps: torch.Tensor, schedule: str) -> None:
             f"agents; got unequal caps{where}. Pass a single number, or choose {{penalty_schedule}}='paper' or "
             "'adaptive' (their unequal weights let a receiver solve its sums for its neighbours' values: "
             "docs/SECURE_EXCHANGE.md)")
+
+
+def sum_leak_message(schedule: str, caps, degrees) -> str | None:
+    """Why a secure exchange's sums can give a receiver its neighbours' values under ``schedule``,
+    or None: the text of :class:`~ppdnmf_torch.errors.SumLeakWarning` (issue 32).
+
+    The weights ``rho_ij`` of a receiver's sum differ across its neighbours under ``adaptive``
+    (each agent grows its own cap) and under ``paper`` with unequal caps in a trial; only
+    receivers of degree >= 2 are at stake (degree 1 has
+    :class:`~ppdnmf_torch.errors.DegreeOneWarning`). ``caps (T, N)``; ``degrees``: one
+    ``(N,)`` integer sequence per trial. The caller decides whether its exchange is a secure
+    (integer) one.
+    """
+    if schedule == "agreed" or not any(bool((torch.as_tensor(d) >= 2).any()) for d in degrees):
+        return None
+    caps = torch.as_tensor(caps, dtype=torch.float64).reshape(len(degrees), -1)
+    if schedule == "paper" and not bool((caps == caps[:, :1]).all()):
+        why = "penalty_schedule='paper' with unequal caps g_max"
+    elif schedule == "adaptive":
+        why = "penalty_schedule='adaptive' (each agent grows its own cap)"
+    else:
+        return None
+    return (f"{why} gives a receiver unequal weights rho_ij: from its two sums it can compute its neighbours' "
+            "exact values (a degree-2 receiver by integer arithmetic); penalty_schedule='agreed' (the default) "
+            "keeps every weight equal (docs/SECURE_EXCHANGE.md)")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.optimize import nnls
 
-from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning, GraphError
+from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning, GraphError, SumLeakWarning
 from ppdnmf_torch.exchange import PlainExchange
 from ppdnmf_torch.graph import Graph, ring
 from ppdnmf_torch.models.symnmf.agents import (
@@ -18,6 +18,8 @@ from ppdnmf_torch.models.symnmf.agents import (
     _State,
     adaptive_lambda,
     fit_symnmf_agents,
+    lambda_from_sums,
+    lambda_terms,
     partition_nodes,
     y_step,
 )
@@ -187,3 +189,180 @@ def test_bad_input_and_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
         res = fit_symnmf_agents(S, 2, n_agents=2, max_iter=300, tol=1e-2, device="cpu")
     assert res.converged and res.n_iter < 300
+
+
+# -- the penalty schedule (issue 32's agreed draws) -----------------------------------------
+class _GSpy(PlainExchange):
+    """Records the penalty draws ``g (2E,)`` of every exchange call."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = []
+
+    def exchange(self, U, g, **kw):
+        self.g.append(g.clone())
+        return super().exchange(U, g, **kw)
+
+
+@pytest.mark.parametrize("schedule", ["agreed", "paper"])
+def test_agreed_schedule_gives_every_edge_one_draw(schedule):
+    """``agreed`` (the default): one common draw per trial and ADMM iteration on every edge, rising
+    towards the cap; ``paper``: each directed edge its own draw."""
+    S, _ = _blob_similarity(n=30, k=2)
+    spy = _GSpy()
+    kw = {} if schedule == "agreed" else {"penalty_schedule": schedule}
+    fit_symnmf_agents(S, 2, n_agents=4, exchange=spy, U0=scaled_start(S, 2, 2, 0), trials=2, max_iter=2,
+                      x_iters=3, device="cpu", **kw)
+    per_trial = torch.split(torch.stack(spy.g), torch.bincount(spy.topology.src // 4).tolist(), dim=1)
+    for g in per_trial:
+        equal = bool((g == g[:, :1]).all())
+        assert equal == (schedule == "agreed")
+        assert bool((g > 0).all()) and bool((g <= 0.3).all())
+        assert bool((g[1:] >= g[:-1]).all())  # monotone, carried over between outer iterations
+
+
+def test_schedule_settings_and_the_sum_leak_warning():
+    S, _ = _blob_similarity(n=24, k=2)
+    kw = dict(n_agents=4, graph=ring(4), max_iter=1, x_iters=1, device="cpu")
+    caps = [0.2, 0.3, 0.3, 0.3]
+    with pytest.raises(ConfigError, match="g_max"):  # agreed needs one cap
+        fit_symnmf_agents(S, 2, g_cap=caps, **kw)
+    with pytest.raises(ConfigError, match="penalty_schedule"):
+        fit_symnmf_agents(S, 2, penalty_schedule="adaptive", **kw)
+    with pytest.raises(ConfigError, match="g_cap"):
+        fit_symnmf_agents(S, 2, g_cap=[0.3, 0.3], **kw)
+    with pytest.warns(SumLeakWarning, match="unequal"):
+        fit_symnmf_agents(S, 2, g_cap=caps, penalty_schedule="paper", exchange="quantized",
+                          exchange_options={"n_max": 10**6}, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SumLeakWarning)
+        for sched, c in (("paper", 0.3), ("agreed", 0.3), ("paper", caps)):  # equal caps, or nothing secure
+            fit_symnmf_agents(S, 2, g_cap=c, penalty_schedule=sched,
+                              exchange="plain" if isinstance(c, list) else "quantized",
+                              exchange_options=None if isinstance(c, list) else {"n_max": 10**6}, **kw)
+
+
+# -- the adaptive lambda's sums through the secure aggregation --------------------------------
+def test_lambda_sums_through_the_aggregation():
+    """``plain`` gives the bits of the direct sums; ``quantized`` (the exchange's kind by default)
+    follows from the exact integer sums: the same lambda to ~1e-9 relative, costs counted."""
+    S, _ = _blob_similarity(n=40, k=2)
+    kw = dict(n_agents=4, U0=scaled_start(S, 2, 1, 0)[0], max_iter=8, x_iters=3, device="cpu", graph=ring(4))
+    plain = fit_symnmf_agents(S, 2, **kw)
+    quant = fit_symnmf_agents(S, 2, aggregation="quantized", **kw)
+    assert plain.costs["lambda_sums_rounds"] == 8 and plain.costs["lambda_sums_uploads"] == 8 * 3
+    assert quant.costs["lambda_sums_bytes"] == 8 * 4 * 3 * 8  # rounds x agents x sums x 8 bytes
+    lp = np.array([v[0] for v in plain.history["lambda"]])
+    lq = np.array([v[0] for v in quant.history["lambda"]])
+    assert not np.array_equal(lp, lq) and np.abs(lq / lp - 1).max() < 1e-8
+    # plain aggregation = the direct sums of adaptive_lambda, bit for bit
+    st_lam = torch.tensor([ADAPTIVE_LAMBDA0], dtype=torch.float64)
+    U_own = torch.rand(1, 4, 10, 2, dtype=torch.float64)
+    V = U_own + 0.1 * torch.rand(1, 4, 10, 2, dtype=torch.float64)
+    from ppdnmf_torch.exchange.aggregation import make_aggregator
+
+    agg = make_aggregator("plain", 4)
+    assert torch.equal(lambda_from_sums(st_lam, agg.total(lambda_terms(U_own, V), dim=1)),
+                       adaptive_lambda(st_lam, U_own, V))
+    fixed = fit_symnmf_agents(S, 2, penalty=0.5, **kw)  # a fixed lambda needs no sums
+    assert not any(k.startswith("lambda_sums") for k in fixed.costs)
+
+
+# -- checkpoints and resume ---------------------------------------------------------------------
+def _strip_time(h):
+    return {k: v for k, v in h.items() if k != "time"}
+
+
+def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    S, _ = _blob_similarity(n=30, k=2)
+    kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=6, x_iters=3, device="cpu", graph=ring(3),
+              exchange="quantized", exchange_options={"n_max": 10**6})
+    whole = fit_symnmf_agents(S, 2, **kw)
+
+    class Crash(Exception):
+        pass
+
+    def crash(k, m):
+        if k == 4:
+            raise Crash  # after iteration 4's work, before its checkpoint: resume from 3
+
+    with pytest.raises(Crash):
+        fit_symnmf_agents(S, 2, checkpoint_dir=tmp_path, checkpoint_every=3, callback=crash, **kw)
+    again = fit_symnmf_agents(S, 2, checkpoint_dir=tmp_path, checkpoint_every=3, resume=True, **kw)
+    for name in ("U", "V", "U_agents", "lam"):
+        assert torch.equal(getattr(again, name), getattr(whole, name))
+    assert again.n_iter == 6
+    for key, vals in _strip_time(whole.history).items():
+        assert all(np.array_equal(a, b) for a, b in zip(vals, again.history[key])) and len(vals) == 6
+    for key in ("lambda_sums_rounds", "lambda_sums_bytes", "lambda_sums_model_encryptions"):
+        assert again.costs[key] == whole.costs[key]  # per-round counters continue (a new setup adds its own)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    from ppdnmf_torch.models.symnmf.checkpoint import SymNMFCheckpointError
+
+    S, _ = _blob_similarity(n=30, k=2)
+    kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=2, x_iters=2, device="cpu", graph=ring(3),
+              checkpoint_dir=tmp_path)
+    fit_symnmf_agents(S, 2, **kw)
+    for change in ({"g_cap": 0.2}, {"penalty_schedule": "paper"}, {"x_iters": 3}, {"X": S * 0.5}):
+        args = {**kw, **change}
+        with pytest.raises(SymNMFCheckpointError, match="different run"):
+            fit_symnmf_agents(args.pop("X", S), 2, resume=True, **args)
+    with pytest.raises(ConfigError, match="resume"):
+        fit_symnmf_agents(S, 2, resume=True, **{k: v for k, v in kw.items() if k != "checkpoint_dir"})
+
+
+def test_no_mask_seed_in_a_checkpoint(tmp_path, monkeypatch):
+    """The quantized aggregation's pair seeds (drawn from the OS) appear in no checkpoint file."""
+    import secrets
+
+    drawn = []
+    real = secrets.token_bytes
+    monkeypatch.setattr(secrets, "token_bytes", lambda k: drawn.append(real(k)) or drawn[-1])
+    S, _ = _blob_similarity(n=20, k=2)
+    fit_symnmf_agents(S, 2, n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=2, x_iters=2, device="cpu",
+                      graph=ring(3), exchange="quantized", exchange_options={"n_max": 10**6},
+                      checkpoint_dir=tmp_path, checkpoint_every=1)
+    files = sorted(tmp_path.iterdir())
+    assert len(drawn) == 3 and len(files) == 2
+    for f in files:
+        raw = f.read_bytes()
+        assert not any(s in raw or s[::-1] in raw for s in drawn)
+
+
+# -- a sparse X across agents ---------------------------------------------------------------------
+def test_agent_columns_of_a_sparse_x_are_the_dense_ones():
+    import scipy.sparse as sp
+
+    from ppdnmf_torch.models.symnmf.agents import SparseColumns, agent_columns
+    from ppdnmf_torch.models.symnmf.operator import as_similarity
+
+    S, _ = _blob_similarity(n=23, k=2)
+    S = S * (S > 0.05)
+    idx = partition_nodes(23, 4, [0, 1])
+    dense = agent_columns(as_similarity(S, device="cpu"), idx)
+    sparse = agent_columns(as_similarity(sp.csr_matrix(S.numpy()), device="cpu"), idx)
+    assert isinstance(sparse, SparseColumns) and sparse.shape == tuple(dense.shape)
+    T, N, n, m = dense.shape
+    blocks = sparse.cols.to_dense().view(T * N, n, T * N, m)
+    for a in range(T * N):
+        torch.testing.assert_close(blocks[a, :, a], dense.view(T * N, n, m)[a], atol=0, rtol=0)
+        assert int((blocks[a] != 0).sum()) == int((blocks[a, :, a] != 0).sum())  # nothing outside its own block
+    torch.testing.assert_close(sparse.rows.to_dense(), sparse.cols.to_dense().T, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["scipy", "torch_csr"])
+def test_sparse_x_gives_the_dense_iterates(layout):
+    import scipy.sparse as sp
+
+    S, _ = _blob_similarity(n=40, k=3)
+    S = S * (S > 0.02)  # a sparse similarity
+    Xs = sp.csr_matrix(S.numpy()) if layout == "scipy" else S.to_sparse_csr()
+    kw = dict(n_agents=4, U0=scaled_start(S, 3, 2, 0), trials=2, max_iter=6, x_iters=3, device="cpu")
+    dense = fit_symnmf_agents(S, 3, **kw)
+    sparse = fit_symnmf_agents(Xs, 3, **kw)
+    for name in ("U_agents", "V"):
+        d, s = getattr(dense, name), getattr(sparse, name)
+        assert float((d - s).norm() / d.norm()) < 1e-12
+    assert abs(sparse.history["E"][-1] - dense.history["E"][-1]).max() < 1e-12

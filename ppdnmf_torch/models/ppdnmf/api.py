@@ -19,7 +19,7 @@ from ...checkpoint import PREFIX, CheckpointError, Checkpointer, check_payload, 
     fingerprint, load_checkpoint, unpack_history
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
 from ...errors import DegenerateResultWarning
-from ...penalties import cap_bounds, check_shared_caps
+from ...penalties import cap_bounds, check_shared_caps, sum_leak_message
 from ...folderlock import FolderLock
 from .solver import SolverParams, make_sampler, restore_state, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS, STOPPING
@@ -172,21 +172,11 @@ def warn_sum_leak(exch, params, caps, degrees) -> None:
     receiver's neighbours: ``adaptive``, or ``paper`` with unequal caps in a trial. ``caps (T, N)``,
     ``degrees``: one LongTensor ``(N,)`` per trial (receivers of degree >= 2 are at stake; degree 1
     has its own warning, :class:`~ppdnmf_torch.errors.DegreeOneWarning`)."""
-    if getattr(exch, "codec", None) is None or params.x_solver != "admm" or params.penalty_schedule == "agreed":
+    if getattr(exch, "codec", None) is None or params.x_solver != "admm":
         return
-    caps = torch.as_tensor(caps, dtype=torch.float64).reshape(len(degrees), -1)
-    if not any(bool((torch.as_tensor(d) >= 2).any()) for d in degrees):
-        return
-    if params.penalty_schedule == "paper" and not bool((caps == caps[:, :1]).all()):
-        why = "penalty_schedule='paper' with unequal caps g_max"
-    elif params.penalty_schedule == "adaptive":
-        why = "penalty_schedule='adaptive' (each agent grows its own cap)"
-    else:
-        return
-    warnings.warn(
-        f"{why} gives a receiver unequal weights rho_ij: from its two sums it can compute its neighbours' "
-        "exact values (a degree-2 receiver by integer arithmetic); penalty_schedule='agreed' (the default) "
-        "keeps every weight equal (docs/SECURE_EXCHANGE.md)", SumLeakWarning, stacklevel=caller_stacklevel())
+    message = sum_leak_message(params.penalty_schedule, caps, degrees)
+    if message is not None:
+        warnings.warn(message, SumLeakWarning, stacklevel=caller_stacklevel())
 
 
 def _preflight(exch, blocks, caps, degree, params=None):

@@ -49,21 +49,31 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..._utils import derive_seed, resolve_device, resolve_dtype
-from ...errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning
+from ..._utils import derive_seed, sparse_matmul
+from ...errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning, SumLeakWarning
 from ...exchange import Exchange, make_exchange
+from ...exchange.aggregation import AGGREGATION_KINDS, Aggregator, make_aggregator
 from ...graph import Graph, Topology, check_min_degree, random_connected
 from ...metrics import consensus_error
-from ...penalties import PenaltySampler
+from ...penalties import PENALTY_MODES, PenaltySampler, check_shared_caps, sum_leak_message
+from . import checkpoint as ckpt
+from .objective import fitting_error, gap_sq, split_objective
+from .operator import Similarity, as_similarity
 
 __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
-           "ADAPTIVE_LAMBDA0"]
+           "lambda_terms", "lambda_from_sums", "SparseColumns", "agent_columns", "ADAPTIVE_LAMBDA0",
+           "AGENTS_SCHEDULES"]
 
 #: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
 #: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
 #: copies drift apart in it (measured on digits, 600 points, N = 10: E blows up to 1e6 from
 #: 1e-5 and 1e-2, converges from 0.1; docs/RESULTS.md, "Symmetric NMF")
 ADAPTIVE_LAMBDA0 = 0.1
+
+#: the consensus penalties' schedules across agents: one common draw per ADMM iteration on every
+#: edge (``agreed``, :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), or
+#: every directed edge its own monotone draw under its agent's cap (``paper``)
+AGENTS_SCHEDULES = ("agreed", "paper")
 
 
 @dataclass
@@ -151,6 +161,73 @@ def _scatter_rows(V: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
     return out[..., :n, :]
 
 
+@dataclass
+class SparseColumns:
+    """Every agent's ``X_i = X[:, S_i]`` of a sparse ``X``, for all trials and agents at once.
+
+    Two block-diagonal CSR matrices over the stacked agents (``A = T N`` blocks, ``m`` the
+    padded part size): ``cols (A n, A m)`` with block ``a`` equal to ``X_a = X[:, S_a]``
+    ``(n, m)``, and ``rows (A m, A n)``, its transpose ``X_a^T``. Agent ``a``'s block holds only
+    its own columns (padding columns empty), so one sparse product serves every agent and no
+    agent's product touches another's data; together they cost ``O(T nnz(X))`` memory.
+
+    Attributes
+    ----------
+    cols, rows : torch.sparse_csr Tensor
+    shape : tuple
+        ``(T, N, n, m)``, the shape of the dense ``Z`` it stands for.
+    """
+
+    cols: torch.Tensor
+    rows: torch.Tensor
+    shape: tuple
+
+
+def agent_columns(sim: Similarity, idx: torch.Tensor):
+    """Every agent's columns ``X[:, S_i]``: dense ``Z (T, N, n, m)`` (zero columns on padding) for a
+    dense ``X``, :class:`SparseColumns` for a sparse one. Built once, before the run."""
+    T, N, m = idx.shape
+    n = sim.n
+    if not sim.sparse:
+        Xpad = torch.cat([sim.data, sim.data.new_zeros(n, 1)], dim=1)
+        return Xpad[:, idx].permute(1, 2, 0, 3).contiguous()
+    # X^T's rows are X's columns: block a of ``rows`` is X^T[S_a, :], built by index arithmetic
+    csc = sim.data.to_sparse_csc()
+    crow, col, val = csc.ccol_indices(), csc.row_indices(), csc.values()
+    dev = val.device
+    starts = torch.cat([crow[:-1], crow.new_zeros(1)])  # a padding slot (node n) is an empty row
+    lens = torch.cat([crow[1:] - crow[:-1], crow.new_zeros(1)])
+    flat = idx.reshape(-1)
+    row_len = lens[flat]
+    row_ptr = torch.cat([row_len.new_zeros(1), row_len.cumsum(0)])
+    owner = torch.repeat_interleave(torch.arange(flat.numel(), device=dev), row_len)
+    src = starts[flat][owner] + (torch.arange(owner.numel(), device=dev) - row_ptr[owner])
+    block = torch.div(owner, m, rounding_mode="floor")
+    A = T * N
+    rows = torch.sparse_csr_tensor(row_ptr, col[src] + block * n, val[src], size=(A * m, A * n),
+                                   check_invariants=False)
+    t = rows.to_sparse_csc()  # the transpose's CSR
+    cols = torch.sparse_csr_tensor(t.ccol_indices(), t.row_indices(), t.values(), size=(A * n, A * m),
+                                   check_invariants=False)
+    return SparseColumns(cols=cols, rows=rows, shape=(T, N, n, m))
+
+
+def _local_product(Z, V: torch.Tensor) -> torch.Tensor:
+    """``X_i V_i`` for every agent, ``(T, N, n, r)``, from ``V (T, N, m, r)``."""
+    if isinstance(Z, SparseColumns):
+        T, N, n, m = Z.shape
+        return sparse_matmul(Z.cols, V.reshape(T * N * m, -1)).view(T, N, n, -1)
+    return Z @ V
+
+
+def _local_t_product(Z, U: torch.Tensor) -> torch.Tensor:
+    """``X_i^T U_i`` for every agent, ``(T, N, m, r)``, from ``U (T, N, n, r)``."""
+    if isinstance(Z, SparseColumns):
+        T, N, n, m = Z.shape
+        return sparse_matmul(Z.rows, U.reshape(T * N * n, -1)).view(T, N, m, -1)
+    return Z.mT @ U
+
+
 def auto_mu(st: _State) -> torch.Tensor:
     """``mu_i = trace(V_i^T V_i) / r + lambda`` per agent, ``(T, N, 1, 1)``: the mean eigenvalue of
     the local system (eq. 9), so that the ADMM of ``X_i = U_i`` is equally fast at every scale
@@ -173,8 +250,8 @@ def x_step(Z, st: _State, idx, mask, sampler: PenaltySampler, exchange: Exchange
 
     Parameters
     ----------
-    Z : Tensor (T, N, n, m)
-        ``X_i``, padded with zero columns.
+    Z : Tensor (T, N, n, m) or SparseColumns
+        ``X_i``, padded with zero columns (:func:`agent_columns`).
     idx : LongTensor (T, N, m)
         ``S_i``, padded with ``n``. ``mask (T, N, n, 1)``: 1 on the rows ``S_i``.
     """
@@ -185,7 +262,7 @@ def x_step(Z, st: _State, idx, mask, sampler: PenaltySampler, exchange: Exchange
         if st.mu is not None:  # the scaled dual P belongs to the last mu
             st.P = st.P * (st.mu / mu)
         st.mu = mu
-    fixed_rhs = Z @ st.V + lam * _scatter_rows(st.V, idx, n)
+    fixed_rhs = _local_product(Z, st.V) + lam * _scatter_rows(st.V, idx, n)
     ev, E = torch.linalg.eigh(st.V.mT @ st.V)
     ev = ev.clamp_min(0.0)[..., None, :]
     shift = mu + lam * mask  # (T, N, n, 1), plus rho_i below
@@ -206,13 +283,14 @@ def x_step(Z, st: _State, idx, mask, sampler: PenaltySampler, exchange: Exchange
 def y_step(Z, st: _State, idx, *, y_iters: int) -> None:
     """The Y-step: ``y_iters`` HALS sweeps of eq. (17) over the columns of every ``V_i``
     (padded rows stay zero), against the agent's own copy ``U_i``; local, updates ``st.V``.
+    ``Z``: as :func:`x_step`.
 
     ``v_c <- max(0, v_c + (A[:, c] - V B[:, c]) / B_cc)`` with ``A = X_i^T U_i + lambda U_i[S_i]``
     and ``B = U_i^T U_i + lambda I`` (the exact minimizer of each column's block).
     """
     r = st.V.shape[-1]
     lam = st.lam.view(-1, 1, 1, 1)
-    A = Z.mT @ st.Xc + lam * _gather_rows(st.Xc, idx)
+    A = _local_t_product(Z, st.Xc) + lam * _gather_rows(st.Xc, idx)
     B = st.Xc.mT @ st.Xc + lam * torch.eye(r, dtype=st.V.dtype, device=st.V.device)
     diag = B.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(B.dtype).tiny)
     V = st.V.clone()
@@ -228,14 +306,30 @@ def _own_rows(st: _State, idx) -> torch.Tensor:
     return _gather_rows(st.Xc, idx)
 
 
+def lambda_terms(U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Each agent's share of the three sums of the adaptive rule (20), ``(T, N, 3)``:
+    ``||U_i[S_i]||^2``, ``||V_i||^2`` and ``<U_i[S_i], V_i>`` from ``U_own, V (T, N, m, r)``."""
+    return torch.stack([U_own.square().sum(dim=(-2, -1)), V.square().sum(dim=(-2, -1)),
+                        (U_own * V).sum(dim=(-2, -1))], dim=-1)
+
+
+def lambda_from_sums(lam: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """Eq. (20) from the network-wide sums ``(T, 3)`` of :func:`lambda_terms`:
+    ``lambda (||U||^2 + ||V||^2) / (2 <U, V>)``, ``(T,)``; the ratio is clamped at 1 (so
+    ``lambda`` never decreases), and a nonpositive ``<U, V>`` keeps ``lambda``."""
+    num = sums[..., 0] + sums[..., 1]
+    den = 2 * sums[..., 2]
+    return torch.where(den > 0, lam * (num / den.where(den > 0, 1.0)).clamp_min(1.0), lam)
+
+
 def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """Eq. (20) as docs/SYMMETRIC_NMF.md reconstructs it, from per-agent pieces:
     ``lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` with ``U`` the agents' own rows
     ``(T, N, m, r)`` and ``V`` their ``V_i``; ``(T,)``. The ratio is >= 1 (so ``lambda``
-    never decreases) and 1 exactly when ``U = V``; a nonpositive ``<U, V>`` keeps ``lambda``."""
-    num = U_own.square().sum(dim=(1, 2, 3)) + V.square().sum(dim=(1, 2, 3))
-    den = 2 * (U_own * V).sum(dim=(1, 2, 3))
-    return torch.where(den > 0, lam * (num / den.where(den > 0, 1.0)).clamp_min(1.0), lam)
+    never decreases) and 1 exactly when ``U = V``; a nonpositive ``<U, V>`` keeps ``lambda``.
+    The same bits as :func:`lambda_from_sums` of the ``plain`` aggregation of
+    :func:`lambda_terms`."""
+    return lambda_from_sums(lam, lambda_terms(U_own, V).sum(dim=1))
 
 
 def _warn_degree_one(exchange, graphs) -> None:
@@ -246,21 +340,6 @@ def _warn_degree_one(exchange, graphs) -> None:
         warnings.warn(f"agents {found} have a single neighbour: whatever the protocol, each learns that "
                       "neighbour's U_j from the sums the exchange gives it; pass min_degree=2 to refuse such "
                       "graphs (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
-
-
-def _as_dense_similarity(X, device, dtype) -> torch.Tensor:
-    if hasattr(X, "toarray"):  # scipy.sparse
-        X = X.toarray()
-    t = X if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X))
-    if t.layout != torch.strided:
-        t = t.to_dense()
-    if t.dim() != 2 or t.shape[0] != t.shape[1]:
-        raise DataError(f"X: expected a square similarity matrix, got shape {tuple(t.shape)}")
-    dtype = dtype if dtype is not None else (t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float64)
-    t = t.to(device=device, dtype=resolve_dtype(dtype))
-    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
-        raise DataError("X: the similarity matrix must be finite and nonnegative")
-    return t
 
 
 def _graphs(graph, n_agents: int, trials: int, seeds) -> list[Graph]:
@@ -276,18 +355,85 @@ def _graphs(graph, n_agents: int, trials: int, seeds) -> list[Graph]:
     return graphs
 
 
+def _caps(g_cap, T: int, N: int, dev) -> torch.Tensor:
+    """The agents' caps ``g_i`` as ``(T, N)`` float64 from a number, ``(N,)`` or ``(T, N)``."""
+    try:
+        caps = torch.as_tensor(np.asarray(g_cap, dtype=np.float64))
+    except (TypeError, ValueError):
+        caps = None
+    if caps is None or caps.dim() > 2 or (caps.dim() >= 1 and caps.shape[-1] != N) or (
+            caps.dim() == 2 and caps.shape[0] != T):
+        raise ConfigError(f"g_cap: expected a number, {N} caps (one per agent) or ({T}, {N}), got {g_cap!r}")
+    if not bool(torch.isfinite(caps).all()) or bool((caps <= 0).any()):
+        raise ConfigError(f"g_cap: every cap must be a finite number > 0, got {g_cap!r}")
+    return caps.expand(T, N).to(dev).contiguous()
+
+
+def _warn_sum_leak(exchange, schedule: str, caps: torch.Tensor, graphs) -> None:
+    if getattr(exchange, "codec", None) is None:
+        return
+    message = sum_leak_message(schedule, caps, [g.degree for g in graphs])
+    if message is not None:
+        warnings.warn(message, SumLeakWarning, stacklevel=3)
+
+
+def _aggregator(aggregation, options, exch: Exchange, N: int):
+    """The lambda sums' aggregator: the one handed in, or one made here (``None``: the exchange's
+    kind, ``plain`` for one agent or a custom exchange), with the exchange's key size by default.
+    Returns ``(aggregator, made_here)``."""
+    if isinstance(aggregation, Aggregator):
+        if aggregation.n_workers != N:
+            raise ConfigError(f"aggregation: the aggregator has {aggregation.n_workers} workers, the run "
+                              f"{N} agents")
+        return aggregation, False
+    if aggregation is None:
+        aggregation = exch.name if exch.name in AGGREGATION_KINDS and N > 1 else "plain"
+    if aggregation not in AGGREGATION_KINDS:
+        raise ConfigError(f"aggregation: expected one of {AGGREGATION_KINDS} or an Aggregator, got {aggregation!r}")
+    opts = dict(options or {})
+    codec = getattr(exch, "codec", None)
+    if aggregation != "plain" and codec is not None:
+        opts.setdefault("key_bits", int(codec.key_bits))
+    return make_aggregator(aggregation, N, **opts), True
+
+
+def _fingerprint(sim, U0, idx, topo, caps, settings: dict, exch, agg) -> str:
+    """What fixes a run's numbers: ``X``'s content, the start, the parts, the graphs, the caps, the
+    settings, and the arithmetic of the exchange and of the aggregation (``plain`` or the integer
+    ``n_max``: ``quantized`` and ``paillier`` give the same bits, so either resumes the other)."""
+    codec = getattr(exch, "codec", None)
+    arith = (None if codec is None else (float(codec.n_max), int(codec.g_bits)),
+             None if agg is None or agg.kind == "plain" else float(agg.n_max))
+    return ckpt.digest("symnmf-agents", sim.digest(), U0, idx, topo.src, topo.dst, caps, settings, arith)
+
+
+def _history_tensors(history: dict) -> dict:
+    """The history as tensors (a checkpoint loads with ``weights_only``): ``(k, T)`` or ``(k,)``."""
+    return {key: torch.from_numpy(np.stack(v)) if v and isinstance(v[0], np.ndarray)
+            else torch.tensor(v, dtype=torch.float64) for key, v in history.items()}
+
+
+def _history_lists(packed: dict) -> dict:
+    return {key: [row.numpy().copy() for row in t] if t.dim() == 2 else t.tolist() for key, t in packed.items()}
+
+
 def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
                       exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                      mu="auto", g_cap: float = 0.3, penalty_mode: str = "random", x_iters: int = 10,
+                      mu="auto", g_cap=0.3, penalty_mode: str = "random", x_iters: int = 10,
                       y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, trials: int = 1,
                       seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
-                      callback=None) -> AgentsResult:
+                      callback=None, penalty_schedule: str = "agreed", aggregation=None,
+                      aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
+                      resume: bool = False) -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters
     ----------
-    X : array-like, Tensor or scipy.sparse (n, n)
-        The similarity matrix (made dense here: agent ``i`` holds ``X[:, S_i]``).
+    X : array-like, Tensor, scipy.sparse or torch sparse (n, n)
+        The symmetric nonnegative similarity matrix (validated by
+        :func:`~ppdnmf_torch.models.symnmf.operator.as_similarity`). Agent ``i`` holds
+        ``X[:, S_i]``: dense columns for a dense ``X``; for a sparse one, sparse
+        (:class:`SparseColumns`), never made dense.
     rank : int
     n_agents : int
     graph : Graph or list of Graph, optional
@@ -304,12 +450,27 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     mu : "auto" or float
         The X-step's ADMM penalty of ``X_i = U_i`` (eq. 8); ``"auto"``: :func:`auto_mu`,
         per agent and X-step, from the agent's own ``V_i``.
-    g_cap : float
-        Every agent's cap ``g_i`` of the consensus penalties (``rho_ij = g_{i->j} g_{j->i}``);
-        the default 0.3 suits a normalized similarity (largest eigenvalue 1); caps of 1 and
-        more made the runs of docs/RESULTS.md diverge.
+    g_cap : float, or sequence (N,) or (T, N)
+        The caps ``g_i`` of the consensus penalties (``rho_ij = g_{i->j} g_{j->i}``); the
+        default 0.3 suits a normalized similarity (largest eigenvalue 1); caps of 1 and more
+        made the runs of docs/RESULTS.md diverge. ``"agreed"`` takes one cap per trial.
     penalty_mode : {"random", "fixed"}
         The penalties' draws (:class:`~ppdnmf_torch.penalties.PenaltySampler`).
+    penalty_schedule : {"agreed", "paper"}
+        ``"agreed"`` (the library's default): every edge of a trial carries one common draw
+        ``g^(m)`` per ADMM iteration under the one cap, so each receiver's weights are equal
+        and its sums reveal ``rho_i = d_i g^2`` and ``sum_j q_j`` only
+        (docs/SECURE_EXCHANGE.md, "What the sums reveal"); the cap stays fixed (PPDNMF's cap
+        growth is not needed here: docs/SYMNMF.md). ``"paper"``: every directed edge draws its
+        own penalty under its agent's cap; with unequal caps and a secure exchange it warns
+        :class:`~ppdnmf_torch.errors.SumLeakWarning`.
+    aggregation : {"plain", "quantized", "paillier"}, Aggregator or None
+        How the three network-wide sums of the adaptive rule (20) are added
+        (:func:`~ppdnmf_torch.exchange.aggregation.make_aggregator` with
+        ``aggregation_options``, made here and closed at the end; one handed in is used and
+        left open). None: the exchange's kind (``plain`` for one agent), at the exchange's
+        key size. The aggregating party learns the three sums per trial and outer iteration,
+        and the new ``lambda``, which every agent needs anyway. Unused with a fixed ``lambda``.
     x_iters, y_iters : int
         ADMM iterations per X-step, HALS sweeps per Y-step.
     max_iter : int
@@ -325,44 +486,63 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     callback : callable, optional
         ``callback(k, metrics)`` after outer iteration ``k`` (1-based), ``metrics`` the
         history's newest entries; a true return value stops the run.
+    checkpoint_dir : path, optional
+        Where checkpoints go (every ``checkpoint_every`` outer iterations and at the end;
+        :mod:`~ppdnmf_torch.models.symnmf.checkpoint`): the agents' variables, the penalty
+        generators' states, the histories and the cost counters; no key, mask seed or other
+        private value of the exchange or the aggregation.
+    checkpoint_every : int
+        0: only at the end.
+    resume : bool
+        Continue from the latest checkpoint in ``checkpoint_dir`` (the same problem and
+        settings; ``max_iter`` may differ): the iterates continue bit for bit. A checkpoint of
+        another run raises :class:`~ppdnmf_torch.models.symnmf.checkpoint.SymNMFCheckpointError`.
 
     Returns
     -------
     AgentsResult
     """
-    dev = resolve_device(device) if not (isinstance(X, torch.Tensor) and X.is_cuda and device == "auto") else X.device
-    Xd = _as_dense_similarity(X, dev, dtype)
-    n = Xd.shape[0]
-    dt = Xd.dtype
     for key, v, lo in (("rank", rank, 1), ("n_agents", n_agents, 1), ("x_iters", x_iters, 1),
-                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1), ("trials", trials, 1)):
+                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1), ("trials", trials, 1),
+                       ("checkpoint_every", checkpoint_every, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
-    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and g_cap > 0 and tol >= 0):
-        raise ConfigError("mu/g_cap/tol: need mu='auto' or > 0, g_cap > 0 and tol >= 0")
+    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and tol >= 0):
+        raise ConfigError("mu/tol: need mu='auto' or > 0 and tol >= 0")
     mu = mu if mu == "auto" else float(mu)
     if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
         raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    if penalty_schedule not in AGENTS_SCHEDULES:
+        raise ConfigError(f"penalty_schedule: expected one of {AGENTS_SCHEDULES} across agents, got "
+                          f"{penalty_schedule!r}")
+    if penalty_mode not in PENALTY_MODES:
+        raise ConfigError(f"penalty_mode: expected one of {PENALTY_MODES}, got {penalty_mode!r}")
+    if resume and checkpoint_dir is None:
+        raise ConfigError("resume: needs a checkpoint_dir to resume from")
+    sim = as_similarity(X, device=device, dtype=dtype)
+    if sim.batched:
+        raise DataError("X: one (n, n) similarity matrix for every trial; got one per trial")
+    n, dev, dt = sim.n, sim.device, sim.dtype
     T, N, r = int(trials), int(n_agents), int(rank)
     seeds = [int(seed) + t for t in range(T)]
     graphs = _graphs(graph, N, T, seeds)
     for t, g in enumerate(graphs):
         check_min_degree(g, min_degree, trial=t if T > 1 else None)
+    caps = _caps(g_cap, T, N, dev)
+    check_shared_caps(caps, penalty_schedule)
     topo = Topology.from_graphs(graphs)
     idx = partition_nodes(n, N, seeds) if parts is None else torch.as_tensor(parts, dtype=torch.long)
     if idx.dim() == 2:
         idx = idx.expand(T, *idx.shape)
     if idx.shape[:2] != (T, N):
         raise ConfigError(f"parts: expected shape (trials, n_agents, m) = ({T}, {N}, m), got {tuple(idx.shape)}")
-    idx = idx.to(dev)
+    idx = idx.to(dev).contiguous()
     hits = torch.zeros((T, n + 1), dtype=torch.long, device=dev).scatter_add_(1, idx.reshape(T, -1),
                                                                                torch.ones_like(idx.reshape(T, -1)))
     if bool((hits[:, :n] != 1).any()) or bool((idx < 0).any()) or bool((idx > n).any()):
         raise ConfigError("parts: every trial's parts must cover every node exactly once")
-    # agent i's data: the columns S_i (zero columns on padding)
-    Xpad = torch.cat([Xd, Xd.new_zeros(n, 1)], dim=1)
-    Z = Xpad[:, idx].permute(1, 2, 0, 3).contiguous()  # (T, N, n, m)
-    mask = Xd.new_zeros(T, N, n + 1).scatter_(-1, idx, 1.0)[..., :n, None]
+    Z = agent_columns(sim, idx)  # agent i's data: the columns S_i (empty columns on padding)
+    mask = torch.zeros((T, N, n + 1), dtype=dt, device=dev).scatter_(-1, idx, 1.0)[..., :n, None]
     if U0 is None:
         U0 = torch.stack([torch.rand((n, r), generator=torch.Generator().manual_seed(
             derive_seed(s, "symnmf_agents_init")), dtype=torch.float64) for s in seeds])
@@ -370,56 +550,107 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     U0 = U0.expand(T, n, r) if U0.dim() == 2 else U0
     if U0.shape != (T, n, r) or bool((U0 < 0).any()):
         raise DataError(f"U0: expected a nonnegative ({n}, {r}) or ({T}, {n}, {r}) matrix, got {tuple(U0.shape)}")
+    adaptive = penalty == "adaptive"
     own_exchange = not isinstance(exchange, Exchange)
     exch = make_exchange(exchange, **(exchange_options or {})) if own_exchange else exchange
+    agg, own_agg = None, False
     _warn_degree_one(exch, graphs)
+    _warn_sum_leak(exch, penalty_schedule, caps, graphs)
     try:
         exch.bind(topo, dtype=dt, device=dev)
+        if adaptive:
+            agg, own_agg = _aggregator(aggregation, aggregation_options, exch, N)
         edges_per_trial = torch.bincount(torch.div(topo.src, N, rounding_mode="floor"), minlength=T).tolist()
-        sampler = PenaltySampler(torch.full((T * N,), float(g_cap), dtype=torch.float64, device=dev),
-                                 topo.src.to(dev), edges_per_trial, seeds, penalty_mode, x_iters)
+        sampler = PenaltySampler(caps.reshape(-1), topo.src.to(dev), edges_per_trial, seeds, penalty_mode, x_iters,
+                                 shared=penalty_schedule == "agreed")
         copies = U0[:, None].expand(T, N, n, r).clone()
         zeros = torch.zeros_like(copies)
-        lam = torch.full((T,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
+        lam = torch.full((T,), float(lam0 if adaptive else penalty), dtype=dt, device=dev)
         st = _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
                     V=_gather_rows(copies, idx), g=sampler.initial(), lam=lam)
-        history = {k: [] for k in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
-        x_norm2 = Xd.square().sum()
-        plain_bytes = 0
-        start = time.perf_counter()
-        U_prev = U0
-        converged = False
-        k = 0
-        for k in range(1, int(max_iter) + 1):
+        history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
+        plain_bytes, elapsed, U_prev, converged, k = 0, 0.0, U0, False, 0
+        agg_offset: dict = {}
+        fp = None
+        if checkpoint_dir is not None:
+            settings = {"penalty": penalty, "lam0": float(lam0) if adaptive else None, "mu": mu, "rank": r,
+                        "penalty_mode": penalty_mode, "penalty_schedule": penalty_schedule, "x_iters": int(x_iters),
+                        "y_iters": int(y_iters), "tol": float(tol), "seeds": seeds, "dtype": str(dt)}
+            fp = _fingerprint(sim, U0, idx, topo, caps, settings, exch, agg)
+        path = ckpt.latest(checkpoint_dir) if (resume and checkpoint_dir is not None) else None
+        if path is not None:
+            body = ckpt.load(path, fp)
+            state = {key: v.to(dev) for key, v in body["state"].items()}
+            st = _State(**state)
+            sampler.load_state_dict(body["sampler"])
+            exch.load_cost_state(body["exchange_costs"])
+            agg_offset = dict(body["aggregation_costs"])
+            history = _history_lists(body["history"])
+            k, elapsed, plain_bytes = int(body["k"]), float(body["elapsed"]), int(body["plain_bytes"])
+            U_prev, converged = body["U_prev"].to(dev), bool(body["converged"])
+
+        def save():
+            tensors = {key: getattr(st, key).detach().cpu() for key in ("Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam")}
+            if st.mu is not None:
+                tensors["mu"] = st.mu.detach().cpu()
+            ckpt.save(checkpoint_dir, {
+                "k": k, "fingerprint": fp, "state": tensors, "sampler": sampler.state_dict(),
+                "exchange_costs": exch.cost_state(), "aggregation_costs": _agg_costs(agg, agg_offset),
+                "history": _history_tensors(history), "elapsed": elapsed, "plain_bytes": plain_bytes,
+                "U_prev": U_prev.detach().cpu(), "converged": converged})
+
+        x_norm2 = sim.sq_norm.expand(T)
+        start = time.perf_counter() - elapsed
+        stopped = False
+        while k < int(max_iter) and not converged and not stopped:
+            k += 1
             x_step(Z, st, idx, mask, sampler, exch, mu=mu, x_iters=int(x_iters), bcd_iter=k)
             y_step(Z, st, idx, y_iters=int(y_iters))
-            if penalty == "adaptive":
-                st.lam = adaptive_lambda(st.lam, _own_rows(st, idx), st.V)
+            if adaptive:  # eq. (20) from the three sums, through the aggregation
+                st.lam = lambda_from_sums(st.lam, agg.total(lambda_terms(_own_rows(st, idx), st.V), dim=1))
             Ubar = st.Xc.mean(1)
             Vall = _scatter_rows(st.V, idx, n).sum(1)
-            E = torch.linalg.matrix_norm(Xd - Ubar @ Ubar.mT).square() / x_norm2
-            uv = torch.linalg.matrix_norm(Ubar - Vall)
-            obj = 0.5 * torch.linalg.matrix_norm(Xd - Ubar @ Vall.mT).square() + 0.5 * st.lam * uv.square()
-            plain_bytes += topo.n_directed_edges * n * r * Xd.element_size() * int(x_iters)
+            uv2 = gap_sq(Ubar, Vall)
+            plain_bytes += topo.n_directed_edges * n * r * sim.data.element_size() * int(x_iters)
             counted = sum(exch.bytes_per_edge().values())
-            row = {"E": E, "objective": obj, "uv_dist": uv, "consensus": consensus_error(st.Xc), "lambda": st.lam,
-                   "time": time.perf_counter() - start, "bytes": float(counted if counted else plain_bytes)}
+            elapsed = time.perf_counter() - start
+            row = {"E": fitting_error(x_norm2, Ubar, sim.matmul(Ubar)),
+                   "objective": split_objective(x_norm2, Ubar, Vall, sim.matmul(Vall), st.lam),
+                   "uv_dist": uv2.sqrt(), "consensus": consensus_error(st.Xc), "lambda": st.lam,
+                   "time": elapsed, "bytes": float(counted if counted else plain_bytes)}
             for key, v in row.items():
                 history[key].append(v.detach().cpu().numpy().copy() if isinstance(v, torch.Tensor) else v)
             change = torch.linalg.matrix_norm(Ubar - U_prev) / torch.linalg.matrix_norm(Ubar).clamp_min(
                 torch.finfo(dt).tiny)
             U_prev = Ubar
             if callback is not None and callback(k, {key: history[key][-1] for key in history}):
-                break
+                stopped = True
             if tol > 0 and bool((change < tol).all()):
                 converged = True
-                break
-        if tol > 0 and not converged:
+            if checkpoint_dir is not None and checkpoint_every and k % checkpoint_every == 0:
+                save()
+        if checkpoint_dir is not None and not (checkpoint_every and k % checkpoint_every == 0) and (
+                path is None or k > int(body["k"])):
+            save()
+        if tol > 0 and not converged and not stopped:
             warnings.warn(f"fit_symnmf_agents: no convergence to tol={tol} in {k} iterations",
                           ConvergenceWarning, stacklevel=2)
         costs = dict(exch.costs())
+        costs.update({f"lambda_sums_{key}": v for key, v in _agg_costs(agg, agg_offset).items()})
     finally:
         if own_exchange:
             exch.close()
+        if own_agg:
+            agg.close()
     return AgentsResult(U=st.Xc.mean(1), V=_scatter_rows(st.V, idx, n).sum(1), U_agents=st.Xc, lam=st.lam,
                         history=history, n_iter=k, parts=idx, costs=costs, converged=converged)
+
+
+def _agg_costs(agg, offset: dict) -> dict:
+    """The aggregation's cumulative costs (plain numbers), continued from a resumed run's."""
+    if agg is None:
+        return dict(offset)
+    out = {key: v for key, v in agg.costs().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for key, v in offset.items():
+        out[key] = out.get(key, 0) + v
+    return out
