@@ -131,13 +131,19 @@ def test_quantized_tracks_plain():
 
 @pytest.mark.crypto
 def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs):
+    """The exchange and the lambda sums' aggregation (the exchange's kind by default): real
+    Paillier with small keys gives the bits of the emulated integer protocols."""
     S, _ = _blob_similarity(n=12, k=2)
     kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=2, x_iters=2, device="cpu", graph=ring(3))
     opts = {"n_max": 10**6, "key_bits": 128, "protocol": "masked"}
+    keys = paillier_keypairs(128, 7)
     quant = fit_symnmf_agents(S, 2, exchange="quantized", exchange_options=opts, **kw)
-    real = fit_symnmf_agents(S, 2, exchange="paillier", exchange_options={**opts, "keypairs": paillier_keypairs(128, 3)},
-                             **kw)
-    assert torch.equal(real.U, quant.U) and torch.equal(real.V, quant.V)
+    real = fit_symnmf_agents(S, 2, exchange="paillier", exchange_options={**opts, "keypairs": keys[:3]},
+                             aggregation_options={"keypairs": keys[3:]}, **kw)
+    assert torch.equal(real.U, quant.U) and torch.equal(real.V, quant.V) and torch.equal(real.lam, quant.lam)
+    # the sums' real decryptions: as many as the emulation's cost model predicts (2 rounds x 2 ciphertexts)
+    assert real.costs["lambda_sums_decryptions"] == quant.costs["lambda_sums_model_decryptions"] == 4
+    assert not np.array_equal(real.history["lambda"][-1], fit_symnmf_agents(S, 2, **kw).history["lambda"][-1])
 
 
 def test_batched_trial_equals_the_same_trial_alone():

@@ -22,23 +22,52 @@ and ``Y_i = V_i^T``, plus a coupling term that touches only the rows ``S_i`` of 
   ``B = U_i^T U_i + lambda I``; local, nothing is sent;
 * the **penalty** ``lambda``: fixed, or the adaptive rule (20)
   ``lambda <- lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` with ``U`` the agents' own rows
-  ``U_i[S_i]`` (:func:`adaptive_lambda`).
+  ``U_i[S_i]`` (:func:`adaptive_lambda`), from three network-wide sums
+  (:func:`lambda_terms`, :func:`lambda_from_sums`).
 
-What crosses an edge: only what the exchange sends (for the secure kinds, ciphertexts of
-the quantized ``U_i``). ``V_i`` and ``X_i`` never leave agent ``i``; the result's
-``V`` and ``U`` (the mean of the copies) are assembled for evaluation only. The adaptive
-rule needs three network-wide sums of scalars per iteration (``sum_i ||U_i[S_i]||^2``,
-``sum_i ||V_i||^2``, ``sum_i <U_i[S_i], V_i>``): this simulation adds them directly; a
-deployment would need a sum protocol for them (not measured, not protected here), or a
-fixed ``lambda`` (``penalty=float``), which needs none.
+**Penalty schedule.** ``penalty_schedule="agreed"`` (the default, as PPDNMF's): every edge of
+a trial carries one common draw ``g^(m)`` per ADMM iteration under the one cap ``g``
+(:class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), so a receiver's
+weights are equal and its two sums give it ``rho_i = d_i g^2`` and ``sum_j q_j`` only
+(docs/SECURE_EXCHANGE.md, "What the sums reveal"). The cap stays fixed: PPDNMF's agreed cap
+growth (``solver/schedule.py``) is not used, because ``mu = "auto"`` already scales the
+X-step to each agent's ``V_i`` and the fixed common cap reached consensus errors as small as
+the per-edge draws' or smaller (docs/SYMNMF.md, "Across agents"). ``"paper"``: each directed
+edge its own draw under its agent's cap (``g_cap`` may then differ per agent; unequal caps
+on a secure exchange warn :class:`~ppdnmf_torch.errors.SumLeakWarning`).
+
+**What crosses an edge**: only what the exchange sends (for the secure kinds, ciphertexts of
+the quantized ``U_i``). ``V_i`` and ``X_i`` never leave agent ``i``; the result's ``V`` and
+``U`` (the mean of the copies) are assembled for evaluation only. **What the aggregating
+party learns**: the adaptive rule's three sums per trial and outer iteration
+(``sum_i ||U_i[S_i]||^2``, ``sum_i ||V_i||^2``, ``sum_i <U_i[S_i], V_i>``) go through the
+library's secure aggregation (:func:`~ppdnmf_torch.exchange.aggregation.make_aggregator`,
+``aggregation=``: ``plain``, ``quantized``, ``paillier``; by default the exchange's kind).
+With a secure kind, each agent's upload is masked (and, for ``paillier``, encrypted), and the
+aggregating party (one agent or a helper) learns the three totals and hence the new
+``lambda``, which every agent needs anyway; no agent's own terms. ``quantized`` and
+``paillier`` give the same bits (``lambda`` from the exact integer sums ``sum_i round(n_max
+v_i)``, ``n_max = 2^32`` by default); they differ from ``plain`` by the quantization alone.
+A fixed ``lambda`` (``penalty=float``) needs no sums.
+
+**Sparse ``X``**: agent ``i`` holds ``X[:, S_i]`` sparse; all agents' columns are two
+block-diagonal CSR matrices (:class:`SparseColumns`, :func:`agent_columns`), so each local
+product is one sparse pass for every agent and trial, ``O(T nnz)`` memory; the metrics come
+from ``X U`` products (:mod:`.objective`), so ``X`` is never made dense. The iterates equal the
+dense path's to rounding.
+
+**Checkpoints** (``checkpoint_dir``, ``checkpoint_every``, ``resume``;
+:mod:`.checkpoint`'s files, format and checks): the agents' variables, ``lambda``, the
+penalty generators' states, the histories and the cost counters, with a fingerprint of the
+problem and settings; no key, mask seed or private value of the exchange or the aggregation
+(both are rebuilt on resume, with new keys and seeds, and give the same numbers). A resumed
+run continues bit for bit; the aggregation's setup is counted again for the new process.
 
 Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0`` and
 ``V_i = U_0[S_i]``; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
 iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
 (``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
-Not done: the multi-process engine (``ppdnmf_torch.distributed``), checkpoints, a sparse
-``X``, and PPDNMF's adaptive cap schedule (``solver/schedule.py``, which a model package may
-not import); the caps ``g_i`` stay fixed.
+Not in this module: a multi-process engine, and a privacy audit of the symmetric model.
 """
 from __future__ import annotations
 
@@ -102,7 +131,11 @@ class AgentsResult:
         ``S_i`` per trial and agent, padded with ``n``.
     costs : dict
         The exchange's cumulative :meth:`~ppdnmf_torch.exchange.Exchange.costs` (for
-        ``quantized`` with ``cost_model``: the estimated Paillier operations and seconds).
+        ``quantized`` with ``cost_model``: the estimated Paillier operations and seconds), and
+        the lambda sums' aggregation's :meth:`~ppdnmf_torch.exchange.aggregation.Aggregator.costs`
+        as ``lambda_sums_<key>`` (``rounds``, ``uploads``, ``bytes``, ``seconds``; the integer
+        kinds' ``model_*`` Paillier counts; ``paillier``'s real operations) when ``lambda`` is
+        adaptive.
     converged : bool
     """
 
