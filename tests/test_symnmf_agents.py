@@ -359,16 +359,34 @@ def test_agent_columns_of_a_sparse_x_are_the_dense_ones():
 
 
 @pytest.mark.parametrize("layout", ["scipy", "torch_csr"])
-def test_sparse_x_gives_the_dense_iterates(layout):
+def test_sparse_x_gives_the_dense_iterates(layout, device):
     import scipy.sparse as sp
 
     S, _ = _blob_similarity(n=40, k=3)
     S = S * (S > 0.02)  # a sparse similarity
     Xs = sp.csr_matrix(S.numpy()) if layout == "scipy" else S.to_sparse_csr()
-    kw = dict(n_agents=4, U0=scaled_start(S, 3, 2, 0), trials=2, max_iter=6, x_iters=3, device="cpu")
+    kw = dict(n_agents=4, U0=scaled_start(S, 3, 2, 0), trials=2, max_iter=6, x_iters=3, device=device.type)
     dense = fit_symnmf_agents(S, 3, **kw)
     sparse = fit_symnmf_agents(Xs, 3, **kw)
     for name in ("U_agents", "V"):
         d, s = getattr(dense, name), getattr(sparse, name)
-        assert float((d - s).norm() / d.norm()) < 1e-12
+        assert s.device.type == device.type and float((d - s).norm() / d.norm()) < 1e-12
     assert abs(sparse.history["E"][-1] - dense.history["E"][-1]).max() < 1e-12
+
+
+@pytest.mark.slow
+def test_bench_script_smoke_run(tmp_path):
+    """scripts/bench_symnmf_agents.py: both layouts run and reach the same E."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_symnmf_agents.py"
+    out = tmp_path / "rows.json"
+    subprocess.run([sys.executable, str(script), "--n", "300", "--agents", "3", "--rank", "4", "--iters", "2",
+                    "--out", str(out)], check=True, capture_output=True, env=os.environ.copy())
+    rows = json.loads(out.read_text())
+    assert [r["layout"] for r in rows] == ["sparse", "dense"]
+    assert abs(rows[0]["E_last"] - rows[1]["E_last"]) < 1e-12 and rows[0]["s_per_iter_median"] > 0
