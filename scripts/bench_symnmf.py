@@ -244,18 +244,24 @@ def _rss_mb(field: str) -> float:
     return float("nan")
 
 
+def reset_peak_rss() -> tuple:
+    """``(RSS now in MB, whether the peak was reset)``: resets ``VmHWM`` so that a later read of
+    the peak is what follows (Linux ``/proc/self/clear_refs``)."""
+    base = _rss_mb("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return base, True
+    except OSError:
+        return base, False
+
+
 def sparse_child(n: int, iters: int, rank: int, device="cpu"):
     """In a child process: build X, reset the peak RSS, fit, report."""
     t = time.perf_counter()
     X, _ = knn_similarity(n)
     build = time.perf_counter() - t
-    base = _rss_mb("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM: the peak below is the fit's
-        reset = True
-    except OSError:
-        reset = False
+    base, reset = reset_peak_rss()
     t = time.perf_counter()
     # Kuang et al.'s start, 2 sqrt(mean(X) / r) U(0, 1): a [0, 1] start is far off the scale of
     # a normalized similarity

@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from bench_symnmf import _rss_mb
+from bench_symnmf import _rss_mb, reset_peak_rss
 
 
 def child(layout: str, n: int, agents: int, rank: int, iters: int, seed: int = 0) -> dict:
@@ -47,13 +47,7 @@ def child(layout: str, n: int, agents: int, rank: int, iters: int, seed: int = 0
     if layout == "dense":
         X = X.to_dense()
     U0 = scaled_start(X, rank, 1, seed)[0]
-    base = _rss_mb("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM: the peak below is the fit's
-        reset = True
-    except OSError:
-        reset = False
+    base, reset = reset_peak_rss()  # the peak below is the fit's
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
