@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..._utils import derive_seed, sparse_matmul
+from ..._utils import derive_seed
 from ...errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning, SumLeakWarning
 from ...exchange import Exchange, make_exchange
 from ...exchange.aggregation import AGGREGATION_KINDS, Aggregator, make_aggregator
@@ -86,8 +86,9 @@ from ...graph import Graph, Topology, check_min_degree, random_connected
 from ...metrics import consensus_error
 from ...penalties import PENALTY_MODES, PenaltySampler, check_shared_caps, sum_leak_message
 from . import checkpoint as ckpt
+from .agent_columns import SparseColumns, agent_columns, local_product, local_t_product
 from .objective import fitting_error, gap_sq, split_objective
-from .operator import Similarity, as_similarity
+from .operator import as_similarity
 
 __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
            "lambda_terms", "lambda_from_sums", "SparseColumns", "agent_columns", "ADAPTIVE_LAMBDA0",
@@ -194,73 +195,6 @@ def _scatter_rows(V: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
     return out[..., :n, :]
 
 
-@dataclass
-class SparseColumns:
-    """Every agent's ``X_i = X[:, S_i]`` of a sparse ``X``, for all trials and agents at once.
-
-    Two block-diagonal CSR matrices over the stacked agents (``A = T N`` blocks, ``m`` the
-    padded part size): ``cols (A n, A m)`` with block ``a`` equal to ``X_a = X[:, S_a]``
-    ``(n, m)``, and ``rows (A m, A n)``, its transpose ``X_a^T``. Agent ``a``'s block holds only
-    its own columns (padding columns empty), so one sparse product serves every agent and no
-    agent's product touches another's data; together they cost ``O(T nnz(X))`` memory.
-
-    Attributes
-    ----------
-    cols, rows : torch.sparse_csr Tensor
-    shape : tuple
-        ``(T, N, n, m)``, the shape of the dense ``Z`` it stands for.
-    """
-
-    cols: torch.Tensor
-    rows: torch.Tensor
-    shape: tuple
-
-
-def agent_columns(sim: Similarity, idx: torch.Tensor):
-    """Every agent's columns ``X[:, S_i]``: dense ``Z (T, N, n, m)`` (zero columns on padding) for a
-    dense ``X``, :class:`SparseColumns` for a sparse one. Built once, before the run."""
-    T, N, m = idx.shape
-    n = sim.n
-    if not sim.sparse:
-        Xpad = torch.cat([sim.data, sim.data.new_zeros(n, 1)], dim=1)
-        return Xpad[:, idx].permute(1, 2, 0, 3).contiguous()
-    # X^T's rows are X's columns: block a of ``rows`` is X^T[S_a, :], built by index arithmetic
-    csc = sim.data.to_sparse_csc()
-    crow, col, val = csc.ccol_indices(), csc.row_indices(), csc.values()
-    dev = val.device
-    starts = torch.cat([crow[:-1], crow.new_zeros(1)])  # a padding slot (node n) is an empty row
-    lens = torch.cat([crow[1:] - crow[:-1], crow.new_zeros(1)])
-    flat = idx.reshape(-1)
-    row_len = lens[flat]
-    row_ptr = torch.cat([row_len.new_zeros(1), row_len.cumsum(0)])
-    owner = torch.repeat_interleave(torch.arange(flat.numel(), device=dev), row_len)
-    src = starts[flat][owner] + (torch.arange(owner.numel(), device=dev) - row_ptr[owner])
-    block = torch.div(owner, m, rounding_mode="floor")
-    A = T * N
-    rows = torch.sparse_csr_tensor(row_ptr, col[src] + block * n, val[src], size=(A * m, A * n),
-                                   check_invariants=False)
-    t = rows.to_sparse_csc()  # the transpose's CSR
-    cols = torch.sparse_csr_tensor(t.ccol_indices(), t.row_indices(), t.values(), size=(A * n, A * m),
-                                   check_invariants=False)
-    return SparseColumns(cols=cols, rows=rows, shape=(T, N, n, m))
-
-
-def _local_product(Z, V: torch.Tensor) -> torch.Tensor:
-    """``X_i V_i`` for every agent, ``(T, N, n, r)``, from ``V (T, N, m, r)``."""
-    if isinstance(Z, SparseColumns):
-        T, N, n, m = Z.shape
-        return sparse_matmul(Z.cols, V.reshape(T * N * m, -1)).view(T, N, n, -1)
-    return Z @ V
-
-
-def _local_t_product(Z, U: torch.Tensor) -> torch.Tensor:
-    """``X_i^T U_i`` for every agent, ``(T, N, m, r)``, from ``U (T, N, n, r)``."""
-    if isinstance(Z, SparseColumns):
-        T, N, n, m = Z.shape
-        return sparse_matmul(Z.rows, U.reshape(T * N * n, -1)).view(T, N, m, -1)
-    return Z.mT @ U
-
-
 def auto_mu(st: _State) -> torch.Tensor:
     """``mu_i = trace(V_i^T V_i) / r + lambda`` per agent, ``(T, N, 1, 1)``: the mean eigenvalue of
     the local system (eq. 9), so that the ADMM of ``X_i = U_i`` is equally fast at every scale
@@ -295,7 +229,7 @@ def x_step(Z, st: _State, idx, mask, sampler: PenaltySampler, exchange: Exchange
         if st.mu is not None:  # the scaled dual P belongs to the last mu
             st.P = st.P * (st.mu / mu)
         st.mu = mu
-    fixed_rhs = _local_product(Z, st.V) + lam * _scatter_rows(st.V, idx, n)
+    fixed_rhs = local_product(Z, st.V) + lam * _scatter_rows(st.V, idx, n)
     ev, E = torch.linalg.eigh(st.V.mT @ st.V)
     ev = ev.clamp_min(0.0)[..., None, :]
     shift = mu + lam * mask  # (T, N, n, 1), plus rho_i below
@@ -323,7 +257,7 @@ def y_step(Z, st: _State, idx, *, y_iters: int) -> None:
     """
     r = st.V.shape[-1]
     lam = st.lam.view(-1, 1, 1, 1)
-    A = _local_t_product(Z, st.Xc) + lam * _gather_rows(st.Xc, idx)
+    A = local_t_product(Z, st.Xc) + lam * _gather_rows(st.Xc, idx)
     B = st.Xc.mT @ st.Xc + lam * torch.eye(r, dtype=st.V.dtype, device=st.V.device)
     diag = B.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(B.dtype).tiny)
     V = st.V.clone()
