@@ -1,6 +1,8 @@
 """Symmetric NMF across agents (docs/SYMMETRIC_NMF.md, last section): the X-step's local solve
 and the Y-step are exact block minimizers, one agent is the centralized solver, N agents reach
-its accuracy, the secure exchanges give the same numbers, and only U crosses an edge."""
+its accuracy, the secure exchanges give the same numbers, only U crosses an edge; the agreed
+penalty schedule, the adaptive lambda's sums through the secure aggregation, checkpoints and
+resume, and a sparse X."""
 from __future__ import annotations
 
 import warnings
