@@ -272,6 +272,12 @@ def test_lambda_sums_through_the_aggregation():
     agg = make_aggregator("plain", 4)
     assert torch.equal(lambda_from_sums(st_lam, agg.total(lambda_terms(U_own, V), dim=1)),
                        adaptive_lambda(st_lam, U_own, V))
+    with pytest.raises(ConfigError, match="3 workers"):
+        fit_symnmf_agents(S, 2, aggregation=make_aggregator("plain", 3), **kw)
+    with pytest.raises(ConfigError, match="aggregation_options"):
+        fit_symnmf_agents(S, 2, aggregation=agg, aggregation_options={"n_max": 2.0**20}, **kw)
+    with pytest.raises(ConfigError, match="aggregation"):
+        fit_symnmf_agents(S, 2, aggregation="sealed", **kw)
     fixed = fit_symnmf_agents(S, 2, penalty=0.5, **kw)  # a fixed lambda needs no sums
     assert not any(k.startswith("lambda_sums") for k in fixed.costs)
 
@@ -337,6 +343,31 @@ def test_no_mask_seed_in_a_checkpoint(tmp_path, monkeypatch):
     for f in files:
         raw = f.read_bytes()
         assert not any(s in raw or s[::-1] in raw for s in drawn)
+
+
+@pytest.mark.crypto
+def test_paillier_resumes_a_quantized_checkpoint_and_writes_no_key(tmp_path, paillier_keypairs):
+    """quantized and paillier compute the same bits, so either resumes the other; the files of a
+    paillier run hold no private key's p, q or phi(n) (decimal, hex, raw bytes either way)."""
+    S, _ = _blob_similarity(n=12, k=2)
+    kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], x_iters=2, device="cpu", graph=ring(3),
+              checkpoint_dir=tmp_path, checkpoint_every=1)
+    opts = {"n_max": 10**6, "key_bits": 128}
+    keys = paillier_keypairs(128, 7)
+    whole = fit_symnmf_agents(S, 2, exchange="quantized", exchange_options=opts, max_iter=2,
+                              **{**kw, "checkpoint_dir": None})
+    fit_symnmf_agents(S, 2, exchange="quantized", exchange_options=opts, max_iter=1, **kw)
+    real = fit_symnmf_agents(S, 2, exchange="paillier", exchange_options={**opts, "keypairs": keys[:3]},
+                             aggregation_options={"keypairs": keys[3:]}, max_iter=2, resume=True, **kw)
+    assert torch.equal(real.U_agents, whole.U_agents) and torch.equal(real.lam, whole.lam)
+    pats = set()
+    for _, sk in keys:
+        for v in (sk.p, sk.q, (sk.p - 1) * (sk.q - 1)):
+            raw = v.to_bytes((v.bit_length() + 7) // 8, "big")
+            pats |= {str(v).encode(), format(v, "x").encode(), raw, raw[::-1]}
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 2
+    assert not any(pat in f.read_bytes() for f in files for pat in pats)
 
 
 # -- a sparse X across agents ---------------------------------------------------------------------

@@ -349,6 +349,9 @@ def _aggregator(aggregation, options, exch: Exchange, N: int):
     kind, ``plain`` for one agent or a custom exchange), with the exchange's key size by default.
     Returns ``(aggregator, made_here)``."""
     if isinstance(aggregation, Aggregator):
+        if options:
+            raise ConfigError("aggregation_options: an aggregator handed in is used as it is; pass its options "
+                              "to make_aggregator, or a kind name here")
         if aggregation.n_workers != N:
             raise ConfigError(f"aggregation: the aggregator has {aggregation.n_workers} workers, the run "
                               f"{N} agents")
@@ -524,9 +527,9 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     _warn_degree_one(exch, graphs)
     _warn_sum_leak(exch, penalty_schedule, caps, graphs)
     try:
-        exch.bind(topo, dtype=dt, device=dev)
         if adaptive:
             agg, own_agg = _aggregator(aggregation, aggregation_options, exch, N)
+        exch.bind(topo, dtype=dt, device=dev)
         edges_per_trial = torch.bincount(torch.div(topo.src, N, rounding_mode="floor"), minlength=T).tolist()
         sampler = PenaltySampler(caps.reshape(-1), topo.src.to(dev), edges_per_trial, seeds, penalty_mode, x_iters,
                                  shared=penalty_schedule == "agreed")
