@@ -1,117 +1,352 @@
-"""FSSPCA without a server: ``z`` agreed over a graph of workers (docs/FSSPCA.md, "Serverless").
+"""FSSPCA without a server: ``z`` agreed over a graph of workers through the library's exchange
+(docs/FSSPCA.md, "Serverless variant").
 
-For users with no trusted server. Step 2 of Algorithm 1 needs the average
-``v = mean_i (w_i + u_i / rho)``; here every worker holds its own estimate ``v_i``, obtained by
-``gossip_rounds`` rounds of average consensus over the communication graph
-(:mod:`ppdnmf_torch.graph`): ``x <- W x`` with the Metropolis-Hastings weights
-``W_ij = 1 / (1 + max(deg_i, deg_j))`` on edges (doubly stochastic, so the average is kept
-and every ``x_i`` tends to it on a connected graph). Each worker then soft-thresholds its own
-``v_i`` into ``z_i`` and updates its dual against ``z_i``. With enough gossip rounds this is
-the server version; with few, the workers' ``z_i`` disagree by the gossip error (measured:
-:func:`compare_with_server`).
+For users with no trusted server. Step 2 of Algorithm 1 is the proximal problem
 
-What crosses an edge is a neighbour's ``x_j`` in the clear: the variant removes the trusted
-server, not the exposure of the exchanged values (privacy not measured here).
+    ``z = argmin_z sum_i rho/2 ||z - v_i||^2 + lambda_1 ||z||_1 = soft(mean_i v_i, lambda_1 / (K rho))``,
+    ``v_i = w_i + u_i / rho``,
+
+whose data ``v_i`` are spread over the workers. Here every worker keeps its own copy ``z_i``
+and the workers solve that problem together over the communication graph with
+``inner_iters`` iterations of decentralized consensus per ADMM iteration; the only thing that
+crosses an edge is what the library's :class:`~ppdnmf_torch.exchange.Exchange` sends at
+PPDNMF's step 5 (``plain``: the values; ``quantized``/``paillier``: the integer protocol,
+``masked`` by default), and a worker learns only its neighbour sums
+``S_i = sum_j rho_ij (z_j - z_i)`` and ``rho_i``. The penalties come from
+:class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True`` (the agreed schedule: one
+draw per inner iteration on every edge, so a receiver's weights are all equal and its sums
+reveal ``rho_i = d_i g^2`` and ``g^2 sum_j z_j`` only). Two consensus methods:
+
+* ``"admm"`` (default): PPDNMF's X-step (ALGORITHM.md, steps 1, 3, 5, 6; eqs. 8-11) on the
+  local problems ``f_i(z) = 1/2 ||z - v_i||^2 + lambda_1 / (K rho) ||z||_1`` (Problem (12)
+  divided by ``rho``, split evenly): step 3 is a soft threshold,
+  ``z_i = soft((v_i + rho_i z_i + 2 Q_i - Q_i_prev) / (1 + rho_i), tau / (1 + rho_i))``
+  (:func:`admm_local_step`), step 5 the exchange, step 6 ``Q_i += S_i``. The ``Q_i`` sum to
+  zero over the workers, so any consensus fixed point is the server's ``z``. ``z_i``, ``Q_i``
+  and the penalty draws carry over between ADMM iterations (ALGORITHM.md's warm start).
+* ``"laplacian"``: dynamic average tracking ``x_i += v_i - v_i_prev``, then ``inner_iters``
+  Laplacian steps ``x_i += eps S_i`` through the same exchange (``eps = 1 / (g^2 (d_max + 1))``,
+  stable for every draw ``<= g``; :func:`laplacian_step`), and ``z_i = soft(x_i, tau)``.
+
+Why ``admm`` is the default (measured, docs/RESULTS.md "Without a server"): at equal inner
+iterations (equal bytes) its ``z_i`` are closer to the server's ``z`` on both the ring and the
+random graph of 8 workers, and from 3 inner iterations on the run's iterations and subspace
+match the server's; the Laplacian steps need ``eps`` small enough for the largest degree and
+converge at the rate of the graph's spectral gap.
+
+The global mean for centring is the plain sum here (as ``fit_fsspca(aggregation="plain")``), not
+agreed over the graph: each worker's sum ``s_i`` and count ``n_i`` would need one more
+consensus, not done (``center=False`` avoids it).
 """
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
-from ...errors import ConfigError, ConvergenceWarning
-from ...graph import Graph
+from ...errors import ConfigError, ConvergenceWarning, DegreeOneWarning
+from ...exchange import Exchange, make_exchange
+from ...graph import Graph, Topology
+from ...penalties import PenaltySampler
 from . import admm
 from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
 from .manifold import qf
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["metropolis_weights", "fit_serverless", "compare_with_server"]
+__all__ = ["ServerlessResult", "fit_serverless", "compare_with_server", "admm_local_step", "laplacian_step",
+           "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS"]
+
+CONSENSUS_METHODS = ("admm", "laplacian")
+#: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
+SERVERLESS_DEFAULTS = dict(consensus="laplacian", inner_iters=3, g_cap=0.7, penalty_mode="random")
 
 
-def metropolis_weights(graph: Graph, dtype=torch.float64, device=None) -> torch.Tensor:
-    """``W (K, K)``: Metropolis-Hastings weights of the graph (symmetric, rows sum to 1)."""
-    Adj = graph.to_dense(dtype=dtype).to(device)
-    deg = Adj.sum(1)
-    W = Adj / (1.0 + torch.maximum(deg[:, None], deg[None, :]))
-    return W + torch.diag(1.0 - W.sum(1))
+@dataclass
+class ServerlessResult:
+    """What :func:`fit_serverless` returns.
+
+    Attributes
+    ----------
+    z : Tensor (T, K, d, r)
+        Every worker's own sparse loadings ``z_i``.
+    z_mean : Tensor (T, d, r)
+        Their mean (evaluation only: no worker computes it).
+    components : Tensor (T, d, r)
+        ``qf(z_mean)``.
+    w, u : Tensor (T, K, d, r)
+    n_iter : LongTensor (T,)
+    converged : BoolTensor (T,)
+    disagreement : Tensor (n_iter, T)
+        ``max_i ||z_i - mean_j z_j||`` per ADMM iteration.
+    consensus : Tensor (n_iter, T)
+        ``max_i ||w_i - z_i||`` per ADMM iteration.
+    exchange_calls : int
+        Step-5 calls (one per inner iteration and ADMM iteration).
+    bytes : float
+        Bytes sent over all directed edges of trial 0: the exchange's count for the integer
+        kinds, ``d r`` floats per directed edge and call for ``plain``.
+    costs : dict
+        The exchange's :meth:`~ppdnmf_torch.exchange.Exchange.costs` (``quantized`` with
+        ``cost_model``: the Paillier operations and their estimated seconds).
+    settings : dict
+    """
+
+    z: torch.Tensor
+    z_mean: torch.Tensor
+    components: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    n_iter: torch.Tensor
+    converged: torch.Tensor
+    disagreement: torch.Tensor
+    consensus: torch.Tensor
+    exchange_calls: int = 0
+    bytes: float = 0.0
+    costs: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
 
 
-def fit_serverless(data, n_components, graph: Graph, *, gossip_rounds=10, groups=None, alpha=0.0, lambda_2=None,
-                   smoothing=DEFAULT_SMOOTHING, mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo",
-                   inner_steps=2, max_iter=500, tol=1e-6, trials=1, seed=0, device=None, dtype=None):
-    """Algorithm 1 over a graph of workers (no server); arguments as :func:`.fit.fit_fsspca`.
+def admm_local_step(v, z, Q, Q_prev, rho_i, tau):
+    """Step 3 of the X-step (eq. 9's form) on ``f_i(z) = 1/2 ||z - v_i||^2 + tau ||z||_1``.
+
+    ``argmin_z f_i(z) + rho_i/2 ||z||^2 - <z, rho_i z_i + 2 Q_i - Q_i_prev>``, a soft threshold.
+
+    Parameters
+    ----------
+    v, z, Q, Q_prev : Tensor (T, K, d, r)
+    rho_i : Tensor (T, K, 1, 1)
+        ``sum_j rho_ij`` as the exchange's step 1 gives it.
+    tau : Tensor (T, 1, 1, 1)
+        ``lambda_1 / (K rho)``.
+    """
+    den = 1.0 + 2 * rho_i
+    return admm.soft_threshold((v + 2 * rho_i * z + 2 * Q - Q_prev) / den, tau / den)
+
+
+def laplacian_step(x, S, eps):
+    """One Laplacian averaging step ``x_i <- x_i + eps S_i`` (``S_i = sum_j rho_ij (x_j - x_i)``);
+    keeps ``sum_i x_i`` and contracts the disagreement for ``eps max_ij rho_ij (d_max + 1) <= 1``."""
+    return x + eps * S
+
+
+def _check_exchange_graph(exch, graph, g_cap, value_scale):
+    """Refuse a codec too small for the run, and warn about workers with one neighbour."""
+    codec = getattr(exch, "codec", None)
+    if codec is None:
+        return
+    deg = graph.degree.tolist()
+    codec.preflight(value_scale=value_scale, g_max=g_cap, max_degree=int(max(deg)), g_min=g_cap)
+    ones = [a for a, d in enumerate(deg) if d == 1]
+    if ones:
+        warnings.warn(f"workers {ones} have a single neighbour: the sums each obtains are that neighbour's "
+                      "z_j, whatever the protocol (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
+
+
+def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEFAULTS["consensus"],
+                   inner_iters=SERVERLESS_DEFAULTS["inner_iters"], exchange="plain", exchange_options=None,
+                   g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
+                   groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=1e-3, rho="auto",
+                   rho_scale=2.0, line_search="armijo", inner_steps=2, center=True, max_iter=500, tol=1e-6,
+                   trials=1, seed=0, init=None, device=None, dtype=None, callback=None) -> ServerlessResult:
+    """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
+
+    Arguments not listed are :func:`.fit.fit_fsspca`'s.
+
+    Parameters
+    ----------
+    graph : Graph
+        The workers' communication graph (``K`` agents, connected).
+    consensus : {"admm", "laplacian"}
+        The decentralized method of step 2 (see the module).
+    inner_iters : int
+        Consensus iterations (exchange calls) per ADMM iteration.
+    exchange : str, ExchangeSpec or Exchange
+        ``"plain"``, ``"quantized"``, ``"paillier"`` with ``exchange_options`` (``protocol``,
+        default ``"masked"``; ``n_max``, ``key_bits``, ``g_bits``, ``cost_model``, ``keypairs``),
+        as PPDNMF has them; made here and closed at the end, or an Exchange used as it is.
+    g_cap : float
+        The agreed cap ``g`` of the penalties (``rho_ij <= g^2``; the local problems have unit
+        curvature). ``admm`` converges fastest near ``rho_ij = 0.5`` (measured on a complete graph
+        and a ring of 4: 40 inner iterations follow the server to 2e-6 with ``g = 0.7``, to 4e-4
+        with ``g = 1``); ``laplacian`` scales its step by ``1 / g^2`` and depends on ``g`` only
+        through the draws.
+    penalty_mode : {"random", "fixed"}
+        The agreed draws of :class:`~ppdnmf_torch.penalties.PenaltySampler` (``shared=True``).
+    tol : float
+        The server's rule (:func:`.fit.fit_fsspca`) with each worker's own ``z_i``: a trial stops
+        when ``sqrt(sum_i ||w_i - z_i||^2 / (K r))`` and ``sqrt(sum_i ||z_i - z_i_old||^2 / (K r))``
+        are both ``<= tol``. The simulation evaluates it over the network; a deployment would
+        agree on it with one more consensus (or run ``max_iter`` iterations).
+    callback : callable, optional
+        ``callback(iteration, values)`` after each ADMM iteration, ``values`` a dict of ``v``,
+        ``z``, ``w`` ``(T, K, d, r)`` and ``disagreement``, ``consensus`` ``(T,)`` (the audit
+        keeps the ``v_i`` from it); a true return value stops the run.
 
     Returns
     -------
-    dict with ``z (T, K, d, r)`` (every worker's own), ``z_mean (T, d, r)``, ``components``
-    (``qf`` of ``z_mean``), ``w``, ``n_iter (T,)``, ``disagreement`` (``(n_iter, T)``:
-    ``max_i ||z_i - mean_j z_j||``) and ``consensus`` (``(n_iter, T)``: ``max_i ||w_i - z_i||``).
+    ServerlessResult
     """
+    if consensus not in CONSENSUS_METHODS:
+        raise ConfigError(f"consensus: unknown method {consensus!r}; use one of {CONSENSUS_METHODS}")
+    if isinstance(inner_iters, bool) or int(inner_iters) != inner_iters or int(inner_iters) < 1:
+        raise ConfigError(f"inner_iters: must be an integer >= 1, got {inner_iters!r}")
+    if not (isinstance(g_cap, (int, float)) and g_cap > 0):
+        raise ConfigError(f"g_cap: must be a number > 0, got {g_cap!r}")
     blocks = as_blocks(data, groups, device=device, dtype=dtype)
     K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
-    if graph.n_agents != K:
-        raise ConfigError(f"graph: has {graph.n_agents} agents for {K} workers")
-    if int(gossip_rounds) < 1:
-        raise ConfigError(f"gossip_rounds: must be >= 1, got {gossip_rounds}")
-    r, T = int(n_components), int(trials)
+    if not isinstance(graph, Graph) or graph.n_agents != K:
+        raise ConfigError(f"graph: expected a Graph of {K} agents (one per worker), got {graph!r}")
+    r, T, M = int(n_components), int(trials), int(inner_iters)
+    if not 1 <= r <= d:
+        raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
-    # the mean for centring is a gossip average too; exact here (the plain sum) for brevity
-    problem, _ = prepare_problem(blocks, T)
+    problem, _ = prepare_problem(blocks, T, center=center)
     lam1 = _per_trial(alpha, T, "alpha", like)
     lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
     rho_t = _auto_rho(problem, rho_scale) if isinstance(rho, str) else _per_trial(rho, T, "rho", like)
-    W = metropolis_weights(graph, like.dtype, like.device)
-    z0 = _initial_z(d, r, T, seed, None, like.dtype, like.device)
+    if isinstance(init, str):
+        raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
+    z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
+
+    owned = not isinstance(exchange, Exchange)
+    exch = make_exchange(exchange, **(exchange_options or {})) if owned else exchange
+    try:
+        topo = Topology.from_graphs([graph] * T)
+        exch.bind(topo, dtype=like.dtype, device=like.device)
+        _check_exchange_graph(exch, graph, float(g_cap), value_scale=2.0)
+        seeds = [int(seed) + t for t in range(T)]
+        sampler = PenaltySampler(torch.full((T * K,), float(g_cap), dtype=torch.float64, device=like.device),
+                                 topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, penalty_mode, M,
+                                 shared=True)
+        return _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, consensus, M, float(g_cap),
+                    line_search, inner_steps, max_iter, tol, callback, dict(consensus=consensus, inner_iters=M, g_cap=g_cap,
+                    penalty_mode=penalty_mode, exchange=exch.name, n_workers=K, rho=rho_t.tolist(),
+                    alpha=lam1.tolist(), lambda_2=lam2.tolist(), center=center, seed=seed))
+    finally:
+        if owned:
+            exch.close()
+
+
+def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, M, g_cap, line_search,
+         inner_steps, max_iter, tol, callback, settings) -> ServerlessResult:
+    T, K, d, _ = problem.gram.shape
+    r = z0.shape[-1]
+    A, P, like = T * K, d * r, z0
     scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho_t[:, None] + lam2[:, None] / mu
-    state = admm.ADMMState(w=z0[:, None].expand(T, K, d, r).clone(), u=torch.zeros((T, K, d, r), dtype=like.dtype,
-                           device=like.device), z=z0[:, None].expand(T, K, d, r).clone(), theta=1.0 / scale)
+    zk = z0[:, None].expand(T, K, d, r).clone()
+    state = admm.ADMMState(w=zk.clone(), u=torch.zeros_like(zk), z=zk, theta=1.0 / scale)
+    Q, Q_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # admm: the X-step's duals
+    x, v_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # laplacian: the tracked averages
+    g = sampler.initial()
+    eps = 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
+    tau = (lam1 / (K * rho_t))[:, None, None, None]
     active = torch.ones(T, dtype=torch.bool, device=like.device)
     n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
+    converged = torch.zeros(T, dtype=torch.bool, device=like.device)
     dis, cons = [], []
-    tau = (lam1 / (K * rho_t))[:, None, None, None]
+    calls, plain_bytes = 0, 0.0
     while state.iteration < max_iter and bool(active.any()):
         state.iteration += 1
-        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search,
-                            inner_steps=inner_steps, active=active)
-        x = w + state.u / rho_t[:, None, None, None]
-        for _ in range(int(gossip_rounds)):  # rounds of communication, sequential by nature
-            x = torch.einsum("kj,tjab->tkab", W, x)
-        z = admm.soft_threshold(x, tau)
+        k = state.iteration
+        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
+                            active=active)  # step 1, eq. (14)
+        v = w + state.u / rho_t[:, None, None, None]
+        sampler.begin_bcd_iteration()
+        if method == "laplacian":
+            x, v_prev = x + (v - v_prev), v
+        z = state.z
+        for m in range(M):  # rounds of communication, sequential by nature
+            g = sampler.step(g, m)
+            rho_i = exch.penalty_sums(g, bcd_iter=k, admm_iter=m + 1).to(like.dtype).view(T, K, 1, 1)
+            if method == "admm":
+                z = admm_local_step(v, z, Q, Q_prev, rho_i, tau)
+                S = exch.exchange(z.reshape(A, P), g, bcd_iter=k, admm_iter=m + 1).S
+                Q_prev, Q = Q, Q + S.view(T, K, d, r).to(like.dtype)
+            else:
+                S = exch.exchange(x.reshape(A, P), g, bcd_iter=k, admm_iter=m + 1).S
+                x = laplacian_step(x, S.view(T, K, d, r).to(like.dtype), eps)
+            calls += 1
+            plain_bytes += 2 * graph.n_edges * P * like.element_size()
+        if method == "laplacian":
+            z = admm.soft_threshold(x, tau)
         a4 = active[:, None, None, None]
         z_new = torch.where(a4, z, state.z)
-        u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
-        change = torch.linalg.matrix_norm(z_new - state.z).amax(1)
+        u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)  # step 3, per worker
+        # the server's stopping rule with each worker's own z_i (equal to it when the z_i agree)
+        primal = torch.linalg.matrix_norm(w - z_new).square().sum(1).sqrt()
+        dual = rho_t * torch.linalg.matrix_norm(z_new - state.z).square().sum(1).sqrt()
         state.w, state.z, state.u = w, z_new, u_new
-        zbar = z_new.mean(1, keepdim=True)
-        dis.append(torch.linalg.matrix_norm(z_new - zbar).amax(1))
-        gap = torch.linalg.matrix_norm(w - z_new).amax(1)
-        cons.append(gap)
+        dis.append(torch.linalg.matrix_norm(z_new - z_new.mean(1, keepdim=True)).amax(1))
+        cons.append(torch.linalg.matrix_norm(w - z_new).amax(1))
         n_iter = torch.where(active, n_iter + 1, n_iter)
-        active = active & ~((gap / math.sqrt(r) <= tol) & (change / math.sqrt(r) <= tol))
-    if tol > 0 and bool(active.any()):
-        warnings.warn(f"FSSPCA (serverless): trials {torch.nonzero(active).flatten().tolist()} did not reach "
-                      f"tol={tol} in {max_iter} iterations", ConvergenceWarning, stacklevel=2)
+        done = (primal / math.sqrt(K * r) <= tol) & (dual / (rho_t * math.sqrt(K * r)) <= tol) & active
+        converged = converged | done
+        active = active & ~done
+        if callback is not None and callback(k, dict(v=v, z=z_new, w=w, disagreement=dis[-1], consensus=cons[-1])):
+            break
+    if tol > 0 and not bool(converged.all()):
+        warnings.warn(f"FSSPCA (serverless): trials {torch.nonzero(~converged).flatten().tolist()} did not reach "
+                      f"tol={tol} in {max_iter} iterations", ConvergenceWarning, stacklevel=3)
+    counted = sum(exch.bytes_per_edge().values())
     zm = state.z.mean(1)
-    return dict(z=state.z, z_mean=zm, components=qf(zm), w=state.w, n_iter=n_iter,
-                disagreement=torch.stack(dis), consensus=torch.stack(cons))
+    return ServerlessResult(z=state.z, z_mean=zm, components=qf(zm), w=state.w, u=state.u, n_iter=n_iter,
+                            converged=converged, disagreement=torch.stack(dis), consensus=torch.stack(cons),
+                            exchange_calls=calls, bytes=float(counted if counted else plain_bytes),
+                            costs=dict(exch.costs()), settings=settings)
 
 
-def compare_with_server(data, n_components, graph, gossip=(1, 3, 10, 30), **kwargs):
-    """The serverless variant against the server version on the same problem and start: per
-    number of gossip rounds, the largest distance of a worker's ``z_i`` to the server's ``z``
-    and the principal-angle sine between their orthonormal loadings; ``list of dict``."""
+def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
+                        exchange_options=None, **kwargs):
+    """The serverless variant against the server version (:func:`.fit.fit_fsspca`, plain upload) on
+    the same problem and start, per number of inner consensus iterations.
+
+    Returns
+    -------
+    list of dict, one per ``inner`` value: ``max_z_distance`` (the largest ``||z_i - z||`` of a
+    worker's ``z_i`` to the server's ``z``), ``max_sine`` (principal-angle sine between ``qf`` of
+    the mean ``z_i`` and the server's loadings), ``n_iter``, ``server_n_iter``, ``bytes`` (trial 0,
+    all directed edges), ``server_bytes`` (the plain uploads and downloads of ``z``: ``2 K d r``
+    floats per iteration), per trial where a list.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", DegreeOneWarning)
         server = fit_fsspca(data, n_components, **kwargs)
         out = []
-        for g in gossip:
-            res = fit_serverless(data, n_components, graph, gossip_rounds=g, **kwargs)
-            dz = torch.linalg.matrix_norm(res["z"] - server.z[:, None]).amax(1)
-            s = torch.linalg.svdvals(server.components.transpose(-2, -1) @ res["components"]).amin(-1)
-            out.append(dict(gossip_rounds=g, max_z_distance=dz.tolist(), n_iter=res["n_iter"].tolist(),
-                            server_n_iter=server.n_iter.tolist(),
-                            max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist()))
+        for m in inner:
+            res = fit_serverless(data, n_components, graph, consensus=consensus, inner_iters=m, exchange=exchange,
+                                 exchange_options=exchange_options, **kwargs)
+            dz = torch.linalg.matrix_norm(res.z - server.z[:, None]).amax(1)
+            s = torch.linalg.svdvals(server.components.mT @ res.components).amin(-1)
+            K, d, r = res.z.shape[1:]
+            out.append(dict(consensus=consensus, inner_iters=m, max_z_distance=dz.tolist(),
+                            max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist(), n_iter=res.n_iter.tolist(),
+                            server_n_iter=server.n_iter.tolist(), bytes=res.bytes,
+                            server_bytes=float(2 * K * d * r * server.z.element_size() * int(server.n_iter[0]))))
     return out
+
+
+def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHODS, graphs=("ring", "random"),
+                     alpha=200.0, seed=0, max_iter=300, exchange="plain", exchange_options=None):
+    """docs/RESULTS.md's "Without a server": the spiked model (``n = 800``, ``d = 30``, ``r = 2``,
+    support 5) dealt IID over ``n_workers`` workers, on a ring and on a random connected graph
+    (average degree 3, ``seed``), per consensus method and inner iteration count; rows of
+    :func:`compare_with_server` with the graph's name."""
+    from ...graph import random_connected, ring
+    from .data import spiked_covariance, split_rows
+
+    sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=seed)
+    groups = split_rows("iid", n_workers, n=len(sp.X), seed=seed)
+    made = {"ring": ring(n_workers), "random": random_connected(n_workers, 3.0, seed=seed)}
+    rows = []
+    for name in graphs:
+        for method in methods:
+            for row in compare_with_server(sp.X, 2, made[name], inner, consensus=method, exchange=exchange,
+                                           exchange_options=exchange_options, groups=groups, alpha=alpha,
+                                           max_iter=max_iter, tol=1e-6, seed=seed):
+                rows.append(dict(graph=f"{name}({n_workers})", **{k: (v[0] if isinstance(v, list) else v)
+                                                                   for k, v in row.items()}))
+    return rows

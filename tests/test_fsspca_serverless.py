@@ -1,0 +1,185 @@
+"""FSSPCA without a server (``models/fsspca/serverless.py``): step 2 agreed through the library's
+exchange, against the server version, bit-identical integer kinds, costs, and the audit."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning
+from ppdnmf_torch.graph import Graph, complete, ring
+from ppdnmf_torch.models.fsspca import admm, fit_fsspca
+from ppdnmf_torch.models.fsspca.serverless import (CONSENSUS_METHODS, admm_local_step, compare_with_server,
+                                                   fit_serverless, laplacian_step)
+
+
+def _blocks(K=4, d=6, seed=0):
+    rng = np.random.default_rng(seed)
+    scale = 3.0 * 0.6 ** np.arange(d)
+    return [rng.standard_normal((12 + 5 * i, d)) * scale + 0.3 for i in range(K)]
+
+
+def _quiet(fn, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", DegreeOneWarning)
+        return fn(*a, **kw)
+
+
+def test_complete_graph_one_laplacian_step_is_the_server_version():
+    """On a complete graph with the fixed penalty, eps = 1 / (g^2 K): one Laplacian step is the
+    exact average, so every worker's z_i is the server's z, iteration for iteration."""
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=25, tol=1e-8)
+    server = _quiet(fit_fsspca, blocks, 2, **kw)
+    res = _quiet(fit_serverless, blocks, 2, complete(4), consensus="laplacian", inner_iters=1,
+                 penalty_mode="fixed", **kw)
+    torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=1e-10)
+    assert res.n_iter.tolist() == server.n_iter.tolist()
+
+
+@pytest.mark.parametrize("method, inner, atol", [("laplacian", 20, 1e-9), ("admm", 40, 1e-5)])
+@pytest.mark.parametrize("graph", [complete(4), ring(4)], ids=["complete", "ring"])
+def test_many_inner_iterations_follow_the_server_version(method, inner, atol, graph):
+    """Many inner iterations per ADMM iteration: the workers' z_i follow the server's z iteration
+    for iteration (same start, 12 iterations, tol=0)."""
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=12, tol=0)
+    server = fit_fsspca(blocks, 2, **kw)
+    res = fit_serverless(blocks, 2, graph, consensus=method, inner_iters=inner, **kw)
+    torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=atol)
+    assert float((res.z == 0).double().mean()) > 0  # the threshold is active: a sparse z
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", CONSENSUS_METHODS)
+def test_serverless_converges_to_the_server_solution_on_a_ring(method):
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=400, tol=1e-8)
+    server = _quiet(fit_fsspca, blocks, 2, **kw)
+    res = _quiet(fit_serverless, blocks, 2, ring(4), consensus=method, inner_iters=3, **kw)
+    assert bool(res.converged.all())
+    torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", CONSENSUS_METHODS)
+def test_more_inner_iterations_agree_more_on_a_ring(method):
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=6, tol=0)
+    few = fit_serverless(blocks, 2, ring(4), consensus=method, inner_iters=1, **kw)
+    many = fit_serverless(blocks, 2, ring(4), consensus=method, inner_iters=20, **kw)
+    assert float(few.disagreement[-1, 0]) > 10 * float(many.disagreement[-1, 0])
+    assert many.exchange_calls == 20 * 6 and few.exchange_calls == 6
+
+
+def test_admm_local_step_fixes_the_consensus_solution():
+    """At z_i = z* = soft(mean v, tau) and duals Q_i = z* - v_i + tau sign(z*) (which sum to 0 over
+    the workers), step 3 returns z* on the support: the fixed point is the server's z."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn((1, 5, 4, 2), generator=g, dtype=torch.float64)
+    tau = torch.full((1, 1, 1, 1), 0.3, dtype=torch.float64)
+    z = admm.soft_threshold(v.mean(1, keepdim=True), tau).expand_as(v)
+    Q = z - v + tau * torch.sign(z)
+    Q = Q - Q.mean(1, keepdim=True) * (z == 0)  # off the support any subgradient in [-tau, tau]
+    torch.testing.assert_close(Q.sum(1), torch.zeros_like(Q.sum(1)), rtol=0, atol=1e-12)
+    rho = torch.full((1, 5, 1, 1), 0.7, dtype=torch.float64)
+    out = admm_local_step(v, z, Q, Q, rho, tau)
+    support = z != 0
+    torch.testing.assert_close(out[support], z[support], rtol=0, atol=1e-12)
+    x = torch.randn((1, 5, 3), generator=g, dtype=torch.float64)
+    S = x.sum(1, keepdim=True) - 5 * x  # the complete graph, rho_ij = 1
+    torch.testing.assert_close(laplacian_step(x, S, 0.2), x.mean(1, keepdim=True).expand_as(x))
+
+
+@pytest.mark.parametrize("method", CONSENSUS_METHODS)
+def test_quantized_is_plain_to_the_codec_resolution_and_counts_costs(method):
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=5, tol=0, consensus=method, inner_iters=2)
+    plain = fit_serverless(blocks, 2, ring(4), **kw)
+    quant = fit_serverless(blocks, 2, ring(4), exchange="quantized",
+                           exchange_options={"n_max": 1e6, "key_bits": 2048, "cost_model": True}, **kw)
+    torch.testing.assert_close(quant.z, plain.z, rtol=0, atol=1e-4)
+    assert not torch.equal(quant.z, plain.z)
+    assert quant.costs["estimated_seconds"] > 0 and quant.costs["encryptions"] > 0
+    assert quant.bytes > plain.bytes > 0
+    # plain: d r float64 values per directed edge and call
+    assert plain.bytes == plain.exchange_calls * 2 * 4 * 6 * 2 * 8
+    assert plain.settings["exchange"] == "plain" and quant.settings["exchange"] == "quantized"
+
+
+@pytest.mark.crypto
+def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs):
+    from ppdnmf_torch.exchange.paillier import InsecureKeyWarning
+
+    blocks = _blocks(K=3, d=4)
+    kw = dict(alpha=2.0, max_iter=2, tol=0, consensus="admm", inner_iters=2)
+    opts = {"n_max": 1e6, "key_bits": 128, "protocol": "masked"}
+    quant = fit_serverless(blocks, 2, ring(3), exchange="quantized", exchange_options=opts, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureKeyWarning)
+        real = fit_serverless(blocks, 2, ring(3), exchange="paillier",
+                              exchange_options={**opts, "keypairs": paillier_keypairs(128, 3), "workers": 0}, **kw)
+    assert torch.equal(real.z, quant.z) and torch.equal(real.w, quant.w)
+    assert real.costs["encryptions"] > 0
+
+
+def test_bad_settings_are_refused():
+    blocks = _blocks()
+    with pytest.raises(ConfigError, match="graph"):
+        fit_serverless(blocks, 2, ring(5))
+    with pytest.raises(ConfigError, match="consensus"):
+        fit_serverless(blocks, 2, ring(4), consensus="gossip")
+    with pytest.raises(ConfigError, match="inner_iters"):
+        fit_serverless(blocks, 2, ring(4), inner_iters=0)
+    with pytest.raises(ConfigError, match="init"):
+        fit_serverless(blocks, 2, ring(4), init="pca")
+    with pytest.raises(ConfigError, match="g_cap"):
+        fit_serverless(blocks, 2, ring(4), g_cap=0.0)
+
+
+def test_a_worker_with_one_neighbour_is_warned_under_an_integer_exchange():
+    path = Graph(4, [(0, 1), (1, 2), (2, 3)])
+    with pytest.warns(DegreeOneWarning, match=r"\[0, 3\]"):
+        _quiet_conv(fit_serverless, _blocks(), 2, path, exchange="quantized", max_iter=1)
+
+
+def _quiet_conv(fn, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return fn(*a, **kw)
+
+
+def test_compare_with_server_rows():
+    rows = compare_with_server(_blocks(), 2, ring(4), inner=(1, 20), alpha=20.0, max_iter=8, tol=0)
+    assert [r["inner_iters"] for r in rows] == [1, 20]
+    assert rows[1]["max_z_distance"][0] < rows[0]["max_z_distance"][0]
+    assert rows[1]["bytes"] == 20 * rows[0]["bytes"] and rows[0]["server_bytes"] > 0
+
+
+def test_audit_plain_gives_everything_masked_gives_no_exact_value_on_a_ring():
+    """Named adversaries (serverless_audit): under plain every message is read exactly and, under
+    the Laplacian method, every neighbour's first message is its v_j; under quantized + masked
+    with the agreed schedule no neighbour of degree 2 recovers a message or v_j exactly."""
+    from ppdnmf_torch.models.fsspca.serverless_audit import audit_serverless
+
+    rep = audit_serverless(_blocks(), 2, ring(4), consensus="laplacian", inner_iters=2, alpha=20.0, max_iter=6,
+                           tol=0, sums_max_calls=4)
+    assert rep["plain"]["agents_recovered_exactly"] == 4
+    assert rep["plain"]["v"]["message"]["pairs_any_exact"] == 8  # v_j^1 is j's first message
+    m = rep["masked"]
+    assert m["messages"]["exact_recovery_pairs"] == 0 and m["messages"]["pairs"] == 8
+    assert all(m["v"][a]["exact"] == 0 for a in ("nbr_mean", "trajectory"))
+    assert all(b["exact_calls"] == 0 for b in m["sums"].values())
+
+
+def test_audit_a_single_neighbour_learns_the_value():
+    """The inherent case: a worker of degree 1 reads its neighbour's message off its own sums."""
+    from ppdnmf_torch.models.fsspca.serverless_audit import audit_serverless
+
+    path = Graph(4, [(0, 1), (1, 2), (2, 3)])
+    rep = audit_serverless(_blocks(), 2, path, consensus="laplacian", inner_iters=2, alpha=20.0, max_iter=4, tol=0,
+                           sums=False)
+    assert rep["masked"]["messages"]["exact_recovery_pairs_degree1"] == 2
+    assert rep["masked"]["messages"]["exact_recovery_pairs_degree2plus"] == 0
