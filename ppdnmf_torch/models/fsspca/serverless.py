@@ -15,24 +15,36 @@ PPDNMF's step 5 (``plain``: the values; ``quantized``/``paillier``: the integer 
 ``S_i = sum_j rho_ij (z_j - z_i)`` and ``rho_i``. The penalties come from
 :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True`` (the agreed schedule: one
 draw per inner iteration on every edge, so a receiver's weights are all equal and its sums
-reveal ``rho_i = d_i g^2`` and ``g^2 sum_j z_j`` only). Two consensus methods:
+reveal ``rho_i = d_i g^2`` and ``g^2`` times the sum of its neighbours' messages only). Two
+consensus methods, chosen by ``consensus``:
 
-* ``"admm"`` (default): PPDNMF's X-step (ALGORITHM.md, steps 1, 3, 5, 6; eqs. 8-11) on the
-  local problems ``f_i(z) = 1/2 ||z - v_i||^2 + lambda_1 / (K rho) ||z||_1`` (Problem (12)
-  divided by ``rho``, split evenly): step 3 is a soft threshold,
-  ``z_i = soft((v_i + rho_i z_i + 2 Q_i - Q_i_prev) / (1 + rho_i), tau / (1 + rho_i))``
-  (:func:`admm_local_step`), step 5 the exchange, step 6 ``Q_i += S_i``. The ``Q_i`` sum to
-  zero over the workers, so any consensus fixed point is the server's ``z``. ``z_i``, ``Q_i``
-  and the penalty draws carry over between ADMM iterations (ALGORITHM.md's warm start).
-* ``"laplacian"``: dynamic average tracking ``x_i += v_i - v_i_prev``, then ``inner_iters``
-  Laplacian steps ``x_i += eps S_i`` through the same exchange (``eps = 1 / (g^2 (d_max + 1))``,
-  stable for every draw ``<= g``; :func:`laplacian_step`), and ``z_i = soft(x_i, tau)``.
+* ``"laplacian"`` (default): dynamic average tracking. Each worker keeps ``x_i`` with
+  ``sum_i x_i = sum_i v_i`` (it adds ``v_i - v_i_prev`` at every ADMM iteration), takes
+  ``inner_iters`` Laplacian steps ``x_i += eps S_i`` through the exchange
+  (``eps = 1 / (g^2 (d_max + 1))``, stable for every draw ``<= g``; :func:`laplacian_step`),
+  and sets ``z_i = soft(x_i, lambda_1 / (K rho))``. The steps keep the sum, so the error of
+  one ADMM iteration is corrected at the next ones instead of accumulating.
+* ``"admm"``: PPDNMF's X-step (ALGORITHM.md, steps 1, 3, 5, 6; eqs. 8-11) on the local
+  problems ``f_i(z) = 1/2 ||z - v_i||^2 + lambda_1 / (K rho) ||z||_1`` (Problem (12) divided by
+  ``rho``, split evenly): step 3 is a soft threshold (:func:`admm_local_step`), step 5 the
+  exchange, step 6 ``Q_i += S_i``. Step 3 uses ``2 rho_i`` where the X-step has ``rho_i``
+  (Shi et al.'s decentralized ADMM with ``c_ij = rho_ij``): with the X-step's ``rho_i`` the
+  iteration diverged on a ring of 8 workers (measured with ``g = 1``: ``max_i ||z_i - mean z||``
+  1e67 after 300 ADMM iterations with one inner iteration). The ``Q_i`` sum to zero over the workers, so
+  a consensus fixed point is the server's ``z``. ``z_i``, ``Q_i`` and the draws carry over
+  between ADMM iterations (ALGORITHM.md's warm start).
 
-Why ``admm`` is the default (measured, docs/RESULTS.md "Without a server"): at equal inner
-iterations (equal bytes) its ``z_i`` are closer to the server's ``z`` on both the ring and the
-random graph of 8 workers, and from 3 inner iterations on the run's iterations and subspace
-match the server's; the Laplacian steps need ``eps`` small enough for the largest degree and
-converge at the rate of the graph's spectral gap.
+Both run warm, so every worker's ``z_i`` ends at the server's ``z`` to the stopping tolerance
+whatever ``inner_iters``; the inner count trades ADMM iterations against bytes. Why
+``laplacian`` with 3 inner iterations is the default (measured, docs/RESULTS.md "Without a
+server", ring and random graph of 8 workers): after 50 ADMM iterations its ``z_i`` are closer
+to the server's than ``admm``'s at 1, 3 and 10 inner iterations on both graphs; at 3 inner
+iterations it stops in 115 and 132 ADMM iterations (``admm``: 204 and 223) with 0.56 and 0.59
+times the bytes; with 1 inner iteration on the random graph ``admm`` stops first (229 against
+266); and on a complete graph one Laplacian step is the exact average. Privacy differs
+(docs/THREAT_MODEL.md): under ``plain`` a Laplacian worker's first message is its ``v_j``;
+under the masked integer exchange neither method gave a neighbour of degree >= 2 an exact
+value.
 
 The global mean for centring is the plain sum here (as ``fit_fsspca(aggregation="plain")``), not
 agreed over the graph: each worker's sum ``s_i`` and count ``n_i`` would need one more
@@ -299,32 +311,40 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
 
 
 def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
-                        exchange_options=None, **kwargs):
+                        exchange_options=None, at_iteration=50, **kwargs):
     """The serverless variant against the server version (:func:`.fit.fit_fsspca`, plain upload) on
     the same problem and start, per number of inner consensus iterations.
 
     Returns
     -------
     list of dict, one per ``inner`` value: ``max_z_distance`` (the largest ``||z_i - z||`` of a
-    worker's ``z_i`` to the server's ``z``), ``max_sine`` (principal-angle sine between ``qf`` of
-    the mean ``z_i`` and the server's loadings), ``n_iter``, ``server_n_iter``, ``bytes`` (trial 0,
-    all directed edges), ``server_bytes`` (the plain uploads and downloads of ``z``: ``2 K d r``
-    floats per iteration), per trial where a list.
+    worker's ``z_i`` to the server's ``z`` at the end of both runs), ``max_sine`` (principal-angle
+    sine between ``qf`` of the mean ``z_i`` and the server's loadings), ``n_iter``,
+    ``server_n_iter``, ``z_distance_at`` (the largest ``||z_i - z||`` after ``at_iteration``
+    iterations of both, ``tol=0``), ``bytes`` (trial 0, all directed edges), ``server_bytes``
+    (the plain uploads and downloads of ``z``: ``2 K d r`` floats per iteration); per trial
+    where a list.
     """
+    def distance(res, server):
+        return torch.linalg.matrix_norm(res.z - server.z[:, None]).amax(1)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", DegreeOneWarning)
         server = fit_fsspca(data, n_components, **kwargs)
+        fixed = dict(kwargs, max_iter=at_iteration, tol=0)
+        server_at = fit_fsspca(data, n_components, **fixed)
         out = []
         for m in inner:
-            res = fit_serverless(data, n_components, graph, consensus=consensus, inner_iters=m, exchange=exchange,
-                                 exchange_options=exchange_options, **kwargs)
-            dz = torch.linalg.matrix_norm(res.z - server.z[:, None]).amax(1)
+            opts = dict(consensus=consensus, inner_iters=m, exchange=exchange, exchange_options=exchange_options)
+            res = fit_serverless(data, n_components, graph, **opts, **kwargs)
+            res_at = fit_serverless(data, n_components, graph, **opts, **fixed)
             s = torch.linalg.svdvals(server.components.mT @ res.components).amin(-1)
             K, d, r = res.z.shape[1:]
-            out.append(dict(consensus=consensus, inner_iters=m, max_z_distance=dz.tolist(),
+            out.append(dict(consensus=consensus, inner_iters=m, max_z_distance=distance(res, server).tolist(),
                             max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist(), n_iter=res.n_iter.tolist(),
-                            server_n_iter=server.n_iter.tolist(), bytes=res.bytes,
+                            server_n_iter=server.n_iter.tolist(), z_distance_at=distance(res_at, server_at).tolist(),
+                            at_iteration=at_iteration, bytes=res.bytes, costs=res.costs,
                             server_bytes=float(2 * K * d * r * server.z.element_size() * int(server.n_iter[0]))))
     return out
 
@@ -349,4 +369,6 @@ def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHOD
                                            max_iter=max_iter, tol=1e-6, seed=seed):
                 rows.append(dict(graph=f"{name}({n_workers})", **{k: (v[0] if isinstance(v, list) else v)
                                                                    for k, v in row.items()}))
+                rows[-1]["estimated_paillier_seconds"] = row["costs"].get("estimated_seconds")
+                del rows[-1]["costs"]
     return rows
