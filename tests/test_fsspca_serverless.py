@@ -152,9 +152,10 @@ def _quiet_conv(fn, *a, **kw):
 
 
 def test_compare_with_server_rows():
-    rows = compare_with_server(_blocks(), 2, ring(4), inner=(1, 20), alpha=20.0, max_iter=8, tol=0)
+    rows = compare_with_server(_blocks(), 2, ring(4), inner=(1, 20), alpha=20.0, max_iter=8, tol=0, at_iteration=4)
     assert [r["inner_iters"] for r in rows] == [1, 20]
     assert rows[1]["max_z_distance"][0] < rows[0]["max_z_distance"][0]
+    assert rows[1]["z_distance_at"][0] < rows[0]["z_distance_at"][0]
     assert rows[1]["bytes"] == 20 * rows[0]["bytes"] and rows[0]["server_bytes"] > 0
 
 

@@ -68,7 +68,7 @@ from .manifold import qf
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
 __all__ = ["ServerlessResult", "fit_serverless", "compare_with_server", "admm_local_step", "laplacian_step",
-           "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS"]
+           "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup", "serverless_table"]
 
 CONSENSUS_METHODS = ("admm", "laplacian")
 #: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
@@ -349,26 +349,33 @@ def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, cons
     return out
 
 
-def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHODS, graphs=("ring", "random"),
-                     alpha=200.0, seed=0, max_iter=300, exchange="plain", exchange_options=None):
-    """docs/RESULTS.md's "Without a server": the spiked model (``n = 800``, ``d = 30``, ``r = 2``,
-    support 5) dealt IID over ``n_workers`` workers, on a ring and on a random connected graph
-    (average degree 3, ``seed``), per consensus method and inner iteration count; rows of
-    :func:`compare_with_server` with the graph's name."""
+def spiked_setup(n_workers=8, seed=0):
+    """The problem of docs/RESULTS.md's "Without a server": the spiked model (``n = 800``,
+    ``d = 30``, ``r = 2``, support 5) dealt IID over ``n_workers`` workers, and two graphs of them, a
+    ring and a random connected graph (average degree 3, ``seed``); ``(X, groups, {name: Graph})``."""
     from ...graph import random_connected, ring
     from .data import spiked_covariance, split_rows
 
     sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=seed)
     groups = split_rows("iid", n_workers, n=len(sp.X), seed=seed)
-    made = {"ring": ring(n_workers), "random": random_connected(n_workers, 3.0, seed=seed)}
+    return sp.X, groups, {"ring": ring(n_workers), "random": random_connected(n_workers, 3.0, seed=seed)}
+
+
+def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHODS, graphs=("ring", "random"),
+                     alpha=200.0, seed=0, max_iter=300, exchange="plain", exchange_options=None):
+    """docs/RESULTS.md's "Without a server": rows of :func:`compare_with_server` on
+    :func:`spiked_setup`'s problem per graph, consensus method and inner iteration count, with
+    the graph's name (trial 0's numbers; ``estimated_paillier_seconds`` from the exchange's cost
+    model, None without one)."""
+    X, groups, made = spiked_setup(n_workers, seed)
     rows = []
     for name in graphs:
         for method in methods:
-            for row in compare_with_server(sp.X, 2, made[name], inner, consensus=method, exchange=exchange,
+            for row in compare_with_server(X, 2, made[name], inner, consensus=method, exchange=exchange,
                                            exchange_options=exchange_options, groups=groups, alpha=alpha,
                                            max_iter=max_iter, tol=1e-6, seed=seed):
+                costs = row.pop("costs")
                 rows.append(dict(graph=f"{name}({n_workers})", **{k: (v[0] if isinstance(v, list) else v)
-                                                                   for k, v in row.items()}))
-                rows[-1]["estimated_paillier_seconds"] = row["costs"].get("estimated_seconds")
-                del rows[-1]["costs"]
+                                                                   for k, v in row.items()},
+                                 estimated_paillier_seconds=costs.get("estimated_seconds")))
     return rows
