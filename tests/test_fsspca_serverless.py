@@ -57,7 +57,7 @@ def test_many_inner_iterations_follow_the_server_version(method, inner, atol, gr
 @pytest.mark.parametrize("method", CONSENSUS_METHODS)
 def test_serverless_converges_to_the_server_solution_on_a_ring(method):
     blocks = _blocks()
-    kw = dict(alpha=20.0, max_iter=400, tol=1e-8)
+    kw = dict(alpha=20.0, max_iter=400, tol=1e-6)
     server = _quiet(fit_fsspca, blocks, 2, **kw)
     res = _quiet(fit_serverless, blocks, 2, ring(4), consensus=method, inner_iters=3, **kw)
     assert bool(res.converged.all())
@@ -184,3 +184,16 @@ def test_audit_a_single_neighbour_learns_the_value():
                            sums=False)
     assert rep["masked"]["messages"]["exact_recovery_pairs_degree1"] == 2
     assert rep["masked"]["messages"]["exact_recovery_pairs_degree2plus"] == 0
+
+
+@pytest.mark.parametrize("kind", ["plain", "quantized"])
+def test_runs_on_the_input_device_and_dtype(device, kind):
+    """Tensors in on ``device`` (float32 too): the run stays there and equals the CPU run."""
+    blocks = [torch.as_tensor(b) for b in _blocks()]
+    kw = dict(alpha=20.0, max_iter=4, tol=0, exchange=kind, inner_iters=2)
+    ref = fit_serverless(blocks, 2, ring(4), **kw)
+    res = fit_serverless([b.to(device) for b in blocks], 2, ring(4), **kw)
+    assert res.z.device.type == device.type and res.z.dtype == torch.float64
+    torch.testing.assert_close(res.z.cpu(), ref.z, rtol=0, atol=1e-9)
+    low = fit_serverless([b.to(device, torch.float32) for b in blocks], 2, ring(4), **kw)
+    assert low.z.dtype == torch.float32 and low.z.device.type == device.type
