@@ -71,7 +71,7 @@ def test_more_inner_iterations_agree_more_on_a_ring(method):
     few = fit_serverless(blocks, 2, ring(4), consensus=method, inner_iters=1, **kw)
     many = fit_serverless(blocks, 2, ring(4), consensus=method, inner_iters=20, **kw)
     assert float(few.disagreement[-1, 0]) > 10 * float(many.disagreement[-1, 0])
-    assert many.exchange_calls == 20 * 6 and few.exchange_calls == 6
+    assert many.exchange_calls - few.exchange_calls == 19 * 6  # and 100 calls of the centring each
 
 
 def test_admm_local_step_fixes_the_consensus_solution():
@@ -104,8 +104,8 @@ def test_quantized_is_plain_to_the_codec_resolution_and_counts_costs(method):
     assert not torch.equal(quant.z, plain.z)
     assert quant.costs["estimated_seconds"] > 0 and quant.costs["encryptions"] > 0
     assert quant.bytes > plain.bytes > 0
-    # plain: d r float64 values per directed edge and call
-    assert plain.bytes == plain.exchange_calls * 2 * 4 * 6 * 2 * 8
+    # plain: d r float64 values per directed edge and call, d + 1 for the centring's 100 calls
+    assert plain.bytes == 8 * 8 * (6 * 2 * (plain.exchange_calls - 100) + 7 * 100)
     assert plain.settings["exchange"] == "plain" and quant.settings["exchange"] == "quantized"
 
 
@@ -125,6 +125,20 @@ def test_paillier_equals_quantized_bit_for_bit(paillier_keypairs):
     assert real.costs["encryptions"] > 0
 
 
+def test_the_mean_is_agreed_over_the_graph():
+    """Centring without a server: each worker's mean estimate tends to the global mean with the
+    Laplacian steps; the agreed mean gives the server's centred problem."""
+    blocks = _blocks()
+    kw = dict(alpha=20.0, max_iter=2, tol=0)
+    one = fit_serverless(blocks, 2, ring(4), center_iters=1, **kw)
+    many = fit_serverless(blocks, 2, ring(4), center_iters=60, **kw)
+    assert float(many.mean_error[0]) < 1e-12 < 1e-3 < float(one.mean_error[0])
+    assert fit_serverless(blocks, 2, ring(4), center=False, **kw).mean_error is None
+    first = fit_serverless(blocks, 2, ring(4), center_iters=60, alpha=20.0, max_iter=1, tol=0)
+    server = fit_fsspca(blocks, 2, alpha=20.0, max_iter=1, tol=0)
+    torch.testing.assert_close(first.w, server.w, rtol=0, atol=1e-10)  # step 1 sees the same Grams
+
+
 def test_bad_settings_are_refused():
     blocks = _blocks()
     with pytest.raises(ConfigError, match="graph"):
@@ -137,6 +151,8 @@ def test_bad_settings_are_refused():
         fit_serverless(blocks, 2, ring(4), init="pca")
     with pytest.raises(ConfigError, match="g_cap"):
         fit_serverless(blocks, 2, ring(4), g_cap=0.0)
+    with pytest.raises(ConfigError, match="center_iters"):
+        fit_serverless(blocks, 2, ring(4), center_iters=0)
 
 
 def test_a_worker_with_one_neighbour_is_warned_under_an_integer_exchange():
@@ -156,7 +172,7 @@ def test_compare_with_server_rows():
     assert [r["inner_iters"] for r in rows] == [1, 20]
     assert rows[1]["max_z_distance"][0] < rows[0]["max_z_distance"][0]
     assert rows[1]["z_distance_at"][0] < rows[0]["z_distance_at"][0]
-    assert rows[1]["bytes"] == 20 * rows[0]["bytes"] and rows[0]["server_bytes"] > 0
+    assert rows[1]["bytes"] > rows[0]["bytes"] and rows[0]["server_bytes"] > 0
 
 
 def test_audit_plain_gives_everything_masked_gives_no_exact_value_on_a_ring():

@@ -46,9 +46,9 @@ times the bytes; with 1 inner iteration on the random graph ``admm`` stops first
 under the masked integer exchange neither method gave a neighbour of degree >= 2 an exact
 value.
 
-The global mean for centring is the plain sum here (as ``fit_fsspca(aggregation="plain")``), not
-agreed over the graph: each worker's sum ``s_i`` and count ``n_i`` would need one more
-consensus, not done (``center=False`` avoids it).
+The global mean for centring is agreed the same way, once, before the first ADMM iteration
+(:func:`agreed_centring`). Computed by the simulation over all workers, not agreed: ``rho="auto"``
+(the workers' mean largest Gram eigenvalue; pass a number) and the stopping test.
 """
 from __future__ import annotations
 
@@ -63,12 +63,13 @@ from ...exchange import Exchange, make_exchange
 from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
+from .centring import worker_sums
 from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
 from .manifold import qf
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["ServerlessResult", "fit_serverless", "compare_with_server", "admm_local_step", "laplacian_step",
-           "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup", "serverless_table"]
+__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "compare_with_server", "admm_local_step",
+           "laplacian_step", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup", "serverless_table"]
 
 CONSENSUS_METHODS = ("admm", "laplacian")
 #: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
@@ -95,7 +96,7 @@ class ServerlessResult:
     consensus : Tensor (n_iter, T)
         ``max_i ||w_i - z_i||`` per ADMM iteration.
     exchange_calls : int
-        Step-5 calls (one per inner iteration and ADMM iteration).
+        Step-5 calls (``center_iters`` for the mean, then one per inner iteration and ADMM iteration).
     bytes : float
         Bytes sent over all directed edges of trial 0: the exchange's count for the integer
         kinds, ``d r`` floats per directed edge and call for ``plain``.
@@ -103,6 +104,9 @@ class ServerlessResult:
         The exchange's :meth:`~ppdnmf_torch.exchange.Exchange.costs` (``quantized`` with
         ``cost_model``: the Paillier operations and their estimated seconds).
     settings : dict
+    mean_error : Tensor (T,) or None
+        With ``center``: ``max_i ||m_i - m|| / ||m||``, the workers' agreed means against the
+        exact one (evaluation only; :func:`agreed_centring`).
     """
 
     z: torch.Tensor
@@ -118,6 +122,7 @@ class ServerlessResult:
     bytes: float = 0.0
     costs: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
+    mean_error: torch.Tensor | None = None
 
 
 def admm_local_step(v, z, Q, Q_prev, rho_i, tau):
@@ -160,7 +165,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
                    inner_iters=SERVERLESS_DEFAULTS["inner_iters"], exchange="plain", exchange_options=None,
                    g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
                    groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=1e-3, rho="auto",
-                   rho_scale=2.0, line_search="armijo", inner_steps=2, center=True, max_iter=500, tol=1e-6,
+                   rho_scale=2.0, line_search="armijo", inner_steps=2, center=True, center_iters=100, max_iter=500,
+                   tol=1e-6,
                    trials=1, seed=0, init=None, device=None, dtype=None, callback=None) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 
@@ -191,6 +197,11 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         when ``sqrt(sum_i ||w_i - z_i||^2 / (K r))`` and ``sqrt(sum_i ||z_i - z_i_old||^2 / (K r))``
         are both ``<= tol``. The simulation evaluates it over the network; a deployment would
         agree on it with one more consensus (or run ``max_iter`` iterations).
+    center : bool
+        Centre the pooled data with the global mean, agreed over the graph through the same
+        exchange (:func:`agreed_centring`, ``center_iters`` Laplacian steps, before the first
+        ADMM iteration); each worker centres with its own estimate.
+    center_iters : int
     callback : callable, optional
         ``callback(iteration, values)`` after each ADMM iteration, ``values`` a dict of ``v``,
         ``z``, ``w`` ``(T, K, d, r)`` and ``disagreement``, ``consensus`` ``(T,)`` (the audit
@@ -215,10 +226,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
-    problem, _ = prepare_problem(blocks, T, center=center)
-    lam1 = _per_trial(alpha, T, "alpha", like)
-    lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
-    rho_t = _auto_rho(problem, rho_scale) if isinstance(rho, str) else _per_trial(rho, T, "rho", like)
+    if isinstance(center_iters, bool) or int(center_iters) != center_iters or int(center_iters) < 1:
+        raise ConfigError(f"center_iters: must be an integer >= 1, got {center_iters!r}")
     if isinstance(init, str):
         raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
@@ -229,21 +238,72 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         topo = Topology.from_graphs([graph] * T)
         exch.bind(topo, dtype=like.dtype, device=like.device)
         _check_exchange_graph(exch, graph, float(g_cap), value_scale=2.0)
+        start = dict(calls=0, bytes=0.0, mean_error=None)
+        if center:
+            problem, start = agreed_centring(blocks, exch, graph, T, float(g_cap), int(center_iters))
+        else:
+            problem, _ = prepare_problem(blocks, T, center=False)
+        lam1 = _per_trial(alpha, T, "alpha", like)
+        lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
+        rho_t = _auto_rho(problem, rho_scale) if isinstance(rho, str) else _per_trial(rho, T, "rho", like)
         seeds = [int(seed) + t for t in range(T)]
         sampler = PenaltySampler(torch.full((T * K,), float(g_cap), dtype=torch.float64, device=like.device),
                                  topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, penalty_mode, M,
                                  shared=True)
+        settings = dict(consensus=consensus, inner_iters=M, g_cap=g_cap, penalty_mode=penalty_mode,
+                        exchange=exch.name, n_workers=K, rho=rho_t.tolist(), alpha=lam1.tolist(),
+                        lambda_2=lam2.tolist(), center=bool(center), center_iters=int(center_iters), seed=seed)
         return _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, consensus, M, float(g_cap),
-                    line_search, inner_steps, max_iter, tol, callback, dict(consensus=consensus, inner_iters=M, g_cap=g_cap,
-                    penalty_mode=penalty_mode, exchange=exch.name, n_workers=K, rho=rho_t.tolist(),
-                    alpha=lam1.tolist(), lambda_2=lam2.tolist(), center=center, seed=seed))
+                    line_search, inner_steps, max_iter, tol, callback, settings, start)
     finally:
         if owned:
             exch.close()
 
 
+def agreed_centring(blocks, exch, graph, T, g_cap, iters):
+    """Each worker's centred Gram matrix with the global mean agreed over the graph.
+
+    Worker ``i`` holds ``y_i = [s_i, n_i] / c`` (its row sum and count, ``d + 1`` numbers, over a
+    common scale ``c``) and takes ``iters`` Laplacian steps through the exchange with the fixed
+    agreed penalty ``g``; every ``x_i`` tends to ``mean_j y_j``, and its mean estimate is the
+    ratio ``m_i = x_i[:d] / x_i[d]`` (``c`` cancels; the steps are convex combinations, so
+    ``x_i[d] > 0``). It then centres its own Gram matrix with its own ``m_i`` (as
+    :func:`.centring.centred_gram` does with the server's ``m``). ``c`` only keeps the
+    messages in the codec's range: here the largest ``|s_i|`` entry or ``n_i`` of any worker, a
+    public bound a deployment would agree on.
+
+    Returns
+    -------
+    problem : FSSPCAProblem
+        ``gram (T, K, d, d)``, ``sqnorm``, ``n_rows (T, K)``.
+    start : dict
+        ``calls``, ``bytes`` (plain count: ``d + 1`` values per directed edge and call) and
+        ``mean_error`` (``(T,)``: ``max_i ||m_i - m|| / ||m||`` against the exact mean; evaluation only).
+    """
+    s, n = worker_sums(blocks)
+    K, d = s.shape
+    y = torch.cat([s, n[:, None]], dim=1)
+    x = (y / y.abs().amax()).expand(T, K, d + 1).reshape(T * K, d + 1).clone()
+    g = torch.full((exch.topology.n_directed_edges,), g_cap, dtype=torch.float64, device=x.device)
+    eps = 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
+    for m in range(iters):  # bcd_iter 0: before the first ADMM iteration
+        exch.penalty_sums(g, bcd_iter=0, admm_iter=m + 1)
+        x = laplacian_step(x, exch.exchange(x, g, bcd_iter=0, admm_iter=m + 1).S.to(x.dtype), eps)
+    x = x.view(T, K, d + 1)
+    mean = x[..., :d] / x[..., d:]  # (T, K, d), every worker its own
+    gram = torch.stack([b.mT @ b for b in blocks])
+    sqnorm = torch.stack([b.square().sum() for b in blocks])
+    sm = s[:, :, None] * mean[..., None, :]
+    C = gram - sm - sm.mT + n[:, None, None] * (mean[..., :, None] * mean[..., None, :])
+    q = sqnorm - 2.0 * (s * mean).sum(-1) + n * mean.square().sum(-1)
+    exact = s.sum(0) / n.sum()
+    err = torch.linalg.vector_norm(mean - exact, dim=-1).amax(-1) / torch.linalg.vector_norm(exact).clamp_min(1e-300)
+    start = dict(calls=iters, bytes=float(iters * 2 * graph.n_edges * (d + 1) * x.element_size()), mean_error=err)
+    return admm.FSSPCAProblem(C, q, n.expand(T, K)), start
+
+
 def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, M, g_cap, line_search,
-         inner_steps, max_iter, tol, callback, settings) -> ServerlessResult:
+         inner_steps, max_iter, tol, callback, settings, start) -> ServerlessResult:
     T, K, d, _ = problem.gram.shape
     r = z0.shape[-1]
     A, P, like = T * K, d * r, z0
@@ -259,7 +319,7 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
     n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
     converged = torch.zeros(T, dtype=torch.bool, device=like.device)
     dis, cons = [], []
-    calls, plain_bytes = 0, 0.0
+    calls, plain_bytes = start["calls"], start["bytes"]
     while state.iteration < max_iter and bool(active.any()):
         state.iteration += 1
         k = state.iteration
@@ -307,7 +367,7 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
     return ServerlessResult(z=state.z, z_mean=zm, components=qf(zm), w=state.w, u=state.u, n_iter=n_iter,
                             converged=converged, disagreement=torch.stack(dis), consensus=torch.stack(cons),
                             exchange_calls=calls, bytes=float(counted if counted else plain_bytes),
-                            costs=dict(exch.costs()), settings=settings)
+                            costs=dict(exch.costs()), settings=settings, mean_error=start["mean_error"])
 
 
 def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
@@ -345,6 +405,7 @@ def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, cons
                             max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist(), n_iter=res.n_iter.tolist(),
                             server_n_iter=server.n_iter.tolist(), z_distance_at=distance(res_at, server_at).tolist(),
                             at_iteration=at_iteration, bytes=res.bytes, costs=res.costs,
+                            mean_error=None if res.mean_error is None else res.mean_error.tolist(),
                             server_bytes=float(2 * K * d * r * server.z.element_size() * int(server.n_iter[0]))))
     return out
 

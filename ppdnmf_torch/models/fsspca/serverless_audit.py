@@ -48,7 +48,8 @@ def record_serverless(data, n_components, graph, *, kind="quantized", protocol="
     Returns
     -------
     rec : Recording
-        Every exchange call: ``rec.bcd`` is the ADMM iteration, ``rec.admm`` the inner one.
+        Every exchange call of step 2: ``rec.bcd`` is the ADMM iteration, ``rec.admm`` the inner
+        one (the centring's calls before the first iteration are not in it).
     v : ndarray (n_iter, K, d r)
         The workers' ``v_i`` per ADMM iteration (kept by the audit, never sent).
     result : ServerlessResult
@@ -66,6 +67,8 @@ def record_serverless(data, n_components, graph, *, kind="quantized", protocol="
             res = fit_serverless(data, n_components, graph, exchange=exch, trials=1, callback=keep, **fit_kwargs)
         finally:
             exch.close()
+    # the centring's calls (bcd 0, d + 1 values each) are left out: the attacks here score step 2's
+    exch.records = [r for r in exch.records if r["bcd"] > 0]
     summary = SimpleNamespace(costs=res.costs, nmse=math.nan, consensus=float(res.disagreement[-1, 0]))
     return _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary), np.stack(vs), res
 
