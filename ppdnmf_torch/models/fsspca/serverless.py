@@ -39,7 +39,7 @@ whatever ``inner_iters``; the inner count trades ADMM iterations against bytes. 
 ``laplacian`` with 3 inner iterations is the default (measured, docs/RESULTS.md "Without a
 server", ring and random graph of 8 workers): after 50 ADMM iterations its ``z_i`` are closer
 to the server's than ``admm``'s at 1, 3 and 10 inner iterations on both graphs; at 3 inner
-iterations it stops in 115 and 132 ADMM iterations (``admm``: 204 and 223) with 0.56 and 0.59
+iterations it stops in 115 and 132 ADMM iterations (``admm``: 204 and 223) with 0.60 and 0.62
 times the bytes; with 1 inner iteration on the random graph ``admm`` stops first (229 against
 266); and on a complete graph one Laplacian step is the exact average. Privacy differs
 (docs/THREAT_MODEL.md): under ``plain`` a Laplacian worker's first message is its ``v_j``;
@@ -186,10 +186,10 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         as PPDNMF has them; made here and closed at the end, or an Exchange used as it is.
     g_cap : float
         The agreed cap ``g`` of the penalties (``rho_ij <= g^2``; the local problems have unit
-        curvature). ``admm`` converges fastest near ``rho_ij = 0.5`` (measured on a complete graph
-        and a ring of 4: 40 inner iterations follow the server to 2e-6 with ``g = 0.7``, to 4e-4
-        with ``g = 1``); ``laplacian`` scales its step by ``1 / g^2`` and depends on ``g`` only
-        through the draws.
+        curvature). ``laplacian`` scales its step by ``1 / g^2`` and depends on ``g`` only through
+        the draws. For ``admm`` no single best ``g`` was found (docs/RESULTS.md: with 3 inner
+        iterations ``g = 0.3`` and ``0.5`` stopped later than ``0.7`` on the ring of 8, ``0.5``
+        earlier on the random graph).
     penalty_mode : {"random", "fixed"}
         The agreed draws of :class:`~ppdnmf_torch.penalties.PenaltySampler` (``shared=True``).
     tol : float
@@ -371,9 +371,10 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
 
 
 def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
-                        exchange_options=None, at_iteration=50, **kwargs):
+                        exchange_options=None, serverless_options=None, at_iteration=50, **kwargs):
     """The serverless variant against the server version (:func:`.fit.fit_fsspca`, plain upload) on
-    the same problem and start, per number of inner consensus iterations.
+    the same problem and start, per number of inner consensus iterations; ``kwargs`` go to both,
+    ``serverless_options`` (``g_cap``, ``penalty_mode``, ``center_iters``) to the serverless runs.
 
     Returns
     -------
@@ -396,7 +397,8 @@ def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, cons
         server_at = fit_fsspca(data, n_components, **fixed)
         out = []
         for m in inner:
-            opts = dict(consensus=consensus, inner_iters=m, exchange=exchange, exchange_options=exchange_options)
+            opts = dict(serverless_options or {}, consensus=consensus, inner_iters=m, exchange=exchange,
+                        exchange_options=exchange_options)
             res = fit_serverless(data, n_components, graph, **opts, **kwargs)
             res_at = fit_serverless(data, n_components, graph, **opts, **fixed)
             s = torch.linalg.svdvals(server.components.mT @ res.components).amin(-1)

@@ -19,7 +19,9 @@ rho``, which carries its data through ``w_j``. Adversaries, all honest-but-curio
 ``v_j^1``); it is scored against two baselines that need no attack: ``v_i^k`` (the attacker's
 own) and the attacker's own message (the consensus value it legitimately holds). An exact recovery is an estimate equal to ``v_j^k`` at the codec's
 resolution ``1 / n_max`` in every entry. Inverting later messages through the consensus
-recursion (which needs the neighbours' other neighbours' messages) is not attempted.
+recursion (which needs the neighbours' other neighbours' messages) is not attempted. The
+centring's calls before the first ADMM iteration (:func:`.serverless.agreed_centring`: the
+scaled row sums and counts) are left out of the recording: not measured here.
 """
 from __future__ import annotations
 
