@@ -153,6 +153,10 @@ def test_bad_settings_are_refused():
         fit_serverless(blocks, 2, ring(4), g_cap=0.0)
     with pytest.raises(ConfigError, match="center_iters"):
         fit_serverless(blocks, 2, ring(4), center_iters=0)
+    with pytest.raises(ConfigError, match="max_iter"):
+        fit_serverless(blocks, 2, ring(4), max_iter=0)
+    with pytest.raises(ConfigError, match="rho"):
+        fit_serverless(blocks, 2, ring(4), rho="big")
 
 
 def test_a_worker_with_one_neighbour_is_warned_under_an_integer_exchange():
@@ -213,3 +217,14 @@ def test_runs_on_the_input_device_and_dtype(device, kind):
     torch.testing.assert_close(res.z.cpu(), ref.z, rtol=0, atol=1e-9)
     low = fit_serverless([b.to(device, torch.float32) for b in blocks], 2, ring(4), **kw)
     assert low.z.dtype == torch.float32 and low.z.device.type == device.type
+
+
+def test_a_batched_trial_equals_the_same_trial_alone():
+    """Trial t draws its penalties from seed + t; with a given start, trial 1 of a batch of two
+    (its own alpha) is the run of seed + 1 alone."""
+    blocks = _blocks()
+    init = torch.linalg.qr(torch.as_tensor(np.random.default_rng(3).standard_normal((6, 2))))[0]
+    kw = dict(max_iter=4, tol=0, exchange="quantized", init=init)
+    both = fit_serverless(blocks, 2, ring(4), alpha=[5.0, 20.0], trials=2, seed=7, **kw)
+    alone = fit_serverless(blocks, 2, ring(4), alpha=20.0, seed=8, **kw)
+    assert torch.equal(both.z[1], alone.z[0]) and not torch.equal(both.z[0], both.z[1])

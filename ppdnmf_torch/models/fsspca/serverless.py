@@ -166,8 +166,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
                    g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
                    groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=1e-3, rho="auto",
                    rho_scale=2.0, line_search="armijo", inner_steps=2, center=True, center_iters=100, max_iter=500,
-                   tol=1e-6,
-                   trials=1, seed=0, init=None, device=None, dtype=None, callback=None) -> ServerlessResult:
+                   tol=1e-6, trials=1, seed=0, init=None, device=None, dtype=None,
+                   callback=None) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 
     Arguments not listed are :func:`.fit.fit_fsspca`'s.
@@ -176,8 +176,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
     ----------
     graph : Graph
         The workers' communication graph (``K`` agents, connected).
-    consensus : {"admm", "laplacian"}
-        The decentralized method of step 2 (see the module).
+    consensus : {"laplacian", "admm"}
+        The decentralized method of step 2 (see the module; default ``"laplacian"``).
     inner_iters : int
         Consensus iterations (exchange calls) per ADMM iteration.
     exchange : str, ExchangeSpec or Exchange
@@ -226,8 +226,13 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
-    if isinstance(center_iters, bool) or int(center_iters) != center_iters or int(center_iters) < 1:
-        raise ConfigError(f"center_iters: must be an integer >= 1, got {center_iters!r}")
+    for name, v in (("center_iters", center_iters), ("max_iter", max_iter), ("trials", trials)):
+        if isinstance(v, bool) or int(v) != v or int(v) < 1:
+            raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
+    if not tol >= 0:
+        raise ConfigError(f"tol: must be >= 0, got {tol}")
+    if isinstance(rho, str) and rho != "auto":
+        raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
     if isinstance(init, str):
         raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
