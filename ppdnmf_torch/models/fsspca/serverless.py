@@ -34,8 +34,8 @@ consensus methods, chosen by ``consensus``:
   a consensus fixed point is the server's ``z``. ``z_i``, ``Q_i`` and the draws carry over
   between ADMM iterations (ALGORITHM.md's warm start).
 
-Both run warm, so every worker's ``z_i`` ends at the server's ``z`` to the stopping tolerance
-whatever ``inner_iters``; the inner count trades ADMM iterations against bytes. Why
+Both run warm, so every worker's ``z_i`` ends near the server's ``z`` whatever ``inner_iters``
+(measured within 3e-5); the inner count trades ADMM iterations against bytes. Why
 ``laplacian`` with 3 inner iterations is the default (measured, docs/RESULTS.md "Without a
 server", ring and random graph of 8 workers): after 50 ADMM iterations its ``z_i`` are closer
 to the server's than ``admm``'s at 1, 3 and 10 inner iterations on both graphs; at 3 inner
