@@ -193,6 +193,9 @@ def test_audit_plain_gives_everything_masked_gives_no_exact_value_on_a_ring():
     assert m["messages"]["exact_recovery_pairs"] == 0 and m["messages"]["pairs"] == 8
     assert all(m["v"][a]["exact"] == 0 for a in ("nbr_mean", "trajectory"))
     assert all(b["exact_calls"] == 0 for b in m["sums"].values())
+    # two neighbours i, k of j on ring(4): i's other neighbour is not k, so j is never left alone
+    c = m["collusion"]
+    assert (c["triples"], c["inherent_triples"], c["exact_other"]) == (8, 0, 0)
 
 
 def test_audit_a_single_neighbour_learns_the_value():

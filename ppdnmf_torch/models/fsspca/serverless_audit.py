@@ -11,8 +11,9 @@ rho``, which carries its data through ``w_j``. Adversaries, all honest-but-curio
 * ``quantized`` (bit-identical to ``paillier``) under ``protocol="masked"`` with the agreed
   penalty schedule: a neighbour ``i`` of ``j`` holds only its sums ``A_i = sum_j rho_ij q_j`` and
   ``rho_int_i``; the masked attacks (:func:`~ppdnmf_torch.audit.neighbour_audit`: ``nbr_mean``,
-  ``trajectory``) and the integer and lattice attacks on the sums
-  (:func:`~ppdnmf_torch.audit.sums_audit`).
+  ``trajectory``), the integer and lattice attacks on the sums
+  (:func:`~ppdnmf_torch.audit.sums_audit`), and two neighbours of ``j`` pooling what they hold
+  (:func:`~ppdnmf_torch.audit.collusion_audit`).
 
 ``v_j`` itself: the attacker's guess of ``v_j^k`` (ADMM iteration ``k``) is its estimate of
 ``j``'s first message of iteration ``k`` (under ``laplacian`` at ``k = 1`` that message *is*
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from ...audit.eavesdropper import eavesdropper_plain
-from ...audit.masked import masked_attacks
+from ...audit.masked import collusion_audit, masked_attacks
 from ...audit.neighbour import neighbour_audit
 from ...audit.recording import _as_recording, make_recording_exchange
 from ...audit.sums import public_x_max, sums_audit
@@ -124,8 +125,8 @@ def audit_serverless(data, n_components, graph, *, n_max=1e6, g_bits=16, key_bit
     -------
     dict with ``plain`` (the eavesdropper's exact message recoveries and ``v`` recovery from
     the messages in the clear) and ``masked`` (``quantized``, ``protocol="masked"``: the
-    neighbour audit's summary, the sums attacks' exact counts and ``v`` recovery from the
-    best masked estimates), and the run's settings.
+    neighbour audit's summary, the sums attacks' exact counts, ``v`` recovery from the masked
+    estimates, the collusion audit's summary), and the run's settings.
     """
     g_cap = float(fit_kwargs.get("g_cap", SERVERLESS_DEFAULTS["g_cap"]))
     prec, pv, pres = record_serverless(data, n_components, graph, kind="plain", **fit_kwargs)
@@ -145,7 +146,8 @@ def audit_serverless(data, n_components, graph, *, n_max=1e6, g_bits=16, key_bit
                                               "exact_recovery_pairs_degree1", "exact_recovery_pairs_degree2plus",
                                               "beats_baseline_pairs", "baseline_rel_err_median",
                                               "best_rel_err_median")},
-              "v": v_recovery(rec, v, {k: est[k] for k in ("nbr_mean", "trajectory")})}
+              "v": v_recovery(rec, v, {k: est[k] for k in ("nbr_mean", "trajectory")}),
+              "collusion": collusion_audit(rec)["summary"]}
     if sums:
         sa = sums_audit(rec, x_max=public_x_max(g_cap, g_bits, "paper"), max_calls=sums_max_calls)
         masked["sums"] = {d: {k: b.get(k) for k in ("receivers", "informative_calls", "exact_calls",
