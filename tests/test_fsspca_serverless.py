@@ -231,3 +231,14 @@ def test_a_batched_trial_equals_the_same_trial_alone():
     both = fit_serverless(blocks, 2, ring(4), alpha=[5.0, 20.0], trials=2, seed=7, **kw)
     alone = fit_serverless(blocks, 2, ring(4), alpha=20.0, seed=8, **kw)
     assert torch.equal(both.z[1], alone.z[0]) and not torch.equal(both.z[0], both.z[1])
+
+
+@pytest.mark.crypto
+def test_paillier_wire_carries_no_plaintext_and_no_seed(paillier_keypairs):
+    """An eavesdropper on every link of a real masked Paillier run finds none of step 2's
+    plaintexts and none of the masks' seeds on the wire (the library's transcript scan)."""
+    from ppdnmf_torch.models.fsspca.serverless_audit import paillier_scan
+
+    scan = paillier_scan(_blocks(K=3, d=4), 2, ring(3), keypairs=paillier_keypairs(128, 3), alpha=20.0, max_iter=2,
+                         tol=0, center_iters=2, inner_iters=2)
+    assert scan["clean"] and scan["n_hits"] == 0 and scan["n_seeds"] > 0 and scan["n_plaintexts"] > 0

@@ -33,15 +33,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ...audit.eavesdropper import eavesdropper_plain
-from ...audit.masked import collusion_audit, masked_attacks
+from ...audit.eavesdropper import eavesdropper_paillier, eavesdropper_plain
+from ...audit.masked import collusion_audit, masked_attacks, record_seeds, tag_seeds
 from ...audit.neighbour import neighbour_audit
 from ...audit.recording import _as_recording, make_recording_exchange
 from ...audit.sums import public_x_max, sums_audit
 from ...errors import ConvergenceWarning, DegreeOneWarning
 from .serverless import CONSENSUS_METHODS, SERVERLESS_DEFAULTS, fit_serverless, spiked_setup
 
-__all__ = ["record_serverless", "v_recovery", "audit_serverless", "audit_runs"]
+__all__ = ["record_serverless", "v_recovery", "audit_serverless", "paillier_scan", "audit_runs"]
 
 
 def record_serverless(data, n_components, graph, *, kind="quantized", protocol="masked", n_max=1e6, g_bits=16,
@@ -72,7 +72,8 @@ def record_serverless(data, n_components, graph, *, kind="quantized", protocol="
             exch.close()
     # the centring's calls (bcd 0, d + 1 values each) are left out: the attacks here score step 2's
     exch.records = [r for r in exch.records if r["bcd"] > 0]
-    summary = SimpleNamespace(costs=res.costs, nmse=math.nan, consensus=float(res.disagreement[-1, 0]))
+    costs = dict(res.costs, transcript=getattr(exch, "transcript", None) or [])  # paillier: the wire
+    summary = SimpleNamespace(costs=costs, nmse=math.nan, consensus=float(res.disagreement[-1, 0]))
     return _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary), np.stack(vs), res
 
 
@@ -155,6 +156,28 @@ def audit_serverless(data, n_components, graph, *, n_max=1e6, g_bits=16, key_bit
                           for d, b in sa["by_degree"].items()}
     out["masked"] = masked
     return out
+
+
+def paillier_scan(data, n_components, graph, *, key_bits=128, keypairs=None, n_max=1e6, g_bits=16,
+                  **fit_kwargs) -> dict:
+    """An eavesdropper on every link of a real ``paillier`` run (``protocol="masked"``, keys made
+    here unless given): the library's transcript scan (:func:`~ppdnmf_torch.audit.eavesdropper_paillier`)
+    for every plaintext step 2's calls handled and every seed the masked protocol drew.
+
+    Returns the scan's summary: ``n_messages``, ``n_hits`` (plaintexts or seeds found on the wire),
+    ``unobfuscated`` and ``repeated_ciphertexts`` (0 when clean), ``n_plaintexts``, ``n_seeds``, ``clean``.
+    """
+    if keypairs is None:
+        from ...exchange.paillier import generate_keypairs
+
+        keypairs = generate_keypairs(key_bits, graph.n_agents)
+    with record_seeds() as drawn:
+        rec, _, _ = record_serverless(data, n_components, graph, kind="paillier", protocol="masked", n_max=n_max,
+                                      g_bits=g_bits, key_bits=key_bits, keypairs=keypairs, **fit_kwargs)
+    seeds, _ = tag_seeds(rec, drawn)
+    scan = eavesdropper_paillier(rec, seeds=list(seeds.values()))["scan"]
+    return {k: scan[k] for k in ("n_messages", "n_hits", "unobfuscated", "repeated_ciphertexts", "n_plaintexts",
+                                 "n_seeds", "clean")}
 
 
 def audit_runs(n_workers=8, inner_iters=3, max_iter=60, alpha=200.0, seed=0, methods=CONSENSUS_METHODS):
