@@ -529,30 +529,6 @@ def test_estimator_passes_check_estimator():
     assert not bad
 
 
-# -- serverless ------------------------------------------------------------------------------------
-def test_serverless_on_a_complete_graph_is_the_server_version():
-    """Metropolis weights of the complete graph average exactly in one gossip round, so the
-    workers' z_i are the server's z; on a ring they disagree, less with more gossip rounds."""
-    from ppdnmf_torch.graph import complete, ring
-    from ppdnmf_torch.models.fsspca.serverless import fit_serverless, metropolis_weights
-
-    blocks = _small_problem(4, 6, 16)
-    W = metropolis_weights(ring(4))
-    torch.testing.assert_close(W.sum(0), torch.ones(4, dtype=torch.float64))
-    torch.testing.assert_close(W, W.T)
-    kw = dict(alpha=3.0, max_iter=6, tol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        server = fit_fsspca(blocks, 2, **kw)
-        full = fit_serverless(blocks, 2, complete(4), gossip_rounds=1, **kw)
-        few = fit_serverless(blocks, 2, ring(4), gossip_rounds=1, **kw)
-        many = fit_serverless(blocks, 2, ring(4), gossip_rounds=20, **kw)
-    torch.testing.assert_close(full["z"], server.z[:, None].expand_as(full["z"]), rtol=0, atol=1e-10)
-    assert float(few["disagreement"][-1, 0]) > 10 * float(many["disagreement"][-1, 0])
-    with pytest.raises(ConfigError, match="graph"):
-        fit_serverless(blocks, 2, ring(5), **kw)
-
-
 def test_pca_start_is_the_pooled_principal_subspace():
     blocks = _small_problem(3, 6, 17)
     res = fit_fsspca(blocks, 2, alpha=0.0, init="pca", max_iter=1, tol=0)
