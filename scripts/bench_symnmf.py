@@ -110,16 +110,20 @@ def np_nnls_bpp(G, C, init):
     return np.maximum(X, 0)
 
 
-def np_fit(X, U0, lam0, iters, method):
+def np_fit(X, U0, lam0, iters, method, clock=None):
     """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial, with
     the per-iteration metrics ``fit_symnmf`` records (the same two products ``X W`` per
-    iteration, the same expansions), so that both sides do the same work."""
+    iteration, the same expansions), so that both sides do the same work. ``clock``: a list
+    that gets the seconds of the iterations alone (after the first product, as
+    ``fit_symnmf``'s ``history["time"]``)."""
     Ut, Vt = U0.T.copy(), U0.T.copy()
     lam = lam0
     eye = np.eye(U0.shape[1])
     sqX = float((X * X).sum())
     XVt = Vt @ X  # (X V)^T, X symmetric
     history = []
+    t0 = time.perf_counter()
+
     def block(Z, W, XWt):  # one block of (3) in place, the other factor W fixed
         B = W @ W.T + lam * eye
         if method == "symhals":
@@ -139,6 +143,8 @@ def np_fit(X, U0, lam0, iters, method):
                         0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
                         gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
         lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
+    if clock is not None:
+        clock.append(time.perf_counter() - t0)
     return Ut.T, Vt.T
 
 
@@ -152,13 +158,29 @@ def _median_time(fn, repeats):
     return float(np.median(times)), out
 
 
-def part_numpy(quick: bool, device="cpu", ns=None):
+#: iterations and repeats of the numpy part by n: the fewest that give a stable time per
+#: iteration (the in-loop clocks leave out the setup, so one iteration is enough at n = 5000)
+GRID_ITERS = {300: (5, 3), 1000: (3, 1), 2000: (2, 1)}
+GRID_ITERS_LARGE = (1, 1)
+
+
+def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None, methods=None, iters=None,
+               repeats=None):
+    """The grid ``n x r x trials x method``; ``iters`` and ``repeats`` default to
+    :data:`GRID_ITERS`.
+
+    Two times per side: the whole call over ``iters`` (``*_s_per_iter``: the torch side's
+    includes ``fit_symnmf``'s input checks and its first products) and the iterations alone
+    (``*_loop_s_per_iter``, from ``history["time"]`` and ``np_fit``'s clock), the median of
+    ``repeats`` runs.
+    """
     ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
-    ranks = [4] if quick else [20, 40]
-    trials_list = [1, 3] if quick else [1, 20]
+    ranks = ranks or ([4] if quick else [20, 40])
+    trials_list = trials_list or ([1, 3] if quick else [1, 20])
+    methods = methods or ("symhals", "symanls")
     rows = []
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
-    for method in ("symhals", "symanls"):
+    for method in methods:
         fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n in ns:
@@ -167,22 +189,36 @@ def part_numpy(quick: bool, device="cpu", ns=None):
         Xt = X[0].to(device)
         for r in ranks:
             for T in trials_list:
-                iters = 2 if quick else (5 if n <= 1000 else (2 if n <= 2000 else 1))
-                repeats = 1 if (quick or n >= 2000) else 3
+                its, reps = (2, 1) if quick else next((v for k, v in GRID_ITERS.items() if n <= k), GRID_ITERS_LARGE)
+                its, reps = iters or its, repeats or reps
                 U0 = initial_factor(n, r, trials=T, seed=1)  # on the CPU: fit_symnmf moves it
                 lam0 = 0.5
-                for method in ("symhals", "symanls"):
-                    t_torch, res = _median_time(lambda: fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive",
-                                                                   lam0=lam0, max_iter=iters, tol=0), repeats)
+                for method in methods:
+                    loops_torch, loops_np = [], []
+
+                    def run_torch():
+                        res = fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive", lam0=lam0, max_iter=its,
+                                         tol=0)
+                        loops_torch.append(float(res.history["time"][-1, 0]))
+                        return res
+
+                    t_torch, res = _median_time(run_torch, reps)
 
                     def run_np():
-                        return [np_fit(Xn, U0[t].numpy(), lam0, iters, method) for t in range(T)]
+                        clock = []
+                        outs = [np_fit(Xn, U0[t].numpy(), lam0, its, method, clock) for t in range(T)]
+                        loops_np.append(sum(clock))
+                        return outs
 
-                    t_np, outs = _median_time(run_np, repeats)
+                    t_np, outs = _median_time(run_np, reps)
+                    loop_torch, loop_np = float(np.median(loops_torch)), float(np.median(loops_np))
                     diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
-                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": iters, "device": str(device),
-                                 "torch_s_per_iter": t_torch / iters, "numpy_s_per_iter": t_np / iters,
-                                 "numpy_over_torch": t_np / t_torch, "max_abs_diff_U": diff})
+                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": its, "repeats": reps,
+                                 "device": str(device), "threads": torch.get_num_threads(),
+                                 "torch_s_per_iter": t_torch / its, "numpy_s_per_iter": t_np / its,
+                                 "numpy_over_torch": t_np / t_torch,
+                                 "torch_loop_s_per_iter": loop_torch / its, "numpy_loop_s_per_iter": loop_np / its,
+                                 "loop_numpy_over_torch": loop_np / loop_torch, "max_abs_diff_U": diff})
                     print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -291,6 +327,11 @@ def main(argv=None):
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
     ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy and sparse parts")
+    ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
+    ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
+    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
+    ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
+    ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
     ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
@@ -304,7 +345,9 @@ def main(argv=None):
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
-        result[name] = parts[name](args.quick, args.device, args.ns)
+        extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
+                      repeats=args.repeats) if name == "numpy" else {})
+        result[name] = parts[name](args.quick, args.device, args.ns, **extra)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
