@@ -302,6 +302,16 @@ def test_pgd_objective_never_increases():
     assert bool((g[1:] <= g[:-1] * (1 + 1e-12)).all())
 
 
+@pytest.mark.parametrize("scale", [1e-3, 1.0])
+def test_pgd_does_not_collapse_to_zero_from_a_start_far_above_the_scale_of_x(scale):
+    """Table I's failure: ``U_0`` uniform on [0, 1] against a small ``X`` (``U U^T`` thousands
+    of times ``X``); a first step of ``1 / ||X||_F`` sent every entry to 0, a stationary point."""
+    X = _problem(n=60, r=4, sigma=0.0, seed=2)[0] * scale
+    res = fit_symnmf(X, 4, method="pgd", U0=initial_factor(60, 4, trials=2, seed=1), max_iter=50, tol=0)
+    assert bool((res.U.amax(dim=(-2, -1)) > 0).all())
+    assert bool((res.E < 0.05).all()), res.E
+
+
 def test_admm_reaches_consensus_u_equals_v():
     X = _problem(n=30, r=3, sigma=0.0, seed=3)
     res = fit_symnmf(X, 3, method="admm", max_iter=150, tol=0)

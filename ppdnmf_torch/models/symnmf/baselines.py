@@ -27,12 +27,23 @@ class PGD:
     Armijo backtracking step per trial (Lin's rule: grow the accepted step by 2 each
     iteration, halve it until ``f(U+) - f(U) <= sigma <grad f(U), U+ - U>``).
 
-    The paper does not give its PGD's step rule; this is the standard one (choice).
+    The paper does not give its PGD's step rule (the authors' published code has no PGD);
+    this is the standard one (choice), with two safeguards against the collapse to the
+    stationary point ``U = 0`` (``f(0) = ||X||_F^2 / 2``, where the gradient vanishes and the
+    method would stay for good):
+
+    - the first step is ``1 / L_0``, ``L_0 = 6 ||U_0||_F^2 + 2 ||X||_F`` a bound on the
+      Hessian's norm at ``U_0`` (``||grad^2 f(U)|| <= 6 ||U||_2^2 + 2 ||X||_2``), so that it
+      follows the start's scale: from ``U_0`` uniform on ``[0, 1]`` and a normalized
+      similarity, ``U U^T`` is thousands of times ``X``, and the old ``1 / ||X||_F`` moved
+      every entry below zero in the first step (docs/RESULTS.md, Table I);
+    - a candidate that is all zero is never accepted (while ``f(U) > f(0)`` the Armijo test
+      accepts it however large the step).
 
     Parameters
     ----------
     step0 : float, optional
-        The first trial step (default ``1 / ||X||_F``).
+        The first trial step (default ``1 / (6 ||U_0||_F^2 + 2 ||X||_F)``).
     armijo : float
         ``sigma`` (default 0.01).
     max_backtracks : int
@@ -57,8 +68,8 @@ class PGD:
 
     def init_state(self, sim, U0):
         T = U0.shape[0]
-        s0 = (1.0 / sim.sq_norm_per_trial(T).sqrt()) if self.step0 is None else \
-            torch.full((T,), self.step0, dtype=U0.dtype, device=U0.device)
+        s0 = (1.0 / (6 * inner(U0, U0) + 2 * sim.sq_norm_per_trial(T).to(U0.dtype).sqrt())) if self.step0 is None \
+            else torch.full((T,), self.step0, dtype=U0.dtype, device=U0.device)
         # the first iteration doubles it
         return {"U": U0.clone(), "step": (s0 / 2).to(U0.dtype).clone()}
 
@@ -75,7 +86,8 @@ class PGD:
         for _ in range(self.max_backtracks):  # backtracking halvings, every trial at once
             cand = (U - s[:, None, None] * grad).clamp_min(0)
             Xc = sim.matmul(cand)
-            ok = searching & (_sym_value(sqX, cand, Xc) - f0 <= self.armijo * inner(grad, cand - U))
+            ok = searching & (cand.amax(dim=(-2, -1)) > 0) & (
+                _sym_value(sqX, cand, Xc) - f0 <= self.armijo * inner(grad, cand - U))
             ok3 = ok[:, None, None]
             U_new, XU_new = torch.where(ok3, cand, U_new), torch.where(ok3, Xc, XU_new)
             s_ok = torch.where(ok, s, s_ok)
