@@ -165,14 +165,15 @@ GRID_ITERS_LARGE = (1, 1)
 
 
 def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None, methods=None, iters=None,
-               repeats=None):
+               repeats=None, numpy_max_n=None):
     """The grid ``n x r x trials x method``; ``iters`` and ``repeats`` default to
     :data:`GRID_ITERS`.
 
     Two times per side: the whole call over ``iters`` (``*_s_per_iter``: the torch side's
     includes ``fit_symnmf``'s input checks and its first products) and the iterations alone
     (``*_loop_s_per_iter``, from ``history["time"]`` and ``np_fit``'s clock), the median of
-    ``repeats`` runs.
+    ``repeats`` runs. Above ``numpy_max_n`` only the torch side runs (its device's times;
+    the numpy columns are NaN): a device check whose host would take minutes per numpy row.
     """
     ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
     ranks = ranks or ([4] if quick else [20, 40])
@@ -210,9 +211,13 @@ def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None,
                         loops_np.append(sum(clock))
                         return outs
 
-                    t_np, outs = _median_time(run_np, reps)
+                    if numpy_max_n is None or n <= numpy_max_n:
+                        t_np, outs = _median_time(run_np, reps)
+                        diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
+                    else:
+                        t_np, diff = float("nan"), float("nan")
+                        loops_np.append(float("nan"))
                     loop_torch, loop_np = float(np.median(loops_torch)), float(np.median(loops_np))
-                    diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
                     rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": its, "repeats": reps,
                                  "device": str(device), "threads": torch.get_num_threads(),
                                  "torch_s_per_iter": t_torch / its, "numpy_s_per_iter": t_np / its,
@@ -309,6 +314,7 @@ def sparse_child(n: int, iters: int, rank: int, device="cpu"):
 
 
 def part_sparse(quick: bool, device="cpu", ns=None):
+    """SymHALS on a sparse kNN similarity at each ``n``, a child process per ``n``."""
     ns = ns or ([2000, 5000] if quick else [10_000, 50_000, 100_000])
     rows = []
     for n in ns:
@@ -322,11 +328,14 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=["numpy", "time-to-E", "sparse", "all"], default="all")
+    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "all"], default=["all"])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--out", "--json", dest="out", help="write the rows as JSON here")
     ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
-    ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy and sparse parts")
+    ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy part (and of the sparse part "
+                                                      "when --sparse-ns is not given)")
+    ap.add_argument("--sparse-ns", type=int, nargs="+", help="the sizes n of the sparse part")
+    ap.add_argument("--numpy-max-n", type=int, help="numpy part: above this n only the torch side runs")
     ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
     ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
     ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
@@ -341,16 +350,17 @@ def main(argv=None):
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
     parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse}
-    chosen = list(parts) if args.part == "all" else [args.part]
-    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy": np.__version__,
+    chosen = list(parts) if "all" in args.part else list(dict.fromkeys(args.part))
+    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
         extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
-                      repeats=args.repeats) if name == "numpy" else {})
-        result[name] = parts[name](args.quick, args.device, args.ns, **extra)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+                      repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else {})
+        ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
+        result[name] = parts[name](args.quick, args.device, ns, **extra)
+        if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
     return result
 
 
