@@ -228,27 +228,52 @@ def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None,
     return rows
 
 
-def part_time_to_e(quick: bool, device="cpu", ns=None):
-    n, r = (60, 4) if quick else (300, 20)
-    max_iter = 30 if quick else 300
+def _count_sweeps():
+    """A counter of HALS sweeps (A-SymHALS's inner sweeps per block), by wrapping the sweep."""
+    from ppdnmf_torch.models.symnmf import symhals
+
+    count = [0]
+    inner = symhals._Rows.sweep
+
+    def counted(self):
+        count[0] += 1
+        return inner(self)
+
+    return count, counted, inner
+
+
+def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=None, rank=None):
+    """Every method (or ``methods``) on the synthetic model at ``n = ns[0]`` (default 300),
+    ``r = rank`` (default 20), from one ``U_0``: seconds and iterations to reach each target
+    ``E``, and A-SymHALS's mean inner sweeps per block."""
+    from ppdnmf_torch.models.symnmf import symhals
+
+    n, r = (60, 4) if quick else ((ns or [300])[0], rank or 20)
+    max_iter = max_iter or (30 if quick else 300)
     rows = []
     for sigma in (0.0, 0.1):
         X, _ = synthetic_similarity(n, r, sigma, seed=7)
         U0 = initial_factor(n, r, trials=1, seed=8)
-        runs = {}
-        for method in METHODS:
-            runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0)
+        runs, sweeps = {}, {}
+        for method in methods or METHODS:
+            count, counted, plain = _count_sweeps()
+            symhals._Rows.sweep = counted
+            try:
+                runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0)
+            finally:
+                symhals._Rows.sweep = plain
+            sweeps[method] = count[0] / (2 * max_iter)
         best = min(float(res.history["E"][:, 0].min()) for res in runs.values())
-        targets = [1e-3, 1e-5] if sigma == 0 else [1.05 * best, 1.5 * best]
+        targets = [1e-2, 1e-3, 1e-4, 1e-5] if sigma == 0 else [1e-2, 1e-3, 1.5 * best, 1.05 * best]
         for target in targets:
             for method, res in runs.items():
                 E, tt = res.history["E"][:, 0], res.history["time"][:, 0]
                 hit = torch.nonzero(E <= target)
                 k = int(hit[0]) if hit.numel() else None
-                rows.append({"sigma": sigma, "target_E": target, "method": method, "iterations": k,
+                rows.append({"n": n, "r": r, "sigma": sigma, "target_E": target, "method": method, "iterations": k,
                              "seconds": float(tt[k]) if k is not None else None,
                              "final_E": float(E[-1]), "max_iter": max_iter,
-                             "s_per_iter": float(tt[-1]) / max_iter})
+                             "s_per_iter": float(tt[-1]) / max_iter, "sweeps_per_block": sweeps[method]})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -341,6 +366,9 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
+    ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
+    ap.add_argument("--tte-iters", type=int, help="time-to-E part: iterations per method (default 300)")
+    ap.add_argument("--tte-rank", type=int, help="time-to-E part: r (default 20; n is --ns's first)")
     ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
@@ -355,7 +383,9 @@ def main(argv=None):
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
         extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
-                      repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else {})
+                      repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else
+                 dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank) if name == "time-to-E"
+                 else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
         if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished
