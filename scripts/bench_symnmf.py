@@ -278,6 +278,71 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
     return rows
 
 
+def _fit_of_commit(commit: str):
+    """``fit_symnmf`` of the package at ``commit`` (``git archive`` into a temporary folder),
+    imported beside the current one: both run in this process."""
+    import importlib
+    import tempfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = tempfile.mkdtemp(prefix="bench_symnmf_")
+    archive = subprocess.run(["git", "-C", root, "archive", commit, "ppdnmf_torch"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+    current = {k: v for k, v in sys.modules.items() if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")}
+    for k in current:
+        del sys.modules[k]
+    sys.path.insert(0, folder)
+    try:
+        fit = importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf
+    finally:
+        sys.path.remove(folder)
+        for k in [k for k in sys.modules if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")]:
+            del sys.modules[k]
+        sys.modules.update(current)
+    return fit
+
+
+def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=None, ranks=None, iters=None,
+                      repeats=None):
+    """One trial of SymHALS and A-SymHALS (or ``methods``): the package at commit ``against``
+    and the current one, alternating in this process (and the numpy reference for SymHALS),
+    ``repeats`` runs of ``iters`` iterations each, medians of the in-loop times. Both must give
+    the same ``U`` bit for bit."""
+    ns = ns or ([60] if quick else [300, 1000])
+    ranks = ranks or ([4] if quick else [20, 40])
+    methods = methods or ("symhals", "a_symhals")
+    its, reps = iters or (3 if quick else 10), repeats or (2 if quick else 7)
+    old_fit = _fit_of_commit(against or "HEAD")
+    rows = []
+    for n in ns:
+        X, _ = synthetic_similarity(n, 20 if not quick else 4, 0.1, seed=n)
+        Xt, Xn = X[0].to(device), X[0].numpy()
+        for r in ranks:
+            U0 = initial_factor(n, r, trials=1, seed=1)
+            for method in methods:
+                times = {"before": [], "after": [], "numpy": []}
+                for _ in range(reps):
+                    for key, fit in (("before", old_fit), ("after", fit_symnmf)):
+                        res = fit(Xt, r, method=method, U0=U0, lam0=0.5, max_iter=its, tol=0)
+                        times[key].append(float(res.history["time"][-1, 0]) / its)
+                        U = res.U if key == "before" else U
+                        same = key == "before" or torch.equal(U, res.U)
+                        if not same:
+                            raise AssertionError(f"{method}, n = {n}, r = {r}: the two versions' U differ")
+                    if method == "symhals":
+                        clock = []
+                        np_fit(Xn, U0[0].numpy(), 0.5, its, method, clock)
+                        times["numpy"].append(clock[0] / its)
+                med = {k: float(np.median(v)) if v else float("nan") for k, v in times.items()}
+                rows.append({"n": n, "r": r, "method": method, "iters": its, "repeats": reps, "against": against,
+                             "before_s_per_iter": med["before"], "after_s_per_iter": med["after"],
+                             "numpy_s_per_iter": med["numpy"], "before_over_after": med["before"] / med["after"],
+                             "numpy_over_before": med["numpy"] / med["before"],
+                             "numpy_over_after": med["numpy"] / med["after"], "same_bits": True})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def knn_similarity(n: int, seed: int = 0, dim: int = 5, clusters: int = 20):
     """A sparse kNN similarity like the spec's construction (kk = floor(log2 n) + 1
     neighbours, self-tuning scales from the 7th neighbour, symmetric, normalized), built
@@ -353,7 +418,9 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "all"], default=["all"])
+    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "before-after", "all"],
+                    default=["all"], help="all: numpy, time-to-E and sparse")
+    ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--out", "--json", dest="out", help="write the rows as JSON here")
     ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
@@ -377,15 +444,16 @@ def main(argv=None):
     if args.sparse_child:
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
-    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse}
-    chosen = list(parts) if "all" in args.part else list(dict.fromkeys(args.part))
+    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse, "before-after": part_before_after}
+    chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
         extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
                       repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else
                  dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank) if name == "time-to-E"
-                 else {})
+                 else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats)
+                 if name == "before-after" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
         if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished
