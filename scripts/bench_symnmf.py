@@ -242,10 +242,11 @@ def _count_sweeps():
     return count, counted, inner
 
 
-def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=None, rank=None):
+def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=None, rank=None, penalty=None):
     """Every method (or ``methods``) on the synthetic model at ``n = ns[0]`` (default 300),
     ``r = rank`` (default 20), from one ``U_0``: seconds and iterations to reach each target
-    ``E``, and A-SymHALS's mean inner sweeps per block."""
+    ``E``, and A-SymHALS's mean inner sweeps per block. ``penalty``: the split methods'
+    (default each method's own)."""
     from ppdnmf_torch.models.symnmf import symhals
 
     n, r = (60, 4) if quick else ((ns or [300])[0], rank or 20)
@@ -259,7 +260,9 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
             count, counted, plain = _count_sweeps()
             symhals._Rows.sweep = counted
             try:
-                runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0)
+                pen = penalty if penalty is not None and method in ("symhals", "a_symhals", "symanls") else None
+                runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0,
+                                          penalty=pen)
             finally:
                 symhals._Rows.sweep = plain
             sweeps[method] = count[0] / (2 * max_iter)
@@ -270,7 +273,8 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
                 E, tt = res.history["E"][:, 0], res.history["time"][:, 0]
                 hit = torch.nonzero(E <= target)
                 k = int(hit[0]) if hit.numel() else None
-                rows.append({"n": n, "r": r, "sigma": sigma, "target_E": target, "method": method, "iterations": k,
+                rows.append({"n": n, "r": r, "sigma": sigma, "penalty": penalty, "target_E": target, "method": method,
+                             "iterations": k,
                              "seconds": float(tt[k]) if k is not None else None,
                              "final_E": float(E[-1]), "max_iter": max_iter,
                              "s_per_iter": float(tt[-1]) / max_iter, "sweeps_per_block": sweeps[method]})
@@ -340,6 +344,27 @@ def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=
                              "numpy_over_before": med["numpy"] / med["before"],
                              "numpy_over_after": med["numpy"] / med["after"], "same_bits": True})
                 print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def part_gemm(quick: bool, device="cpu", ns=None):
+    """The product every iteration makes twice, ``W^T X`` (``(r, n) x (n, n)``), in torch (its
+    BLAS) and numpy (its BLAS), side by side: the median of 7 (3 at n = 5000)."""
+    ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in ns:
+        Xn = rng.random((n, n))
+        Xn = Xn + Xn.T
+        Xt = torch.from_numpy(Xn).to(device)
+        for r in ([4] if quick else [20, 40]):
+            Wn = rng.random((r, n))
+            Wt = torch.from_numpy(Wn).to(device)
+            reps = 3 if n >= 5000 else 7
+            t_torch, _ = _median_time(lambda: Wt @ Xt, reps)
+            t_np, _ = _median_time(lambda: Wn @ Xn, reps)
+            rows.append({"n": n, "r": r, "torch_s": t_torch, "numpy_s": t_np, "numpy_over_torch": t_np / t_torch})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -418,7 +443,7 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "before-after", "all"],
+    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "before-after", "gemm", "all"],
                     default=["all"], help="all: numpy, time-to-E and sparse")
     ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
@@ -436,6 +461,7 @@ def main(argv=None):
     ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
     ap.add_argument("--tte-iters", type=int, help="time-to-E part: iterations per method (default 300)")
     ap.add_argument("--tte-rank", type=int, help="time-to-E part: r (default 20; n is --ns's first)")
+    ap.add_argument("--tte-penalty", help="time-to-E part: the split methods' penalty (default their own)")
     ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
@@ -444,14 +470,16 @@ def main(argv=None):
     if args.sparse_child:
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
-    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse, "before-after": part_before_after}
+    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse, "before-after": part_before_after,
+             "gemm": part_gemm}
     chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
         extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
                       repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else
-                 dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank) if name == "time-to-E"
+                 dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank,
+                      penalty=args.tte_penalty) if name == "time-to-E"
                  else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats)
                  if name == "before-after" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
