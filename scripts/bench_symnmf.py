@@ -277,7 +277,10 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
                              "iterations": k,
                              "seconds": float(tt[k]) if k is not None else None,
                              "final_E": float(E[-1]), "max_iter": max_iter,
-                             "s_per_iter": float(tt[-1]) / max_iter, "sweeps_per_block": sweeps[method]})
+                             "s_per_iter": float(tt[-1]) / max_iter, "sweeps_per_block": sweeps[method],
+                             # how far apart U and V are early, and the penalty then
+                             "rel_gap_at": {k: float(res.history["rel_gap"][k, 0]) for k in (10, 30) if k <= max_iter},
+                             "lam_at": {k: float(res.history["lam"][k, 0]) for k in (10, 30) if k <= max_iter}})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
