@@ -52,7 +52,6 @@ class _Rows:
         self.Zt = Z.transpose(-2, -1).clone(memory_format=torch.contiguous_format)
         At = A.transpose(-2, -1).contiguous()
         diag = torch.diagonal(B, dim1=-2, dim2=-1).unsqueeze(-1)
-        self.B = B
         self.cols = list(zip(*(t.unsqueeze(2).unbind(1) for t in (self.Zt, At, B, diag))))
         self.step = torch.empty_like(self.cols[0][0])
 
