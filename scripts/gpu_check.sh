@@ -44,13 +44,13 @@ else
 fi
 # 1. the tests on the device (the gpu-marked ones, and every device-parametrized test)
 if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi
-timeout 85 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
+timeout 90 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
 # 2. the solver: loop vs batched at N up to 10,000 agents, the roofline at N = 2000 (CBCL
 # sizes), 100 trials; eager only (fuse=True compiles a Triton kernel set per shape: minutes)
-timeout 160 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
+timeout 155 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
     "${solver_extra[@]}" --json "$out/bench_solver.json" 2>&1 | tee "$out/bench_solver.txt"
 # 3. the host-side Paillier stage, on that machine's CPU cores (its worker pool uses them all)
-timeout 85 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
+timeout 80 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
     | tee "$out/bench_crypto.txt"
 # 4. several ranks: the distributed run against one process (bits, seconds, bytes per rank);
 # on every GPU (NCCL) of a machine with two or more, else on two gloo ranks on the CPU
@@ -59,7 +59,7 @@ if [ "$dev" = cuda ]; then ngpu="$("$py" -c "import torch; print(torch.cuda.devi
 if [ "$ngpu" -ge 2 ]; then dist_dev=cuda; nranks="$ngpu"; else dist_dev=cpu; nranks=2; fi
 if [ "$quick" = 1 ]; then dist_size=(--n-agents 12 --bcd 2 --x-iters 3 --y-iters 3); else dist_size=(--n-agents 100 --bcd 3 --x-iters 5 --y-iters 5); fi
 # (paillier with small keys: its protocol split over the ranks, on their hosts' cores)
-timeout 55 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$nranks" "${dist_size[@]}" \
+timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$nranks" "${dist_size[@]}" \
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
 # 5. FSSPCA: the batched workers on the device against the NumPy loop over workers (K = 10 to 1000)
