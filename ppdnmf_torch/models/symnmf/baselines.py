@@ -1,7 +1,7 @@
 """The baselines of the paper's Fig. 4, batched over trials like the split methods:
 projected gradient descent on (2), the ADMM of Lu, Hong and Wang (2017), beta-SNMF
-(He et al., 2011) and tSVD (Huang, Sidiropoulos and Swami, 2014). Kuang et al.'s method is SymANLS under its 1.01 schedule
-(``method="kuang"``, :mod:`.symanls`).
+(He et al., 2011) and tSVD (Huang, Sidiropoulos and Swami, 2014). Kuang et al.'s method is
+SymANLS under its 1.01 schedule (``method="kuang"``, :mod:`.symanls`).
 
 Every method reads ``X`` only through products ``X W`` and reports the same metrics.
 """
@@ -38,8 +38,8 @@ class PGD:
     - the first step is ``1 / L_0``, ``L_0 = 6 ||U_0||_F^2 + 2 ||X||_F`` a bound on the
       Hessian's norm at ``U_0`` (``||grad^2 f(U)|| <= 6 ||U||_2^2 + 2 ||X||_2``), so that it
       follows the start's scale: from ``U_0`` uniform on ``[0, 1]`` and a normalized
-      similarity, ``U U^T`` is thousands of times ``X``, and the old ``1 / ||X||_F`` moved
-      every entry below zero in the first step (docs/RESULTS.md, Table I);
+      similarity, ``U U^T`` is orders of magnitude above ``X``, and the old ``1 / ||X||_F``
+      moved every entry below zero in the first step (docs/RESULTS.md, Table I);
     - a candidate that is all zero is never accepted (while ``f(U) > f(0)`` the Armijo test
       accepts it however large the step).
 
@@ -212,8 +212,8 @@ class TSVD:
     - ``U <- max(0, B Q)``;
     - ``Q <- argmin_{Q^T Q = I} ||U - B Q||_F`` (:func:`procrustes`).
 
-    ``Q_0`` is the Procrustes fit of ``U_0`` (so every method starts from the same ``U_0``;
-    Huang et al. start from a random orthogonal ``Q``: choice). Each iteration costs
+    ``Q_0`` is the Procrustes fit of ``U_0`` (so that every method starts from the same
+    ``U_0``: a choice, not Huang et al.'s own start). Each iteration costs
     ``O(n r^2)`` plus the product ``X U`` of the metrics.
     """
 
