@@ -1,6 +1,6 @@
 """Benchmarks of the symmetric-NMF solvers (docs/PERFORMANCE.md, "Symmetric NMF").
 
-Three parts, each side by side in one process:
+Parts, each side by side in one process:
 
 * ``numpy``: the batched torch SymHALS and SymANLS against a careful numpy implementation of
   the same updates (below: the column sweep on contiguous rows, and Kim and Park's block
@@ -10,15 +10,20 @@ Three parts, each side by side in one process:
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
-  process that reports its time per iteration and the peak memory of the fit alone.
+  process that reports its time per iteration and the peak memory of the fit alone;
+* ``before-after``: one trial of SymHALS and A-SymHALS, the package at a commit beside the
+  current one (the same bits checked);
+* ``gemm``: the product ``W^T X`` alone, torch's BLAS against numpy's.
 
 Usage::
 
-    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --out bench_numpy.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
     python scripts/bench_symnmf.py --part all --quick        # a small smoke run (tests)
-    python scripts/bench_symnmf.py --device cuda --part numpy --ns 1000 5000   # the torch side on a GPU
+    python scripts/bench_symnmf.py --device cuda --part sparse numpy --ns 300 1000 5000 \
+        --numpy-max-n 300 --sparse-ns 50000                 # the torch side on a GPU (gpu_check.sh)
 
 Timings are medians of repeats on a shared machine: read them as ratios and ranges.
 """
