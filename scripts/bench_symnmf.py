@@ -1,6 +1,6 @@
 """Benchmarks of the symmetric-NMF solvers (docs/PERFORMANCE.md, "Symmetric NMF").
 
-Three parts, each side by side in one process:
+Parts, each side by side in one process:
 
 * ``numpy``: the batched torch SymHALS and SymANLS against a careful numpy implementation of
   the same updates (below: the column sweep on contiguous rows, and Kim and Park's block
@@ -10,15 +10,20 @@ Three parts, each side by side in one process:
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
-  process that reports its time per iteration and the peak memory of the fit alone.
+  process that reports its time per iteration and the peak memory of the fit alone;
+* ``before-after``: one trial of SymHALS and A-SymHALS, the package at a commit beside the
+  current one (the same bits checked);
+* ``gemm``: the product ``W^T X`` alone, torch's BLAS against numpy's.
 
 Usage::
 
-    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --out bench_numpy.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
     python scripts/bench_symnmf.py --part all --quick        # a small smoke run (tests)
-    python scripts/bench_symnmf.py --device cuda --part numpy --ns 1000 5000   # the torch side on a GPU
+    python scripts/bench_symnmf.py --device cuda --part sparse numpy --ns 300 1000 5000 \
+        --numpy-max-n 300 --sparse-ns 50000                 # the torch side on a GPU (gpu_check.sh)
 
 Timings are medians of repeats on a shared machine: read them as ratios and ranges.
 """
@@ -110,16 +115,20 @@ def np_nnls_bpp(G, C, init):
     return np.maximum(X, 0)
 
 
-def np_fit(X, U0, lam0, iters, method):
+def np_fit(X, U0, lam0, iters, method, clock=None):
     """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial, with
     the per-iteration metrics ``fit_symnmf`` records (the same two products ``X W`` per
-    iteration, the same expansions), so that both sides do the same work."""
+    iteration, the same expansions), so that both sides do the same work. ``clock``: a list
+    that gets the seconds of the iterations alone (after the first product, as
+    ``fit_symnmf``'s ``history["time"]``)."""
     Ut, Vt = U0.T.copy(), U0.T.copy()
     lam = lam0
     eye = np.eye(U0.shape[1])
     sqX = float((X * X).sum())
     XVt = Vt @ X  # (X V)^T, X symmetric
     history = []
+    t0 = time.perf_counter()
+
     def block(Z, W, XWt):  # one block of (3) in place, the other factor W fixed
         B = W @ W.T + lam * eye
         if method == "symhals":
@@ -139,6 +148,8 @@ def np_fit(X, U0, lam0, iters, method):
                         0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
                         gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
         lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
+    if clock is not None:
+        clock.append(time.perf_counter() - t0)
     return Ut.T, Vt.T
 
 
@@ -152,13 +163,30 @@ def _median_time(fn, repeats):
     return float(np.median(times)), out
 
 
-def part_numpy(quick: bool, device="cpu", ns=None):
+#: iterations and repeats of the numpy part by n: the fewest that give a stable time per
+#: iteration (the in-loop clocks leave out the setup, so one iteration is enough at n = 5000)
+GRID_ITERS = {300: (5, 3), 1000: (3, 1), 2000: (2, 1)}
+GRID_ITERS_LARGE = (1, 1)
+
+
+def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None, methods=None, iters=None,
+               repeats=None, numpy_max_n=None):
+    """The grid ``n x r x trials x method``; ``iters`` and ``repeats`` default to
+    :data:`GRID_ITERS`.
+
+    Two times per side: the whole call over ``iters`` (``*_s_per_iter``: the torch side's
+    includes ``fit_symnmf``'s input checks and its first products) and the iterations alone
+    (``*_loop_s_per_iter``, from ``history["time"]`` and ``np_fit``'s clock), the median of
+    ``repeats`` runs. Above ``numpy_max_n`` only the torch side runs (its device's times;
+    the numpy columns are NaN): a device check whose host would take minutes per numpy row.
+    """
     ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
-    ranks = [4] if quick else [20, 40]
-    trials_list = [1, 3] if quick else [1, 20]
+    ranks = ranks or ([4] if quick else [20, 40])
+    trials_list = trials_list or ([1, 3] if quick else [1, 20])
+    methods = methods or ("symhals", "symanls")
     rows = []
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
-    for method in ("symhals", "symanls"):
+    for method in methods:
         fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n in ns:
@@ -167,48 +195,184 @@ def part_numpy(quick: bool, device="cpu", ns=None):
         Xt = X[0].to(device)
         for r in ranks:
             for T in trials_list:
-                iters = 2 if quick else (5 if n <= 1000 else (2 if n <= 2000 else 1))
-                repeats = 1 if (quick or n >= 2000) else 3
+                its, reps = (2, 1) if quick else next((v for k, v in GRID_ITERS.items() if n <= k), GRID_ITERS_LARGE)
+                its, reps = iters or its, repeats or reps
                 U0 = initial_factor(n, r, trials=T, seed=1)  # on the CPU: fit_symnmf moves it
                 lam0 = 0.5
-                for method in ("symhals", "symanls"):
-                    t_torch, res = _median_time(lambda: fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive",
-                                                                   lam0=lam0, max_iter=iters, tol=0), repeats)
+                for method in methods:
+                    loops_torch, loops_np = [], []
+
+                    def run_torch():
+                        res = fit_symnmf(Xt, r, method=method, U0=U0, penalty="adaptive", lam0=lam0, max_iter=its,
+                                         tol=0)
+                        loops_torch.append(float(res.history["time"][-1, 0]))
+                        return res
+
+                    t_torch, res = _median_time(run_torch, reps)
 
                     def run_np():
-                        return [np_fit(Xn, U0[t].numpy(), lam0, iters, method) for t in range(T)]
+                        clock = []
+                        outs = [np_fit(Xn, U0[t].numpy(), lam0, its, method, clock) for t in range(T)]
+                        loops_np.append(sum(clock))
+                        return outs
 
-                    t_np, outs = _median_time(run_np, repeats)
-                    diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
-                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": iters, "device": str(device),
-                                 "torch_s_per_iter": t_torch / iters, "numpy_s_per_iter": t_np / iters,
-                                 "numpy_over_torch": t_np / t_torch, "max_abs_diff_U": diff})
+                    if numpy_max_n is None or n <= numpy_max_n:
+                        t_np, outs = _median_time(run_np, reps)
+                        diff = max(float(np.abs(outs[t][0] - res.U[t].cpu().numpy()).max()) for t in range(T))
+                    else:
+                        t_np, diff = float("nan"), float("nan")
+                        loops_np.append(float("nan"))
+                    loop_torch, loop_np = float(np.median(loops_torch)), float(np.median(loops_np))
+                    rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": its, "repeats": reps,
+                                 "device": str(device), "threads": torch.get_num_threads(),
+                                 "torch_s_per_iter": t_torch / its, "numpy_s_per_iter": t_np / its,
+                                 "numpy_over_torch": t_np / t_torch,
+                                 "torch_loop_s_per_iter": loop_torch / its, "numpy_loop_s_per_iter": loop_np / its,
+                                 "loop_numpy_over_torch": loop_np / loop_torch, "max_abs_diff_U": diff})
                     print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def part_time_to_e(quick: bool, device="cpu", ns=None):
-    n, r = (60, 4) if quick else (300, 20)
-    max_iter = 30 if quick else 300
+def _count_sweeps():
+    """A counter of HALS sweeps (A-SymHALS's inner sweeps per block), by wrapping the sweep."""
+    from ppdnmf_torch.models.symnmf import symhals
+
+    count = [0]
+    inner = symhals._Rows.sweep
+
+    def counted(self):
+        count[0] += 1
+        return inner(self)
+
+    return count, counted, inner
+
+
+def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=None, rank=None, penalty=None):
+    """Every method (or ``methods``) on the synthetic model at ``n = ns[0]`` (default 300),
+    ``r = rank`` (default 20), from one ``U_0``: seconds and iterations to reach each target
+    ``E``, and A-SymHALS's mean inner sweeps per block. ``penalty``: the split methods'
+    (default each method's own)."""
+    from ppdnmf_torch.models.symnmf import symhals
+
+    n, r = (60, 4) if quick else ((ns or [300])[0], rank or 20)
+    max_iter = max_iter or (30 if quick else 300)
     rows = []
     for sigma in (0.0, 0.1):
         X, _ = synthetic_similarity(n, r, sigma, seed=7)
         U0 = initial_factor(n, r, trials=1, seed=8)
-        runs = {}
-        for method in METHODS:
-            runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0)
+        runs, sweeps = {}, {}
+        for method in methods or METHODS:
+            count, counted, plain = _count_sweeps()
+            symhals._Rows.sweep = counted
+            try:
+                pen = penalty if penalty is not None and method in ("symhals", "a_symhals", "symanls") else None
+                runs[method] = fit_symnmf(X[0].to(device), r, method=method, U0=U0, max_iter=max_iter, tol=0,
+                                          penalty=pen)
+            finally:
+                symhals._Rows.sweep = plain
+            sweeps[method] = count[0] / (2 * max_iter)
         best = min(float(res.history["E"][:, 0].min()) for res in runs.values())
-        targets = [1e-3, 1e-5] if sigma == 0 else [1.05 * best, 1.5 * best]
+        targets = [1e-2, 1e-3, 1e-4, 1e-5] if sigma == 0 else [1e-2, 1e-3, 1.5 * best, 1.05 * best]
         for target in targets:
             for method, res in runs.items():
                 E, tt = res.history["E"][:, 0], res.history["time"][:, 0]
                 hit = torch.nonzero(E <= target)
                 k = int(hit[0]) if hit.numel() else None
-                rows.append({"sigma": sigma, "target_E": target, "method": method, "iterations": k,
+                rows.append({"n": n, "r": r, "sigma": sigma, "penalty": penalty, "target_E": target, "method": method,
+                             "iterations": k,
                              "seconds": float(tt[k]) if k is not None else None,
                              "final_E": float(E[-1]), "max_iter": max_iter,
-                             "s_per_iter": float(tt[-1]) / max_iter})
+                             "s_per_iter": float(tt[-1]) / max_iter, "sweeps_per_block": sweeps[method],
+                             # how far apart U and V are early, and the penalty then
+                             "rel_gap_at": {k: float(res.history["rel_gap"][k, 0]) for k in (10, 30) if k <= max_iter},
+                             "lam_at": {k: float(res.history["lam"][k, 0]) for k in (10, 30) if k <= max_iter}})
                 print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _fit_of_commit(commit: str):
+    """``fit_symnmf`` of the package at ``commit`` (``git archive`` into a temporary folder),
+    imported beside the current one: both run in this process."""
+    import importlib
+    import tempfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = tempfile.mkdtemp(prefix="bench_symnmf_")
+    archive = subprocess.run(["git", "-C", root, "archive", commit, "ppdnmf_torch"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+    current = {k: v for k, v in sys.modules.items() if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")}
+    for k in current:
+        del sys.modules[k]
+    sys.path.insert(0, folder)
+    try:
+        fit = importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf
+    finally:
+        sys.path.remove(folder)
+        for k in [k for k in sys.modules if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")]:
+            del sys.modules[k]
+        sys.modules.update(current)
+    return fit
+
+
+def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=None, ranks=None, iters=None,
+                      repeats=None):
+    """One trial of SymHALS and A-SymHALS (or ``methods``): the package at commit ``against``
+    and the current one, alternating in this process (and the numpy reference for SymHALS),
+    ``repeats`` runs of ``iters`` iterations each, medians of the in-loop times. Both must give
+    the same ``U`` bit for bit."""
+    ns = ns or ([60] if quick else [300, 1000])
+    ranks = ranks or ([4] if quick else [20, 40])
+    methods = methods or ("symhals", "a_symhals")
+    its, reps = iters or (3 if quick else 10), repeats or (2 if quick else 7)
+    old_fit = _fit_of_commit(against or "HEAD")
+    rows = []
+    for n in ns:
+        X, _ = synthetic_similarity(n, 20 if not quick else 4, 0.1, seed=n)
+        Xt, Xn = X[0].to(device), X[0].numpy()
+        for r in ranks:
+            U0 = initial_factor(n, r, trials=1, seed=1)
+            for method in methods:
+                times = {"before": [], "after": [], "numpy": []}
+                for _ in range(reps):
+                    for key, fit in (("before", old_fit), ("after", fit_symnmf)):
+                        res = fit(Xt, r, method=method, U0=U0, lam0=0.5, max_iter=its, tol=0)
+                        times[key].append(float(res.history["time"][-1, 0]) / its)
+                        U = res.U if key == "before" else U
+                        same = key == "before" or torch.equal(U, res.U)
+                        if not same:
+                            raise AssertionError(f"{method}, n = {n}, r = {r}: the two versions' U differ")
+                    if method == "symhals":
+                        clock = []
+                        np_fit(Xn, U0[0].numpy(), 0.5, its, method, clock)
+                        times["numpy"].append(clock[0] / its)
+                med = {k: float(np.median(v)) if v else float("nan") for k, v in times.items()}
+                rows.append({"n": n, "r": r, "method": method, "iters": its, "repeats": reps, "against": against,
+                             "before_s_per_iter": med["before"], "after_s_per_iter": med["after"],
+                             "numpy_s_per_iter": med["numpy"], "before_over_after": med["before"] / med["after"],
+                             "numpy_over_before": med["numpy"] / med["before"],
+                             "numpy_over_after": med["numpy"] / med["after"], "same_bits": True})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def part_gemm(quick: bool, device="cpu", ns=None):
+    """The product every iteration makes twice, ``W^T X`` (``(r, n) x (n, n)``), in torch (its
+    BLAS) and numpy (its BLAS), side by side: the median of 7 (3 at n = 5000)."""
+    ns = ns or ([60, 120] if quick else [300, 1000, 2000, 5000])
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in ns:
+        Xn = rng.random((n, n))
+        Xn = Xn + Xn.T
+        Xt = torch.from_numpy(Xn).to(device)
+        for r in ([4] if quick else [20, 40]):
+            Wn = rng.random((r, n))
+            Wt = torch.from_numpy(Wn).to(device)
+            reps = 3 if n >= 5000 else 7
+            t_torch, _ = _median_time(lambda: Wt @ Xt, reps)
+            t_np, _ = _median_time(lambda: Wn @ Xn, reps)
+            rows.append({"n": n, "r": r, "torch_s": t_torch, "numpy_s": t_np, "numpy_over_torch": t_np / t_torch})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -279,6 +443,7 @@ def sparse_child(n: int, iters: int, rank: int, device="cpu"):
 
 
 def part_sparse(quick: bool, device="cpu", ns=None):
+    """SymHALS on a sparse kNN similarity at each ``n``, a child process per ``n``."""
     ns = ns or ([2000, 5000] if quick else [10_000, 50_000, 100_000])
     rows = []
     for n in ns:
@@ -292,11 +457,25 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=["numpy", "time-to-E", "sparse", "all"], default="all")
+    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "before-after", "gemm", "all"],
+                    default=["all"], help="all: numpy, time-to-E and sparse")
+    ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--out", "--json", dest="out", help="write the rows as JSON here")
     ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
-    ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy and sparse parts")
+    ap.add_argument("--ns", type=int, nargs="+", help="the sizes n of the numpy part (and of the sparse part "
+                                                      "when --sparse-ns is not given)")
+    ap.add_argument("--sparse-ns", type=int, nargs="+", help="the sizes n of the sparse part")
+    ap.add_argument("--numpy-max-n", type=int, help="numpy part: above this n only the torch side runs")
+    ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
+    ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
+    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
+    ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
+    ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
+    ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
+    ap.add_argument("--tte-iters", type=int, help="time-to-E part: iterations per method (default 300)")
+    ap.add_argument("--tte-rank", type=int, help="time-to-E part: r (default 20; n is --ns's first)")
+    ap.add_argument("--tte-penalty", help="time-to-E part: the split methods' penalty (default their own)")
     ap.add_argument("--sparse-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--iters", type=int, default=50, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=20, help=argparse.SUPPRESS)
@@ -305,15 +484,23 @@ def main(argv=None):
     if args.sparse_child:
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
-    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse}
-    chosen = list(parts) if args.part == "all" else [args.part]
-    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy": np.__version__,
+    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse, "before-after": part_before_after,
+             "gemm": part_gemm}
+    chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
+    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     for name in chosen:
-        result[name] = parts[name](args.quick, args.device, args.ns)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        extra = (dict(ranks=args.ranks, trials_list=args.trials, methods=args.methods, iters=args.grid_iters,
+                      repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else
+                 dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank,
+                      penalty=args.tte_penalty) if name == "time-to-E"
+                 else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats)
+                 if name == "before-after" else {})
+        ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
+        result[name] = parts[name](args.quick, args.device, ns, **extra)
+        if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
     return result
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppdnmf_torch.models.symnmf import experiments as ex  # noqa: E402
 
 LABELS = {"symanls": "SymANLS", "symhals": "SymHALS", "a_symhals": "A-SymHALS", "kuang": "Kuang (1.01)",
-          "pgd": "PGD", "admm": "ADMM (Lu et al.)", "beta": "beta-SNMF"}
+          "pgd": "PGD", "admm": "ADMM (Lu et al.)", "beta": "beta-SNMF", "tsvd": "tSVD (Huang et al.)"}
 
 
 def _plt():

@@ -25,18 +25,20 @@ def test_gpu_check_is_valid_bash():
 
 def test_gpu_check_steps_fit_one_device_call():
     limits = [int(s) for s in re.findall(r"\btimeout (\d+)\b", GPU_CHECK.read_text())]
-    assert len(limits) == 5  # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca: each bounded
+    # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca, bench_symnmf: each bounded
+    assert len(limits) == 6
     assert sum(limits) <= GPU_CHECK_SECONDS
 
 
-@pytest.mark.parametrize("script", ["bench_solver.py", "bench_crypto.py", "bench_fsspca.py"])
+@pytest.mark.parametrize("script", ["bench_solver.py", "bench_crypto.py", "bench_fsspca.py", "bench_symnmf.py"])
 def test_gpu_check_passes_flags_the_benchmarks_take(script):
     text = GPU_CHECK.read_text()
     # every --flag on the benchmark's own command lines and in the arrays fed to them
     used = set()
     for line in text.splitlines():
         if script in line or (script == "bench_solver.py" and "solver_extra=" in line) or (
-                script == "bench_crypto.py" and "crypto=(" in line):
+                script == "bench_crypto.py" and "crypto=(" in line) or (
+                script == "bench_symnmf.py" and "symnmf=(" in line):
             used.update(re.findall(r"(--[a-z][a-z-]*)", line))
     used.discard("--json")  # checked below with the rest, listed here for clarity
     help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"], capture_output=True,

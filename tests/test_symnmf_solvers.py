@@ -19,7 +19,7 @@ from ppdnmf_torch.models.symnmf.penalty import next_lambda, parse_penalty
 from ppdnmf_torch.models.symnmf.symhals import hals_block, hals_sweep
 
 SPLIT = ["symhals", "a_symhals", "symanls"]
-ALL = ["symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta"]
+ALL = ["symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd"]
 
 
 def _problem(n=12, r=3, sigma=0.1, trials=1, seed=0, dtype=torch.float64):
@@ -292,7 +292,7 @@ def test_every_method_lowers_the_fitting_error(method):
     assert E.shape == (61, 2)
     assert bool((E[-1] < 0.05 * E[0]).all()), E[-1]
     assert bool((res.U >= 0).all())
-    if method in ("pgd", "beta"):
+    if method in ("pgd", "beta", "tsvd"):
         assert torch.equal(res.U, res.V) and bool((res.lam == 0).all())
 
 
@@ -302,6 +302,41 @@ def test_pgd_objective_never_increases():
     assert bool((g[1:] <= g[:-1] * (1 + 1e-12)).all())
 
 
+@pytest.mark.parametrize("scale", [1e-3, 1.0])
+def test_pgd_does_not_collapse_to_zero_from_a_start_far_above_the_scale_of_x(scale):
+    """Table I's failure: ``U_0`` uniform on [0, 1] against a small ``X`` (``U U^T`` thousands
+    of times ``X``); a first step of ``1 / ||X||_F`` sent every entry to 0, a stationary point."""
+    X = _problem(n=60, r=4, sigma=0.0, seed=2)[0] * scale
+    res = fit_symnmf(X, 4, method="pgd", U0=initial_factor(60, 4, trials=2, seed=1), max_iter=50, tol=0)
+    assert bool((res.U.amax(dim=(-2, -1)) > 0).all())
+    assert bool((res.E < 0.05).all()), res.E
+
+
+def test_tsvd_iterates_are_a_rotation_of_the_eigen_factor_clipped_at_zero():
+    """Huang et al.'s iteration: ``U_k = max(0, B Q_{k-1})`` with ``B B^T`` the rank-r truncated
+    eigendecomposition of ``X`` and ``Q`` orthogonal (the Procrustes fit of ``U_k``)."""
+    from ppdnmf_torch.models.symnmf.baselines import procrustes
+
+    X = _problem(n=30, r=3, sigma=0.1, trials=2)
+    seen = []
+    fit_symnmf(X, 3, method="tsvd", max_iter=4, tol=0, callback=lambda it: seen.append(it.U.clone()))
+    vals, vecs = torch.linalg.eigh(X)
+    B = vecs[..., -3:] * vals[..., -3:].clamp_min(0).sqrt().unsqueeze(-2)
+    for U_prev, U in zip(seen, seen[1:]):
+        Q = procrustes(B, U_prev)
+        torch.testing.assert_close(Q.transpose(-2, -1) @ Q, torch.eye(3, dtype=X.dtype).expand(2, 3, 3))
+        torch.testing.assert_close(U, (B @ Q).clamp_min(0), rtol=1e-9, atol=1e-10)
+
+
+def test_tsvd_sparse_x_gives_the_dense_iterates_on_a_low_rank_x():
+    """A sparse ``X`` takes the eigen-factor by subspace iteration: on a rank-r ``X`` it is exact."""
+    X = _problem(n=30, r=3, sigma=0.0)[0]
+    U0 = initial_factor(30, 3, trials=1, seed=2)
+    dense = fit_symnmf(X, 3, method="tsvd", U0=U0, max_iter=20, tol=0)
+    sparse = fit_symnmf(sp.csr_matrix(X.numpy()), 3, method="tsvd", U0=U0, max_iter=20, tol=0)
+    torch.testing.assert_close(sparse.U, dense.U, rtol=1e-8, atol=1e-10)
+
+
 def test_admm_reaches_consensus_u_equals_v():
     X = _problem(n=30, r=3, sigma=0.0, seed=3)
     res = fit_symnmf(X, 3, method="admm", max_iter=150, tol=0)
@@ -309,7 +344,7 @@ def test_admm_reaches_consensus_u_equals_v():
     assert float(res.E[0]) < 1e-4
 
 
-@pytest.mark.parametrize("method", ["a_symhals", "symanls", "kuang", "pgd", "admm", "beta"])
+@pytest.mark.parametrize("method", ["a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd"])
 def test_a_batched_trial_equals_the_same_trial_alone_every_method(method):
     X = _problem(n=16, r=3, sigma=0.1, trials=2)
     U0 = initial_factor(16, 3, trials=2, seed=4)

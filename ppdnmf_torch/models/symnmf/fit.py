@@ -20,10 +20,10 @@ from .symhals import SymHALS
 __all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY"]
 
 #: every method name; ``kuang`` is SymANLS under Kuang et al.'s 1.01 schedule
-METHODS = ("symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta")
+METHODS = ("symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd")
 #: each method's penalty when none is given
 DEFAULT_PENALTY = {"symhals": "adaptive", "a_symhals": "adaptive", "symanls": "adaptive", "kuang": "kuang",
-                   "admm": "bound", "pgd": None, "beta": None}
+                   "admm": "bound", "pgd": None, "beta": None, "tsvd": None}
 
 
 def make_method(method: str, options: dict | None = None):
@@ -42,7 +42,8 @@ def make_method(method: str, options: dict | None = None):
             return SymANLS(name=method, **options)
         from . import baselines
 
-        return {"pgd": baselines.PGD, "admm": baselines.ADMM, "beta": baselines.BetaSNMF}[method](**options)
+        return {"pgd": baselines.PGD, "admm": baselines.ADMM, "beta": baselines.BetaSNMF,
+                "tsvd": baselines.TSVD}[method](**options)
     except TypeError as exc:
         raise ConfigError(f"method_options: {exc}") from exc
 
@@ -82,15 +83,16 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
         dense, one per trial.
     rank : int
         ``r``.
-    method : {"symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta"}
+    method : {"symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd"}
         SymHALS (Alg. 2, eq. (17)), A-SymHALS (Alg. 3), SymANLS (Alg. 1), SymANLS under Kuang
         et al.'s schedule, projected gradient descent on (2), the ADMM of Lu, Hong and Wang,
-        beta-SNMF's multiplicative updates (beta = 1/2).
+        beta-SNMF's multiplicative updates (beta = 1/2), tSVD (Huang et al.: ``max(0, B Q)``
+        from the truncated eigendecomposition ``X ~ B B^T``, ``Q`` orthogonal).
     penalty : {"adaptive", "bound", "kuang", "fixed"} or float or sequence of float, optional
         ``lambda``: the adaptive rule (20), the theorem's bound, Kuang's 1.01 schedule, or
         fixed values (one, or one per trial: a hyperparameter batched over trials). Default:
         ``"adaptive"`` for the three split methods, ``"kuang"`` for ``kuang``, ``"bound"``
-        for ``admm`` (its ``rho``); ``pgd`` and ``beta`` take none.
+        for ``admm`` (its ``rho``); ``pgd``, ``beta`` and ``tsvd`` take none.
     lam0 : float, optional
         ``lambda_0`` of ``"adaptive"`` (default 1e-5) or ``"kuang"`` (default ``max X^2``).
     U0 : array_like, optional

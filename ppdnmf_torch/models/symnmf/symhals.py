@@ -38,18 +38,33 @@ def hals_sweep(Z: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tenso
     torch.Tensor
         ``(T, n, r)``.
     """
-    # columns as contiguous rows: each column update reads and writes one row
-    Zt = Z.transpose(-2, -1).clone(memory_format=torch.contiguous_format)
-    At = A.transpose(-2, -1).contiguous()
-    diag = torch.diagonal(B, dim1=-2, dim2=-1).unsqueeze(-1)
-    reset = (ZERO_COLUMN_RESET * Zt.amax(dim=(-2, -1)))[:, None, None]
-    for i in range(Zt.shape[1]):  # the columns are sequential by definition (Gauss-Seidel)
-        row = Zt[:, i:i + 1]
-        # A[:, i] - Z B[:, i] in one fused call, then z_i + that / B_ii in place
-        step = torch.baddbmm(At[:, i:i + 1], B[:, i:i + 1], Zt, alpha=-1)
-        row.addcdiv_(step, diag[:, i:i + 1]).clamp_(min=0)
-    dead = ~(Zt > 0).any(dim=-1, keepdim=True)
-    return torch.where(dead, reset, Zt).transpose(-2, -1)
+    return hals_block(Z, A, B)
+
+
+class _Rows:
+    """One block's data in the sweep's layout, made once per block and shared by its inner
+    sweeps: the columns of ``Z`` and ``A`` as contiguous rows (each column update reads and
+    writes one row), and every per-column operand as a view made in one call (with few
+    trials the sweep is bound by the cost per torch call, and ``r`` Python slicings per
+    operand cost as much as the arithmetic)."""
+
+    def __init__(self, Z, A, B):
+        self.Zt = Z.transpose(-2, -1).clone(memory_format=torch.contiguous_format)
+        At = A.transpose(-2, -1).contiguous()
+        diag = torch.diagonal(B, dim1=-2, dim2=-1).unsqueeze(-1)
+        self.cols = list(zip(*(t.unsqueeze(2).unbind(1) for t in (self.Zt, At, B, diag))))
+        self.step = torch.empty_like(self.cols[0][0])
+
+    def sweep(self):
+        """Eq. (17) over every column, in place, then the zero-column reset."""
+        Zt, step = self.Zt, self.step
+        reset = (ZERO_COLUMN_RESET * Zt.amax(dim=(-2, -1)))[:, None, None]
+        for row, a, b, d in self.cols:  # sequential by definition (Gauss-Seidel)
+            # A[:, i] - Z B[:, i] in one fused call, then z_i + that / B_ii in place
+            torch.baddbmm(a, b, Zt, alpha=-1, out=step)
+            row.addcdiv_(step, d).clamp_(min=0)
+        dead = ~(Zt > 0).any(dim=-1, keepdim=True)
+        Zt.copy_(torch.where(dead, reset, Zt))
 
 
 def hals_block(Z, A, B, inner_max: int = 1, delta: float = 0.1) -> torch.Tensor:
@@ -58,26 +73,30 @@ def hals_block(Z, A, B, inner_max: int = 1, delta: float = 0.1) -> torch.Tensor:
     A trial stops sweeping once a sweep's squared change ``||Z^{j+1} - Z^j||_F^2`` falls
     below ``delta^2`` times its first sweep's (the accelerated HALS of Gillis and Glineur,
     with a fixed count in place of the authors' time bound: spec choice), or when it no
-    longer moves. Trials that stopped keep their block while the others sweep on.
+    longer moves. Trials that stopped keep their block while the others sweep on. The block's
+    layout and views are made once for all its sweeps.
     """
+    rows = _Rows(Z, A, B)
+    Zt = rows.Zt
     if inner_max == 1:
-        return hals_sweep(Z, A, B)
-    active = None
-    first = None
+        rows.sweep()
+        return Zt.transpose(-2, -1)
+    active = first = None
     for j in range(inner_max):
-        Zn = hals_sweep(Z, A, B)
-        d = Zn - Z
+        prev = Zt.clone()
+        rows.sweep()
+        d = Zt - prev
         change = (d * d).sum(dim=(-2, -1))
         if active is None:
-            Z, first = Zn, change
+            first = change
             active = change > 0
         else:
-            Z = torch.where(active[:, None, None], Zn, Z)
+            Zt.copy_(torch.where(active[:, None, None], Zt, prev))
             active = active & (change > 0)
         active = active & (change >= delta * delta * first)
         if j + 1 < inner_max and not bool(active.any()):
             break
-    return Z
+    return Zt.transpose(-2, -1)
 
 
 class SymHALS:
