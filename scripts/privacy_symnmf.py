@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rank", type=int, default=10)
     ap.add_argument("--graphs", nargs="+", default=["ring10", "random10", "star10"])
-    ap.add_argument("--settings", nargs="+", default=["current", "equal"])
+    ap.add_argument("--settings", nargs="*", default=["current", "equal"])  # none: only --paillier
     ap.add_argument("--max-iter", type=int, default=20)
     ap.add_argument("--x-iters", type=int, default=10)
     ap.add_argument("--max-calls", type=int, default=10)

@@ -134,6 +134,7 @@ def test_paillier_run_is_bit_identical_and_its_transcript_clean(paillier_keypair
     assert ev["bit_identical"]
     assert ev["scan"]["n_hits"] == 0 and ev["scan"]["unobfuscated"] == 0 and ev["scan"]["repeated_ciphertexts"] == 0
     assert ev["scan"]["n_seeds"] > 0 and ev["n_calls"] == 2
+    assert ev["scan"]["n_messages"] > 0 and ev["scan"]["n_payload_integers"] > 0  # the wire was scanned
 
 
 @pytest.mark.slow

@@ -89,7 +89,9 @@ def record_symnmf_agents(X, rank: int, graph, *, kind: str = "quantized", protoc
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
             res = fit_symnmf_agents(X, rank, n_agents=graph.n_agents, graph=graph, exchange=exch, **fit_kwargs)
-        summary = SimpleNamespace(costs=res.costs, nmse=float(res.history["E"][-1][0]),
+        # fit_symnmf_agents' costs carry no wire messages: a Paillier exchange keeps them itself
+        costs = dict(res.costs, transcript=list(getattr(exch, "transcript", None) or []))
+        summary = SimpleNamespace(costs=costs, nmse=float(res.history["E"][-1][0]),
                                   consensus=float(res.history["consensus"][-1][0]))
         rec = _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
     finally:
