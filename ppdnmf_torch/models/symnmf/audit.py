@@ -38,7 +38,7 @@ from ...audit.eavesdropper import eavesdropper_paillier, eavesdropper_plain
 from ...audit.masked import collusion_audit, record_seeds
 from ...audit.neighbour import neighbour_audit
 from ...audit.recording import Recording, _as_recording, make_recording_exchange
-from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit
+from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit, unequal_weights
 from ...errors import ConfigError, DegreeOneWarning
 from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents
 
@@ -307,22 +307,12 @@ def _graph_info(graph) -> dict:
     return {"n_agents": int(graph.n_agents), "edges": [list(e) for e in graph.edges], "degree": graph.degree.tolist()}
 
 
-def _unequal_weights(rec: Recording) -> dict:
-    """Receiver-calls with some neighbour's ``q_j != q_i`` (informative) and, of those, with unequal
-    weights ``gamma_ij gamma_ji`` (what the integer attacks need), for receivers of degree >= 2;
-    and the first call at which every weight has its final value."""
-    w = rec.w
-    info = unequal = 0
-    for i in range(rec.n_agents):
-        e = np.flatnonzero(rec.src == i)
-        if len(e) < 2:
-            continue
-        inf_i = (rec.q[:, rec.dst[e]] != rec.q[:, i][:, None]).any(axis=(1, 2))
-        une_i = w[:, e].min(1) != w[:, e].max(1)
-        info += int(inf_i.sum())
-        unequal += int((inf_i & une_i).sum())
+def _weights(rec: Recording) -> dict:
+    """:func:`~ppdnmf_torch.audit.sums.unequal_weights` (receiver-calls of degree >= 2: informative,
+    and with unequal weights) and the first call at which every draw has its final value."""
     sat = (rec.gamma == rec.gamma[-1][None]).all(1)
-    return {"informative_receiver_calls": info, "unequal_weights": unequal,
+    out = unequal_weights(rec)
+    return {"informative_receiver_calls": out["informative_calls"], "unequal_weights": out["unequal_weights"],
             "saturated_from_call": int(np.argmax(sat)) + 1 if sat.any() else None}
 
 
@@ -392,7 +382,7 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
     -------
     dict
         JSON-ready: ``meta`` and ``cases`` (``"<graph>/<setting>"``: ``graph``, ``fit``
-        (``E``, ``consensus``), ``weights`` (:func:`_unequal_weights`), ``sums``,
+        (``E``, ``consensus``), ``weights`` (:func:`_weights`), ``sums``,
         ``schedule_leak``, ``neighbour`` per protocol (summary), ``collusion`` (``masked``),
         ``eavesdropper_plain``, ``recoveries`` (:func:`degree2_recoveries` on every degree-2
         call with unequal weights: calls attacked, exact, certified, and the columns'
@@ -426,7 +416,7 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                                             key_bits=key_bits, **kw)
             parts = res.parts[0]
             entry = {"graph": _graph_info(graph), "setting": sname, "fit": {"E": rec.nmse, "consensus": rec.consensus},
-                     "calls": rec.n_calls, "weights": _unequal_weights(rec), "neighbour": {}}
+                     "calls": rec.n_calls, "weights": _weights(rec), "neighbour": {}}
             if sums:
                 say(f"[{name}] sums attacks")
                 entry["sums"] = sums_audit(rec, x_max=x_max, max_calls=sums_max_calls)
