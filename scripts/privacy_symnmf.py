@@ -110,6 +110,12 @@ def markdown(rep: dict) -> str:
         per = c.get("reconstruction_plain") or []
         for p in per[:2] + per[-1:]:
             lines.append(row(name, f"plain, call {p['call'] + 1} (outer {p['outer_iter']}, ADMM {p['admm_iter']})", p))
+    eav = [(name, c["eavesdropper_first_call"]) for name, c in rep["cases"].items() if "eavesdropper_first_call" in c]
+    if eav:
+        lines += ["", "## The plain eavesdropper: every agent's whole columns X[:, S_j] from its first message "
+                  "(rho_j from the penalties on the wire)", "", "| case | worst relative error | lowest precision |",
+                  "|---|---|---|"]
+        lines += [f"| {name} | {e['error_max']:.1e} | {e['precision_min']:.3f} |" for name, e in eav]
     if rep.get("paillier"):
         lines += ["", "## Real Paillier run: transcript scan", "", "| protocol | key bits | calls | plaintexts | seeds | "
                   "hits | unobfuscated | repeated | bit-identical to quantized | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]

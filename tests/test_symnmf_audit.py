@@ -15,6 +15,7 @@ from ppdnmf_torch.graph import random_connected, ring, star
 from ppdnmf_torch.models.symnmf.audit import (
     column_errors,
     degree2_recoveries,
+    eavesdropper_first_call,
     first_call_errors,
     paillier_scan,
     record_symnmf_agents,
@@ -65,6 +66,9 @@ def test_the_first_message_inverts_to_the_senders_columns(n, k, N, seed):
         assert e["first"] < 1e-8 and e["first_prec"] == 1.0
         # the same estimate from the attacker's own copy is no inversion: far from exact
         assert first_call_errors(X, parts, i, j, U1[i], U0)["first"] > 1e-3
+    # the eavesdropper also reads the penalties, hence rho_j: every agent's whole columns
+    ev = eavesdropper_first_call(rec, X, parts, 8, U0)
+    assert ev["error_max"] < 1e-8 and ev["precision_min"] == 1.0 and len(ev["agents"]) == N
 
 
 def test_column_errors_of_an_exact_factor():

@@ -42,7 +42,8 @@ from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_aud
 from ...errors import ConfigError, DegreeOneWarning
 from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents
 
-__all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "degree2_recoveries", "reconstruction_audit",
+__all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "eavesdropper_first_call",
+           "degree2_recoveries", "reconstruction_audit",
            "paillier_scan", "run_symnmf_audit", "NYSTROM_RCOND"]
 
 #: the solver settings audited: the model's current ones (equal caps ``g_cap``, random monotone
@@ -174,6 +175,29 @@ def column_errors(X, parts, i: int, j: int, U_hat, U_own) -> dict:
     return out
 
 
+def _as_array(A) -> np.ndarray:
+    return A.detach().cpu().numpy() if isinstance(A, torch.Tensor) else np.asarray(A, dtype=np.float64)
+
+
+def _first_solve(U1: np.ndarray, U0: np.ndarray, Sj: np.ndarray, lam0: float, mu) -> tuple:
+    """``(V_j, base, D)`` of the first local solve: ``X_j V_j = base + rho_j D`` row by row
+    (:func:`first_call_errors`), with ``V_j = U_0[S_j]`` and ``D = U_j^(1) - U_0``."""
+    n, r = U1.shape
+    V = U0[Sj]
+    m = float((V * V).sum() / r + lam0) if mu == "auto" else float(mu)
+    shift = np.full((n, 1), m)
+    shift[Sj] += lam0
+    D = U1 - U0
+    return V, U1 @ (V.T @ V) + shift * D, D
+
+
+def _nnls_rows(V: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Per row ``b`` of ``B``, the nonnegative least-squares ``x`` of ``V^T x = b``."""
+    from scipy.optimize import nnls
+
+    return np.stack([nnls(V.T, b)[0] for b in B])
+
+
 def first_call_errors(X, parts, i: int, j: int, U1_hat, U0, *, lam0: float = ADAPTIVE_LAMBDA0, mu="auto") -> dict:
     """Agent ``j``'s unknown columns ``X[R, S_j]`` from its *first* message ``U_j^(1)`` by inverting
     the local solve (eq. 9) of the first ADMM iteration, where everything but ``X_j`` and ``rho_j``
@@ -190,28 +214,45 @@ def first_call_errors(X, parts, i: int, j: int, U1_hat, U0, *, lam0: float = ADA
     Returns ``{"first": relative error, "first_prec": neighbour precision, "rho_hat": the fitted
     rho_j}`` (see :func:`column_errors`).
     """
-    from scipy.optimize import nnls
-
-    X = X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X, dtype=np.float64)
-    U0 = U0.detach().cpu().numpy() if isinstance(U0, torch.Tensor) else np.asarray(U0, dtype=np.float64)
-    U1 = np.asarray(U1_hat, dtype=np.float64)
-    n, r = U1.shape
+    X, U0, U1 = _as_array(X), _as_array(U0), np.asarray(U1_hat, dtype=np.float64)
+    n = U1.shape[0]
     S = _own_nodes(torch.as_tensor(parts), n)
     Si, Sj = S[i], S[j]
     R = np.setdiff1d(np.arange(n), Si)
-    V = U0[Sj]
-    G = V.T @ V
-    m = float((V * V).sum() / r + lam0) if mu == "auto" else float(mu)
-    shift = np.full((n, 1), m)
-    shift[Sj] += lam0
-    D = U1 - U0
-    base = U1 @ G + shift * D  # (X_j V_j) minus rho_j D
+    V, base, D = _first_solve(U1, U0, Sj, lam0, mu)
     res = X[np.ix_(Si, Sj)] @ V - base[Si]
     rho = float((res * D[Si]).sum() / max((D[Si] * D[Si]).sum(), 1e-300))
-    B = base + rho * D
-    est = np.stack([nnls(V.T, B[l])[0] for l in R])
+    est = _nnls_rows(V, (base + rho * D)[R])
     target = X[np.ix_(R, Sj)]
     return {"first": _rel(est, target), "first_prec": _precision(est, target), "rho_hat": rho}
+
+
+def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
+                            mu="auto") -> dict:
+    """The ``plain`` eavesdropper against every agent's whole columns ``X[:, S_j]``: the wire carries
+    each ``U_j^(1)`` and each penalty ``g_{j->k}``, hence ``rho_j = sum_k g_jk g_kj`` (no fit), and
+    every row of ``X_j`` is solved as in :func:`first_call_errors`.
+
+    Returns ``{"agents": [{"agent", "error", "precision"}], "error_max", "precision_min"}``.
+    """
+    if rec.kind != "plain":
+        raise ConfigError("eavesdropper_first_call: needs a recording of exchange='plain'")
+    X, U0 = _as_array(X), _as_array(U0)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    first = int(np.flatnonzero((rec.bcd == 1) & (rec.admm == 1))[0])
+    g = rec.g[first]
+    rho = np.zeros(rec.n_agents)
+    np.add.at(rho, rec.src, g * g[rec.rev])
+    U1 = rec.U[first].reshape(rec.n_agents, n, rank)
+    agents = []
+    for j in range(rec.n_agents):
+        V, base, D = _first_solve(U1[j], U0, S[j], lam0, mu)
+        est = _nnls_rows(V, base + rho[j] * D)
+        target = X[:, S[j]]
+        agents.append({"agent": j, "error": _rel(est, target), "precision": _precision(est, target)})
+    return {"agents": agents, "error_max": max(a["error"] for a in agents),
+            "precision_min": min(a["precision"] for a in agents)}
 
 
 def degree2_recoveries(rec: Recording, *, x_max: int, max_calls: int | None = None,
@@ -386,7 +427,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
         ``schedule_leak``, ``neighbour`` per protocol (summary), ``collusion`` (``masked``),
         ``eavesdropper_plain``, ``recoveries`` (:func:`degree2_recoveries` on every degree-2
         call with unequal weights: calls attacked, exact, certified, and the columns'
-        reconstruction at the exact ones), ``reconstruction_plain`` (per outer iteration)).
+        reconstruction at the exact ones), ``reconstruction_plain`` (per outer iteration) and
+        ``eavesdropper_first_call`` (with ``U0``)).
     """
     say = progress or (lambda s: None)
     t_start = time.perf_counter()
@@ -443,6 +485,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                                                "n_messages": ev["n_messages"]}
                 if reconstruct:
                     entry["reconstruction_plain"] = reconstruction_audit(prec, X, parts, rank, **inv)["per_iteration"]
+                    if inv["U0"] is not None:
+                        entry["eavesdropper_first_call"] = eavesdropper_first_call(prec, X, parts, rank, **inv)
             entry["seconds"] = time.perf_counter() - t0
             report["cases"][name] = entry
     report["meta"]["seconds"] = time.perf_counter() - t_start
