@@ -54,7 +54,7 @@ def test_plain_eavesdropper_reads_every_copy_exactly(graph):
 def test_the_first_message_inverts_to_the_senders_columns(n, k, N, seed):
     """U_j^(1) with the public start gives X_j V_j exactly; NNLS per row then recovers the sparse
     rows of X[R, S_j] exactly when r is large against their nonzeros among S_j (r = 8 and 10 or
-    8 nodes per agent here; with 15 nodes per agent it was not exact, error 0.33-0.41)."""
+    8 nodes per agent here; with 15 nodes per agent it was not exact)."""
     X = _blobs(n=n, k=k, seed=seed)
     U0 = _start(X, 8, seed)
     g = ring(N)
