@@ -116,6 +116,13 @@ def markdown(rep: dict) -> str:
                   "(rho_j from the penalties on the wire)", "", "| case | worst relative error | lowest precision |",
                   "|---|---|---|"]
         lines += [f"| {name} | {e['error_max']:.1e} | {e['precision_min']:.3f} |" for name, e in eav]
+    fs = [(name, c["first_call_sum"]) for name, c in rep["cases"].items() if "first_call_sum" in c]
+    if fs:
+        lines += ["", "## Equal weights: the neighbours' columns from the sum of their first messages (NNLS, "
+                  "rho_j public)", "", "| case | receiver degree | pairs | error | precision | chance |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {d} | {b['pairs']} | {b['error']:.3f} | {b['precision']:.3f} | {b['chance']:.3f} |"
+                  for name, f in fs for d, b in f["by_degree"].items()]
     if rep.get("paillier"):
         lines += ["", "## Real Paillier run: transcript scan", "", "| protocol | key bits | calls | plaintexts | seeds | "
                   "hits | unobfuscated | repeated | bit-identical to quantized | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -17,6 +17,7 @@ from ppdnmf_torch.models.symnmf.audit import (
     degree2_recoveries,
     eavesdropper_first_call,
     first_call_errors,
+    first_call_sum_errors,
     paillier_scan,
     record_symnmf_agents,
     run_symnmf_audit,
@@ -71,6 +72,23 @@ def test_the_first_message_inverts_to_the_senders_columns(n, k, N, seed):
     assert ev["error_max"] < 1e-8 and ev["precision_min"] == 1.0 and len(ev["agents"]) == N
 
 
+@pytest.mark.parametrize("graph", [ring(6), random_connected(6, 2.5, seed=1)], ids=["ring", "random"])
+def test_equal_weights_the_first_messages_sum_still_gives_columns(graph):
+    """With fixed draws a receiver learns only the sum of its neighbours' first messages, and every
+    rho_j is public; the sum is linear in the neighbours' unknown rows together: NNLS finds their
+    neighbours far above chance (the model: exact, the residual of the truth is rounding)."""
+    X = _blobs(n=60, k=3, seed=0)
+    U0 = _start(X, 8)
+    rec, res = record_symnmf_agents(X, 8, graph, kind="quantized", U0=U0, max_iter=1, x_iters=1,
+                                    penalty_mode="fixed")
+    out = first_call_sum_errors(rec, X, res.parts[0], 8, U0)["by_degree"]
+    assert "2" in out
+    for d, b in out.items():
+        assert b["pairs"] == int(d) * sum(1 for k in graph.degree.tolist() if k == int(d))
+        # degree 2: most neighbours found (0.83-0.94 against chance 0.13-0.14); more neighbours, less
+        assert b["precision"] > (5 if d == "2" else 2) * b["chance"]
+
+
 def test_column_errors_of_an_exact_factor():
     """With X = W W^T exactly, the factor gives the unknown block exactly (sym), a wrong one does not."""
     gen = torch.Generator().manual_seed(0)
@@ -122,6 +140,7 @@ def test_run_symnmf_audit_counts():
         if name == "ring/equal":
             assert c["sums"]["by_degree"]["2"]["exact_calls"] == 0 and c["weights"]["unequal_weights"] == 0
             assert c["recoveries"]["exact"] == 0 and c["schedule_leak"]["all"]["attributed"] == 0
+            assert c["first_call_sum"]["by_degree"]["2"]["pairs"] == 8
         if name == "ring/current":
             assert c["weights"]["unequal_weights"] > 0 and c["recoveries"]["exact"] > 0
     with pytest.raises(ConfigError, match="settings"):

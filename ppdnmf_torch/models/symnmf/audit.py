@@ -43,7 +43,7 @@ from ...errors import ConfigError, DegreeOneWarning
 from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents
 
 __all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "eavesdropper_first_call",
-           "degree2_recoveries", "reconstruction_audit",
+           "first_call_sum_errors", "degree2_recoveries", "reconstruction_audit",
            "paillier_scan", "run_symnmf_audit", "NYSTROM_RCOND"]
 
 #: the solver settings audited: the model's current ones (equal caps ``g_cap``, random monotone
@@ -255,6 +255,63 @@ def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: fl
             "precision_min": min(a["precision"] for a in agents)}
 
 
+def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, g_cap: float = 0.3,
+                          lam0: float = ADAPTIVE_LAMBDA0, mu="auto") -> dict:
+    """Equal weights (``penalty_mode="fixed"``): each receiver ``i`` of degree ``k >= 2`` learns the
+    sum of its neighbours' first messages, ``sum_j q_j^(1)`` (``A_i / w``), and with fixed draws
+    every ``rho_j = deg_j g_cap^2`` is public (the graph and the common cap). Row ``l`` of the
+    first local solve is ``U_j^(1)[l] = (X[l, S_j] V_j + c_jl U_0[l]) (V_j^T V_j + c_jl I)^-1``,
+    ``c_jl = mu_j + rho_j + lambda [l in S_j]`` (:func:`first_call_errors`), so the sum is linear in
+    the unknown rows ``X[l, S_j]`` of all ``k`` neighbours together: ``r`` equations in
+    ``sum_j |S_j|`` nonnegative unknowns per row, solved by NNLS for every row outside ``S_i``.
+
+    Returns
+    -------
+    dict
+        ``by_degree``: per receiver degree (str), the medians over (receiver, neighbour) pairs of
+        the relative error and the neighbour precision on ``X[R, S_j]`` (``error``,
+        ``precision``), next to ``chance`` (the blocks' density), and ``pairs``.
+    """
+    rec.need_ints()
+    X, U0 = _as_array(X), _as_array(U0)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    first = int(np.flatnonzero((rec.bcd == 1) & (rec.admm == 1))[0])
+    q = rec.q[first].reshape(rec.n_agents, n, rank)
+    deg = rec.degree
+    rows: dict = {}
+    for i in range(rec.n_agents):
+        nbrs = rec.dst[rec.src == i].tolist()
+        if len(nbrs) < 2:
+            continue
+        s_hat = q[nbrs].sum(0) / rec.n_max
+        R = np.setdiff1d(np.arange(n), S[i])
+        blocks, offsets, const = [], [0], np.zeros((n, rank))
+        for j in nbrs:
+            V = U0[S[j]]
+            G = V.T @ V
+            m = float((V * V).sum() / rank + lam0) if mu == "auto" else float(mu)
+            c = np.full(n, m + deg[j] * g_cap ** 2)
+            c[S[j]] += lam0
+            A = np.linalg.inv(G[None] + c[:, None, None] * np.eye(rank))  # (n, r, r)
+            blocks.append(np.einsum("mr,lrs->lms", V, A))  # row l: V_j A_jl, (n, m_j, r)
+            const += np.einsum("lr,lrs->ls", c[:, None] * U0, A)
+            offsets.append(offsets[-1] + len(S[j]))
+        M = np.concatenate(blocks, axis=1)  # (n, sum m_j, r)
+        B = s_hat - const
+        from scipy.optimize import nnls
+
+        est = np.stack([nnls(M[l].T, B[l])[0] for l in R])
+        for a, j in enumerate(nbrs):
+            target = X[np.ix_(R, S[j])]
+            e = est[:, offsets[a]:offsets[a + 1]]
+            rows.setdefault(str(len(nbrs)), []).append(
+                {"error": _rel(e, target), "precision": _precision(e, target),
+                 "chance": float((target > 0).sum() / target.size)})
+    return {"by_degree": {d: {"pairs": len(v), **{k: _median(v, k) for k in ("error", "precision", "chance")}}
+                          for d, v in sorted(rows.items(), key=lambda kv: int(kv[0]))}}
+
+
 def degree2_recoveries(rec: Recording, *, x_max: int, max_calls: int | None = None,
                        unequal_only: bool = False) -> tuple[list, int]:
     """The calls at which a degree-2 receiver's sums attack
@@ -428,7 +485,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
         ``eavesdropper_plain``, ``recoveries`` (:func:`degree2_recoveries` on every degree-2
         call with unequal weights: calls attacked, exact, certified, and the columns'
         reconstruction at the exact ones), ``reconstruction_plain`` (per outer iteration) and
-        ``eavesdropper_first_call`` (with ``U0``)).
+        ``eavesdropper_first_call`` (with ``U0``), ``first_call_sum`` (``equal``, with ``U0``:
+        :func:`first_call_sum_errors`)).
     """
     say = progress or (lambda s: None)
     t_start = time.perf_counter()
@@ -472,6 +530,9 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                                                       int(rec.admm[t]), "receiver": i, "neighbours": nb,
                                                       "certified": c} for t, i, nb, c in hits],
                                            "reconstruction": rc["medians"], "rows": rc["rows"]}
+            if reconstruct and sname == "equal" and inv["U0"] is not None:
+                say(f"[{name}] the first messages' sum inverted")
+                entry["first_call_sum"] = first_call_sum_errors(rec, X, parts, rank, g_cap=g_cap, **inv)
             for proto in protocols:
                 say(f"[{name}] neighbour attacks under protocol={proto}")
                 entry["neighbour"][proto] = _neighbour_summary(neighbour_audit(rec, proto))
