@@ -97,9 +97,15 @@ def markdown(rep: dict) -> str:
               "prec: attack sym / own sym / nystrom / first / chance |",
               "|---|---|---|---|---|---|---|"]
 
+    def first(r):
+        if r.get("first") is None:
+            return "-"
+        return (f"{r['first']:.1e} ({r['first_exact']} / {r['first_pairs']} exact, worst {r['first_max']:.1e}, "
+                f"precision >= {r['first_prec_min']:.3f})")
+
     def row(name, at, r):
         return (f"| {name} | {at} | {_f(r['attack_sym'])} / {_f(r['attack_ls'])} | {_f(r['own_sym'])} / "
-                f"{_f(r['own_ls'])} | {_f(r['nystrom'])} | {_f(r.get('first'))} | {_f(r['attack_sym_prec'])} / "
+                f"{_f(r['own_ls'])} | {_f(r['nystrom'])} | {first(r)} | {_f(r['attack_sym_prec'])} / "
                 f"{_f(r['own_sym_prec'])} / {_f(r['nystrom_prec'])} / {_f(r.get('first_prec'))} / "
                 f"{_f(r['chance_prec'])} |")
 
@@ -113,9 +119,10 @@ def markdown(rep: dict) -> str:
     eav = [(name, c["eavesdropper_first_call"]) for name, c in rep["cases"].items() if "eavesdropper_first_call" in c]
     if eav:
         lines += ["", "## The plain eavesdropper: every agent's whole columns X[:, S_j] from its first message "
-                  "(rho_j from the penalties on the wire)", "", "| case | worst relative error | lowest precision |",
-                  "|---|---|---|"]
-        lines += [f"| {name} | {e['error_max']:.1e} | {e['precision_min']:.3f} |" for name, e in eav]
+                  "(rho_j from the penalties on the wire)", "",
+                  "| case | agents exact (< 1e-8) | worst relative error | lowest precision |", "|---|---|---|---|"]
+        lines += [f"| {name} | {sum(a['error'] < 1e-8 for a in e['agents'])} / {len(e['agents'])} | "
+                  f"{e['error_max']:.1e} | {e['precision_min']:.3f} |" for name, e in eav]
     fs = [(name, c["first_call_sum"]) for name, c in rep["cases"].items() if "first_call_sum" in c]
     if fs:
         lines += ["", "## Equal weights: the neighbours' columns from the sum of their first messages (NNLS, "

@@ -350,6 +350,8 @@ def degree2_recoveries(rec: Recording, *, x_max: int, max_calls: int | None = No
     return out, tried
 
 
+#: a pair's first-call inversion counts as exact below this relative error
+FIRST_EXACT = 1e-8
 #: the errors :func:`reconstruction_audit` summarizes (``first*``: at the first call only)
 RECONSTRUCTION_KEYS = ("attack_sym", "attack_ls", "own_sym", "own_ls", "nystrom", "first", "attack_sym_prec",
                        "own_sym_prec", "nystrom_prec", "first_prec", "chance_prec")
@@ -373,7 +375,9 @@ def reconstruction_audit(rec: Recording, X, parts, rank: int, *, calls=None, pai
     -------
     dict
         ``per_iteration``: per call ``{"call", "outer_iter", "admm_iter", "pairs", medians of the
-        errors over the pairs}``; ``rows``: every (call, pair) entry; ``medians`` over all rows.
+        errors over the pairs}`` (with the inversion: ``first_exact`` pairs below
+        :data:`FIRST_EXACT` of ``first_pairs``, ``first_max``, ``first_prec_min``); ``rows``: every
+        (call, pair) entry; ``medians``: the same summary over all rows.
     """
     n = int(np.asarray(X.shape)[0])
     U = rec.U.reshape(rec.n_calls, rec.n_agents, n, rank)
@@ -392,12 +396,20 @@ def reconstruction_audit(rec: Recording, X, parts, rank: int, *, calls=None, pai
                 e.update(first_call_errors(X, parts, i, j, U_hat[t, j], U0, lam0=lam0, mu=mu))
             rows.append({"call": int(t), "outer_iter": int(rec.bcd[t]), "admm_iter": int(rec.admm[t]),
                          "attacker": int(i), "target": int(j), **e})
+    def summary(sel):
+        out = {k: _median(sel, k) for k in RECONSTRUCTION_KEYS}
+        first = [r["first"] for r in sel if "first" in r]
+        if first:  # the inversion is exact or not per pair: count, and the worst
+            out.update(first_exact=sum(v < FIRST_EXACT for v in first), first_max=max(first),
+                       first_prec_min=min(r["first_prec"] for r in sel if "first" in r), first_pairs=len(first))
+        return out
+
     per = []
     for t in sorted({r["call"] for r in rows}):
         sel = [r for r in rows if r["call"] == t]
         per.append({"call": t, "outer_iter": sel[0]["outer_iter"], "admm_iter": sel[0]["admm_iter"],
-                    "pairs": len(sel), **{k: _median(sel, k) for k in RECONSTRUCTION_KEYS}})
-    return {"per_iteration": per, "rows": rows, "medians": {k: _median(rows, k) for k in RECONSTRUCTION_KEYS}}
+                    "pairs": len(sel), **summary(sel)})
+    return {"per_iteration": per, "rows": rows, "medians": summary(rows)}
 
 
 # --------------------------------------------------------------------------- the audit
