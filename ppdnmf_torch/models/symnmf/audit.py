@@ -21,7 +21,15 @@ reconstructs the block of agent ``j``'s columns ``X[R, S_j]`` that the attacker 
 hold (``R`` = the rows outside ``S_i``: the rows ``S_i`` of ``X_j`` are ``i``'s own columns
 transposed, ``X`` being symmetric) from an estimate of ``U_j``, and compares it with the same
 reconstruction from ``i``'s own copy ``U_i`` at the same call (the consensus is the run's
-output) and with a reconstruction from ``i``'s data alone (Nystrom's).
+output) and with a reconstruction from ``i``'s data alone (Nystrom's). The first message is
+special: everything in its local solve (eq. 9) but ``X_j`` and ``rho_j`` is public (the common
+start ``U_0``, zero duals), so :func:`first_call_errors` inverts it (an exact ``U_j^(1)`` gives
+``X_j V_j`` for a public ``V_j``, then NNLS per row), :func:`eavesdropper_first_call` does so for
+the ``plain`` eavesdropper (``rho_j`` from the penalties on the wire), and
+:func:`first_call_sum_errors` inverts the *sum* of a receiver's neighbours' first messages,
+which is what it learns under equal weights. :func:`degree2_recoveries` lists the calls the
+degree-2 sums attack recovers exactly, :func:`reconstruction_audit` runs the estimators over
+calls and pairs, :func:`run_symnmf_audit` assembles the report.
 The attacker is assumed to know the node sets ``S_j`` (who holds which node; metadata, like
 the graph).
 """
