@@ -263,11 +263,12 @@ def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: fl
             "precision_min": min(a["precision"] for a in agents)}
 
 
-def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, g_cap: float = 0.3,
-                          lam0: float = ADAPTIVE_LAMBDA0, mu="auto") -> dict:
-    """Equal weights (``penalty_mode="fixed"``): each receiver ``i`` of degree ``k >= 2`` learns the
-    sum of its neighbours' first messages, ``sum_j q_j^(1)`` (``A_i / w``), and with fixed draws
-    every ``rho_j = deg_j g_cap^2`` is public (the graph and the common cap). Row ``l`` of the
+def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
+                          mu="auto") -> dict:
+    """Equal weights (one common draw ``g`` on every edge: ``penalty_mode="fixed"``, or an agreed
+    schedule): each receiver ``i`` of degree ``k >= 2`` learns the sum of its neighbours' first
+    messages, ``sum_j q_j^(1)`` (``A_i / w``), and every ``rho_j = deg_j g^2`` from its own draw
+    ``g`` and the graph. Row ``l`` of the
     first local solve is ``U_j^(1)[l] = (X[l, S_j] V_j + c_jl U_0[l]) (V_j^T V_j + c_jl I)^-1``,
     ``c_jl = mu_j + rho_j + lambda [l in S_j]`` (:func:`first_call_errors`), so the sum is linear in
     the unknown rows ``X[l, S_j]`` of all ``k`` neighbours together: ``r`` equations in
@@ -293,13 +294,14 @@ def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, g_cap: flo
         if len(nbrs) < 2:
             continue
         s_hat = q[nbrs].sum(0) / rec.n_max
+        g_own = float(rec.g[first, np.flatnonzero(rec.src == i)[0]])  # the common draw, as i holds it
         R = np.setdiff1d(np.arange(n), S[i])
         blocks, offsets, const = [], [0], np.zeros((n, rank))
         for j in nbrs:
             V = U0[S[j]]
             G = V.T @ V
             m = float((V * V).sum() / rank + lam0) if mu == "auto" else float(mu)
-            c = np.full(n, m + deg[j] * g_cap ** 2)
+            c = np.full(n, m + deg[j] * g_own ** 2)
             c[S[j]] += lam0
             A = np.linalg.inv(G[None] + c[:, None, None] * np.eye(rank))  # (n, r, r)
             blocks.append(np.einsum("mr,lrs->lms", V, A))  # row l: V_j A_jl, (n, m_j, r)
@@ -552,7 +554,7 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                                            "reconstruction": rc["medians"], "rows": rc["rows"]}
             if reconstruct and sname == "equal" and inv["U0"] is not None:
                 say(f"[{name}] the first messages' sum inverted")
-                entry["first_call_sum"] = first_call_sum_errors(rec, X, parts, rank, g_cap=g_cap, **inv)
+                entry["first_call_sum"] = first_call_sum_errors(rec, X, parts, rank, **inv)
             for proto in protocols:
                 say(f"[{name}] neighbour attacks under protocol={proto}")
                 entry["neighbour"][proto] = _neighbour_summary(neighbour_audit(rec, proto))
