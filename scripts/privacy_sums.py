@@ -113,18 +113,9 @@ def run_case(graph_name, setting, codec, *, bcd_iters, x_iters, max_calls, seed=
 
 def _distinct_weights(rec) -> dict:
     """Informative receiver-calls of degree >= 2 at which the receiver's weights ``w_ij`` are not all equal."""
-    import numpy as np
+    from ppdnmf_torch.audit.sums import unequal_weights
 
-    w = rec.w
-    tot = uneq = 0
-    for i in range(rec.n_agents):
-        e = np.flatnonzero(rec.src == i)
-        if len(e) < 2:
-            continue
-        info = (rec.q[:, rec.dst[e]] != rec.q[:, i][:, None]).any(axis=(1, 2))
-        tot += int(info.sum())
-        uneq += int((info & (w[:, e].min(1) != w[:, e].max(1))).sum())
-    return {"informative_calls": tot, "unequal_weights": uneq}
+    return unequal_weights(rec)
 
 
 def table(cases) -> str:

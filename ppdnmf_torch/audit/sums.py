@@ -55,7 +55,8 @@ from ..penalties import cap_bounds
 from .recording import Recording
 
 __all__ = ["WINDOW_MIN", "D_FRACTION", "RUNNER_UP", "LATTICE_MAX_DEGREE", "public_x_max", "diophantine2",
-           "attack_degree2", "attack_lattice", "certify", "sums_audit", "schedule_audit", "lattice_available"]
+           "attack_degree2", "attack_lattice", "certify", "sums_audit", "schedule_audit", "lattice_available",
+           "unequal_weights"]
 
 #: the attacker accepts a recovery only when the window (the period of the splits) exceeds this
 WINDOW_MIN = 1e6
@@ -612,6 +613,23 @@ def sums_audit(rec: Recording, *, x_max: int, lattice: bool | None = None, max_c
             "rule": {"window_min": WINDOW_MIN, "d_fraction": D_FRACTION, "runner_up": RUNNER_UP},
             "x_max": int(x_max), "lattice": bool(lattice), "max_calls": max_calls,
             "lattice_max_degree": int(lattice_max_degree)}
+
+
+def unequal_weights(rec: Recording) -> dict:
+    """Informative calls (some neighbour's ``q_j != q_i``) of receivers of degree >= 2, summed over
+    the receivers, and of those the calls at which the receiver's weights ``gamma_ij gamma_ji`` are
+    not all equal (what the attacks above need): ``{"informative_calls", "unequal_weights"}``."""
+    rec.need_ints()
+    w = rec.w
+    tot = uneq = 0
+    for i in range(rec.n_agents):
+        e = np.flatnonzero(rec.src == i)
+        if len(e) < 2:
+            continue
+        info = (rec.q[:, rec.dst[e]] != rec.q[:, i][:, None]).any(axis=(1, 2))
+        tot += int(info.sum())
+        uneq += int((info & (w[:, e].min(1) != w[:, e].max(1))).sum())
+    return {"informative_calls": tot, "unequal_weights": uneq}
 
 
 def schedule_audit(rec: Recording, *, x_max: int) -> dict:

@@ -1,0 +1,576 @@
+"""The privacy audit of symmetric NMF across agents (:func:`~.agents.fit_symnmf_agents`;
+docs/THREAT_MODEL.md, "Symmetric NMF across agents").
+
+What crosses an edge is agent ``i``'s copy ``U_i (n, r)`` of the whole factor, through the
+library's exchange, in PPDNMF's X-step; ``X_i = X[:, S_i]`` and ``V_i`` stay with the agent.
+The audit records a run through a recording exchange
+(:func:`ppdnmf_torch.audit.make_recording_exchange`: ``quantized`` is bit-identical to
+``paillier``, and the sums are the same under every protocol) and runs the library's attacks on
+it, unchanged:
+
+* the eavesdropper: ``plain`` (:func:`~ppdnmf_torch.audit.eavesdropper_plain`, reads every
+  ``U_j``) and ``paillier`` (:func:`paillier_scan`: the transcript scan for every plaintext and
+  seed of a real run);
+* the curious neighbour on the messages of each protocol view
+  (:func:`~ppdnmf_torch.audit.neighbour_audit`: ``paper``, ``aggregated``, ``masked``);
+* the sums attacks (:func:`~ppdnmf_torch.audit.sums_audit`: integer decomposition at degree 2,
+  LLL at degree >= 3 with python-flint) and :func:`~ppdnmf_torch.audit.schedule_audit`.
+
+What is particular to this model is what a recovered ``U_j`` gives: :func:`column_errors`
+reconstructs the block of agent ``j``'s columns ``X[R, S_j]`` that the attacker ``i`` does not
+hold (``R`` = the rows outside ``S_i``: the rows ``S_i`` of ``X_j`` are ``i``'s own columns
+transposed, ``X`` being symmetric) from an estimate of ``U_j``, and compares it with the same
+reconstruction from ``i``'s own copy ``U_i`` at the same call (the consensus is the run's
+output) and with a reconstruction from ``i``'s data alone (Nystrom's). The first message is
+special: everything in its local solve (eq. 9) but ``X_j`` and ``rho_j`` is public (the common
+start ``U_0``, zero duals), so :func:`first_call_errors` inverts it (an exact ``U_j^(1)`` gives
+``X_j V_j`` for a public ``V_j``, then NNLS per row), :func:`eavesdropper_first_call` does so for
+the ``plain`` eavesdropper (``rho_j`` from the penalties on the wire), and
+:func:`first_call_sum_errors` inverts the *sum* of a receiver's neighbours' first messages,
+which is what it learns under equal weights. :func:`degree2_recoveries` lists the calls the
+degree-2 sums attack recovers exactly, :func:`reconstruction_audit` runs the estimators over
+calls and pairs, :func:`run_symnmf_audit` assembles the report.
+The attacker is assumed to know the node sets ``S_j`` (who holds which node; metadata, like
+the graph).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ...audit.eavesdropper import eavesdropper_paillier, eavesdropper_plain
+from ...audit.masked import collusion_audit, record_seeds
+from ...audit.neighbour import neighbour_audit
+from ...audit.recording import Recording, _as_recording, make_recording_exchange
+from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit, unequal_weights
+from ...errors import ConfigError, DegreeOneWarning
+from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents
+
+__all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "eavesdropper_first_call",
+           "first_call_sum_errors", "degree2_recoveries", "reconstruction_audit",
+           "paillier_scan", "run_symnmf_audit", "NYSTROM_RCOND"]
+
+#: the solver settings audited: the model's current ones (equal caps ``g_cap``, random monotone
+#: draws per edge, ``penalties.PenaltySampler``) and equal weights at every call (``fixed`` draws:
+#: every ``g_{i->j} = g_cap``), the equal-weight setting the public API reaches
+SETTINGS = {"current": {"penalty_mode": "random"}, "equal": {"penalty_mode": "fixed"}}
+#: relative cut-off of the pseudo-inverse in the Nystrom baseline
+NYSTROM_RCOND = 1e-3
+
+
+def record_symnmf_agents(X, rank: int, graph, *, kind: str = "quantized", protocol: str = "masked",
+                         n_max: float = 1e6, g_bits: int = 16, key_bits: int = 128, keypairs=None,
+                         paillier_options=None, **fit_kwargs) -> tuple[Recording, AgentsResult]:
+    """Run :func:`~.agents.fit_symnmf_agents` (one trial) through a recording exchange.
+
+    Parameters
+    ----------
+    X : array-like or Tensor (n, n)
+        The similarity matrix.
+    rank : int
+    graph : Graph
+        The agents' graph (``n_agents`` is taken from it).
+    kind : {"plain", "quantized", "paillier"}
+    protocol : {"masked", "aggregated", "paper"}
+        The integer kinds' message pattern (the recorded integers are the same under each).
+    n_max, g_bits, key_bits, keypairs, paillier_options
+        The codec and the Paillier exchange (:func:`~ppdnmf_torch.audit.make_recording_exchange`).
+    **fit_kwargs
+        Any other keyword of :func:`~.agents.fit_symnmf_agents` (``U0``, ``max_iter``,
+        ``x_iters``, ``penalty_mode``, ``g_cap``, ...), except ``trials`` (one).
+
+    Returns
+    -------
+    (Recording, AgentsResult)
+        ``Recording.U (calls, N, n r)`` holds every ``U_i`` (row-major ``n x r``) that went into
+        the exchange; ``nmse`` is the run's last ``E``, ``consensus`` its last consensus error.
+    """
+    if int(fit_kwargs.get("trials", 1)) != 1:
+        raise ConfigError("trials: the audit records one trial")
+    exch = make_recording_exchange(kind, protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits,
+                                   keypairs=keypairs, paillier_options=paillier_options)
+    fit_kwargs.setdefault("device", "cpu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
+            res = fit_symnmf_agents(X, rank, n_agents=graph.n_agents, graph=graph, exchange=exch, **fit_kwargs)
+        # fit_symnmf_agents' costs carry no wire messages: a Paillier exchange keeps them itself
+        costs = dict(res.costs, transcript=list(getattr(exch, "transcript", None) or []))
+        summary = SimpleNamespace(costs=costs, nmse=float(res.history["E"][-1][0]),
+                                  consensus=float(res.history["consensus"][-1][0]))
+        rec = _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
+    finally:
+        exch.close()
+    return rec, res
+
+
+# --------------------------------------------------------------------------- what U_j gives
+def _own_nodes(parts: torch.Tensor, n: int) -> list:
+    """``S_i`` per agent from ``parts (N, m)`` padded with ``n``."""
+    return [p[p < n].cpu().numpy() for p in parts]
+
+
+def _estimates(X: np.ndarray, R: np.ndarray, Si: np.ndarray, Sj: np.ndarray, U: np.ndarray) -> tuple:
+    """``(sym, ls)`` estimates of ``X[R, S_j]`` from a factor ``U (n, r)``: ``U[R] U[S_j]^T``
+    (``V_j ~ U_j[S_j]`` at a solution of the split problem) and ``U[R] V^T`` with ``V`` fitted by
+    least squares to the block the attacker holds, ``X[S_i, S_j] ~ U[S_i] V^T``; both clipped at 0
+    (a similarity is nonnegative)."""
+    sym = np.maximum(U[R] @ U[Sj].T, 0.0)
+    Vt, *_ = np.linalg.lstsq(U[Si], X[np.ix_(Si, Sj)], rcond=None)
+    return sym, np.maximum(U[R] @ Vt, 0.0)
+
+
+def _rel(est: np.ndarray, target: np.ndarray) -> float:
+    return float(np.linalg.norm(est - target) / max(np.linalg.norm(target), 1e-300))
+
+
+def _precision(est: np.ndarray, target: np.ndarray) -> float:
+    """Per column with ``k > 0`` true neighbours (nonzero entries of ``target``), the fraction of
+    them among the estimate's ``k`` largest entries; the mean over those columns (NaN if none)."""
+    vals = []
+    order = np.argsort(-est, axis=0, kind="stable")
+    for c in range(target.shape[1]):
+        true = np.flatnonzero(target[:, c] > 0)
+        if true.size:
+            vals.append(np.isin(order[: true.size, c], true).mean())
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def column_errors(X, parts, i: int, j: int, U_hat, U_own) -> dict:
+    """What an estimate of ``U_j`` gives attacker ``i`` about agent ``j``'s columns.
+
+    Parameters
+    ----------
+    X : ndarray or Tensor (n, n)
+        The similarity matrix (the truth: ``i`` holds ``X[:, S_i]`` only).
+    parts : LongTensor (N, m)
+        ``S_i`` per agent, padded with ``n`` (``AgentsResult.parts[0]``).
+    i, j : int
+        Attacker and target.
+    U_hat, U_own : ndarray (n, r)
+        The estimate of ``U_j`` and the attacker's own copy ``U_i`` at the same call.
+
+    Returns
+    -------
+    dict
+        Relative Frobenius errors on the unknown block ``X[R, S_j]`` (``R``: the rows outside
+        ``S_i``): ``attack_sym``, ``attack_ls`` (from ``U_hat``, see :func:`_errors`),
+        ``own_sym``, ``own_ls`` (the same from ``U_own``), ``nystrom`` (``i``'s data alone:
+        ``X[R, S_i] X[S_i, S_i]^+ X[S_i, S_j]``, pseudo-inverse cut at :data:`NYSTROM_RCOND`; the
+        zero guess has error 1); and, for ``attack_sym``, ``own_sym`` and ``nystrom``, ``*_prec``:
+        how many of each column's true neighbours (nonzero similarities) in ``R`` are among the
+        estimate's largest entries (:func:`_precision`), next to ``chance_prec`` (the density of
+        the block: a random guess's expected precision).
+    """
+    X = X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    Si, Sj = S[i], S[j]
+    R = np.setdiff1d(np.arange(n), Si)
+    target = X[np.ix_(R, Sj)]
+    W = np.linalg.pinv(X[np.ix_(Si, Si)], rcond=NYSTROM_RCOND, hermitian=True)
+    ests = {"nystrom": np.maximum(X[np.ix_(R, Si)] @ W @ X[np.ix_(Si, Sj)], 0.0)}
+    ests["attack_sym"], ests["attack_ls"] = _estimates(X, R, Si, Sj, np.asarray(U_hat, dtype=np.float64))
+    ests["own_sym"], ests["own_ls"] = _estimates(X, R, Si, Sj, np.asarray(U_own, dtype=np.float64))
+    out = {k: _rel(v, target) for k, v in ests.items()}
+    for k in ("attack_sym", "own_sym", "nystrom"):
+        out[f"{k}_prec"] = _precision(ests[k], target)
+    out["chance_prec"] = float((target > 0).sum() / target.size)
+    return out
+
+
+def _as_array(A) -> np.ndarray:
+    return A.detach().cpu().numpy() if isinstance(A, torch.Tensor) else np.asarray(A, dtype=np.float64)
+
+
+def _first_solve(U1: np.ndarray, U0: np.ndarray, Sj: np.ndarray, lam0: float, mu) -> tuple:
+    """``(V_j, base, D)`` of the first local solve: ``X_j V_j = base + rho_j D`` row by row
+    (:func:`first_call_errors`), with ``V_j = U_0[S_j]`` and ``D = U_j^(1) - U_0``."""
+    n, r = U1.shape
+    V = U0[Sj]
+    m = float((V * V).sum() / r + lam0) if mu == "auto" else float(mu)
+    shift = np.full((n, 1), m)
+    shift[Sj] += lam0
+    D = U1 - U0
+    return V, U1 @ (V.T @ V) + shift * D, D
+
+
+def _nnls_rows(V: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Per row ``b`` of ``B``, the nonnegative least-squares ``x`` of ``V^T x = b``."""
+    from scipy.optimize import nnls
+
+    return np.stack([nnls(V.T, b)[0] for b in B])
+
+
+def first_call_errors(X, parts, i: int, j: int, U1_hat, U0, *, lam0: float = ADAPTIVE_LAMBDA0, mu="auto") -> dict:
+    """Agent ``j``'s unknown columns ``X[R, S_j]`` from its *first* message ``U_j^(1)`` by inverting
+    the local solve (eq. 9) of the first ADMM iteration, where everything but ``X_j`` and ``rho_j``
+    is public: ``P = Q = Q_prev = 0``, the common start ``U_0`` (every copy starts there),
+    ``V_j = U_0[S_j]``, ``lambda = lam0``, ``mu`` (``"auto"``: ``||V_j||^2 / r + lambda``). Row ``l``:
+
+        (X_j V_j)[l] = U_j^(1)[l] V_j^T V_j + (mu + rho_j + lambda [l in S_j]) (U_j^(1)[l] - U_0[l])
+
+    ``rho_j`` (one unknown scalar) is fitted by least squares on the rows ``S_i``, where the
+    attacker holds ``X[S_i, S_j]``; then every unknown row is the nonnegative least-squares
+    solution (``scipy.optimize.nnls``) of ``V_j^T x = (X_j V_j)[l]``: ``r`` equations in ``|S_j|``
+    unknowns, which a sparse nonnegative row (a kNN similarity) can satisfy exactly.
+
+    Returns ``{"first": relative error, "first_prec": neighbour precision, "rho_hat": the fitted
+    rho_j}`` (see :func:`column_errors`).
+    """
+    X, U0, U1 = _as_array(X), _as_array(U0), np.asarray(U1_hat, dtype=np.float64)
+    n = U1.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    Si, Sj = S[i], S[j]
+    R = np.setdiff1d(np.arange(n), Si)
+    V, base, D = _first_solve(U1, U0, Sj, lam0, mu)
+    res = X[np.ix_(Si, Sj)] @ V - base[Si]
+    rho = float((res * D[Si]).sum() / max((D[Si] * D[Si]).sum(), 1e-300))
+    est = _nnls_rows(V, (base + rho * D)[R])
+    target = X[np.ix_(R, Sj)]
+    return {"first": _rel(est, target), "first_prec": _precision(est, target), "rho_hat": rho}
+
+
+def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
+                            mu="auto") -> dict:
+    """The ``plain`` eavesdropper against every agent's whole columns ``X[:, S_j]``: the wire carries
+    each ``U_j^(1)`` and each penalty ``g_{j->k}``, hence ``rho_j = sum_k g_jk g_kj`` (no fit), and
+    every row of ``X_j`` is solved as in :func:`first_call_errors`.
+
+    Returns ``{"agents": [{"agent", "error", "precision"}], "error_max", "precision_min"}``.
+    """
+    if rec.kind != "plain":
+        raise ConfigError("eavesdropper_first_call: needs a recording of exchange='plain'")
+    X, U0 = _as_array(X), _as_array(U0)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    first = int(np.flatnonzero((rec.bcd == 1) & (rec.admm == 1))[0])
+    g = rec.g[first]
+    rho = np.zeros(rec.n_agents)
+    np.add.at(rho, rec.src, g * g[rec.rev])
+    U1 = rec.U[first].reshape(rec.n_agents, n, rank)
+    agents = []
+    for j in range(rec.n_agents):
+        V, base, D = _first_solve(U1[j], U0, S[j], lam0, mu)
+        est = _nnls_rows(V, base + rho[j] * D)
+        target = X[:, S[j]]
+        agents.append({"agent": j, "error": _rel(est, target), "precision": _precision(est, target)})
+    return {"agents": agents, "error_max": max(a["error"] for a in agents),
+            "precision_min": min(a["precision"] for a in agents)}
+
+
+def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
+                          mu="auto") -> dict:
+    """Equal weights (one common draw ``g`` on every edge: ``penalty_mode="fixed"``, or an agreed
+    schedule): each receiver ``i`` of degree ``k >= 2`` learns the sum of its neighbours' first
+    messages, ``sum_j q_j^(1)`` (``A_i / w``), and every ``rho_j = deg_j g^2`` from its own draw
+    ``g`` and the graph. Row ``l`` of the
+    first local solve is ``U_j^(1)[l] = (X[l, S_j] V_j + c_jl U_0[l]) (V_j^T V_j + c_jl I)^-1``,
+    ``c_jl = mu_j + rho_j + lambda [l in S_j]`` (:func:`first_call_errors`), so the sum is linear in
+    the unknown rows ``X[l, S_j]`` of all ``k`` neighbours together: ``r`` equations in
+    ``sum_j |S_j|`` nonnegative unknowns per row, solved by NNLS for every row outside ``S_i``.
+
+    Returns
+    -------
+    dict
+        ``by_degree``: per receiver degree (str), the medians over (receiver, neighbour) pairs of
+        the relative error and the neighbour precision on ``X[R, S_j]`` (``error``,
+        ``precision``), next to ``chance`` (the blocks' density), and ``pairs``.
+    """
+    rec.need_ints()
+    X, U0 = _as_array(X), _as_array(U0)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    first = int(np.flatnonzero((rec.bcd == 1) & (rec.admm == 1))[0])
+    q = rec.q[first].reshape(rec.n_agents, n, rank)
+    deg = rec.degree
+    rows: dict = {}
+    for i in range(rec.n_agents):
+        nbrs = rec.dst[rec.src == i].tolist()
+        if len(nbrs) < 2:
+            continue
+        s_hat = q[nbrs].sum(0) / rec.n_max
+        g_own = float(rec.g[first, np.flatnonzero(rec.src == i)[0]])  # the common draw, as i holds it
+        R = np.setdiff1d(np.arange(n), S[i])
+        blocks, offsets, const = [], [0], np.zeros((n, rank))
+        for j in nbrs:
+            V = U0[S[j]]
+            G = V.T @ V
+            m = float((V * V).sum() / rank + lam0) if mu == "auto" else float(mu)
+            c = np.full(n, m + deg[j] * g_own ** 2)
+            c[S[j]] += lam0
+            A = np.linalg.inv(G[None] + c[:, None, None] * np.eye(rank))  # (n, r, r)
+            blocks.append(np.einsum("mr,lrs->lms", V, A))  # row l: V_j A_jl, (n, m_j, r)
+            const += np.einsum("lr,lrs->ls", c[:, None] * U0, A)
+            offsets.append(offsets[-1] + len(S[j]))
+        M = np.concatenate(blocks, axis=1)  # (n, sum m_j, r)
+        B = s_hat - const
+        from scipy.optimize import nnls
+
+        est = np.stack([nnls(M[l].T, B[l])[0] for l in R])
+        for a, j in enumerate(nbrs):
+            target = X[np.ix_(R, S[j])]
+            e = est[:, offsets[a]:offsets[a + 1]]
+            rows.setdefault(str(len(nbrs)), []).append(
+                {"error": _rel(e, target), "precision": _precision(e, target),
+                 "chance": float((target > 0).sum() / target.size)})
+    return {"by_degree": {d: {"pairs": len(v), **{k: _median(v, k) for k in ("error", "precision", "chance")}}
+                          for d, v in sorted(rows.items(), key=lambda kv: int(kv[0]))}}
+
+
+def degree2_recoveries(rec: Recording, *, x_max: int, max_calls: int | None = None,
+                       unequal_only: bool = False) -> tuple[list, int]:
+    """The calls at which a degree-2 receiver's sums attack
+    (:func:`~ppdnmf_torch.audit.attack_degree2`) recovers both neighbours' exact ``q_j``.
+
+    The informative calls attacked per receiver: those with unequal weights
+    ``gamma_ij gamma_ji`` (``unequal_only``; with equal weights the sums give ``w`` and
+    ``q_1 + q_2`` only), else ``max_calls`` evenly spread ones, as
+    :func:`~ppdnmf_torch.audit.sums_audit` chooses them (None: all).
+
+    Returns
+    -------
+    (list, int)
+        ``(call, receiver, neighbours, certified)`` per exact call, and the calls attacked.
+    """
+    rec.need_ints()
+    S_all, rho_all = rec.S_int, rec.rho_int
+    out, tried = [], 0
+    for i in range(rec.n_agents):
+        edges = np.flatnonzero(rec.src == i)
+        if len(edges) != 2:
+            continue
+        nbrs = rec.dst[edges]
+        d_true = rec.q[:, nbrs] - rec.q[:, i][:, None]
+        info = np.flatnonzero((d_true != 0).any(axis=(1, 2)))
+        if unequal_only:
+            w = rec.w[:, edges]
+            info = info[w[info, 0] != w[info, 1]]
+        elif max_calls is not None and info.size > max_calls:
+            info = info[np.unique(np.linspace(0, info.size - 1, max_calls).round().astype(np.int64))]
+        tried += int(info.size)
+        for t in info:
+            res = attack_degree2(rec.gamma[t, edges].tolist(), int(rho_all[t, i]), S_all[t, i].tolist(), x_max)
+            if res["d"] is not None and np.array_equal(np.array(res["d"], dtype=np.int64), d_true[t]):
+                out.append((int(t), int(i), [int(v) for v in nbrs], bool(res["certified"])))
+    return out, tried
+
+
+#: a pair's first-call inversion counts as exact below this relative error
+FIRST_EXACT = 1e-8
+#: the errors :func:`reconstruction_audit` summarizes (``first*``: at the first call only)
+RECONSTRUCTION_KEYS = ("attack_sym", "attack_ls", "own_sym", "own_ls", "nystrom", "first", "attack_sym_prec",
+                       "own_sym_prec", "nystrom_prec", "first_prec", "chance_prec")
+
+
+def _median(rows: list, key: str):
+    vals = [r[key] for r in rows if key in r]
+    return float(np.median(vals)) if vals else None
+
+
+def reconstruction_audit(rec: Recording, X, parts, rank: int, *, calls=None, pairs=None, U0=None,
+                         lam0: float = ADAPTIVE_LAMBDA0, mu="auto") -> dict:
+    """:func:`column_errors` for the directed edges ``pairs`` (``(i, j)``; default every edge) at
+    ``calls`` (``[(call, pairs or None)]``; default: the first call and the last call of every
+    outer iteration), with ``U_j`` read off the recording: ``q_j / n_max`` for an integer
+    recording (what an exact recovery of ``q_j`` gives), ``U_j`` for ``plain`` (what the
+    eavesdropper reads); the attacker's own copy exactly. At the first call, with ``U0`` (the
+    common start), also :func:`first_call_errors`.
+
+    Returns
+    -------
+    dict
+        ``per_iteration``: per call ``{"call", "outer_iter", "admm_iter", "pairs", medians of the
+        errors over the pairs}`` (with the inversion: ``first_exact`` pairs below
+        :data:`FIRST_EXACT` of ``first_pairs``, ``first_max``, ``first_prec_min``); ``rows``: every
+        (call, pair) entry; ``medians``: the same summary over all rows.
+    """
+    n = int(np.asarray(X.shape)[0])
+    U = rec.U.reshape(rec.n_calls, rec.n_agents, n, rank)
+    U_hat = U if rec.q is None else (rec.q / rec.n_max).reshape(U.shape)
+    if calls is None:
+        last = np.flatnonzero(np.r_[rec.bcd[1:] != rec.bcd[:-1], True])
+        calls = [(int(t), None) for t in np.union1d([0], last)]
+    if pairs is None:
+        pairs = list(zip(rec.src.tolist(), rec.dst.tolist()))
+    rows = []
+    for t, only in calls:
+        first = U0 is not None and rec.bcd[t] == 1 and rec.admm[t] == 1
+        for i, j in (only if only is not None else pairs):
+            e = column_errors(X, parts, i, j, U_hat[t, j], U[t, i])
+            if first:
+                e.update(first_call_errors(X, parts, i, j, U_hat[t, j], U0, lam0=lam0, mu=mu))
+            rows.append({"call": int(t), "outer_iter": int(rec.bcd[t]), "admm_iter": int(rec.admm[t]),
+                         "attacker": int(i), "target": int(j), **e})
+    def summary(sel):
+        out = {k: _median(sel, k) for k in RECONSTRUCTION_KEYS}
+        first = [r["first"] for r in sel if "first" in r]
+        if first:  # the inversion is exact or not per pair: count, and the worst
+            out.update(first_exact=sum(v < FIRST_EXACT for v in first), first_max=max(first),
+                       first_prec_min=min(r["first_prec"] for r in sel if "first" in r), first_pairs=len(first))
+        return out
+
+    per = []
+    for t in sorted({r["call"] for r in rows}):
+        sel = [r for r in rows if r["call"] == t]
+        per.append({"call": t, "outer_iter": sel[0]["outer_iter"], "admm_iter": sel[0]["admm_iter"],
+                    "pairs": len(sel), **summary(sel)})
+    return {"per_iteration": per, "rows": rows, "medians": summary(rows)}
+
+
+# --------------------------------------------------------------------------- the audit
+def _graph_info(graph) -> dict:
+    return {"n_agents": int(graph.n_agents), "edges": [list(e) for e in graph.edges], "degree": graph.degree.tolist()}
+
+
+def _weights(rec: Recording) -> dict:
+    """:func:`~ppdnmf_torch.audit.sums.unequal_weights` (receiver-calls of degree >= 2: informative,
+    and with unequal weights) and the first call at which every draw has its final value."""
+    sat = (rec.gamma == rec.gamma[-1][None]).all(1)
+    out = unequal_weights(rec)
+    return {"informative_receiver_calls": out["informative_calls"], "unequal_weights": out["unequal_weights"],
+            "saturated_from_call": int(np.argmax(sat)) + 1 if sat.any() else None}
+
+
+def _neighbour_summary(audit: dict) -> dict:
+    s = audit["summary"]
+    keep = ("pairs", "pairs_informative", "exact_recovery_pairs", "exact_recovery_pairs_degree1",
+            "exact_recovery_pairs_degree2plus", "beats_baseline_pairs", "baseline_rel_err_median",
+            "best_rel_err_median", "by_degree")
+    return {k: s[k] for k in keep if k in s}
+
+
+def paillier_scan(X, rank: int, graph, keypairs, *, protocols=("masked",), n_max: float = 1e6, g_bits: int = 16,
+                  key_bits: int = 128, **fit_kwargs) -> dict:
+    """A real Paillier run per protocol (the caller's ``keypairs``, e.g. small ones made once), its
+    transcript scanned for every plaintext the protocol handled and every mask seed drawn
+    (:func:`~ppdnmf_torch.audit.eavesdropper_paillier`); also checks that its integers equal a
+    ``quantized`` run's (``bit_identical``); ``key_bits``: the keys' size, for the codec."""
+    out = {}
+    qrec, _ = record_symnmf_agents(X, rank, graph, kind="quantized", n_max=n_max, g_bits=g_bits,
+                                   key_bits=key_bits, **fit_kwargs)
+    for proto in protocols:
+        t0 = time.perf_counter()
+        with record_seeds() as drawn:
+            rec, _ = record_symnmf_agents(X, rank, graph, kind="paillier", protocol=proto, n_max=n_max,
+                                          g_bits=g_bits, key_bits=key_bits, keypairs=keypairs,
+                                          paillier_options={"workers": 0}, **fit_kwargs)
+        ev = eavesdropper_paillier(rec, seeds=list(drawn))
+        ev["bit_identical"] = bool(np.array_equal(rec.q, qrec.q) and np.array_equal(rec.gamma, qrec.gamma))
+        ev["seconds"] = time.perf_counter() - t0
+        del drawn
+        out[proto] = ev
+    return out
+
+
+def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"),
+                     protocols=("paper", "aggregated", "masked"), n_max: float = 1e6, g_bits: int = 16,
+                     key_bits: int = 128, sums: bool = True, sums_max_calls: int | None = 10, plain: bool = True,
+                     reconstruct: bool = True, progress=None, **fit_kwargs) -> dict:
+    """The audit of :func:`~.agents.fit_symnmf_agents` on ``X`` per graph and setting.
+
+    Parameters
+    ----------
+    X : array-like or Tensor (n, n)
+        The similarity matrix.
+    rank : int
+    graphs : dict of str to Graph
+    settings : sequence of str
+        Keys of :data:`SETTINGS` (``current``: random draws under equal caps; ``equal``: fixed
+        draws, equal weights).
+    protocols : which neighbour views to audit on the integer recording.
+    n_max, g_bits, key_bits : the codec.
+    sums : bool
+        The sums attacks (:func:`~ppdnmf_torch.audit.sums_audit`, at most ``sums_max_calls``
+        informative calls per receiver) and :func:`~ppdnmf_torch.audit.schedule_audit`.
+    plain : bool
+        Also record ``plain``: the eavesdropper, and (``reconstruct``) :func:`reconstruction_audit`
+        at the end of every outer iteration.
+    reconstruct : bool
+        :func:`column_errors` at the calls the degree-2 sums attack recovers exactly (and, with
+        ``plain``, per outer iteration).
+    progress : callable(str), optional
+    **fit_kwargs
+        Keywords of :func:`~.agents.fit_symnmf_agents` (``U0``, ``max_iter``, ``x_iters``,
+        ``g_cap``, ``seed``, ...), for every run.
+
+    Returns
+    -------
+    dict
+        JSON-ready: ``meta`` and ``cases`` (``"<graph>/<setting>"``: ``graph``, ``fit``
+        (``E``, ``consensus``), ``weights`` (:func:`_weights`), ``sums``,
+        ``schedule_leak``, ``neighbour`` per protocol (summary), ``collusion`` (``masked``),
+        ``eavesdropper_plain``, ``recoveries`` (:func:`degree2_recoveries` on every degree-2
+        call with unequal weights: calls attacked, exact, certified, and the columns'
+        reconstruction at the exact ones), ``reconstruction_plain`` (per outer iteration) and
+        ``eavesdropper_first_call`` (with ``U0``), ``first_call_sum`` (``equal``, with ``U0``:
+        :func:`first_call_sum_errors`)).
+    """
+    say = progress or (lambda s: None)
+    t_start = time.perf_counter()
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        raise ConfigError(f"settings: unknown {unknown}; use some of {tuple(SETTINGS)}")
+    g_cap = float(fit_kwargs.get("g_cap", 0.3))
+    # what the first-call inversion needs: the common start and the first X-step's lambda and mu
+    inv = {"U0": fit_kwargs.get("U0"), "mu": fit_kwargs.get("mu", "auto"),
+           "lam0": fit_kwargs.get("lam0", ADAPTIVE_LAMBDA0) if fit_kwargs.get("penalty", "adaptive") == "adaptive"
+           else float(fit_kwargs["penalty"])}
+    if inv["U0"] is not None:
+        inv["U0"] = torch.as_tensor(inv["U0"]).reshape(-1, *torch.as_tensor(inv["U0"]).shape[-2:])[0]
+    x_max = public_x_max(g_cap, g_bits, "paper")  # the caps are fixed in this model
+    report = {"meta": {"audit": "ppdnmf_torch.models.symnmf.audit", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "n": int(np.asarray(X.shape)[0]), "rank": int(rank), "n_max": n_max, "g_bits": g_bits,
+                       "key_bits": key_bits, "x_max": x_max, "sums_max_calls": sums_max_calls,
+                       "fit": {k: v for k, v in fit_kwargs.items() if k != "U0"}},
+              "cases": {}}
+    for gname, graph in graphs.items():
+        for sname in settings:
+            kw = dict(fit_kwargs, **SETTINGS[sname])
+            name = f"{gname}/{sname}"
+            t0 = time.perf_counter()
+            say(f"[{name}] recording the integer protocol")
+            rec, res = record_symnmf_agents(X, rank, graph, kind="quantized", n_max=n_max, g_bits=g_bits,
+                                            key_bits=key_bits, **kw)
+            parts = res.parts[0]
+            entry = {"graph": _graph_info(graph), "setting": sname, "fit": {"E": rec.nmse, "consensus": rec.consensus},
+                     "calls": rec.n_calls, "weights": _weights(rec), "neighbour": {}}
+            if sums:
+                say(f"[{name}] sums attacks")
+                entry["sums"] = sums_audit(rec, x_max=x_max, max_calls=sums_max_calls)
+                entry["schedule_leak"] = schedule_audit(rec, x_max=x_max)
+                if reconstruct:
+                    hits, tried = degree2_recoveries(rec, x_max=x_max, unequal_only=True)
+                    rc = reconstruction_audit(rec, X, parts, rank,
+                                              calls=[(t, [(i, j) for j in nb]) for t, i, nb, _ in hits], **inv)
+                    entry["recoveries"] = {"attacked": tried, "exact": len(hits),
+                                           "certified": sum(c for *_, c in hits), "calls": [{"call": t, "outer_iter": int(rec.bcd[t]), "admm_iter":
+                                                      int(rec.admm[t]), "receiver": i, "neighbours": nb,
+                                                      "certified": c} for t, i, nb, c in hits],
+                                           "reconstruction": rc["medians"], "rows": rc["rows"]}
+            if reconstruct and sname == "equal" and inv["U0"] is not None:
+                say(f"[{name}] the first messages' sum inverted")
+                entry["first_call_sum"] = first_call_sum_errors(rec, X, parts, rank, **inv)
+            for proto in protocols:
+                say(f"[{name}] neighbour attacks under protocol={proto}")
+                entry["neighbour"][proto] = _neighbour_summary(neighbour_audit(rec, proto))
+            if "masked" in protocols:
+                entry["collusion"] = collusion_audit(rec)["summary"]
+            if plain:
+                say(f"[{name}] plain run: eavesdropper" + (" and the columns' reconstruction" if reconstruct else ""))
+                prec, _ = record_symnmf_agents(X, rank, graph, kind="plain", **kw)
+                ev = eavesdropper_plain(prec)
+                entry["eavesdropper_plain"] = {"all_recovered_exactly": ev["all_recovered_exactly"],
+                                               "n_messages": ev["n_messages"]}
+                if reconstruct:
+                    entry["reconstruction_plain"] = reconstruction_audit(prec, X, parts, rank, **inv)["per_iteration"]
+                    if inv["U0"] is not None:
+                        entry["eavesdropper_first_call"] = eavesdropper_first_call(prec, X, parts, rank, **inv)
+            entry["seconds"] = time.perf_counter() - t0
+            report["cases"][name] = entry
+    report["meta"]["seconds"] = time.perf_counter() - t_start
+    return report
