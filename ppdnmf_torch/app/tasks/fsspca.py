@@ -58,7 +58,7 @@ class FSSPCASolver:
     tol: float = spec(DEFAULTS["tol"], ge=0)
     smoothing: str = spec(DEFAULT_SMOOTHING, choices=("sqrt", "huber", "logexp", "erf"))
     mu: float = spec(DEFAULTS["mu"], gt=0)
-    # null: "auto" (each worker rho_scale times its own largest eigenvalue)
+    # null: "auto" (rho_scale times the workers' mean largest eigenvalue)
     rho: float | None = spec(None, gt=0)
     rho_scale: float = spec(DEFAULTS["rho_scale"], gt=0)
     line_search: str = spec(DEFAULTS["line_search"], choices=("armijo", "wolfe"))

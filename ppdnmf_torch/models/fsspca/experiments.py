@@ -182,17 +182,30 @@ def exp_real_data(datasets=("digits", "breast_cancer", "wine"), splits=("iid", "
 
 def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300):
     """The number of workers from 2 to 1,000, each a single batched computation (workers stacked
-    along one dimension): iterations, adjusted explained variance, support F1, seconds."""
+    along one dimension), with the default settings (each worker its own ``rho_i``): iterations,
+    line-search trials, adjusted explained variance, support F1, the largest entry difference of
+    ``z`` to the ``K = Ks[0]`` run's, seconds."""
     sp = spiked_covariance(n=n, d=30, r=2, support=5, seed=seed)
     out = []
     for K in Ks:
         groups = split_rows("iid", K, n=n, seed=seed)
         t0 = time.perf_counter()
         res = _quiet(fit_fsspca, sp.X, 2, groups=groups, alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed)
+        sec = time.perf_counter() - t0
+        z = res.z[0].numpy()
+        first = z if not out else first
         out.append(dict(K=K, n_iter=int(res.n_iter[0]), converged=bool(res.converged[0]),
+                        line_search_evals=int(res.line_search["evals"]),
                         explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
-                        seconds=time.perf_counter() - t0, **support_scores(res.z[0].numpy(), sp.support)))
+                        max_z_difference=_signed_difference(z, first), seconds=sec,
+                        **support_scores(z, sp.support)))
     return out
+
+
+def _signed_difference(z, ref):
+    """Largest entry of ``|z - ref|`` with each column's sign matched (a loading and its negative
+    are the same solution)."""
+    return float(np.minimum(np.abs(z - ref).max(axis=0), np.abs(z + ref).max(axis=0)).max())
 
 
 def exp_deflation(n_workers=8, alpha=200.0, seed=0, max_iter=400):

@@ -27,9 +27,10 @@ from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS", "RHO_RULES", "CHECKPOINT_NAME"]
 
 #: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
-#: ``rho`` by rule: ``"auto"`` each worker ``rho_scale lambda_max(C_i)`` (:func:`worker_rho`),
-#: ``"mean"`` one penalty, ``rho_scale`` times their mean (:func:`_auto_rho`)
-RHO_RULES = ("auto", "mean")
+#: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean
+#: ``lambda_max(C_i)`` (:func:`_auto_rho`); ``"worker"`` each worker ``rho_scale lambda_max(C_i)``
+#: (:func:`worker_rho`)
+RHO_RULES = ("auto", "worker")
 DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="wolfe", inner_steps=4, max_iter=500,
                 tol=1e-6)
 CHECKPOINT_NAME = "fsspca_state.pt"
@@ -134,8 +135,8 @@ def _initial_z(n_features, r, T, seed, init, dtype, device):
 
 
 def _auto_rho(problem, scale):
-    """``rho = "mean"``: ``scale`` times the workers' mean largest eigenvalue of ``C_i``, one
-    penalty per trial ``(T,)`` (the serverless variant's rule)."""
+    """``rho = "auto"``: ``scale`` times the workers' mean largest eigenvalue of ``C_i``, one
+    penalty per trial ``(T,)``."""
     # the local subproblem (14) is then strongly convex near the manifold (rho > 2 ||C_i||)
     # for workers of average size
     lam = torch.linalg.eigvalsh(problem.gram[:, :, :, :]).amax(dim=-1)
@@ -143,7 +144,7 @@ def _auto_rho(problem, scale):
 
 
 def worker_rho(problem, scale):
-    """``rho = "auto"``: each worker its own penalty ``rho_i = scale lambda_max(C_i)``, ``(T, K)``.
+    """``rho = "worker"``: each worker its own penalty ``rho_i = scale lambda_max(C_i)``, ``(T, K)``.
 
     A worker needs only its own Gram matrix for it; the server's z-step needs their sum
     (:func:`.admm.upload`), one secure sum at the start (docs/FSSPCA.md, "rho").
@@ -188,11 +189,12 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         ``psi_mu`` (:mod:`.smoothing`).
     mu : float
         The smoothing parameter (the paper's ``1e-3``).
-    rho : float, sequence (T,), "auto" or "mean"
-        The ADMM penalty. ``"auto"``: each worker its own ``rho_i = rho_scale lambda_max(C_i)``
-        (:func:`worker_rho`; the server's z-step weighs the uploads by ``rho_i``, and their mean
-        is one secure sum at the start); ``"mean"``: one penalty, ``rho_scale`` times the workers'
-        mean ``lambda_max(C_i)`` (the rule before; docs/FSSPCA.md).
+    rho : float, sequence (T,), "auto" or "worker"
+        The ADMM penalty. ``"auto"``: one penalty, ``rho_scale`` times the workers' mean
+        ``lambda_max(C_i)`` (that mean is taken in the clear here, not through ``aggregation``);
+        ``"worker"``: each worker its own ``rho_i = rho_scale lambda_max(C_i)`` (:func:`worker_rho`;
+        the z-step weighs the uploads by ``rho_i``, their mean one secure sum at the start).
+        docs/FSSPCA.md, "rho".
     line_search : {"wolfe", "armijo"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
@@ -272,7 +274,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     if isinstance(rho, str):
         if rho not in RHO_RULES:
             raise ConfigError(f"rho: expected a positive number or one of {list(RHO_RULES)}, got {rho!r}")
-        rho_t = worker_rho(problem, rho_scale) if rho == "auto" else _auto_rho(problem, rho_scale)
+        rho_t = worker_rho(problem, rho_scale) if rho == "worker" else _auto_rho(problem, rho_scale)
     else:
         rho_t = _per_trial(rho, T, "rho", like)
     if not bool((rho_t > 0).all()):
