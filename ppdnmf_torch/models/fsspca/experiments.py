@@ -180,25 +180,32 @@ def exp_real_data(datasets=("digits", "breast_cancer", "wine"), splits=("iid", "
     return out
 
 
-def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300):
+#: the settings before the many-workers fix (docs/FSSPCA.md, "rho"), for the side-by-side rows
+BEFORE_WORKERS_FIX = dict(line_search="armijo", inner_steps=2)
+
+
+def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300,
+                settings=(("default", {}), ("before", BEFORE_WORKERS_FIX))):
     """The number of workers from 2 to 1,000, each a single batched computation (workers stacked
-    along one dimension), with the default settings (each worker its own ``rho_i``): iterations,
+    along one dimension), with the default settings and with those before the fix: iterations,
     line-search trials, adjusted explained variance, support F1, the largest entry difference of
-    ``z`` to the ``K = Ks[0]`` run's, seconds."""
+    ``z`` to the default run's at ``K = Ks[0]`` (columns' signs matched), seconds."""
     sp = spiked_covariance(n=n, d=30, r=2, support=5, seed=seed)
-    out = []
-    for K in Ks:
-        groups = split_rows("iid", K, n=n, seed=seed)
-        t0 = time.perf_counter()
-        res = _quiet(fit_fsspca, sp.X, 2, groups=groups, alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed)
-        sec = time.perf_counter() - t0
-        z = res.z[0].numpy()
-        first = z if not out else first
-        out.append(dict(K=K, n_iter=int(res.n_iter[0]), converged=bool(res.converged[0]),
-                        line_search_evals=int(res.line_search["evals"]),
-                        explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
-                        max_z_difference=_signed_difference(z, first), seconds=sec,
-                        **support_scores(z, sp.support)))
+    out, first = [], None
+    for label, options in settings:
+        for K in Ks:
+            groups = split_rows("iid", K, n=n, seed=seed)
+            t0 = time.perf_counter()
+            res = _quiet(fit_fsspca, sp.X, 2, groups=groups, alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed,
+                         **options)
+            sec = time.perf_counter() - t0
+            z = res.z[0].numpy()
+            first = z if first is None else first
+            out.append(dict(settings=label, K=K, n_iter=int(res.n_iter[0]), converged=bool(res.converged[0]),
+                            line_search_evals=int(res.line_search["evals"]),
+                            explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
+                            max_z_difference=_signed_difference(z, first), seconds=sec,
+                            **support_scores(z, sp.support)))
     return out
 
 
