@@ -358,7 +358,7 @@ def test_lambda_2_follows_alpha_over_k_and_zero_is_the_unsmoothed_baseline():
     assert res.settings["lambda_2"] == [2.0]
     base = fit_fsspca(blocks, 2, alpha=8.0, lambda_2=0.0, max_iter=3, tol=0)
     assert base.settings["lambda_2"] == [0.0]
-    assert DEFAULTS["inner_steps"] == 4 and DEFAULTS["line_search"] == "wolfe" and DEFAULTS["rho"] == "auto"
+    assert DEFAULTS["inner_steps"] == 4 and DEFAULTS["line_search"] == "armijo" and DEFAULTS["rho"] == "auto"
 
 
 def test_sparse_loadings_recover_the_spiked_support():
@@ -637,9 +637,9 @@ def test_run_task_gives_the_app_a_summary_and_arrays():
 # -- the number of workers -----------------------------------------------------------------------
 def test_many_tiny_workers_reach_the_answer_of_two():
     """100 workers of 4 rows each (every C_i of rank 4) converge to the loadings 2 workers find:
-    the same support and explained variance, z within 1e-4. The settings before (Armijo, 2 inner
-    steps) left this run unconverged at explained variance 0.146 against 0.320 after 300
-    iterations (docs/FSSPCA.md, "inner steps and line search")."""
+    the same support and explained variance, z within 1e-4. The setting before (2 inner steps)
+    left this run unconverged at explained variance 0.146 against 0.320 after 300 iterations
+    (docs/FSSPCA.md, "Many small workers")."""
     sp = spiked_covariance(n=400, d=30, r=2, support=5, seed=0)
     kw = dict(alpha=40.0, tol=1e-6, max_iter=300, seed=0)
     two = fit_fsspca(sp.X, 2, groups=split_iid(400, 2, seed=0), **kw)

@@ -31,7 +31,7 @@ __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS
 #: ``lambda_max(C_i)`` (:func:`_auto_rho`); ``"worker"`` each worker ``rho_scale lambda_max(C_i)``
 #: (:func:`worker_rho`)
 RHO_RULES = ("auto", "worker")
-DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="wolfe", inner_steps=4, max_iter=500,
+DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
                 tol=1e-6)
 CHECKPOINT_NAME = "fsspca_state.pt"
 
@@ -195,7 +195,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         ``"worker"``: each worker its own ``rho_i = rho_scale lambda_max(C_i)`` (:func:`worker_rho`;
         the z-step weighs the uploads by ``rho_i``, their mean one secure sum at the start).
         docs/FSSPCA.md, "rho".
-    line_search : {"wolfe", "armijo"}
+    line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
     aggregation : {"plain", "quantized", "paillier"} or an aggregator
