@@ -218,13 +218,28 @@ def test_per_worker_rho_z_step_is_the_weighted_minimizer():
         return lam1 * z.abs().sum((-2, -1)) + 0.5 * (rho[..., None, None] * c * c).sum((1, 2, 3))
 
     base = g(z)
-    for _ in range(50):
+    for _ in range(20):
         assert bool((g(z + 1e-3 * torch.randn(z.shape, generator=gen, dtype=torch.float64)) >= base).all())
     one = torch.tensor([1.5, 2.0], dtype=torch.float64)
     assert torch.equal(admm.upload(w, u, one), w + u / one[:, None, None, None])
     torch.testing.assert_close(admm.dual_step(u, w, z, rho) - u, rho[..., None, None] * (w - z[:, None]))
 
 
+def test_rho_worker_costs_one_more_round():
+    blocks = _small_problem(4, 8, 5)
+    auto = fit_fsspca(blocks, 2, alpha=30.0, max_iter=3, tol=0)
+    per = fit_fsspca(blocks, 2, alpha=30.0, max_iter=3, tol=0, rho="worker")
+    assert per.settings["rho"] == "worker" and auto.settings["rho"] == "auto"
+    # the centring round, one per iteration, and for rho="worker" the workers' mean rho_i
+    assert auto.costs["rounds"] == 4 and per.costs["rounds"] == 5
+    lam = torch.linalg.eigvalsh(prepare_problem([torch.as_tensor(b) for b in blocks])[0].gram[0]).amax(-1)
+    for res in (per, auto):
+        torch.testing.assert_close(torch.tensor(res.settings["rho_mean"], dtype=torch.float64), 2.0 * lam.mean()[None])
+    with pytest.raises(ConfigError, match="rho"):
+        fit_fsspca(blocks, 2, rho="big")
+
+
+@pytest.mark.slow
 def test_rho_worker_reaches_the_answer_of_rho_auto():
     blocks = _small_problem(4, 8, 5)
     kw = dict(alpha=30.0, max_iter=300, tol=1e-6)
@@ -232,11 +247,6 @@ def test_rho_worker_reaches_the_answer_of_rho_auto():
     per = fit_fsspca(blocks, 2, rho="worker", **kw)
     assert bool(auto.converged.all()) and bool(per.converged.all())
     torch.testing.assert_close(per.z, auto.z, rtol=0, atol=1e-5)
-    assert per.settings["rho"] == "worker" and auto.settings["rho"] == "auto"
-    # the centring round, one per iteration, and for rho="worker" the workers' mean rho_i
-    assert auto.costs["rounds"] == 1 + auto.n_iter.item() and per.costs["rounds"] == 2 + per.n_iter.item()
-    with pytest.raises(ConfigError, match="rho"):
-        fit_fsspca(blocks, 2, rho="big")
 
 
 @pytest.mark.parametrize("search", ["armijo", "wolfe"])
@@ -643,10 +653,10 @@ def test_many_tiny_workers_reach_the_answer_of_two():
     from ppdnmf_torch.models.fsspca.experiments import _matched_difference
 
     sp = spiked_covariance(n=400, d=30, r=2, support=5, seed=0)
-    kw = dict(alpha=40.0, tol=1e-6, max_iter=300, seed=0)
+    kw = dict(alpha=40.0, tol=1e-4, max_iter=300, seed=0)
     two = fit_fsspca(sp.X, 2, groups=split_iid(400, 2, seed=0), **kw)
     many = fit_fsspca(sp.X, 2, groups=split_iid(400, 100, seed=0), **kw)
     assert bool(two.converged.all()) and bool(many.converged.all())
     assert _matched_difference(many.z[0].numpy(), two.z[0].numpy()) < 1e-4
     f2, f100 = two.history["objective"][-1, 0], many.history["objective"][-1, 0]
-    assert abs(float(f100 - f2)) < 1e-7 * abs(float(f2))
+    assert abs(float(f100 - f2)) < 1e-5 * abs(float(f2))
