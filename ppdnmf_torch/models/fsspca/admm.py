@@ -19,7 +19,7 @@ from ...errors import ConfigError
 from . import manifold
 from .smoothing import Smoothing, smooth_l1
 
-__all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "z_step",
+__all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
            "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES"]
 
 LINE_SEARCHES = ("armijo", "wolfe")
@@ -94,6 +94,16 @@ def _per_worker(z, w):
     return z[:, None] if z.dim() == w.dim() - 1 else z
 
 
+def _rho2(rho):
+    """``rho`` as ``(T, 1)`` (one per trial) or ``(T, K)`` (one per worker), against ``(T, K)``."""
+    return rho[:, None] if rho.dim() == 1 else rho
+
+
+def _rho4(rho):
+    """``rho`` as ``(T, 1, 1, 1)`` or ``(T, K, 1, 1)``, against ``(T, K, d, r)``."""
+    return _rho2(rho)[..., None, None]
+
+
 def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
     """The worker's subproblem (14), value and Euclidean gradient.
 
@@ -104,7 +114,9 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
     ----------
     w, u : Tensor (T, K, d, r)
     z : Tensor (T, d, r), or (T, K, d, r): each worker its own (the serverless variant)
-    lambda_2, rho : Tensor (T,)
+    lambda_2 : Tensor (T,)
+    rho : Tensor (T,) or (T, K)
+        One penalty per trial, or each worker its own ``rho_i`` (:func:`worker_rho`).
 
     Returns
     -------
@@ -112,10 +124,10 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
     """
     Cw = problem.gram @ w
     lam = lambda_2[:, None]
-    shift = w - _per_worker(z, w) + u / rho[:, None, None, None]
+    shift = w - _per_worker(z, w) + u / _rho4(rho)
     value = (problem.sqnorm - manifold.inner(w, Cw) + lam * smooth_l1(w, smoothing, mu)
-             + 0.5 * rho[:, None] * manifold.inner(shift, shift))
-    egrad = -2.0 * Cw + lam[..., None, None] * smoothing.grad(w, mu) + rho[:, None, None, None] * shift
+             + 0.5 * _rho2(rho) * manifold.inner(shift, shift))
+    egrad = -2.0 * Cw + lam[..., None, None] * smoothing.grad(w, mu) + _rho4(rho) * shift
     if problem.projector is not None:
         egrad = problem.projector[:, None] @ egrad
     return value, egrad
@@ -161,14 +173,30 @@ def soft_threshold(v: torch.Tensor, tau) -> torch.Tensor:
     return torch.sign(v) * (v.abs() - tau).clamp_min(0)
 
 
+def upload(w, u, rho, rho_mean=None):
+    """What worker ``i`` sends for step 2 (its share of the server's sum), ``(T, K, d, r)``.
+
+    One ``rho (T,)``: ``w_i + u_i / rho``. Each worker its own ``rho (T, K)``, with
+    ``rho_mean (T,)`` the workers' mean ``rho_i``: ``(rho_i w_i + u_i) / rho_mean``, so that the
+    sum is ``sum_i (rho_i w_i + u_i) / rho_mean`` and :func:`z_step` with ``rho_mean`` is the
+    exact minimizer of (12) with per-worker penalties (Boyd et al., section 7.1, with ``rho_i``).
+    """
+    if rho.dim() == 1:
+        return w + u / _rho4(rho)
+    return (_rho4(rho) * w + u) / _rho4(rho_mean)
+
+
 def z_step(total, n_workers, lambda_1, rho):
     """Step 2 of Algorithm 1, eqs. (12)-(13), on the server.
 
     Parameters
     ----------
     total : Tensor (T, d, r)
-        ``sum_i (w_i + u_i / rho)``, the only thing the server needs (its aggregate).
-    lambda_1, rho : Tensor (T,)
+        The sum of the workers' :func:`upload` (``sum_i (w_i + u_i / rho)`` for one ``rho``),
+        the only thing the server needs (its aggregate).
+    lambda_1 : Tensor (T,)
+    rho : Tensor (T,)
+        The penalty, or the workers' mean ``rho_i`` when each has its own.
 
     Returns
     -------
@@ -179,9 +207,9 @@ def z_step(total, n_workers, lambda_1, rho):
 
 
 def dual_step(u, w, z, rho):
-    """Step 3 of Algorithm 1: ``u_i <- u_i + rho (w_i - z)`` on each worker (``z (T, d, r)``, or
-    ``(T, K, d, r)`` per worker)."""
-    return u + rho[:, None, None, None] * (w - _per_worker(z, w))
+    """Step 3 of Algorithm 1: ``u_i <- u_i + rho_i (w_i - z)`` on each worker (``z (T, d, r)``, or
+    ``(T, K, d, r)`` per worker; ``rho (T,)`` or ``(T, K)``)."""
+    return u + _rho4(rho) * (w - _per_worker(z, w))
 
 
 def objective(problem, w, z, lambda_1, lambda_2, smoothing, mu):
@@ -194,16 +222,18 @@ def augmented_lagrangian(problem, w, z, u, lambda_1, lambda_2, rho, smoothing, m
     """``L_rho`` of Algorithm 1 (eq. (7)); ``(T,)``."""
     gap = w - z[:, None]
     return (objective(problem, w, z, lambda_1, lambda_2, smoothing, mu)
-            + (manifold.inner(u, gap) + 0.5 * rho[:, None] * manifold.inner(gap, gap)).sum(dim=1))
+            + (manifold.inner(u, gap) + 0.5 * _rho2(rho) * manifold.inner(gap, gap)).sum(dim=1))
 
 
 def residuals(w, z, z_old, rho):
-    """Primal ``sqrt(sum_i ||w_i - z||^2)``, dual ``rho sqrt(K) ||z - z_old||`` and consensus
-    ``max_i ||w_i - z||``, each ``(T,)`` (Boyd et al., section 7.1)."""
+    """Primal ``sqrt(sum_i ||w_i - z||^2)``, dual ``sqrt(sum_i rho_i^2) ||z - z_old||`` (``rho
+    sqrt(K) ||z - z_old||`` for one ``rho``) and consensus ``max_i ||w_i - z||``, each ``(T,)``
+    (Boyd et al., section 7.1)."""
     gap = torch.linalg.matrix_norm(w - z[:, None])
     K = w.shape[1]
     primal = gap.square().sum(dim=1).sqrt()
-    dual = rho * K ** 0.5 * torch.linalg.matrix_norm(z - z_old)
+    weight = rho * K ** 0.5 if rho.dim() == 1 else torch.linalg.vector_norm(rho, dim=1)
+    dual = weight * torch.linalg.matrix_norm(z - z_old)
     return primal, dual, gap.amax(dim=1)
 
 

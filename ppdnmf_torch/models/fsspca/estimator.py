@@ -38,9 +38,12 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         The smooth term's weight; None follows ``alpha`` (``alpha / K``).
     smoothing : {"sqrt", "huber", "logexp", "erf"}
     mu : float
-    rho : float or "auto"
+    rho : float, "auto" or "worker"
+        One penalty (``"auto"``: from the workers' mean largest eigenvalue) or each worker its
+        own (``"worker"``); :func:`.fit.fit_fsspca`.
     line_search : {"armijo", "wolfe"}
     inner_steps : int
+        Riemannian steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
     aggregation : {"plain", "quantized", "paillier"} or an aggregator
         How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
     n_workers : int

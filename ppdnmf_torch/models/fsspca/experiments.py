@@ -18,7 +18,7 @@ from .fit import fit_fsspca
 from .smoothing import SMOOTHINGS
 
 __all__ = ["principal_sines", "fluctuation", "support_scores", "exp_pca_limit", "exp_fluctuation",
-           "exp_smoothing", "exp_support", "exp_real_data", "exp_workers", "exp_deflation", "exp_serverless",
+           "exp_smoothing", "exp_support", "exp_real_data", "exp_workers", "exp_workers_settings", "exp_deflation", "exp_serverless",
            "EXPERIMENTS",
            "run_task"]
 
@@ -180,19 +180,75 @@ def exp_real_data(datasets=("digits", "breast_cancer", "wine"), splits=("iid", "
     return out
 
 
-def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300):
+#: the setting before the many-workers fix (docs/FSSPCA.md, "Many small workers"), side by side
+BEFORE_WORKERS_FIX = dict(inner_steps=2)
+
+
+def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300,
+                settings=(("default", {}), ("wolfe", dict(line_search="wolfe")), ("before", BEFORE_WORKERS_FIX))):
     """The number of workers from 2 to 1,000, each a single batched computation (workers stacked
-    along one dimension): iterations, adjusted explained variance, support F1, seconds."""
+    along one dimension), with the default settings, with strong Wolfe instead of Armijo, and with
+    the setting before the fix (2 inner steps): iterations,
+    line-search trials, adjusted explained variance, support F1, the largest entry difference of
+    ``z`` to the default run's at ``K = Ks[0]`` (columns matched in order and sign), seconds."""
     sp = spiked_covariance(n=n, d=30, r=2, support=5, seed=seed)
-    out = []
-    for K in Ks:
-        groups = split_rows("iid", K, n=n, seed=seed)
-        t0 = time.perf_counter()
-        res = _quiet(fit_fsspca, sp.X, 2, groups=groups, alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed)
-        out.append(dict(K=K, n_iter=int(res.n_iter[0]), converged=bool(res.converged[0]),
-                        explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
-                        seconds=time.perf_counter() - t0, **support_scores(res.z[0].numpy(), sp.support)))
+    out, first = [], None
+    for label, options in settings:
+        for K in Ks:
+            groups = split_rows("iid", K, n=n, seed=seed)
+            t0 = time.perf_counter()
+            res = _quiet(fit_fsspca, sp.X, 2, groups=groups, alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed,
+                         **options)
+            sec = time.perf_counter() - t0
+            z = res.z[0].numpy()
+            first = z if first is None else first
+            out.append(dict(settings=label, K=K, n_iter=int(res.n_iter[0]), converged=bool(res.converged[0]),
+                            line_search_evals=int(res.line_search["evals"]),
+                            explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
+                            max_z_difference=_matched_difference(z, first), seconds=sec,
+                            **support_scores(z, sp.support)))
     return out
+
+
+def exp_workers_settings(K=300, rows=4, alpha_per_row=0.1, seed=0, max_iter=300,
+                         settings=(("auto", "armijo", 2), ("auto", "armijo", 4), ("auto", "wolfe", 2),
+                                   ("auto", "wolfe", 4), ("worker", "armijo", 2), ("worker", "wolfe", 2),
+                                   ("worker", "wolfe", 4))):
+    """What makes many small workers converge (the diagnosis behind the defaults): ``K`` workers
+    of ``rows`` rows each on the spiked model (``d = 30``), the ``rho`` rule x line search x inner
+    steps: iterations, line-search trials and failures, the largest and the RMS consensus gap at
+    the end, explained variance, sparsity, and z's difference to the same problem on 2 workers."""
+    n = K * rows
+    sp = spiked_covariance(n=n, d=30, r=2, support=5, seed=seed)
+    kw = dict(alpha=alpha_per_row * n, max_iter=max_iter, tol=1e-6, seed=seed)
+    ref = _quiet(fit_fsspca, sp.X, 2, groups=split_rows("iid", 2, n=n, seed=seed), **kw).z[0].numpy()
+    groups = split_rows("iid", K, n=n, seed=seed)
+    out = []
+    for rho, search, inner in settings:
+        t0 = time.perf_counter()
+        res = _quiet(fit_fsspca, sp.X, 2, groups=groups, rho=rho, line_search=search, inner_steps=inner, **kw)
+        n_it = int(res.n_iter[0])
+        out.append(dict(rho=rho, line_search=search, inner_steps=inner, n_iter=n_it, converged=bool(res.converged[0]),
+                        line_search_evals=int(res.line_search["evals"]),
+                        line_search_failures=int(res.line_search["failures"]),
+                        max_gap=float(res.history["consensus"][n_it - 1, 0]),
+                        rms_gap=float(res.history["primal_residual"][n_it - 1, 0]) / math.sqrt(2 * K),
+                        explained_variance=float(res.explained_variance[0]), sparsity=float(res.sparsity[0]),
+                        max_z_difference=_matched_difference(res.z[0].numpy(), ref),
+                        seconds=time.perf_counter() - t0))
+    return out
+
+
+def _matched_difference(z, ref):
+    """Largest entry of ``|z - ref|`` after matching ``z``'s columns to ``ref``'s, order and signs
+    (loadings in another order or negated are the same solution)."""
+    from itertools import permutations
+
+    best = math.inf
+    for perm in permutations(range(z.shape[1])):  # r is small
+        zp = z[:, perm]
+        best = min(best, float(np.minimum(np.abs(zp - ref).max(axis=0), np.abs(zp + ref).max(axis=0)).max()))
+    return best
 
 
 def exp_deflation(n_workers=8, alpha=200.0, seed=0, max_iter=400):
@@ -240,6 +296,7 @@ def exp_serverless(gossip=(1, 5, 20, 60), n_workers=8, alpha=200.0, seed=0, max_
 
 EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoothing": exp_smoothing,
                "support": exp_support, "real_data": exp_real_data, "workers": exp_workers,
+               "workers_settings": exp_workers_settings,
                "deflation": exp_deflation, "serverless": exp_serverless}
 
 

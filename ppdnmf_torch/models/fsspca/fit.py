@@ -24,10 +24,14 @@ from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "DEFAULTS", "CHECKPOINT_NAME"]
+__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS", "RHO_RULES", "CHECKPOINT_NAME"]
 
 #: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
-DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=2, max_iter=500,
+#: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean
+#: ``lambda_max(C_i)`` (:func:`_auto_rho`); ``"worker"`` each worker ``rho_scale lambda_max(C_i)``
+#: (:func:`worker_rho`)
+RHO_RULES = ("auto", "worker")
+DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
                 tol=1e-6)
 CHECKPOINT_NAME = "fsspca_state.pt"
 
@@ -131,10 +135,21 @@ def _initial_z(n_features, r, T, seed, init, dtype, device):
 
 
 def _auto_rho(problem, scale):
-    # twice the workers' mean largest Gram eigenvalue: the local subproblem (14) is then
-    # strongly convex near the manifold (rho > 2 ||C_i||) for workers of average size
+    """``rho = "auto"``: ``scale`` times the workers' mean largest eigenvalue of ``C_i``, one
+    penalty per trial ``(T,)``."""
+    # the local subproblem (14) is then strongly convex near the manifold (rho > 2 ||C_i||)
+    # for workers of average size
     lam = torch.linalg.eigvalsh(problem.gram[:, :, :, :]).amax(dim=-1)
     return scale * lam.mean(dim=1)
+
+
+def worker_rho(problem, scale):
+    """``rho = "worker"``: each worker its own penalty ``rho_i = scale lambda_max(C_i)``, ``(T, K)``.
+
+    A worker needs only its own Gram matrix for it; the server's z-step needs their sum
+    (:func:`.admm.upload`), one secure sum at the start (docs/FSSPCA.md, "rho").
+    """
+    return scale * torch.linalg.eigvalsh(problem.gram).amax(dim=-1)
 
 
 def _fingerprint(problem, settings):
@@ -174,14 +189,18 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         ``psi_mu`` (:mod:`.smoothing`).
     mu : float
         The smoothing parameter (the paper's ``1e-3``).
-    rho : float, sequence (T,) or "auto"
-        The ADMM penalty; ``"auto"`` is ``rho_scale`` times the workers' mean largest
-        eigenvalue of ``C_i`` (docs/FSSPCA.md).
+    rho : float, sequence (T,), "auto" or "worker"
+        The ADMM penalty. ``"auto"``: one penalty, ``rho_scale`` times the workers' mean
+        ``lambda_max(C_i)`` (that mean is taken in the clear here, not through ``aggregation``);
+        ``"worker"``: each worker its own ``rho_i = rho_scale lambda_max(C_i)`` (:func:`worker_rho`;
+        the z-step weighs the uploads by ``rho_i``, their mean one secure sum at the start).
+        docs/FSSPCA.md, "rho".
     line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
     aggregation : {"plain", "quantized", "paillier"} or an aggregator
-        How the server gets ``sum_i (w_i + u_i/rho)`` (and the centring sums): the paper's plain
+        How the server gets the sum of the workers' uploads (``sum_i (w_i + u_i/rho)``, or
+        with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
         upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made
         here with ``aggregation_options`` and closed at the end; an aggregator handed in is used
         as it is and left open). Its counted costs are ``result.costs``.
@@ -253,16 +272,19 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     lam1 = _per_trial(alpha, T, "alpha", like)
     lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
     if isinstance(rho, str):
-        if rho != "auto":
-            raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
-        rho_t = _auto_rho(problem, rho_scale)
+        if rho not in RHO_RULES:
+            raise ConfigError(f"rho: expected a positive number or one of {list(RHO_RULES)}, got {rho!r}")
+        rho_t = worker_rho(problem, rho_scale) if rho == "worker" else _auto_rho(problem, rho_scale)
     else:
         rho_t = _per_trial(rho, T, "rho", like)
     if not bool((rho_t > 0).all()):
         raise ConfigError(f"rho: must be > 0, got {rho}")
+    # each worker its own rho_i: the server's z-step needs their mean, one secure sum at the start
+    rho_bar = aggregate(aggregation, rho_t, 0) / K if rho_t.dim() == 2 else rho_t
 
     settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=psi.name, mu=mu,
-                    rho=rho_t.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
+                    rho=rho if isinstance(rho, str) else rho_t.tolist(), rho_scale=rho_scale,
+                    rho_mean=rho_bar.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
                     max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
                     aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
 
@@ -278,7 +300,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     if projector is not None:
         z0 = qf(projector @ z0)
     # first trial step: 1 / (the local curvature's scale) per worker
-    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho_t[:, None] + lam2[:, None] / mu
+    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + admm._rho2(rho_t) + lam2[:, None] / mu
     state = admm.ADMMState(w=z0[:, None].expand(T, K, d, r).clone(), u=torch.zeros((T, K, d, r), dtype=like.dtype,
                            device=like.device), z=z0, theta=1.0 / scale)
     active = torch.ones(T, dtype=torch.bool, device=like.device)
@@ -317,10 +339,11 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
         a4 = active[:, None, None, None]
         w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
                             active=active)
-        total = aggregate(aggregation, w + state.u / rho_t[:, None, None, None], 2)
-        z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_t), state.z)
+        total = aggregate(aggregation, admm.upload(w, state.u, rho_t, rho_bar), 2)
+        z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_bar), state.z)
         u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
         primal, dual, consensus = admm.residuals(w, z_new, state.z, rho_t)
+        change = torch.linalg.matrix_norm(z_new - state.z) / math.sqrt(r)
         values = dict(objective=admm.objective(problem, w, z_new, lam1, lam2, psi, mu),
                       lagrangian=admm.augmented_lagrangian(problem, w, z_new, u_new, lam1, lam2, rho_t, psi, mu),
                       explained_variance=admm.adjusted_variance(pooled, z_new),
@@ -331,7 +354,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
             history[k].append(torch.where(active, values[k], prev))
         state.w, state.z, state.u = w, z_new, u_new
         n_iter = torch.where(active, n_iter + 1, n_iter)
-        done = (primal / math.sqrt(K * r) <= tol) & (dual / (rho_t * math.sqrt(K * r)) <= tol) & active
+        done = (primal / math.sqrt(K * r) <= tol) & (change <= tol) & active
         converged = converged | done
         active = active & ~done
         stop = bool(callback(IterationInfo(state.iteration, values, active.clone()))) if callback else False

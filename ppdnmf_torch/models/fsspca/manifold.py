@@ -118,7 +118,7 @@ class LineSearchResult:
     theta : Tensor (...)
         The accepted step sizes (0 where none was accepted).
     accepted : Tensor (...) bool
-        Where a step met the conditions.
+        Where a step met the conditions (or none was needed: inactive or stationary entries).
     n_evals : int
         Trial steps taken (the batch's largest).
     """
@@ -139,6 +139,14 @@ def _decrease_ok(v, value, c1, theta, slope):
     return (v <= value + need) | ((-need <= floor) & (v <= value))
 
 
+def _resolved(value, theta0, slope):
+    """Entries already stationary to the dtype's resolution: even the first trial's predicted
+    decrease ``theta0 |phi'(0)|`` is below ``16 eps |f(w)|``. No trial step could be told apart
+    from rounding noise there, so the search keeps their point (``theta = 0``, accepted) instead
+    of backtracking ``max_steps`` times on noise (which made every worker of the batch wait)."""
+    return theta0 * slope.abs() <= 16.0 * torch.finfo(value.dtype).eps * value.abs()
+
+
 def armijo(fg: Callable, w, value, grad, theta0, *, c1=ARMIJO_C1, beta=BACKTRACK, max_steps=MAX_LINE_SEARCH,
            active=None) -> LineSearchResult:
     """Armijo backtracking along ``zeta = -grad`` (eq. (18); Absil et al., Algorithm 1).
@@ -155,11 +163,12 @@ def armijo(fg: Callable, w, value, grad, theta0, *, c1=ARMIJO_C1, beta=BACKTRACK
     grad : Tensor (..., d, r), the Riemannian gradient at ``w``
     theta0 : Tensor (...), the first trial step of each entry
     active : Tensor (...) bool, optional
-        Entries to move; the others keep their point and count as accepted with ``theta = 0``.
+        Entries to move; the others keep their point and count as accepted with ``theta = 0``,
+        as do entries stationary to rounding (:func:`_resolved`).
     """
     zeta = -grad
     slope = -inner(grad, grad)  # phi'(0) = <grad, zeta>
-    done = torch.zeros_like(value, dtype=torch.bool) if active is None else ~active
+    done = _resolved(value, theta0, slope) if active is None else ~active | _resolved(value, theta0, slope)
     theta = theta0.clone()
     w_new, v_new = w.clone(), value.clone()
     accepted_theta = torch.zeros_like(theta)
@@ -194,7 +203,7 @@ def strong_wolfe(fg: Callable, w, value, grad, theta0, *, c1=WOLFE_C1, c2=WOLFE_
     """
     zeta = -grad
     slope0 = -inner(grad, grad)
-    done = torch.zeros_like(value, dtype=torch.bool) if active is None else ~active
+    done = _resolved(value, theta0, slope0) if active is None else ~active | _resolved(value, theta0, slope0)
     lo = torch.zeros_like(theta0)
     hi = torch.full_like(theta0, float("inf"))
     theta = theta0.clone()
