@@ -280,18 +280,12 @@ def exp_deflation(n_workers=8, alpha=200.0, seed=0, max_iter=400):
     return out
 
 
-def exp_serverless(gossip=(1, 5, 20, 60), n_workers=8, alpha=200.0, seed=0, max_iter=300):
-    """The serverless variant (ring of workers, Metropolis gossip) against the server version on
-    the spiked model: distance of the workers' ``z_i`` to the server's ``z`` per gossip rounds."""
-    from ...graph import ring
-    from .serverless import compare_with_server
+def exp_serverless(n_workers=8, alpha=200.0, seed=0, max_iter=300):
+    """The serverless variant (step 2 agreed through the library's exchange) against the server
+    version on the spiked model: :func:`~.serverless.serverless_table`."""
+    from .serverless import serverless_table
 
-    sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=seed)
-    groups = split_rows("iid", n_workers, n=len(sp.X), seed=seed)
-    rows = compare_with_server(sp.X, 2, ring(n_workers), gossip=gossip, groups=groups, alpha=alpha,
-                               max_iter=max_iter, tol=1e-6, seed=seed)
-    return [dict(graph=f"ring({n_workers})", gossip_rounds=r["gossip_rounds"], max_z_distance=r["max_z_distance"][0],
-                 max_sine=r["max_sine"][0], n_iter=r["n_iter"][0], server_n_iter=r["server_n_iter"][0]) for r in rows]
+    return serverless_table(n_workers=n_workers, alpha=alpha, seed=seed, max_iter=max_iter)
 
 
 EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoothing": exp_smoothing,

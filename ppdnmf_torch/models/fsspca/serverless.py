@@ -64,7 +64,7 @@ from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
+from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
 from .manifold import qf
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
@@ -164,9 +164,10 @@ def _check_exchange_graph(exch, graph, g_cap, value_scale):
 def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEFAULTS["consensus"],
                    inner_iters=SERVERLESS_DEFAULTS["inner_iters"], exchange="plain", exchange_options=None,
                    g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
-                   groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=1e-3, rho="auto",
-                   rho_scale=2.0, line_search="armijo", inner_steps=2, center=True, center_iters=100, max_iter=500,
-                   tol=1e-6, trials=1, seed=0, init=None, device=None, dtype=None,
+                   groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=DEFAULTS["mu"],
+                   rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"], line_search=DEFAULTS["line_search"],
+                   inner_steps=DEFAULTS["inner_steps"], center=True, center_iters=100, max_iter=DEFAULTS["max_iter"],
+                   tol=DEFAULTS["tol"], trials=1, seed=0, init=None, device=None, dtype=None,
                    callback=None) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 
