@@ -233,8 +233,21 @@ def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> 
     ``lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` with ``U`` the agents' own rows
     ``(T, N, m, r)`` and ``V`` their ``V_i``; ``(T,)``. The ratio is >= 1 (so ``lambda``
     never decreases) and 1 exactly when ``U = V``; a nonpositive ``<U, V>`` keeps ``lambda``."""
-    num = U_own.square().sum(dim=(1, 2, 3)) + V.square().sum(dim=(1, 2, 3))
-    den = 2 * (U_own * V).sum(dim=(1, 2, 3))
+    return lambda_update(lam, lambda_terms(U_own, V).sum(1))
+
+
+# -- the adaptive rule's sums, per agent (a run over ranks, models/symnmf/distributed.py, sums
+# -- the agents' terms in this order across ranks and gets the same bits) ----------------------
+def lambda_terms(U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Each agent's ``(||U_i[S_i]||^2, ||V_i||^2, <U_i[S_i], V_i>)``: ``(T, N, 3)`` from
+    ``U_own`` and ``V`` ``(T, N, m, r)``."""
+    return torch.stack([U_own.square().sum(dim=(2, 3)), V.square().sum(dim=(2, 3)), (U_own * V).sum(dim=(2, 3))],
+                       dim=-1)
+
+
+def lambda_update(lam: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """Eq. (20) from the network-wide sums ``(T, 3)`` of :func:`lambda_terms`; ``(T,)``."""
+    num, den = sums[..., 0] + sums[..., 1], 2 * sums[..., 2]
     return torch.where(den > 0, lam * (num / den.where(den > 0, 1.0)).clamp_min(1.0), lam)
 
 
