@@ -236,6 +236,18 @@ def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> 
     return lambda_update(lam, lambda_terms(U_own, V).sum(1))
 
 
+def _check_settings(*, mu, g_cap, tol, penalty, **counts):
+    """The settings' checks at the boundary (here and over ranks, :mod:`.distributed`); ``mu`` as used."""
+    for key, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"{key}: expected an integer >= 1, got {v!r}")
+    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and g_cap > 0 and tol >= 0):
+        raise ConfigError("mu/g_cap/tol: need mu='auto' or > 0, g_cap > 0 and tol >= 0")
+    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
+        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    return mu if mu == "auto" else float(mu)
+
+
 # -- the adaptive rule's sums, per agent (a run over ranks, models/symnmf/distributed.py, sums
 # -- the agents' terms in this order across ranks and gets the same bits) ----------------------
 def lambda_terms(U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -347,15 +359,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     Xd = _as_dense_similarity(X, dev, dtype)
     n = Xd.shape[0]
     dt = Xd.dtype
-    for key, v, lo in (("rank", rank, 1), ("n_agents", n_agents, 1), ("x_iters", x_iters, 1),
-                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1), ("trials", trials, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
-    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and g_cap > 0 and tol >= 0):
-        raise ConfigError("mu/g_cap/tol: need mu='auto' or > 0, g_cap > 0 and tol >= 0")
-    mu = mu if mu == "auto" else float(mu)
-    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
-        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    mu = _check_settings(rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters, max_iter=max_iter,
+                         trials=trials, mu=mu, g_cap=g_cap, tol=tol, penalty=penalty)
     T, N, r = int(trials), int(n_agents), int(rank)
     seeds = [int(seed) + t for t in range(T)]
     graphs = _graphs(graph, N, T, seeds)

@@ -61,7 +61,7 @@ from ...exchange import Exchange
 from ...exchange.spec import exchange_spec
 from ...graph import check_min_degree
 from ...threads import with_threads
-from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _as_dense_similarity, _gather_rows, _graphs, _scatter_rows,
+from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _as_dense_similarity, _check_settings, _gather_rows, _graphs, _scatter_rows,
                      _State, _warn_degree_one, lambda_terms, lambda_update, partition_nodes, x_step, y_step)
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda"]
@@ -207,15 +207,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
     dev = comm.device
     Xd = _as_dense_similarity(X, dev, dtype)
     n, dt = Xd.shape[0], Xd.dtype
-    for key, v, lo in (("rank", rank, 1), ("n_agents", n_agents, 1), ("x_iters", x_iters, 1),
-                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
-    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and g_cap > 0 and tol >= 0):
-        raise ConfigError("mu/g_cap/tol: need mu='auto' or > 0, g_cap > 0 and tol >= 0")
-    mu = mu if mu == "auto" else float(mu)
-    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
-        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    mu = _check_settings(rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters, max_iter=max_iter, mu=mu,
+                         g_cap=g_cap, tol=tol, penalty=penalty)
     N, r = int(n_agents), int(rank)
     g = _graphs(graph, N, 1, [int(seed)])[0]
     check_min_degree(g, min_degree)
