@@ -22,7 +22,7 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   every rank sums the agents in the single-process order: the run's factors equal
   :func:`~.agents.fit_symnmf_agents`'s bit for bit. ``share="sums"`` all-reduces each rank's
   three partial sums (3 numbers per rank, no per-agent value): ``lambda`` and the factors
-  then agree with one process to rounding (about ``1e-15`` relative), not bit for bit.
+  then agree with one process to rounding, not bit for bit.
   Neither is a protected sum (docs/SYMNMF.md: a deployment needs a sum protocol for them, or
   a fixed ``penalty``, which needs none).
 
@@ -30,7 +30,7 @@ The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come fr
 sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
 ``(n, r)``, then one all-reduce of three per-rank scalar sums (the column blocks of
 ``||X - Ubar Ubar^T||^2``, ``||X - Ubar V^T||^2``, ``||Ubar - V||^2``) and one of the largest
-``||U_i - Ubar||``. They equal one process's to rounding (about ``1e-15`` relative; the
+``||U_i - Ubar||``. They equal one process's to rounding (not bit for bit; the
 metrics do not feed the iterates). The stopping rule (``tol``) uses the same ``Ubar`` on every
 rank. At the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the
 single-process result assembles them) into the same :class:`~.agents.AgentsResult`.
