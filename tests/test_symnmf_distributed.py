@@ -174,7 +174,7 @@ def test_three_ranks_every_exchange_and_stopping_rule():
                                                                           "cost_model": FAKE_COSTS}, penalty=0.3),
              _kwargs(n_agents=7, exchange="paillier", exchange_options={"n_max": 1e4, "key_bits": 128}, max_iter=2,
                      x_iters=2),
-             _kwargs(n_agents=7, tol=1e-3, max_iter=60, mu=1.0),
+             _kwargs(n_agents=7, tol=1e-2, max_iter=60, mu=1.0),
              _kwargs(n_agents=7, callback=_stop_at_2, assignment=[0, 1, 2, 0, 1, 2, 0], partition="block"),
              _kwargs(n_agents=7, share="sums")]
     got = _spawn(3, [(X, kw) for kw in cases])

@@ -32,7 +32,8 @@ sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copi
 ``||X - Ubar Ubar^T||^2``, ``||X - Ubar V^T||^2``, ``||Ubar - V||^2``) and one of the largest
 ``||U_i - Ubar||``. They equal one process's to rounding (not bit for bit; the
 metrics do not feed the iterates). The stopping rule (``tol``) uses the same ``Ubar`` on every
-rank. At the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the
+rank (one all-reduce decides); a relative change within rounding of ``tol`` could stop one
+iteration apart from one process. At the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the
 single-process result assembles them) into the same :class:`~.agents.AgentsResult`.
 
 One trial per run (the engine's layout is one trial's); ``trials`` batches belong to the
