@@ -8,6 +8,7 @@ the rest (3 ranks, quantized and paillier, the stopping rules) is ``slow``.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -198,9 +199,13 @@ def test_three_ranks_every_exchange_and_stopping_rule():
         X, 3, device="cpu", **cases[1]).costs
 
 
+def _fail_on_rank_1(k, metrics):
+    if os.environ.get("RANK") == "1" and k == 2:
+        raise RuntimeError("injected failure")
+
+
 @pytest.mark.slow
-def test_a_failed_rank_stops_the_launcher():
-    X = _similarity()
-    with pytest.raises(DistributedError, match="rank"):
-        fit_symnmf_distributed(X, 3, world_size=2, timeout=120, **_kwargs(exchange="quantized", exchange_options={
-            "n_max": 1e-6}))
+def test_a_failed_rank_stops_the_run_and_is_named():
+    with pytest.raises(DistributedError, match="rank 1 failed.*injected failure"):
+        fit_symnmf_distributed(_similarity(), 3, world_size=2, timeout=240, comm_timeout=60,
+                               **_kwargs(callback=_fail_on_rank_1))

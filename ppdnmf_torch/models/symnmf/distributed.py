@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from ..._utils import derive_seed
-from ...distributed.comm import Comm, DistributedError
+from ...distributed.comm import EXIT_PEER_FAILED, Comm, DistributedError
 from ...distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ...distributed.launch import check_local_ranks, launch_local
 from ...distributed.layout import RankLayout, block_period, gather_agents
@@ -351,7 +351,7 @@ def fit_symnmf_distributed(X, rank: int, world_size: int = 2, *, timeout: float 
     Raises
     ------
     DistributedError
-        When a rank fails (the first failure's message).
+        When a rank fails (the failing rank's message, not its peers' that stopped after it).
     """
     check_local_ranks(world_size, int(kwargs.get("n_agents", 10)))
     if isinstance(X, torch.Tensor):
@@ -359,7 +359,8 @@ def fit_symnmf_distributed(X, rank: int, world_size: int = 2, *, timeout: float 
     outs = launch_local(world_size, _rank_main, (X, rank, dict(kwargs), {"timeout": comm_timeout}), timeout=timeout)
     failed = [o for o in outs if o.error is not None or o.exitcode != 0]
     if failed:
-        first = min(failed, key=lambda o: (o.error is None, o.rank))
+        # the cause first: a rank that stopped because another failed exits with EXIT_PEER_FAILED
+        first = min(failed, key=lambda o: (o.exitcode == EXIT_PEER_FAILED, o.error is None, o.rank))
         raise DistributedError(f"rank {first.rank} failed (exit code {first.exitcode}): {first.error}",
                                failed_rank=first.rank)
     return outs[0].value
