@@ -28,5 +28,5 @@ from .layout import RankLayout, block_period, gather_agents
 from .secure import SecureHalo
 
 __all__ = ["Comm", "DistributedError", "EXIT_PEER_FAILED", "BACKENDS", "SecureHalo", "launch_local", "free_port",
-           "RankOutcome", "Partition", "partition_agents", "PARTITION_METHODS", "HaloExchange", "RankSampler", "HALO_KINDS",
-           "RankLayout", "block_period", "gather_agents"]
+           "RankOutcome", "Partition", "partition_agents", "PARTITION_METHODS", "HaloExchange", "RankSampler",
+           "HALO_KINDS", "RankLayout", "block_period", "gather_agents"]

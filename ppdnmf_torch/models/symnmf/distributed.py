@@ -62,8 +62,9 @@ from ...exchange import Exchange
 from ...exchange.spec import exchange_spec
 from ...graph import check_min_degree
 from ...threads import with_threads
-from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _as_dense_similarity, _check_settings, _gather_rows, _graphs, _scatter_rows,
-                     _State, _warn_degree_one, lambda_terms, lambda_update, partition_nodes, x_step, y_step)
+from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _as_dense_similarity, _check_settings, _gather_rows, _graphs,
+                     _scatter_rows, _State, _warn_degree_one, lambda_terms, lambda_update, partition_nodes, x_step,
+                     y_step)
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda"]
 
@@ -179,9 +180,9 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
     comm : Comm
     X : array-like, Tensor or scipy.sparse (n, n)
         The similarity matrix; the rank keeps its agents' columns ``X[:, S_i]`` only.
-    rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, x_iters, y_iters, max_iter, tol, U0, seed, dtype, min_degree
+    rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, x_iters, y_iters, max_iter, tol, U0, seed
         As :func:`~.agents.fit_symnmf_agents` (``graph``: one :class:`~ppdnmf_torch.graph.Graph`;
-        ``parts (N, m)`` or ``(1, N, m)``; ``U0 (n, r)``).
+        ``parts (N, m)`` or ``(1, N, m)``; ``U0 (n, r)``); also ``dtype`` and ``min_degree``.
     exchange, exchange_options
         ``plain``, ``quantized`` (the halo) or ``paillier`` (its fast path, :class:`SecureHalo`),
         with the options of :func:`~ppdnmf_torch.exchange.make_exchange`.
