@@ -7,7 +7,9 @@ process and :func:`~ppdnmf_torch.models.symnmf.distributed.fit_symnmf_distribute
 local ranks (gloo), alternately ``--repeats`` times, and prints whether the factors and
 ``lambda`` are the same bits, the largest relative difference of the history's ``E``, and the
 seconds per outer iteration of each (from the history's ``time``: the iterations' own time,
-not the ranks' start) with their ratio's range::
+not the ranks' start) with their ratio's range. Both take the library's defaults
+(``penalty_schedule="agreed"``) and the lambda sums' ``plain`` aggregation, the only one over
+ranks (with ``--exchange quantized`` one process would otherwise aggregate them ``quantized``)::
 
     python scripts/bench_symnmf_distributed.py --n 400 --agents 10 --rank 10 --iters 5 --nproc 2
 
@@ -60,7 +62,8 @@ def main(argv=None) -> int:
     S = S.to_dense() if S.layout != torch.strided else S
     U0 = scaled_start(S, a.rank, 1, 0, "scaled")[0]  # the start of docs/RESULTS.md's agents runs
     kw = dict(n_agents=a.agents, max_iter=a.iters, x_iters=a.x_iters, U0=U0, seed=0, exchange=a.exchange,
-              exchange_options={"n_max": 1e6} if a.exchange == "quantized" else None)
+              exchange_options={"n_max": 1e6} if a.exchange == "quantized" else None,
+              aggregation="plain")  # the lambda sums' only aggregation over ranks (plain's default anyway)
     one, ranks, same, dE = [], [], [], []
     for _ in range(a.repeats):
         with warnings.catch_warnings():

@@ -13,7 +13,9 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   kind computes ``S_i`` and ``rho_i`` on the rank's extended nodes, the same terms in the same
   order as in one process) or :class:`~ppdnmf_torch.distributed.SecureHalo` (``paillier``:
   ciphertexts and public keys only; keys and mask seeds never leave their rank), and the
-  rank's :class:`~ppdnmf_torch.distributed.RankSampler` (each edge's single-process draws);
+  rank's :class:`~ppdnmf_torch.distributed.RankSampler` (each edge's single-process draws:
+  under ``penalty_schedule="agreed"``, the default, every rank draws the trial's common
+  penalty, ``shared=True``, as PPDNMF's agreed schedule over ranks does);
 * the Y-step (:func:`~.agents.y_step`): local, nothing crosses a rank;
 * the adaptive penalty (20) (:func:`rank_lambda`): its three sums
   (``sum_i ||U_i[S_i]||^2``, ``sum_i ||V_i||^2``, ``sum_i <U_i[S_i], V_i>``) over every rank's
@@ -23,14 +25,21 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   :func:`~.agents.fit_symnmf_agents`'s bit for bit. ``share="sums"`` all-reduces each rank's
   three partial sums (3 numbers per rank, no per-agent value): ``lambda`` and the factors
   then agree with one process to rounding, not bit for bit.
-  Neither is a protected sum (docs/SYMNMF.md: a deployment needs a sum protocol for them, or
-  a fixed ``penalty``, which needs none).
+  Both are the ``plain`` aggregation's arithmetic, and neither is a protected sum: one process's
+  secure aggregations (``aggregation="quantized"``, ``"paillier"``, and ``None``'s default for
+  those exchanges) have no cross-rank protocol here and are refused
+  (:class:`~ppdnmf_torch.errors.ConfigError`; ``aggregation="plain"`` or a fixed ``penalty``).
+
+A sparse ``X`` stays sparse (:func:`~.agent_columns.agent_columns` over the rank's slots).
+Checkpoints are the single process's (``checkpoint_dir`` is refused here). The rank's start
+comes from one function, :func:`initial_rank_state`.
 
 The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come from per-rank
 sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
-``(n, r)``, then one all-reduce of three per-rank scalar sums (the column blocks of
-``||X - Ubar Ubar^T||^2``, ``||X - Ubar V^T||^2``, ``||Ubar - V||^2``) and one of the largest
-``||U_i - Ubar||``. They equal one process's to rounding (not bit for bit; the
+``(n, r)``, then one all-reduce of three per-rank scalar sums (``sum_i <X_i^T Ubar, Ubar[S_i]>``,
+``sum_i <X_i^T Ubar, V_i>``, ``||Ubar - V||^2`` over the rank's agents) with the rank's
+``sum_i V_i^T V_i`` ``(r, r)``, the fits by :mod:`.objective`'s expansion from ``||X||^2`` (taken
+before the rank drops the other columns), and one all-reduce of the largest ``||U_i - Ubar||``. They equal one process's to rounding (not bit for bit; the
 metrics do not feed the iterates). The stopping rule (``tol``) uses the same ``Ubar`` on every
 rank (one all-reduce decides); a relative change within rounding of ``tol`` could stop one
 iteration apart from one process. At the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the
