@@ -39,11 +39,12 @@ sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copi
 ``(n, r)``, then one all-reduce of three per-rank scalar sums (``sum_i <X_i^T Ubar, Ubar[S_i]>``,
 ``sum_i <X_i^T Ubar, V_i>``, ``||Ubar - V||^2`` over the rank's agents) with the rank's
 ``sum_i V_i^T V_i`` ``(r, r)``, the fits by :mod:`.objective`'s expansion from ``||X||^2`` (taken
-before the rank drops the other columns), and one all-reduce of the largest ``||U_i - Ubar||``. They equal one process's to rounding (not bit for bit; the
-metrics do not feed the iterates). The stopping rule (``tol``) uses the same ``Ubar`` on every
-rank (one all-reduce decides); a relative change within rounding of ``tol`` could stop one
-iteration apart from one process. At the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the
-single-process result assembles them) into the same :class:`~.agents.AgentsResult`.
+before the rank drops the other columns), and one all-reduce of the largest ``||U_i - Ubar||``.
+They equal one process's to rounding (not bit for bit; the metrics do not feed the iterates).
+The stopping rule (``tol``) uses the same ``Ubar`` on every rank (one all-reduce decides); a
+relative change within rounding of ``tol`` could stop one iteration apart from one process. At
+the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the single-process
+result assembles them) into the same :class:`~.agents.AgentsResult`.
 
 One trial per run (the engine's layout is one trial's); ``trials`` batches belong to the
 single process.
@@ -256,7 +257,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         The similarity matrix (:func:`~.operator.as_similarity`); the rank keeps its agents'
         columns ``X[:, S_i]`` only: dense, or sparse (block-diagonal CSR,
         :class:`~.agent_columns.SparseColumns`) for a sparse ``X``, never made dense.
-    rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, penalty_schedule, x_iters, y_iters, max_iter, tol, U0, seed
+    rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, penalty_schedule,
+    x_iters, y_iters, max_iter, tol, U0, seed
         As :func:`~.agents.fit_symnmf_agents` (``graph``: one :class:`~ppdnmf_torch.graph.Graph`;
         ``parts (N, m)`` or ``(1, N, m)``; ``U0 (n, r)``; ``g_cap`` a number or ``(N,)``;
         ``penalty_schedule="agreed"`` by default: every rank draws the common penalties from the
