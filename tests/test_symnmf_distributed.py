@@ -218,9 +218,10 @@ def test_three_ranks_every_exchange_and_stopping_rule():
                      x_iters=2, aggregation="plain"),
              _kwargs(n_agents=7, tol=1e-2, max_iter=60, mu=1.0),
              _kwargs(n_agents=7, callback=_stop_at_2, assignment=[0, 1, 2, 0, 1, 2, 0], partition="block"),
-             _kwargs(n_agents=7, share="sums")]
-    got = _spawn(3, [(X, kw) for kw in cases])
-    for kw, (res, sent) in zip(cases, got):
+             _kwargs(n_agents=7, share="sums"), _kwargs(n_agents=7, penalty_schedule="paper"), _kwargs(n_agents=7)]
+    Xs = [X] * (len(cases) - 1) + [(X * (X > 0.1)).to_sparse_csr()]  # the last: a torch sparse X
+    got = _spawn(3, list(zip(Xs, cases)))
+    for X, kw, (res, sent) in zip(Xs, cases, got):
         kw = dict(kw)
         kw.pop("assignment", None), kw.pop("partition", None)
         share = kw.pop("share", "all")
@@ -237,7 +238,7 @@ def test_three_ranks_every_exchange_and_stopping_rule():
     assert np.diff(got[2][0].history["bytes"]).min() > 0 and got[2][0].history["bytes"][0] > 0  # ciphertexts
     assert got[3][0].converged and got[3][0].n_iter < 60 and got[4][0].n_iter == 2
     assert got[1][0].costs["encryptions"] > 0 and got[1][0].costs == fit_symnmf_agents(
-        X, 3, device="cpu", **cases[1]).costs
+        Xs[1], 3, device="cpu", **cases[1]).costs
 
 
 def _fail_on_rank_1(k, metrics):

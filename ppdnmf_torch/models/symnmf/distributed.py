@@ -430,7 +430,8 @@ def fit_symnmf_distributed(X, rank: int, world_size: int = 2, *, timeout: float 
     """:func:`fit_symnmf_rank` on ``world_size`` local processes (``gloo`` on ``127.0.0.1``,
     :func:`~ppdnmf_torch.distributed.launch_local`): the same :class:`~.agents.AgentsResult` as
     :func:`~.agents.fit_symnmf_agents` (one trial; with ``share="all"``, the default, the same
-    factors and ``lambda`` bit for bit).
+    factors and ``lambda`` bit for bit under the same settings, the defaults included: a secure
+    exchange with an adaptive penalty needs ``aggregation="plain"`` on both sides).
 
     Parameters
     ----------
