@@ -67,7 +67,8 @@ Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0``
 ``V_i = U_0[S_i]``; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
 iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
 (``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
-Not in this module: a multi-process engine, and a privacy audit of the symmetric model.
+The run over ``torch.distributed`` ranks is :mod:`.distributed`'s (these steps, the same bits under the
+same settings). Not in this module: a privacy audit of the symmetric model.
 """
 from __future__ import annotations
 
@@ -299,6 +300,28 @@ def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> 
     return lambda_from_sums(lam, lambda_terms(U_own, V).sum(dim=1))
 
 
+def _check_settings(*, mu, tol, penalty, penalty_schedule, penalty_mode, checkpoint_dir=None,
+                    checkpoint_every=0, resume=False, **counts):
+    """The settings' checks at the boundary, shared by :func:`fit_symnmf_agents` and the run over
+    ranks (:mod:`.distributed`): ``counts`` integers >= 1, ``checkpoint_every`` >= 0; returns ``mu``
+    as used (``"auto"`` or a float). ``g_cap`` is checked by :func:`_caps`."""
+    for key, v, lo in [(key, v, 1) for key, v in counts.items()] + [("checkpoint_every", checkpoint_every, 0)]:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
+    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and tol >= 0):
+        raise ConfigError("mu/tol: need mu='auto' or > 0 and tol >= 0")
+    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
+        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
+    if penalty_schedule not in AGENTS_SCHEDULES:
+        raise ConfigError(f"penalty_schedule: expected one of {AGENTS_SCHEDULES} across agents, got "
+                          f"{penalty_schedule!r}")
+    if penalty_mode not in PENALTY_MODES:
+        raise ConfigError(f"penalty_mode: expected one of {PENALTY_MODES}, got {penalty_mode!r}")
+    if resume and checkpoint_dir is None:
+        raise ConfigError("resume: needs a checkpoint_dir to resume from")
+    return mu if mu == "auto" else float(mu)
+
+
 def _warn_degree_one(exchange, graphs) -> None:
     if getattr(exchange, "codec", None) is None:
         return
@@ -472,23 +495,10 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     -------
     AgentsResult
     """
-    for key, v, lo in (("rank", rank, 1), ("n_agents", n_agents, 1), ("x_iters", x_iters, 1),
-                       ("y_iters", y_iters, 1), ("max_iter", max_iter, 1), ("trials", trials, 1),
-                       ("checkpoint_every", checkpoint_every, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ConfigError(f"{key}: expected an integer >= {lo}, got {v!r}")
-    if not ((mu == "auto" or (isinstance(mu, (int, float)) and mu > 0)) and tol >= 0):
-        raise ConfigError("mu/tol: need mu='auto' or > 0 and tol >= 0")
-    mu = mu if mu == "auto" else float(mu)
-    if penalty != "adaptive" and not (isinstance(penalty, (int, float)) and penalty >= 0):
-        raise ConfigError(f"penalty: expected 'adaptive' or a number >= 0, got {penalty!r}")
-    if penalty_schedule not in AGENTS_SCHEDULES:
-        raise ConfigError(f"penalty_schedule: expected one of {AGENTS_SCHEDULES} across agents, got "
-                          f"{penalty_schedule!r}")
-    if penalty_mode not in PENALTY_MODES:
-        raise ConfigError(f"penalty_mode: expected one of {PENALTY_MODES}, got {penalty_mode!r}")
-    if resume and checkpoint_dir is None:
-        raise ConfigError("resume: needs a checkpoint_dir to resume from")
+    mu = _check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule,
+                         penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                         resume=resume, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters,
+                         max_iter=max_iter, trials=trials)
     sim = as_similarity(X, device=device, dtype=dtype)
     if sim.batched:
         raise DataError("X: one (n, n) similarity matrix for every trial; got one per trial")

@@ -24,34 +24,13 @@ from ..solver import AgentReduction
 from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite, zero_norm_error
 from ..solver.refit import farthest_agent, refit_errors
 from ....distributed.comm import Comm
-from .layout import RankLayout
+from ....distributed.layout import RankLayout, gather_agents
 
 __all__ = ["RankReduction", "RankSums", "gather_agents", "SUMS_KEYS"]
 
 #: the history keys of a ``share="sums"`` run (per BCD iteration, one value per trial)
 SUMS_KEYS = ("nmse", "objective", "x_primal", "x_dual", "y_primal", "y_dual", "x_iters_mean", "x_iters_max",
              "y_iters_mean", "y_iters_max")
-
-TAG_GATHER = 21
-
-
-def gather_agents(comm: Comm, layout: RankLayout, t: torch.Tensor, counts: list, agents_of, *, what: str,
-                  category: str = "output"):
-    """Rank 0: ``(T, N, ...)`` with every rank's agents' rows of ``t (T, n_slots, ...)`` in their
-    global places; other ranks: None (they send theirs). ``counts[r]`` and ``agents_of(r)``:
-    each rank's agent count and agents."""
-    own = t[:, layout.slots.to(t.device)]
-    if comm.rank != 0:
-        comm.send(own, 0, category=category, what=what, tag=TAG_GATHER)
-        return None
-    T, N = t.shape[0], layout.n_agents
-    out = torch.empty((T, N) + tuple(t.shape[2:]), dtype=t.dtype, device=t.device)
-    out[:, layout.agents.to(t.device)] = own
-    for r in range(1, comm.world_size):
-        got = comm.recv((T, counts[r]) + tuple(t.shape[2:]), t.dtype, r, what=what, tag=TAG_GATHER)
-        out[:, torch.as_tensor(agents_of(r), device=t.device)] = got
-    return out
-
 
 class _RankMetrics(AgentReduction):
     """What both reductions across ranks share: the scales of the ADMM residuals."""

@@ -1,0 +1,253 @@
+"""Symmetric NMF across agents over ranks (models/symnmf/distributed.py): the engine's layout keeps
+every per-agent block's alignment, one rank in this process and spawned gloo ranks give
+``fit_symnmf_agents``'s factors and penalty bit for bit (the history's metrics, from per-rank
+sums, to rounding), ``share="sums"`` to rounding, and a bad setting is refused by name. Under the
+single process's defaults (``penalty_schedule="agreed"``, the lambda sums' ``plain`` aggregation)
+and its other settings (``"paper"``, a sparse ``X``) the bits are the same; a secure aggregation of
+the lambda sums and checkpoints are refused over ranks.
+
+The default run has the unit tests, one rank in this process and one spawned run of 2 ranks;
+the rest (3 ranks, quantized and paillier, the stopping rules) is ``slow``.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from ppdnmf_torch.distributed import (Comm, DistributedError, HaloExchange, RankLayout, RankSampler, block_period,
+                                      free_port, launch_local, partition_agents)
+from ppdnmf_torch.distributed.layout import ALIGN_BYTES
+from ppdnmf_torch.errors import ConfigError
+from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
+from ppdnmf_torch.graph import erdos_renyi, ring
+from ppdnmf_torch.models.ppdnmf import distributed as ppdnmf_distributed
+from ppdnmf_torch.models.ppdnmf.problem import TRIAL_ALIGN_BYTES
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents, lambda_from_sums, lambda_terms
+from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed, fit_symnmf_rank, initial_rank_state
+
+FAKE_COSTS = PaillierOpCosts(key_bits=2048, keygen=1e-3, encryption=1e-4, decryption=2e-4,
+                             homomorphic_addition=1e-6, scalar_multiplication=1e-5)
+FACTORS = ("U", "V", "U_agents", "lam", "parts")
+METRICS = ("E", "objective", "uv_dist", "consensus")
+
+
+def _similarity(n=24, r=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.rand((n, r), generator=gen, dtype=torch.float64)
+    X = W @ W.T + 0.01 * torch.rand((n, n), generator=gen, dtype=torch.float64)
+    X = (X + X.T) / 2
+    return X / torch.linalg.matrix_norm(X, ord=2)
+
+
+def _kwargs(**kw):
+    return dict(dict(n_agents=5, max_iter=4, x_iters=3, seed=1), **kw)
+
+
+def _assert_same(ref, got, bits=True, same_bytes=True):
+    """The factors and ``lambda`` bit for bit (or, ``bits=False``, to 1e-12), the metrics to rounding,
+    the bytes (``same_bytes``: the same exchange kind) equal."""
+    for key in FACTORS:
+        a, b = getattr(ref, key), getattr(got, key)
+        if bits or key == "parts":
+            assert torch.equal(a, b), key
+        else:
+            assert torch.allclose(b, a, rtol=1e-12, atol=1e-14), key
+    assert got.n_iter == ref.n_iter and got.converged == ref.converged
+    assert (np.array(got.history["lambda"]) == np.array(ref.history["lambda"])).all() or not bits
+    for key in METRICS:
+        np.testing.assert_allclose(np.array(got.history[key]), np.array(ref.history[key]), rtol=1e-12, atol=1e-15)
+    assert got.history["bytes"] == ref.history["bytes"] or not same_bytes
+    assert len(got.history["time"]) == got.n_iter
+
+
+# -- the engine's pieces --------------------------------------------------------------------------
+def test_the_halo_pieces_are_the_engines_and_ppdnmf_reexports_them():
+    assert ppdnmf_distributed.HaloExchange is HaloExchange and ppdnmf_distributed.RankSampler is RankSampler
+    assert ppdnmf_distributed.RankLayout is RankLayout
+    assert ALIGN_BYTES == TRIAL_ALIGN_BYTES
+
+
+@pytest.mark.parametrize("sizes,itemsize,p", [((24 * 5, 24 * 3, 5 * 3, 9), 8, 8), ((64, 8), 8, 1),
+                                              ((30 * 6, 30 * 4, 6 * 4, 16), 8, 2), ((7,), 4, 16)])
+def test_block_period_fills_whole_lines(sizes, itemsize, p):
+    assert block_period(sizes, itemsize) == p
+    assert all(p * b * itemsize % 64 == 0 for b in sizes)
+    assert all(any(q * b * itemsize % 64 for b in sizes) for q in range(1, p))
+
+
+@pytest.mark.parametrize("P,period", [(2, 8), (3, 4), (2, 1)])
+def test_a_ranks_slots_keep_each_agents_residue(P, period):
+    g = erdos_renyi(11, 0.4, seed=2)
+    part = partition_agents(g, P)
+    seen = []
+    for q in range(P):
+        lay = RankLayout.build(part, g, q, period=period)
+        assert lay.period == period and lay.n_slots % period == 11 % period
+        assert ((lay.slots - lay.agents) % period == 0).all()
+        src = lay.edge_src(g)
+        assert (lay.agents[(lay.slots[:, None] == src[None]).int().argmax(0)] == g.src[lay.edge_ids]).all()
+        seen += lay.edge_ids.tolist()
+    assert sorted(seen) == list(range(g.src.numel()))
+
+
+def test_lambda_terms_give_the_adaptive_rule():
+    gen = torch.Generator().manual_seed(0)
+    U, V = torch.rand((2, 4, 3, 2), generator=gen, dtype=torch.float64), torch.rand((2, 4, 3, 2), generator=gen,
+                                                                                     dtype=torch.float64)
+    lam = torch.tensor([0.1, 2.0], dtype=torch.float64)
+    want = lam * (U.square().sum((1, 2, 3)) + V.square().sum((1, 2, 3))) / (2 * (U * V).sum((1, 2, 3)))
+    assert torch.allclose(lambda_from_sums(lam, lambda_terms(U, V).sum(1)), want.clamp_min(lam), rtol=1e-14, atol=0)
+    assert torch.equal(lambda_from_sums(lam, lambda_terms(U, U).sum(1)), lam)  # U = V: constant
+
+
+# -- one rank in this process ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def solo():
+    comm = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=30, heartbeat=None)
+    yield comm
+    comm.close()
+
+
+def _sparse_similarity(layout):
+    X = _similarity()
+    X = X * (X > X.median())  # about half the entries
+    if layout == "scipy":
+        import scipy.sparse as sp
+        return sp.csr_matrix(X.numpy())
+    return X.to_sparse_csr()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(exchange="quantized", exchange_options={"n_max": 1e4}, penalty=0.5),
+                                dict(penalty_schedule="paper", g_cap=[0.2, 0.3, 0.25, 0.3, 0.1]),
+                                dict(exchange="quantized", exchange_options={"n_max": 1e6}, aggregation="plain"),
+                                dict(X="scipy"), dict(X="torch", penalty_mode="fixed")])
+def test_one_rank_gives_the_single_process_bits(solo, kw):
+    kw = dict(kw)
+    X = _sparse_similarity(kw.pop("X")) if "X" in kw else _similarity()
+    ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(**kw))
+    got = fit_symnmf_rank(solo, X, 3, **_kwargs(**kw))
+    _assert_same(ref, got.result)
+    assert got.partition.world_size == 1 and got.ranks[0]["peers"] == []
+    assert got.own["agents"] == list(range(5)) and torch.equal(got.own["U"], got.result.U_agents[0])
+
+
+def test_per_rank_sums_agree_to_rounding(solo):
+    X = _similarity()
+    ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(max_iter=6))
+    got = fit_symnmf_rank(solo, X, 3, share="sums", **_kwargs(max_iter=6))
+    _assert_same(ref, got.result, bits=False)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(share="some"), "share"), (dict(exchange="plain", rank=0), "rank"),
+                                      (dict(parts=torch.zeros((5, 5), dtype=torch.long)), "parts"),
+                                      (dict(graph=ring(4)), "graph"), (dict(penalty=-1.0), "penalty"),
+                                      (dict(exchange="paillier", exchange_options={"key_bits": 128, "fast": False}),
+                                       "fast"),
+                                      (dict(partition=partition_agents(ring(5), 2)), "partition"),
+                                      (dict(penalty_schedule="adaptive"), "penalty_schedule"),
+                                      (dict(g_cap=[0.2, 0.3, 0.3, 0.3, 0.3]), "g_max"),
+                                      (dict(exchange="quantized"), "aggregation: 'quantized' .None takes"),
+                                      (dict(aggregation="paillier"), "aggregation: 'paillier' has no protocol"),
+                                      (dict(aggregation="plain", aggregation_options={"n_max": 4}),
+                                       "aggregation_options"),
+                                      (dict(checkpoint_dir="ckpt"), "checkpoint_dir"),
+                                      (dict(resume=True), "resume"), (dict(checkpoint_every=-1), "checkpoint_every")])
+def test_bad_settings_are_refused_by_name(solo, kw, match):
+    X = _similarity()
+    rank = kw.pop("rank", 3)
+    with pytest.raises(ConfigError, match=match):
+        fit_symnmf_rank(solo, X, rank, **_kwargs(**kw))
+
+
+def test_a_fixed_penalty_needs_no_aggregation(solo):
+    X = _similarity()
+    kw = _kwargs(exchange="quantized", exchange_options={"n_max": 1e4}, penalty=0.5, aggregation="quantized")
+    _assert_same(fit_symnmf_agents(X, 3, device="cpu", **kw), fit_symnmf_rank(solo, X, 3, **kw).result)
+
+
+def test_the_ranks_start_is_the_single_processs():
+    gen = torch.Generator().manual_seed(0)
+    U0 = torch.rand((7, 2), generator=gen, dtype=torch.float64)
+    idx = torch.tensor([[[0, 3, 7], [7, 7, 7], [1, 2, 6], [4, 5, 7]]])  # slot 1 free
+    lay = RankLayout.build(partition_agents(ring(3), 1), ring(3), 0)
+    st = initial_rank_state(U0, idx, lay, 0, torch.zeros(6, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    assert st.Xc.shape == (1, 4, 7, 2) and torch.equal(st.Xc[0, 2], U0) and torch.equal(st.U, st.Xc)
+    assert torch.equal(st.V[0, 2], U0[[1, 2, 6]]) and not st.V[0, 1].any() and not st.V[0, 0, 2].any()
+    assert not (st.P.any() or st.Q.any() or st.Q_prev.any())
+
+
+# -- spawned ranks --------------------------------------------------------------------------------
+def test_two_ranks_give_the_single_process_bits():
+    X = _similarity()
+    ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs())
+    got = fit_symnmf_distributed(X, 3, world_size=2, timeout=240, **_kwargs())
+    _assert_same(ref, got)
+
+
+def _rank_fits(cases):
+    """Several runs under one process group (module level: the spawned ranks import it)."""
+    with Comm.connect("env://", timeout=120) as comm:
+        out = []
+        for X, kw in cases:
+            r = fit_symnmf_rank(comm, X, 3, **kw)
+            out.append((r.result, dict(comm.sent)))
+        return out
+
+
+def _spawn(P, cases):
+    outs = launch_local(P, _rank_fits, (cases,), timeout=400, grace=60)
+    assert all(o.error is None and o.exitcode == 0 for o in outs), [o.error for o in outs]
+    return outs[0].value
+
+
+def _stop_at_2(k, metrics):
+    return k == 2
+
+
+@pytest.mark.slow
+def test_three_ranks_every_exchange_and_stopping_rule():
+    X = _similarity(n=30)
+    cases = [_kwargs(n_agents=7, exchange="quantized", exchange_options={"n_max": 1e4}, aggregation="plain"),
+             _kwargs(n_agents=7, exchange="quantized", exchange_options={"n_max": 1e4, "protocol": "masked",
+                                                                          "cost_model": FAKE_COSTS}, penalty=0.3),
+             _kwargs(n_agents=7, exchange="paillier", exchange_options={"n_max": 1e4, "key_bits": 128}, max_iter=2,
+                     x_iters=2, aggregation="plain"),
+             _kwargs(n_agents=7, tol=1e-2, max_iter=60, mu=1.0),
+             _kwargs(n_agents=7, callback=_stop_at_2, assignment=[0, 1, 2, 0, 1, 2, 0], partition="block"),
+             _kwargs(n_agents=7, share="sums"), _kwargs(n_agents=7, penalty_schedule="paper"), _kwargs(n_agents=7)]
+    Xs = [X] * (len(cases) - 1) + [(X * (X > X.median())).to_sparse_csr()]  # the last: a torch sparse X
+    got = _spawn(3, list(zip(Xs, cases)))
+    for X, kw, (res, sent) in zip(Xs, cases, got):
+        kw = dict(kw)
+        kw.pop("assignment", None), kw.pop("partition", None)
+        share = kw.pop("share", "all")
+        paillier = kw.get("exchange") == "paillier"
+        if paillier:  # the integer sums are exact: paillier's numbers are quantized's (its bytes: ciphertexts)
+            kw["exchange"] = "quantized"
+        if kw.get("callback") is not None:
+            kw["callback"] = _stop_at_2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = fit_symnmf_agents(X, 3, device="cpu", **kw)
+        _assert_same(ref, res, bits=share == "all", same_bytes=not paillier)
+        assert sent.get("halo", 0) + sent.get("crypto", 0) > 0
+    assert np.diff(got[2][0].history["bytes"]).min() > 0 and got[2][0].history["bytes"][0] > 0  # ciphertexts
+    assert got[3][0].converged and got[3][0].n_iter < 60 and got[4][0].n_iter == 2
+    assert got[1][0].costs["encryptions"] > 0 and got[1][0].costs == fit_symnmf_agents(
+        Xs[1], 3, device="cpu", **cases[1]).costs
+
+
+def _fail_on_rank_1(k, metrics):
+    if os.environ.get("RANK") == "1" and k == 2:
+        raise RuntimeError("injected failure")
+
+
+@pytest.mark.slow
+def test_a_failed_rank_stops_the_run_and_is_named():
+    with pytest.raises(DistributedError, match="rank 1 failed.*injected failure"):
+        fit_symnmf_distributed(_similarity(), 3, world_size=2, timeout=240, comm_timeout=60,
+                               **_kwargs(callback=_fail_on_rank_1))
