@@ -225,13 +225,16 @@ def test_per_worker_rho_z_step_is_the_weighted_minimizer():
     torch.testing.assert_close(admm.dual_step(u, w, z, rho) - u, rho[..., None, None] * (w - z[:, None]))
 
 
-def test_rho_worker_costs_one_more_round():
+def test_rho_rules_cost_one_secure_round():
     blocks = _small_problem(4, 8, 5)
     auto = fit_fsspca(blocks, 2, alpha=30.0, max_iter=3, tol=0)
     per = fit_fsspca(blocks, 2, alpha=30.0, max_iter=3, tol=0, rho="worker")
     assert per.settings["rho"] == "worker" and auto.settings["rho"] == "auto"
-    # the centring round, one per iteration, and for rho="worker" the workers' mean rho_i
-    assert auto.costs["rounds"] == 4 and per.costs["rounds"] == 5
+    # the centring round, one per iteration, and one for the rule's numbers: "auto" sums the
+    # workers' lambda_max(C_i), "worker" their rho_i (neither reaches the server in the clear)
+    assert auto.costs["rounds"] == 5 and per.costs["rounds"] == 5
+    fixed = fit_fsspca(blocks, 2, alpha=30.0, max_iter=3, tol=0, rho=float(auto.settings["rho_mean"][0]))
+    assert fixed.costs["rounds"] == 4
     lam = torch.linalg.eigvalsh(prepare_problem([torch.as_tensor(b) for b in blocks])[0].gram[0]).amax(-1)
     for res in (per, auto):
         torch.testing.assert_close(torch.tensor(res.settings["rho_mean"], dtype=torch.float64), 2.0 * lam.mean()[None])
@@ -516,7 +519,7 @@ def test_secure_aggregation_wired_in_equals_the_plain_path():
     torch.testing.assert_close(q1.mean, q2.mean, rtol=0, atol=0)
     torch.testing.assert_close(q1.mean, plain.mean, rtol=0, atol=1e-8)
     torch.testing.assert_close(q1.z, plain.z, rtol=0, atol=1e-7)
-    assert q1.costs["rounds"] == plain.costs["rounds"] == 11  # the centring round + one per iteration
+    assert q1.costs["rounds"] == plain.costs["rounds"] == 12  # centring, rho's round, one per iteration
     assert q1.settings["aggregation"] == "quantized"
 
 
@@ -598,7 +601,7 @@ def test_estimator_passes_check_estimator():
 def test_pca_start_is_the_pooled_principal_subspace():
     blocks = _small_problem(3, 6, 17)
     res = fit_fsspca(blocks, 2, alpha=0.0, init="pca", max_iter=1, tol=0)
-    assert res.settings["init"] == "pca" and res.costs["rounds"] == 3  # centring, the Gram sum, one z-step
+    assert res.settings["init"] == "pca" and res.costs["rounds"] == 4  # centring, rho, the Gram sum, one z-step
     # the start is the pooled PCA subspace; one iteration moves it only slightly (the duals start at 0)
     assert _principal_sines(np.vstack(blocks), res.components[0].numpy(), 2).max() < 0.1
     with pytest.raises(ConfigError, match="init"):

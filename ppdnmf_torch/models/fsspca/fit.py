@@ -134,13 +134,16 @@ def _initial_z(n_features, r, T, seed, init, dtype, device):
     return qf(torch.stack(draws).to(device=device, dtype=dtype))
 
 
-def _auto_rho(problem, scale):
+def _auto_rho(problem, scale, aggregation="plain"):
     """``rho = "auto"``: ``scale`` times the workers' mean largest eigenvalue of ``C_i``, one
-    penalty per trial ``(T,)``."""
+    penalty per trial ``(T,)``; each worker's ``lambda_max(C_i)`` is one number of the
+    aggregation's round (a secure kind: the server learns only their sum)."""
     # the local subproblem (14) is then strongly convex near the manifold (rho > 2 ||C_i||)
     # for workers of average size
     lam = torch.linalg.eigvalsh(problem.gram[:, :, :, :]).amax(dim=-1)
-    return scale * lam.mean(dim=1)
+    if isinstance(aggregation, str):
+        return scale * lam.mean(dim=1)
+    return scale * aggregate(aggregation, lam, 0) / lam.shape[1]
 
 
 def worker_rho(problem, scale):
@@ -274,7 +277,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     if isinstance(rho, str):
         if rho not in RHO_RULES:
             raise ConfigError(f"rho: expected a positive number or one of {list(RHO_RULES)}, got {rho!r}")
-        rho_t = worker_rho(problem, rho_scale) if rho == "worker" else _auto_rho(problem, rho_scale)
+        rho_t = worker_rho(problem, rho_scale) if rho == "worker" else _auto_rho(problem, rho_scale, aggregation)
     else:
         rho_t = _per_trial(rho, T, "rho", like)
     if not bool((rho_t > 0).all()):
