@@ -63,8 +63,17 @@ problem and settings; no key, mask seed or private value of the exchange or the 
 (both are rebuilt on resume, with new keys and seeds, and give the same numbers). A resumed
 run continues bit for bit; the aggregation's setup is counted again for the new process.
 
-Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0`` and
-``V_i = U_0[S_i]``; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
+**Private start** (``start="private"``, the default; :func:`private_start`): the copies start
+at the common ``U_0``, and each ``V_i`` is drawn from a stream only agent ``i`` holds
+(``derive_seed(seed_t, "symnmf private start", i)``), i.i.d. uniform on ``[0, max U_0]``, the
+common start's scale. With the old public start ``V_i = U_0[S_i]`` (``start="common"``) everything
+in agent ``i``'s first local solve (eq. 9) but ``X_i`` is public, so its first message ``U_i^(1)``
+is a linear function of ``X_i`` and inverts to its columns
+(:func:`~ppdnmf_torch.models.symnmf.audit.first_call_errors`; measured in docs/THREAT_MODEL.md,
+"Symmetric NMF across agents", with what the private start leaves).
+
+Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0``, ``V_i`` as
+``start`` says; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
 iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
 (``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
 Not in this module: a multi-process engine, and a privacy audit of the symmetric model.
@@ -92,7 +101,7 @@ from .operator import as_similarity
 
 __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
            "lambda_terms", "lambda_from_sums", "SparseColumns", "agent_columns", "ADAPTIVE_LAMBDA0",
-           "AGENTS_SCHEDULES"]
+           "AGENTS_SCHEDULES", "AGENTS_STARTS", "private_start"]
 
 #: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
 #: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
@@ -104,6 +113,11 @@ ADAPTIVE_LAMBDA0 = 0.1
 #: edge (``agreed``, :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), or
 #: every directed edge its own monotone draw under its agent's cap (``paper``)
 AGENTS_SCHEDULES = ("agreed", "paper")
+
+#: the starts of the agents' ``V_i``: drawn from each agent's own stream (``private``,
+#: :func:`private_start`), or the rows of the common start ``U_0[S_i]`` (``common``: public, so the
+#: first message inverts to the agent's columns; kept for the audit's before/after)
+AGENTS_STARTS = ("private", "common")
 
 
 @dataclass
@@ -180,6 +194,39 @@ def partition_nodes(n: int, n_agents: int, seeds, device=None) -> torch.Tensor:
         for a, part in enumerate(torch.tensor_split(perm, n_agents)):
             out[t, a, : part.numel()] = part.sort().values
     return out.to(device)
+
+
+def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> torch.Tensor:
+    """Each agent's private start ``V_i``, ``(T, N_a, m, r)``: i.i.d. uniform on ``[0, max U_0]``
+    (the common start's scale; per trial), from the stream ``derive_seed(seeds[t],
+    "symnmf private start", i)`` that only agent ``i`` holds, zero on the padded rows.
+
+    Agent ``i``'s rows depend on its own seed, ``U_0``'s scale and ``|S_i|`` only, so a run over
+    ranks computes just its own agents' (``agents``) and gets the same numbers. The seed is never
+    logged or checkpointed; the draw is the agent's own state (a checkpoint holds ``V`` anyway).
+
+    Parameters
+    ----------
+    U0 : Tensor (T, n, r)
+        The common start (its dtype and device are the result's).
+    idx : LongTensor (T, N_a, m)
+        ``S_i`` of the agents computed, padded with ``n`` (:func:`partition_nodes`, or its rows
+        ``agents``).
+    seeds : sequence of int (T,)
+        The trials' seeds (``seed + t``).
+    agents : sequence of int (N_a,), optional
+        The agents' global indices (default ``0..N_a-1``): the streams' labels.
+    """
+    T, n, r = U0.shape
+    agents = range(idx.shape[1]) if agents is None else [int(a) for a in agents]
+    if len(agents) != idx.shape[1] or len(seeds) != T:
+        raise ConfigError(f"private_start: {len(agents)} agents and {len(seeds)} seeds for parts of shape "
+                          f"{tuple(idx.shape)} and {T} trials")
+    m = idx.shape[-1]
+    draws = torch.stack([torch.stack([torch.rand((m, r), dtype=torch.float64, generator=torch.Generator().manual_seed(
+        derive_seed(s, "symnmf private start", a))) for a in agents]) for s in seeds])  # host streams, once
+    scale = U0.amax(dim=(-2, -1)).view(T, 1, 1, 1)
+    return draws.to(U0.device, U0.dtype) * scale * (idx < n)[..., None].to(U0.dtype)
 
 
 def _gather_rows(U: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -394,7 +441,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                       seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
                       callback=None, penalty_schedule: str = "agreed", aggregation=None,
                       aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                      resume: bool = False) -> AgentsResult:
+                      resume: bool = False, start: str = "private") -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters
@@ -451,6 +498,11 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     U0 : array-like or Tensor (n, r) or (T, n, r), optional
         The start (default i.i.d. uniform on [0, 1], per trial seed
         ``derive_seed(seed + t, "symnmf_agents_init")``).
+    start : {"private", "common"}
+        The agents' ``V_i`` at the start: ``"private"`` (default) drawn from each agent's own
+        stream (:func:`private_start`); ``"common"``: ``U_0[S_i]``, public, so the first message
+        inverts to the agent's columns (docs/THREAT_MODEL.md, "Symmetric NMF across agents").
+        The copies start at ``U_0`` either way.
     trials : int
         Independent trials, batched (trial ``t`` uses seed ``seed + t``).
     callback : callable, optional
@@ -487,6 +539,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                           f"{penalty_schedule!r}")
     if penalty_mode not in PENALTY_MODES:
         raise ConfigError(f"penalty_mode: expected one of {PENALTY_MODES}, got {penalty_mode!r}")
+    if start not in AGENTS_STARTS:
+        raise ConfigError(f"start: expected one of {AGENTS_STARTS}, got {start!r}")
     if resume and checkpoint_dir is None:
         raise ConfigError("resume: needs a checkpoint_dir to resume from")
     sim = as_similarity(X, device=device, dtype=dtype)
@@ -537,7 +591,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         zeros = torch.zeros_like(copies)
         lam = torch.full((T,), float(lam0 if adaptive else penalty), dtype=dt, device=dev)
         st = _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
-                    V=_gather_rows(copies, idx), g=sampler.initial(), lam=lam)
+                    V=private_start(U0, idx, seeds) if start == "private" else _gather_rows(copies, idx),
+                    g=sampler.initial(), lam=lam)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
         plain_bytes, elapsed, U_prev, converged, k = 0, 0.0, U0, False, 0
         agg_offset: dict = {}
@@ -545,7 +600,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         if checkpoint_dir is not None:
             settings = {"penalty": penalty, "lam0": float(lam0) if adaptive else None, "mu": mu, "rank": r,
                         "penalty_mode": penalty_mode, "penalty_schedule": penalty_schedule, "x_iters": int(x_iters),
-                        "y_iters": int(y_iters), "tol": float(tol), "seeds": seeds, "dtype": str(dt)}
+                        "y_iters": int(y_iters), "tol": float(tol), "seeds": seeds, "dtype": str(dt),
+                        "start": start}
             fp = _fingerprint(sim, U0, idx, topo, caps, settings, exch, agg)
         path = ckpt.latest(checkpoint_dir) if (resume and checkpoint_dir is not None) else None
         if path is not None:
