@@ -132,13 +132,14 @@ def markdown(rep: dict) -> str:
         lines += ["", "## Against the start itself: G_j = V_j^T V_j and X_j V_j from exact messages (plain)", "",
                   "eavesdropper: from each agent's first two messages (worst relative error over the agents); "
                   "pairs: from the first message alone, G_j from the rows of the attacker's block X[S_i, S_j] that "
-                  "are zero, then V_j by least squares and NNLS per row (medians over the directed edges).", "",
-                  "| case | eavesdropper G / X_j V_j error | pairs | solvable | G exact | zero rows | G error | "
-                  "columns' error | precision | chance |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "are zero (`zero rows`), or the eavesdropper's exact G_j (`known G`: an agent that also "
+                  "eavesdrops), then V_j by least squares and NNLS per row (medians over the directed edges).", "",
+                  "| case | eavesdropper G / X_j V_j error | G from | pairs | solvable | G exact | zero rows | G error | "
+                  "columns' error | precision | chance |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {name} | {g['eavesdropper']['gram_error_max']:.1e} / {g['eavesdropper']['xv_error_max']:.1e} | "
-                  f"{g['pairs']['pairs']} | {g['pairs']['solvable']} | {g['pairs']['gram_exact']} | "
-                  f"{g['pairs']['zero_rows']:.0f} | {g['pairs']['gram_error']:.2e} | {g['pairs']['gram_first']:.3f} | "
-                  f"{g['pairs']['gram_first_prec']:.3f} | {g['pairs']['chance']:.3f} |" for name, g in gr]
+                  f"{label} | {p['pairs']} | {p['solvable']} | {p['gram_exact']} | {p['zero_rows']:.0f} | "
+                  f"{p['gram_error']:.2e} | {p['gram_first']:.3g} | {p['gram_first_prec']:.3f} | {p['chance']:.3f} |"
+                  for name, g in gr for label, p in (("zero rows", g["pairs"]), ("known G", g["pairs_known_gram"]))]
     fs = [(name, c["first_call_sum"]) for name, c in rep["cases"].items() if "first_call_sum" in c]
     if fs:
         lines += ["", "## Equal weights: the neighbours' columns from the sum of their first messages (NNLS, "

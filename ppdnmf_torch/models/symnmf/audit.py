@@ -295,7 +295,7 @@ def private_start_gram(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: flo
     -------
     dict
         ``gram_error_max``, ``xv_error_max``: the worst relative errors over the agents of the
-        recovered ``G_j`` and ``F_j``; ``agents``: per agent.
+        recovered ``G_j`` and ``F_j``; ``agents``: per agent (with ``G_hat``).
     """
     if rec.kind != "plain":
         raise ConfigError("private_start_gram: needs a recording of exchange='plain'")
@@ -334,13 +334,13 @@ def private_start_gram(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: flo
         V = V0[j][: len(S[j])]
         F_true = X[:, S[j]] @ V
         F_true[S[j]] += lam0 * V
-        agents.append({"agent": j, "gram_error": _rel(G, V.T @ V), "xv_error": _rel(F, F_true)})
+        agents.append({"agent": j, "gram_error": _rel(G, V.T @ V), "xv_error": _rel(F, F_true), "G_hat": G})
     return {"agents": agents, "gram_error_max": max(a["gram_error"] for a in agents),
             "xv_error_max": max(a["xv_error"] for a in agents)}
 
 
 def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
-                           lam0: float = ADAPTIVE_LAMBDA0) -> dict:
+                           lam0: float = ADAPTIVE_LAMBDA0, G=None) -> dict:
     """Attacker ``i`` against agent ``j``'s private start from ``j``'s exact first message
     ``U_j^(1)`` (a ``plain`` eavesdropper's view, or a degree-1 receiver's under any protocol),
     knowing ``U_0``, ``lambda``, ``rho_j`` (public under equal weights: ``deg_j g^2``) and its own
@@ -348,7 +348,8 @@ def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
     ``U_j^(1)[l] G + c_l D[l] = X[l, S_j] V_j`` with ``G = V_j^T V_j``, ``D = U_j^(1) - U_0``,
     ``c_l = tr(G) / r + lambda + rho_j + lambda [l in S_j]``; on the rows ``l`` of ``S_i`` where
     ``i`` holds ``X[l, S_j] = 0`` the right side vanishes, which is linear in ``G`` (``r`` equations
-    per such row, ``r (r + 1) / 2`` unknowns). Then ``F = X_j V_j (+ lambda E_j^T V_j)`` for every
+    per such row; they pin ``G`` once the rows ``U_j^(1)[l]`` span ``R^r``, so at least ``r`` rows).
+    ``G``: the Gram known already (an eavesdropping agent: :func:`private_start_gram`), no fit. Then ``F = X_j V_j (+ lambda E_j^T V_j)`` for every
     row, ``V_j`` by least squares from ``X[S_i, S_j] V_j = F[S_i]`` (minimum norm: the block is
     rarely of full rank) and every unknown row by NNLS of ``V_j^T x = F[l]``, as
     :func:`first_call_errors`.
@@ -356,13 +357,14 @@ def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
     Returns
     -------
     dict
-        ``zero_rows`` (the rows of equations), ``gram_solvable`` (at least as many equations as
-        unknowns), ``G_hat`` (the estimate of ``G``, for the caller to compare with the truth),
+        ``zero_rows`` (the rows of equations), ``gram_solvable`` (at least ``r`` of them, or ``G``
+        given), ``G_hat`` (the estimate of ``G``, for the caller to compare with the truth),
         ``gram_first`` and ``gram_first_prec`` (the columns' error and neighbour precision, as
         :func:`first_call_errors`).
     """
     X, U0, U1 = _as_array(X), _as_array(U0), np.asarray(U1_hat, dtype=np.float64)
     n, r = U1.shape
+    given = G is not None
     S = _own_nodes(torch.as_tensor(parts), n)
     Si, Sj = S[i], S[j]
     R = np.setdiff1d(np.arange(n), Si)
@@ -374,16 +376,19 @@ def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
             E = np.zeros((r, r))
             E[a, b] = E[b, a] = 1.0
             basis.append(E)
-    A = np.stack([(U1[Z] @ E + np.trace(E) / r * D[Z]).ravel() for E in basis], axis=1)
-    coef, *_ = np.linalg.lstsq(A, (-(lam0 + rho) * D[Z]).ravel(), rcond=None)
-    G = sum(c * E for c, E in zip(coef, basis))
+    if G is None:
+        A = np.stack([(U1[Z] @ E + np.trace(E) / r * D[Z]).ravel() for E in basis], axis=1)
+        coef, *_ = np.linalg.lstsq(A, (-(lam0 + rho) * D[Z]).ravel(), rcond=None)
+        G = sum(c * E for c, E in zip(coef, basis))
+    else:
+        G = np.asarray(G, dtype=np.float64)
     c = np.full((n, 1), np.trace(G) / r + lam0 + rho)
     c[Sj] += lam0
     F = U1 @ G + c * D
     V, *_ = np.linalg.lstsq(X[np.ix_(Si, Sj)], F[Si], rcond=None)
     est = _nnls_rows(V, F[R])
     target = X[np.ix_(R, Sj)]
-    return {"zero_rows": int(len(Z)), "gram_solvable": bool(len(Z) * r >= len(basis)), "G_hat": G,
+    return {"zero_rows": int(len(Z)), "gram_solvable": bool(len(Z) >= r or given), "G_hat": G,
             "gram_first": _rel(est, target), "gram_first_prec": _precision(est, target)}
 
 
@@ -406,9 +411,11 @@ def gram_audit(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: float = ADA
     Returns
     -------
     dict
-        ``eavesdropper``: ``gram_error_max``, ``xv_error_max``; ``pairs``: ``pairs``, ``solvable``
-        (enough zero rows), ``gram_exact`` (``G_j`` within 1e-6), medians of ``zero_rows``,
-        ``gram_error``, ``gram_first``, ``gram_first_prec`` and ``chance``.
+        ``eavesdropper``: ``gram_error_max``, ``xv_error_max``; ``pairs`` (``G_j`` from the zero
+        rows) and ``pairs_known_gram`` (``G_j`` from :func:`private_start_gram`: an agent that also
+        eavesdrops): ``pairs``, ``solvable`` (at least ``r`` zero rows), ``gram_exact``
+        (``G_j`` within 1e-6 relative), medians of ``zero_rows``, ``gram_error``, ``gram_first``,
+        ``gram_first_prec`` and ``chance``.
     """
     X, U0, V0 = _as_array(X), _as_array(U0), _as_array(V0)
     n = X.shape[0]
@@ -419,19 +426,23 @@ def gram_audit(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: float = ADA
     rho = np.zeros(rec.n_agents)
     np.add.at(rho, rec.src, g * g[rec.rev])
     U1 = rec.U[first].reshape(rec.n_agents, n, rank)
-    rows = []
-    for i, j in zip(rec.src.tolist(), rec.dst.tolist()):
-        e = first_call_gram_errors(X, parts, i, j, U1[j], U0, float(rho[j]), lam0=lam0)
-        V = V0[j][: len(S[j])]
-        R = np.setdiff1d(np.arange(n), S[i])
-        target = X[np.ix_(R, S[j])]
-        rows.append({"zero_rows": e["zero_rows"], "solvable": e["gram_solvable"],
-                     "gram_error": _rel(e["G_hat"], V.T @ V), "gram_first": e["gram_first"],
-                     "gram_first_prec": e["gram_first_prec"], "chance": float((target > 0).sum() / target.size)})
-    pairs = {"pairs": len(rows), "solvable": sum(r["solvable"] for r in rows),
-             "gram_exact": sum(r["gram_error"] < 1e-6 for r in rows),
-             **{k: _median(rows, k) for k in ("zero_rows", "gram_error", "gram_first", "gram_first_prec", "chance")}}
-    return {"eavesdropper": {k: ev[k] for k in ("gram_error_max", "xv_error_max")}, "pairs": pairs}
+    out = {"eavesdropper": {k: ev[k] for k in ("gram_error_max", "xv_error_max")}}
+    for key, known in (("pairs", False), ("pairs_known_gram", True)):
+        rows = []
+        for i, j in zip(rec.src.tolist(), rec.dst.tolist()):
+            e = first_call_gram_errors(X, parts, i, j, U1[j], U0, float(rho[j]), lam0=lam0,
+                                       G=ev["agents"][j]["G_hat"] if known else None)
+            V = V0[j][: len(S[j])]
+            R = np.setdiff1d(np.arange(n), S[i])
+            target = X[np.ix_(R, S[j])]
+            rows.append({"zero_rows": e["zero_rows"], "solvable": e["gram_solvable"],
+                         "gram_error": _rel(e["G_hat"], V.T @ V), "gram_first": e["gram_first"],
+                         "gram_first_prec": e["gram_first_prec"], "chance": float((target > 0).sum() / target.size)})
+        out[key] = {"pairs": len(rows), "solvable": sum(r["solvable"] for r in rows),
+                    "gram_exact": sum(r["gram_error"] < 1e-6 for r in rows),
+                    **{k: _median(rows, k) for k in ("zero_rows", "gram_error", "gram_first", "gram_first_prec",
+                                                      "chance")}}
+    return out
 
 
 def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
