@@ -213,16 +213,26 @@ def test_paillier_run_is_bit_identical_and_its_transcript_clean(paillier_keypair
 @pytest.mark.slow
 def test_the_audit_on_digits_counts():
     """The documented case (docs/THREAT_MODEL.md): digits, 200 points, rank 10, a ring of 10,
-    20 x 10 iterations: degree-2 exact recoveries only under the random draws, every pair at
-    least once; 0 under equal weights; the first message inverts to X_j's columns."""
+    20 x 10 iterations: degree-2 exact recoveries only under the paper's random draws, every pair
+    at least once; 0 under equal weights; from the common start the first message inverts to
+    X_j's columns and the sum to most neighbours, from the private start neither."""
     from ppdnmf_torch.models.symnmf.experiments import load_digits_samples
 
     M, _ = load_digits_samples()
     sel = np.sort(np.random.default_rng(0).choice(len(M), 200, replace=False))
     X = similarity_matrix(M[sel], device="cpu", sparse=False, dtype=torch.float64)
-    rep = run_symnmf_audit(X, 10, {"ring10": ring(10)}, U0=_start(X, 10), max_iter=20, x_iters=10, sums_max_calls=10)
-    cur, eq = rep["cases"]["ring10/current"], rep["cases"]["ring10/equal"]
+    kw = dict(U0=_start(X, 10), max_iter=20, x_iters=10, sums_max_calls=10, settings=("paper", "equal"))
+    rep = run_symnmf_audit(X, 10, {"ring10": ring(10)}, start="common", **kw)
+    cur, eq = rep["cases"]["ring10/paper"], rep["cases"]["ring10/equal"]
     assert cur["sums"]["by_degree"]["2"]["pairs_any_exact"] == 20
     assert cur["sums"]["by_degree"]["2"]["false_positives"] == 0
     assert eq["sums"]["by_degree"]["2"]["exact_calls"] == 0 and eq["recoveries"]["exact"] == 0
     assert cur["reconstruction_plain"][0]["first"] < 1e-6
+    assert eq["first_call_sum"]["by_degree"]["2"]["precision"] > 0.7
+    # the private start (the default): the same exact sums recoveries, no inversion
+    rep = run_symnmf_audit(X, 10, {"ring10": ring(10)}, **kw)
+    cur, eq = rep["cases"]["ring10/paper"], rep["cases"]["ring10/equal"]
+    assert cur["sums"]["by_degree"]["2"]["pairs_any_exact"] == 20
+    assert cur["reconstruction_plain"][0]["first"] > 0.5 and cur["reconstruction_plain"][0]["first_exact"] == 0
+    assert eq["first_call_sum"]["by_degree"]["2"]["precision"] < 0.2
+    assert cur["gram"]["eavesdropper"]["gram_error_max"] < 1e-8

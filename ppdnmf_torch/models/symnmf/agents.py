@@ -76,7 +76,7 @@ Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0``
 ``start`` says; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
 iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
 (``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
-Not in this module: a multi-process engine, and a privacy audit of the symmetric model.
+Not in this module: a multi-process engine; the privacy audit is :mod:`.audit`.
 """
 from __future__ import annotations
 
