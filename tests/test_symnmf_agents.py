@@ -442,6 +442,9 @@ def test_private_start_is_the_default_per_agent_and_reproducible(monkeypatch):
     torch.testing.assert_close(agents_mod.private_start(U0, idx[:, [2]], [3, 4], agents=[2]), V[:, [2]],
                                atol=0, rtol=0)
     assert not torch.allclose(agents_mod.private_start(U0, idx, [5, 6]), V)
+    wider = torch.cat([idx[:, [2]], torch.full((2, 1, 3), 40)], dim=-1)  # more padding: the same rows
+    torch.testing.assert_close(agents_mod.private_start(U0, wider, [3, 4], agents=[2])[..., :10, :], V[:, [2]],
+                               atol=0, rtol=0)
     common = agents_mod._gather_rows(U0[:, None].expand(2, 4, 40, 3), idx)
     seen = []
     orig = agents_mod.x_step

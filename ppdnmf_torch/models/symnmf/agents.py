@@ -201,8 +201,9 @@ def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> to
     (the common start's scale; per trial), from the stream ``derive_seed(seeds[t],
     "symnmf private start", i)`` that only agent ``i`` holds, zero on the padded rows.
 
-    Agent ``i``'s rows depend on its own seed, ``U_0``'s scale and ``|S_i|`` only, so a run over
-    ranks computes just its own agents' (``agents``) and gets the same numbers. The seed is never
+    Agent ``i``'s rows (``|S_i|`` draws, in the order of its slots) depend on its own seed and
+    ``U_0``'s scale only, not on the padding or the other agents, so a run over ranks computes
+    just its own agents' (``agents``) and gets the same numbers. The seed is never
     logged or checkpointed; the draw is the agent's own state (a checkpoint holds ``V`` anyway).
 
     Parameters
@@ -222,11 +223,13 @@ def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> to
     if len(agents) != idx.shape[1] or len(seeds) != T:
         raise ConfigError(f"private_start: {len(agents)} agents and {len(seeds)} seeds for parts of shape "
                           f"{tuple(idx.shape)} and {T} trials")
-    m = idx.shape[-1]
-    draws = torch.stack([torch.stack([torch.rand((m, r), dtype=torch.float64, generator=torch.Generator().manual_seed(
-        derive_seed(s, "symnmf private start", a))) for a in agents]) for s in seeds])  # host streams, once
-    scale = U0.amax(dim=(-2, -1)).view(T, 1, 1, 1)
-    return draws.to(U0.device, U0.dtype) * scale * (idx < n)[..., None].to(U0.dtype)
+    valid = (idx < n).cpu()
+    draws = torch.zeros((T, len(agents), idx.shape[-1], r), dtype=torch.float64)
+    for t, s in enumerate(seeds):  # host streams, once per run: exactly |S_i| rows from agent i's own
+        for k, a in enumerate(agents):
+            gen = torch.Generator().manual_seed(derive_seed(s, "symnmf private start", a))
+            draws[t, k, valid[t, k]] = torch.rand((int(valid[t, k].sum()), r), dtype=torch.float64, generator=gen)
+    return draws.to(U0.device, U0.dtype) * U0.amax(dim=(-2, -1)).view(T, 1, 1, 1)
 
 
 def _gather_rows(U: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
