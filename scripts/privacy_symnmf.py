@@ -3,7 +3,8 @@
 docs/THREAT_MODEL.md, "Symmetric NMF across agents").
 
     python scripts/privacy_symnmf.py [--out DIR] [--data digits|orl] [--n 200] [--rank 10]
-                                     [--graphs ring10 random10 star10] [--settings current equal]
+                                     [--graphs ring10 random10 star10] [--settings agreed paper equal]
+                                     [--start private|common]
                                      [--max-iter 20] [--x-iters 10] [--max-calls 10] [--paillier]
 
 The data: ``--n`` samples drawn at random (seed 0) from scikit-learn's digits or from ORL
@@ -11,8 +12,11 @@ The data: ``--n`` samples drawn at random (seed 0) from scikit-learn's digits or
 kNN similarity (``similarity.similarity_matrix``), the scaled start (``estimator.scaled_start``),
 agents holding random balanced node sets. Graphs: ``ringN`` (every agent of degree 2), ``randomN``
 (``random_connected(N, 3.0, seed=0)``, the model's default graph), ``starN`` (N - 1 leaves of
-degree 1). Settings: ``current`` (equal caps ``g_cap = 0.3``, random draws: the model's
-defaults), ``equal`` (``penalty_mode="fixed"``: equal weights at every call). ``--paillier``:
+degree 1). Settings: ``agreed`` (the model's default schedule: one common random draw per ADMM
+iteration under the one cap ``g_cap = 0.3``), ``paper`` (random draws per directed edge under equal
+caps), ``equal`` (``paper`` with ``penalty_mode="fixed"``: equal weights at every call).
+``--start``: the agents' ``V_j`` at the start, ``private`` (the model's default) or ``common``
+(``U_0[S_j]``, public: the before of the first-message inversion). ``--paillier``:
 also a real Paillier run (128-bit keys, protocol ``masked``, 2 x 3 iterations) on the first
 graph, its transcript scanned. Writes ``symnmf_audit.json`` and ``symnmf_audit.md`` under
 ``--out`` (default ``outputs/privacy_symnmf/<timestamp>/``). Exit status 0 whatever the findings.
@@ -58,7 +62,7 @@ def markdown(rep: dict) -> str:
     m = rep["meta"]
     lines = [f"# Symmetric NMF across agents: privacy audit ({m['created']})", "",
              f"n = {m['n']}, rank {m['rank']}, codec n_max = {m['n_max']:g}, g_bits = {m['g_bits']}, "
-             f"x_max = {m['x_max']}, {m['sums_max_calls']} informative calls per receiver for the sums audit; "
+             f"x_max = {m['x_max']}, start {m['fit'].get('start', 'private')}, {m['sums_max_calls']} informative calls per receiver for the sums audit; "
              f"fit: {m['fit']}; {m['seconds']:.0f} s", "",
              "## Sums attacks (integer decomposition at degree 2, LLL at degree >= 3)", "",
              "| case | E | consensus | degree | calls | exact calls | exact values | pairs with any exact | "
@@ -123,6 +127,19 @@ def markdown(rep: dict) -> str:
                   "| case | agents exact (< 1e-8) | worst relative error | lowest precision |", "|---|---|---|---|"]
         lines += [f"| {name} | {sum(a['error'] < 1e-8 for a in e['agents'])} / {len(e['agents'])} | "
                   f"{e['error_max']:.1e} | {e['precision_min']:.3f} |" for name, e in eav]
+    gr = [(name, c["gram"]) for name, c in rep["cases"].items() if "gram" in c]
+    if gr:
+        lines += ["", "## Against the start itself: G_j = V_j^T V_j and X_j V_j from exact messages (plain)", "",
+                  "eavesdropper: from each agent's first two messages (worst relative error over the agents); "
+                  "pairs: from the first message alone, G_j from the rows of the attacker's block X[S_i, S_j] that "
+                  "are zero (`zero rows`), or the eavesdropper's exact G_j (`known G`: an agent that also "
+                  "eavesdrops), then V_j by least squares and NNLS per row (medians over the directed edges).", "",
+                  "| case | eavesdropper G / X_j V_j error | G from | pairs | solvable | G exact | zero rows | G error | "
+                  "columns' error | precision | chance |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {g['eavesdropper']['gram_error_max']:.1e} / {g['eavesdropper']['xv_error_max']:.1e} | "
+                  f"{label} | {p['pairs']} | {p['solvable']} | {p['gram_exact']} | {p['zero_rows']:.0f} | "
+                  f"{p['gram_error']:.2e} | {p['gram_first']:.3g} | {p['gram_first_prec']:.3f} | {p['chance']:.3f} |"
+                  for name, g in gr for label, p in (("zero rows", g["pairs"]), ("known G", g["pairs_known_gram"]))]
     fs = [(name, c["first_call_sum"]) for name, c in rep["cases"].items() if "first_call_sum" in c]
     if fs:
         lines += ["", "## Equal weights: the neighbours' columns from the sum of their first messages (NNLS, "
@@ -149,7 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rank", type=int, default=10)
     ap.add_argument("--graphs", nargs="+", default=["ring10", "random10", "star10"])
-    ap.add_argument("--settings", nargs="*", default=["current", "equal"])  # none: only --paillier
+    ap.add_argument("--settings", nargs="*", default=["agreed", "paper", "equal"])  # none: only --paillier
+    ap.add_argument("--start", choices=("private", "common"), default="private")
     ap.add_argument("--max-iter", type=int, default=20)
     ap.add_argument("--x-iters", type=int, default=10)
     ap.add_argument("--max-calls", type=int, default=10)
@@ -175,7 +193,8 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - t0:7.1f} s] {s}", flush=True)
 
     rep = run_symnmf_audit(X, args.rank, graphs, settings=args.settings, U0=U0, max_iter=args.max_iter,
-                           x_iters=args.x_iters, seed=args.seed, sums_max_calls=args.max_calls, progress=say)
+                           x_iters=args.x_iters, seed=args.seed, sums_max_calls=args.max_calls, progress=say,
+                           start=args.start)
     rep["meta"].update(data=args.data, command=" ".join(["python scripts/privacy_symnmf.py", *sys.argv[1:]]))
     if args.paillier:
         from ppdnmf_torch.exchange.paillier import generate_keypairs
@@ -183,7 +202,7 @@ def main(argv=None) -> int:
         g = graphs[args.graphs[0]]
         say(f"real Paillier run on {args.graphs[0]} (128-bit keys, 2 x 3 iterations, protocol masked)")
         rep["paillier"] = paillier_scan(X, args.rank, g, generate_keypairs(128, g.n_agents), U0=U0, max_iter=2,
-                                        x_iters=3, seed=args.seed)
+                                        x_iters=3, seed=args.seed, start=args.start)
     (out / "symnmf_audit.json").write_text(json.dumps(rep, indent=1, default=float))
     md = markdown(rep)
     (out / "symnmf_audit.md").write_text(md)

@@ -86,7 +86,7 @@ def test_one_agent_equals_the_centralized_symanls():
     lam = 0.5
     central = fit_symnmf(X, 2, method="symanls", penalty=lam, U0=U0, max_iter=2, tol=0, device="cpu")
     agents = fit_symnmf_agents(X, 2, n_agents=1, penalty=lam, U0=U0, max_iter=2, x_iters=250, y_iters=150,
-                               device="cpu")
+                               device="cpu", start="common")  # SymANLS starts V at U0
     torch.testing.assert_close(agents.U[0], central.U[0], atol=1e-7, rtol=0)
     torch.testing.assert_close(agents.V[0], central.V[0], atol=1e-7, rtol=0)
 
@@ -423,3 +423,41 @@ def test_bench_script_smoke_run(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["layout"] for r in rows] == ["sparse", "dense"]
     assert abs(rows[0]["E_last"] - rows[1]["E_last"]) < 1e-12 and rows[0]["s_per_iter_median"] > 0
+
+
+def test_private_start_is_the_default_per_agent_and_reproducible(monkeypatch):
+    """``V_i`` starts from agent i's own stream: not ``U0[S_i]``, different per agent, the same
+    from the same seed, at the common start's scale, and a subset of agents (a run over ranks)
+    gets the same rows; ``start="common"`` keeps the old public ``U0[S_i]``."""
+    import ppdnmf_torch.models.symnmf.agents as agents_mod
+
+    S, _ = _blob_similarity(n=40)
+    U0 = scaled_start(S, 3, 2, 0)
+    idx = partition_nodes(40, 4, [3, 4])
+    V = agents_mod.private_start(U0, idx, [3, 4])
+    assert V.shape == (2, 4, 10, 3) and V.dtype == U0.dtype
+    assert bool((V >= 0).all()) and bool((V <= U0.amax(dim=(-2, -1)).view(2, 1, 1, 1)).all())
+    assert not torch.allclose(V[:, 0], V[:, 1]) and not torch.allclose(V[0], V[1])
+    torch.testing.assert_close(agents_mod.private_start(U0, idx, [3, 4]), V, atol=0, rtol=0)
+    torch.testing.assert_close(agents_mod.private_start(U0, idx[:, [2]], [3, 4], agents=[2]), V[:, [2]],
+                               atol=0, rtol=0)
+    assert not torch.allclose(agents_mod.private_start(U0, idx, [5, 6]), V)
+    wider = torch.cat([idx[:, [2]], torch.full((2, 1, 3), 40)], dim=-1)  # more padding: the same rows
+    torch.testing.assert_close(agents_mod.private_start(U0, wider, [3, 4], agents=[2])[..., :10, :], V[:, [2]],
+                               atol=0, rtol=0)
+    common = agents_mod._gather_rows(U0[:, None].expand(2, 4, 40, 3), idx)
+    seen = []
+    orig = agents_mod.x_step
+
+    def x_step(Z, st, *a, **k):  # the V the first X-step sees: the start
+        seen.append(st.V.clone())
+        return orig(Z, st, *a, **k)
+
+    monkeypatch.setattr(agents_mod, "x_step", x_step)
+    kw = dict(n_agents=4, U0=U0, trials=2, seed=3, max_iter=1, x_iters=1, device="cpu", parts=idx, graph=ring(4))
+    fit_symnmf_agents(S, 3, **kw)
+    fit_symnmf_agents(S, 3, start="common", **kw)
+    torch.testing.assert_close(seen[0], V, atol=0, rtol=0)
+    torch.testing.assert_close(seen[1], common, atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="start"):
+        fit_symnmf_agents(S, 3, n_agents=2, start="public", device="cpu")

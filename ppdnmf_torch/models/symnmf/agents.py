@@ -63,12 +63,21 @@ problem and settings; no key, mask seed or private value of the exchange or the 
 (both are rebuilt on resume, with new keys and seeds, and give the same numbers). A resumed
 run continues bit for bit; the aggregation's setup is counted again for the new process.
 
-Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0`` and
-``V_i = U_0[S_i]``; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
+**Private start** (``start="private"``, the default; :func:`private_start`): the copies start
+at the common ``U_0``, and each ``V_i`` is drawn from a stream only agent ``i`` holds
+(``derive_seed(seed_t, "symnmf private start", i)``), i.i.d. uniform on ``[0, max U_0]``, the
+common start's scale. With the old public start ``V_i = U_0[S_i]`` (``start="common"``) everything
+in agent ``i``'s first local solve (eq. 9) but ``X_i`` is public, so its first message ``U_i^(1)``
+is a linear function of ``X_i`` and inverts to its columns
+(:func:`~ppdnmf_torch.models.symnmf.audit.first_call_errors`; measured in docs/THREAT_MODEL.md,
+"Symmetric NMF across agents", with what the private start leaves).
+
+Choices (pinned in ``tests/test_symnmf_agents.py``): the copies start at ``U_0``, ``V_i`` as
+``start`` says; ``P = Q = Q_prev = 0``; the penalties' draws carry over between outer
 iterations (ALGORITHM.md's warm start); with one agent there are no neighbours
 (``rho = 0``) and, with enough inner iterations, an outer iteration is SymANLS's.
 The run over ``torch.distributed`` ranks is :mod:`.distributed`'s (these steps, the same bits under the
-same settings). Not in this module: a privacy audit of the symmetric model.
+same settings); the privacy audit is :mod:`.audit`.
 """
 from __future__ import annotations
 
@@ -93,7 +102,7 @@ from .operator import as_similarity
 
 __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_step", "adaptive_lambda", "auto_mu",
            "lambda_terms", "lambda_from_sums", "SparseColumns", "agent_columns", "ADAPTIVE_LAMBDA0",
-           "AGENTS_SCHEDULES"]
+           "AGENTS_SCHEDULES", "AGENTS_STARTS", "private_start"]
 
 #: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
 #: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
@@ -105,6 +114,11 @@ ADAPTIVE_LAMBDA0 = 0.1
 #: edge (``agreed``, :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), or
 #: every directed edge its own monotone draw under its agent's cap (``paper``)
 AGENTS_SCHEDULES = ("agreed", "paper")
+
+#: the starts of the agents' ``V_i``: drawn from each agent's own stream (``private``,
+#: :func:`private_start`), or the rows of the common start ``U_0[S_i]`` (``common``: public, so the
+#: first message inverts to the agent's columns; kept for the audit's before/after)
+AGENTS_STARTS = ("private", "common")
 
 
 @dataclass
@@ -181,6 +195,42 @@ def partition_nodes(n: int, n_agents: int, seeds, device=None) -> torch.Tensor:
         for a, part in enumerate(torch.tensor_split(perm, n_agents)):
             out[t, a, : part.numel()] = part.sort().values
     return out.to(device)
+
+
+def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> torch.Tensor:
+    """Each agent's private start ``V_i``, ``(T, N_a, m, r)``: i.i.d. uniform on ``[0, max U_0]``
+    (the common start's scale; per trial), from the stream ``derive_seed(seeds[t],
+    "symnmf private start", i)`` that only agent ``i`` holds, zero on the padded rows.
+
+    Agent ``i``'s rows (``|S_i|`` draws, in the order of its slots) depend on its own seed and
+    ``U_0``'s scale only, not on the padding or the other agents, so a run over ranks computes
+    just its own agents' (``agents``) and gets the same numbers. The seed is never
+    logged or checkpointed; the draw is the agent's own state (a checkpoint holds ``V`` anyway).
+
+    Parameters
+    ----------
+    U0 : Tensor (T, n, r)
+        The common start (its dtype and device are the result's).
+    idx : LongTensor (T, N_a, m)
+        ``S_i`` of the agents computed, padded with ``n`` (:func:`partition_nodes`, or its rows
+        ``agents``).
+    seeds : sequence of int (T,)
+        The trials' seeds (``seed + t``).
+    agents : sequence of int (N_a,), optional
+        The agents' global indices (default ``0..N_a-1``): the streams' labels.
+    """
+    T, n, r = U0.shape
+    agents = range(idx.shape[1]) if agents is None else [int(a) for a in agents]
+    if len(agents) != idx.shape[1] or len(seeds) != T:
+        raise ConfigError(f"private_start: {len(agents)} agents and {len(seeds)} seeds for parts of shape "
+                          f"{tuple(idx.shape)} and {T} trials")
+    valid = (idx < n).cpu()
+    draws = torch.zeros((T, len(agents), idx.shape[-1], r), dtype=torch.float64)
+    for t, s in enumerate(seeds):  # host streams, once per run: exactly |S_i| rows from agent i's own
+        for k, a in enumerate(agents):
+            gen = torch.Generator().manual_seed(derive_seed(s, "symnmf private start", a))
+            draws[t, k, valid[t, k]] = torch.rand((int(valid[t, k].sum()), r), dtype=torch.float64, generator=gen)
+    return draws.to(U0.device, U0.dtype) * U0.amax(dim=(-2, -1)).view(T, 1, 1, 1)
 
 
 def _gather_rows(U: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -417,7 +467,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                       seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
                       callback=None, penalty_schedule: str = "agreed", aggregation=None,
                       aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                      resume: bool = False) -> AgentsResult:
+                      resume: bool = False, start: str = "private") -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters
@@ -474,6 +524,11 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     U0 : array-like or Tensor (n, r) or (T, n, r), optional
         The start (default i.i.d. uniform on [0, 1], per trial seed
         ``derive_seed(seed + t, "symnmf_agents_init")``).
+    start : {"private", "common"}
+        The agents' ``V_i`` at the start: ``"private"`` (default) drawn from each agent's own
+        stream (:func:`private_start`); ``"common"``: ``U_0[S_i]``, public, so the first message
+        inverts to the agent's columns (docs/THREAT_MODEL.md, "Symmetric NMF across agents").
+        The copies start at ``U_0`` either way.
     trials : int
         Independent trials, batched (trial ``t`` uses seed ``seed + t``).
     callback : callable, optional
@@ -499,6 +554,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                          penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters,
                          max_iter=max_iter, trials=trials)
+    if start not in AGENTS_STARTS:
+        raise ConfigError(f"start: expected one of {AGENTS_STARTS}, got {start!r}")
     sim = as_similarity(X, device=device, dtype=dtype)
     if sim.batched:
         raise DataError("X: one (n, n) similarity matrix for every trial; got one per trial")
@@ -547,7 +604,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         zeros = torch.zeros_like(copies)
         lam = torch.full((T,), float(lam0 if adaptive else penalty), dtype=dt, device=dev)
         st = _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
-                    V=_gather_rows(copies, idx), g=sampler.initial(), lam=lam)
+                    V=private_start(U0, idx, seeds) if start == "private" else _gather_rows(copies, idx),
+                    g=sampler.initial(), lam=lam)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
         plain_bytes, elapsed, U_prev, converged, k = 0, 0.0, U0, False, 0
         agg_offset: dict = {}
@@ -555,7 +613,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         if checkpoint_dir is not None:
             settings = {"penalty": penalty, "lam0": float(lam0) if adaptive else None, "mu": mu, "rank": r,
                         "penalty_mode": penalty_mode, "penalty_schedule": penalty_schedule, "x_iters": int(x_iters),
-                        "y_iters": int(y_iters), "tol": float(tol), "seeds": seeds, "dtype": str(dt)}
+                        "y_iters": int(y_iters), "tol": float(tol), "seeds": seeds, "dtype": str(dt),
+                        "start": start}
             fp = _fingerprint(sim, U0, idx, topo, caps, settings, exch, agg)
         path = ckpt.latest(checkpoint_dir) if (resume and checkpoint_dir is not None) else None
         if path is not None:

@@ -22,12 +22,16 @@ hold (``R`` = the rows outside ``S_i``: the rows ``S_i`` of ``X_j`` are ``i``'s 
 transposed, ``X`` being symmetric) from an estimate of ``U_j``, and compares it with the same
 reconstruction from ``i``'s own copy ``U_i`` at the same call (the consensus is the run's
 output) and with a reconstruction from ``i``'s data alone (Nystrom's). The first message is
-special: everything in its local solve (eq. 9) but ``X_j`` and ``rho_j`` is public (the common
-start ``U_0``, zero duals), so :func:`first_call_errors` inverts it (an exact ``U_j^(1)`` gives
+special: with the common start (``start="common"``) everything in its local solve (eq. 9) but
+``X_j`` and ``rho_j`` is public (``U_0``, ``V_j = U_0[S_j]``, zero duals), so :func:`first_call_errors` inverts it (an exact ``U_j^(1)`` gives
 ``X_j V_j`` for a public ``V_j``, then NNLS per row), :func:`eavesdropper_first_call` does so for
 the ``plain`` eavesdropper (``rho_j`` from the penalties on the wire), and
 :func:`first_call_sum_errors` inverts the *sum* of a receiver's neighbours' first messages,
-which is what it learns under equal weights. :func:`degree2_recoveries` lists the calls the
+which is what it learns under equal weights. These three assume ``V_j = U_0[S_j]``; under the
+default private start (:func:`~.agents.private_start`) ``V_j`` is agent ``j``'s secret and they
+are run with that public guess, which is what the before/after of docs/THREAT_MODEL.md measures;
+:func:`private_start_gram` measures what the ``plain`` eavesdropper still gets then (the Gram
+``V_j^T V_j`` and ``X_j V_j`` from two consecutive messages). :func:`degree2_recoveries` lists the calls the
 degree-2 sums attack recovers exactly, :func:`reconstruction_audit` runs the estimators over
 calls and pairs, :func:`run_symnmf_audit` assembles the report.
 The attacker is assumed to know the node sets ``S_j`` (who holds which node; metadata, like
@@ -48,16 +52,22 @@ from ...audit.neighbour import neighbour_audit
 from ...audit.recording import Recording, _as_recording, make_recording_exchange
 from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit, unequal_weights
 from ...errors import ConfigError, DegreeOneWarning
-from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents
+from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents, private_start
 
 __all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "eavesdropper_first_call",
-           "first_call_sum_errors", "degree2_recoveries", "reconstruction_audit",
+           "first_call_sum_errors", "private_start_gram", "first_call_gram_errors", "gram_audit", "true_starts", "degree2_recoveries", "reconstruction_audit",
            "paillier_scan", "run_symnmf_audit", "NYSTROM_RCOND"]
 
-#: the solver settings audited: the model's current ones (equal caps ``g_cap``, random monotone
-#: draws per edge, ``penalties.PenaltySampler``) and equal weights at every call (``fixed`` draws:
-#: every ``g_{i->j} = g_cap``), the equal-weight setting the public API reaches
-SETTINGS = {"current": {"penalty_mode": "random"}, "equal": {"penalty_mode": "fixed"}}
+#: the solver settings audited: ``agreed`` (the model's default: one common random draw per ADMM
+#: iteration on every edge under the one fixed cap, so every receiver's weights are equal),
+#: ``paper`` (equal caps ``g_cap``, random monotone draws per directed edge,
+#: ``penalties.PenaltySampler``) and ``equal`` (``paper`` with ``fixed`` draws: every
+#: ``g_{i->j} = g_cap``, equal weights at every call)
+SETTINGS = {"agreed": {"penalty_schedule": "agreed", "penalty_mode": "random"},
+            "paper": {"penalty_schedule": "paper", "penalty_mode": "random"},
+            "equal": {"penalty_schedule": "paper", "penalty_mode": "fixed"}}
+#: the settings whose receivers' weights are equal at every call: the first messages' sum is inverted
+EQUAL_WEIGHT_SETTINGS = ("agreed", "equal")
 #: relative cut-off of the pseudo-inverse in the Nystrom baseline
 NYSTROM_RCOND = 1e-3
 
@@ -261,6 +271,178 @@ def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: fl
         agents.append({"agent": j, "error": _rel(est, target), "precision": _precision(est, target)})
     return {"agents": agents, "error_max": max(a["error"] for a in agents),
             "precision_min": min(a["precision"] for a in agents)}
+
+
+def private_start_gram(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: float = ADAPTIVE_LAMBDA0) -> dict:
+    """What the ``plain`` eavesdropper gets from each agent's first two messages under the private
+    start, where ``V_j`` is secret but ``U_0`` is public: the first two local solves (eq. 9) of
+    outer iteration 1 share ``G_j = V_j^T V_j`` and ``F_j = X_j V_j + lambda E_j^T V_j``; their
+    difference,
+
+        (U^(2) - U^(1)) G + (tr G / r) [(U^(2) - U^(1)) - (Xc^(2) - P^(1) - U_0)] = K,
+
+    ``Xc^(2) = (2 U^(1) - U_0)_+``, ``P^(1) = U^(1) - U_0``, ``K`` from ``U_0``, the messages, the
+    penalties on the wire and ``Q^(1) = sum_k w_jk (U_k^(1) - U_j^(1))`` (``mu = "auto"``), is linear in the
+    ``r (r + 1) / 2`` entries of ``G``: solved by least squares over the ``n r`` equations, then
+    ``F`` from the first solve.
+
+    Parameters
+    ----------
+    V0 : ndarray or Tensor (N, m, r)
+        The agents' true private starts (padded; the truth to compare with, unknown to the attacker).
+
+    Returns
+    -------
+    dict
+        ``gram_error_max``, ``xv_error_max``: the worst relative errors over the agents of the
+        recovered ``G_j`` and ``F_j``; ``agents``: per agent (with ``G_hat``).
+    """
+    if rec.kind != "plain":
+        raise ConfigError("private_start_gram: needs a recording of exchange='plain'")
+    X, U0, V0 = _as_array(X), _as_array(U0), _as_array(V0)
+    n, r = U0.shape
+    S = _own_nodes(torch.as_tensor(parts), n)
+    c1, c2 = (int(np.flatnonzero((rec.bcd == 1) & (rec.admm == a))[0]) for a in (1, 2))
+    U = rec.U.reshape(rec.n_calls, rec.n_agents, n, r)
+    rho = np.zeros((2, rec.n_agents))
+    Q1 = np.zeros((rec.n_agents, n, r))
+    for a, c in enumerate((c1, c2)):
+        w = rec.g[c] * rec.g[c][rec.rev]
+        np.add.at(rho[a], rec.src, w)
+    w1 = rec.g[c1] * rec.g[c1][rec.rev]
+    np.add.at(Q1, rec.src, w1[:, None, None] * (U[c1][rec.dst] - U[c1][rec.src]))
+    basis = []
+    for a in range(r):
+        for b in range(a, r):
+            E = np.zeros((r, r))
+            E[a, b] = E[b, a] = 1.0
+            basis.append(E)
+    agents = []
+    for j in range(rec.n_agents):
+        U1, U2 = U[c1, j], U[c2, j]
+        ins = np.zeros((n, 1))
+        ins[S[j]] = 1.0
+        dU, P1 = U2 - U1, U1 - U0
+        W = np.maximum(2 * U1 - U0, 0.0) - P1 - U0
+        K = (-lam0 * dU - lam0 * ins * dU - rho[1, j] * U2 + rho[0, j] * U1 + lam0 * W + rho[1, j] * U1
+             - rho[0, j] * U0 + 2 * Q1[j])
+        A = np.stack([(dU @ E + np.trace(E) / r * (dU - W)).ravel() for E in basis], axis=1)
+        coef, *_ = np.linalg.lstsq(A, K.ravel(), rcond=None)
+        G = sum(c * E for c, E in zip(coef, basis))
+        mu = np.trace(G) / r + lam0
+        F = U1 @ G + (mu + lam0 * ins + rho[0, j]) * U1 - (mu + rho[0, j]) * U0
+        V = V0[j][: len(S[j])]
+        F_true = X[:, S[j]] @ V
+        F_true[S[j]] += lam0 * V
+        agents.append({"agent": j, "gram_error": _rel(G, V.T @ V), "xv_error": _rel(F, F_true), "G_hat": G})
+    return {"agents": agents, "gram_error_max": max(a["gram_error"] for a in agents),
+            "xv_error_max": max(a["xv_error"] for a in agents)}
+
+
+def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
+                           lam0: float = ADAPTIVE_LAMBDA0, G=None) -> dict:
+    """Attacker ``i`` against agent ``j``'s private start from ``j``'s exact first message
+    ``U_j^(1)`` (a ``plain`` eavesdropper's view, or a degree-1 receiver's under any protocol),
+    knowing ``U_0``, ``lambda``, ``rho_j`` (public under equal weights: ``deg_j g^2``) and its own
+    columns. Row ``l`` of the first local solve (eq. 9) is
+    ``U_j^(1)[l] G + c_l D[l] = X[l, S_j] V_j`` with ``G = V_j^T V_j``, ``D = U_j^(1) - U_0``,
+    ``c_l = tr(G) / r + lambda + rho_j + lambda [l in S_j]``; on the rows ``l`` of ``S_i`` where
+    ``i`` holds ``X[l, S_j] = 0`` the right side vanishes, which is linear in ``G`` (``r`` equations
+    per such row; they pin ``G`` once the rows ``U_j^(1)[l]`` span ``R^r``, so at least ``r`` rows).
+    ``G``: the Gram known already (an eavesdropping agent: :func:`private_start_gram`), no fit. Then ``F = X_j V_j (+ lambda E_j^T V_j)`` for every
+    row, ``V_j`` by least squares from ``X[S_i, S_j] V_j = F[S_i]`` (minimum norm: the block is
+    rarely of full rank) and every unknown row by NNLS of ``V_j^T x = F[l]``, as
+    :func:`first_call_errors`.
+
+    Returns
+    -------
+    dict
+        ``zero_rows`` (the rows of equations), ``gram_solvable`` (at least ``r`` of them, or ``G``
+        given), ``G_hat`` (the estimate of ``G``, for the caller to compare with the truth),
+        ``gram_first`` and ``gram_first_prec`` (the columns' error and neighbour precision, as
+        :func:`first_call_errors`).
+    """
+    X, U0, U1 = _as_array(X), _as_array(U0), np.asarray(U1_hat, dtype=np.float64)
+    n, r = U1.shape
+    given = G is not None
+    S = _own_nodes(torch.as_tensor(parts), n)
+    Si, Sj = S[i], S[j]
+    R = np.setdiff1d(np.arange(n), Si)
+    D = U1 - U0
+    Z = Si[(X[np.ix_(Si, Sj)] == 0).all(axis=1)]
+    basis = []
+    for a in range(r):
+        for b in range(a, r):
+            E = np.zeros((r, r))
+            E[a, b] = E[b, a] = 1.0
+            basis.append(E)
+    if G is None:
+        A = np.stack([(U1[Z] @ E + np.trace(E) / r * D[Z]).ravel() for E in basis], axis=1)
+        coef, *_ = np.linalg.lstsq(A, (-(lam0 + rho) * D[Z]).ravel(), rcond=None)
+        G = sum(c * E for c, E in zip(coef, basis))
+    else:
+        G = np.asarray(G, dtype=np.float64)
+    c = np.full((n, 1), np.trace(G) / r + lam0 + rho)
+    c[Sj] += lam0
+    F = U1 @ G + c * D
+    V, *_ = np.linalg.lstsq(X[np.ix_(Si, Sj)], F[Si], rcond=None)
+    est = _nnls_rows(V, F[R])
+    target = X[np.ix_(R, Sj)]
+    return {"zero_rows": int(len(Z)), "gram_solvable": bool(len(Z) >= r or given), "G_hat": G,
+            "gram_first": _rel(est, target), "gram_first_prec": _precision(est, target)}
+
+
+def true_starts(U0, parts, start: str, seed: int) -> torch.Tensor:
+    """The agents' true ``V_j`` at the start, ``(N, m, r)`` padded with zero rows: the run's
+    :func:`~.agents.private_start` (``start="private"``, trial seed ``seed``) or ``U_0[S_j]``
+    (``"common"``). The audit's truth, never the attacker's."""
+    U0, parts = torch.as_tensor(U0), torch.as_tensor(parts)
+    if start == "private":
+        return private_start(U0[None], parts[None], [int(seed)])[0]
+    pad = torch.cat([U0, U0.new_zeros(1, U0.shape[1])])
+    return pad[parts]
+
+
+def gram_audit(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: float = ADAPTIVE_LAMBDA0) -> dict:
+    """The attacks on a private start from exact messages (a ``plain`` recording; ``mu = "auto"``):
+    :func:`private_start_gram` (the eavesdropper, two messages) and :func:`first_call_gram_errors`
+    for every directed edge ``(i, j)`` (the first message alone, ``rho_j`` from the wire).
+
+    Returns
+    -------
+    dict
+        ``eavesdropper``: ``gram_error_max``, ``xv_error_max``; ``pairs`` (``G_j`` from the zero
+        rows) and ``pairs_known_gram`` (``G_j`` from :func:`private_start_gram`: an agent that also
+        eavesdrops): ``pairs``, ``solvable`` (at least ``r`` zero rows), ``gram_exact``
+        (``G_j`` within 1e-6 relative), medians of ``zero_rows``, ``gram_error``, ``gram_first``,
+        ``gram_first_prec`` and ``chance``.
+    """
+    X, U0, V0 = _as_array(X), _as_array(U0), _as_array(V0)
+    n = X.shape[0]
+    S = _own_nodes(torch.as_tensor(parts), n)
+    ev = private_start_gram(rec, X, parts, rank, U0, V0, lam0=lam0)
+    first = int(np.flatnonzero((rec.bcd == 1) & (rec.admm == 1))[0])
+    g = rec.g[first]
+    rho = np.zeros(rec.n_agents)
+    np.add.at(rho, rec.src, g * g[rec.rev])
+    U1 = rec.U[first].reshape(rec.n_agents, n, rank)
+    out = {"eavesdropper": {k: ev[k] for k in ("gram_error_max", "xv_error_max")}}
+    for key, known in (("pairs", False), ("pairs_known_gram", True)):
+        rows = []
+        for i, j in zip(rec.src.tolist(), rec.dst.tolist()):
+            e = first_call_gram_errors(X, parts, i, j, U1[j], U0, float(rho[j]), lam0=lam0,
+                                       G=ev["agents"][j]["G_hat"] if known else None)
+            V = V0[j][: len(S[j])]
+            R = np.setdiff1d(np.arange(n), S[i])
+            target = X[np.ix_(R, S[j])]
+            rows.append({"zero_rows": e["zero_rows"], "solvable": e["gram_solvable"],
+                         "gram_error": _rel(e["G_hat"], V.T @ V), "gram_first": e["gram_first"],
+                         "gram_first_prec": e["gram_first_prec"], "chance": float((target > 0).sum() / target.size)})
+        out[key] = {"pairs": len(rows), "solvable": sum(r["solvable"] for r in rows),
+                    "gram_exact": sum(r["gram_error"] < 1e-6 for r in rows),
+                    **{k: _median(rows, k) for k in ("zero_rows", "gram_error", "gram_first", "gram_first_prec",
+                                                      "chance")}}
+    return out
 
 
 def first_call_sum_errors(rec: Recording, X, parts, rank: int, U0, *, lam0: float = ADAPTIVE_LAMBDA0,
@@ -467,7 +649,7 @@ def paillier_scan(X, rank: int, graph, keypairs, *, protocols=("masked",), n_max
     return out
 
 
-def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"),
+def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("agreed", "paper", "equal"),
                      protocols=("paper", "aggregated", "masked"), n_max: float = 1e6, g_bits: int = 16,
                      key_bits: int = 128, sums: bool = True, sums_max_calls: int | None = 10, plain: bool = True,
                      reconstruct: bool = True, progress=None, **fit_kwargs) -> dict:
@@ -480,8 +662,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
     rank : int
     graphs : dict of str to Graph
     settings : sequence of str
-        Keys of :data:`SETTINGS` (``current``: random draws under equal caps; ``equal``: fixed
-        draws, equal weights).
+        Keys of :data:`SETTINGS` (``agreed``: the default schedule, one common draw; ``paper``:
+        random draws per edge under equal caps; ``equal``: fixed draws, equal weights).
     protocols : which neighbour views to audit on the integer recording.
     n_max, g_bits, key_bits : the codec.
     sums : bool
@@ -496,7 +678,9 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
     progress : callable(str), optional
     **fit_kwargs
         Keywords of :func:`~.agents.fit_symnmf_agents` (``U0``, ``max_iter``, ``x_iters``,
-        ``g_cap``, ``seed``, ...), for every run.
+        ``g_cap``, ``seed``, ``start``, ...), for every run. The first-call inversions assume
+        the public start ``V_j = U_0[S_j]`` (``start="common"``); under the default private
+        start that is the attacker's best public guess, and it fails (the report's numbers).
 
     Returns
     -------
@@ -507,8 +691,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
         ``eavesdropper_plain``, ``recoveries`` (:func:`degree2_recoveries` on every degree-2
         call with unequal weights: calls attacked, exact, certified, and the columns'
         reconstruction at the exact ones), ``reconstruction_plain`` (per outer iteration) and
-        ``eavesdropper_first_call`` (with ``U0``), ``first_call_sum`` (``equal``, with ``U0``:
-        :func:`first_call_sum_errors`)).
+        ``eavesdropper_first_call`` (with ``U0``), ``first_call_sum`` (the equal-weight settings
+        :data:`EQUAL_WEIGHT_SETTINGS`, with ``U0``: :func:`first_call_sum_errors`)).
     """
     say = progress or (lambda s: None)
     t_start = time.perf_counter()
@@ -522,7 +706,9 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
            else float(fit_kwargs["penalty"])}
     if inv["U0"] is not None:
         inv["U0"] = torch.as_tensor(inv["U0"]).reshape(-1, *torch.as_tensor(inv["U0"]).shape[-2:])[0]
-    x_max = public_x_max(g_cap, g_bits, "paper")  # the caps are fixed in this model
+    # the caps are fixed in this model under every schedule ("agreed" included: agents.py keeps the
+    # one common cap, no growth), so the public bound of a draw is the cap itself
+    x_max = public_x_max(g_cap, g_bits, "paper")
     report = {"meta": {"audit": "ppdnmf_torch.models.symnmf.audit", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                        "n": int(np.asarray(X.shape)[0]), "rank": int(rank), "n_max": n_max, "g_bits": g_bits,
                        "key_bits": key_bits, "x_max": x_max, "sums_max_calls": sums_max_calls,
@@ -552,7 +738,7 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                                                       int(rec.admm[t]), "receiver": i, "neighbours": nb,
                                                       "certified": c} for t, i, nb, c in hits],
                                            "reconstruction": rc["medians"], "rows": rc["rows"]}
-            if reconstruct and sname == "equal" and inv["U0"] is not None:
+            if reconstruct and sname in EQUAL_WEIGHT_SETTINGS and inv["U0"] is not None:
                 say(f"[{name}] the first messages' sum inverted")
                 entry["first_call_sum"] = first_call_sum_errors(rec, X, parts, rank, **inv)
             for proto in protocols:
@@ -570,6 +756,9 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("current", "equal"
                     entry["reconstruction_plain"] = reconstruction_audit(prec, X, parts, rank, **inv)["per_iteration"]
                     if inv["U0"] is not None:
                         entry["eavesdropper_first_call"] = eavesdropper_first_call(prec, X, parts, rank, **inv)
+                        if inv["mu"] == "auto" and int(kw.get("x_iters", 10)) >= 2:
+                            V0 = true_starts(inv["U0"], parts, kw.get("start", "private"), int(kw.get("seed", 0)))
+                            entry["gram"] = gram_audit(prec, X, parts, rank, inv["U0"], V0, lam0=inv["lam0"])
             entry["seconds"] = time.perf_counter() - t0
             report["cases"][name] = entry
     report["meta"]["seconds"] = time.perf_counter() - t_start
