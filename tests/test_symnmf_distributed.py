@@ -26,7 +26,7 @@ from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
 from ppdnmf_torch.graph import erdos_renyi, ring
 from ppdnmf_torch.models.ppdnmf import distributed as ppdnmf_distributed
 from ppdnmf_torch.models.ppdnmf.problem import TRIAL_ALIGN_BYTES
-from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents, lambda_from_sums, lambda_terms
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents, lambda_from_sums, lambda_terms, private_start
 from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed, fit_symnmf_rank, initial_rank_state
 
 FAKE_COSTS = PaillierOpCosts(key_bits=2048, keygen=1e-3, encryption=1e-4, decryption=2e-4,
@@ -169,14 +169,22 @@ def test_a_fixed_penalty_needs_no_aggregation(solo):
     _assert_same(fit_symnmf_agents(X, 3, device="cpu", **kw), fit_symnmf_rank(solo, X, 3, **kw).result)
 
 
-def test_the_ranks_start_is_the_single_processs():
+@pytest.mark.parametrize("start", ["private", "common"])
+def test_the_ranks_start_is_the_single_processs(start):
     gen = torch.Generator().manual_seed(0)
     U0 = torch.rand((7, 2), generator=gen, dtype=torch.float64)
     idx = torch.tensor([[[0, 3, 7], [7, 7, 7], [1, 2, 6], [4, 5, 7]]])  # slot 1 free
     lay = RankLayout.build(partition_agents(ring(3), 1), ring(3), 0)
-    st = initial_rank_state(U0, idx, lay, 0, torch.zeros(6, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    st = initial_rank_state(U0, idx, lay, 0, torch.zeros(6, dtype=torch.float64), torch.ones(1, dtype=torch.float64),
+                            start)
     assert st.Xc.shape == (1, 4, 7, 2) and torch.equal(st.Xc[0, 2], U0) and torch.equal(st.U, st.Xc)
-    assert torch.equal(st.V[0, 2], U0[[1, 2, 6]]) and not st.V[0, 1].any() and not st.V[0, 0, 2].any()
+    assert not st.V[0, 1].any() and not st.V[0, 0, 2].any()
+    if start == "common":
+        assert torch.equal(st.V[0, 2], U0[[1, 2, 6]])
+    else:  # each agent's own draw, whatever slot it sits in: the single process's private_start
+        for agent, slot in zip(lay.agents.tolist(), lay.slots.tolist()):
+            own = private_start(U0[None], idx[:, [slot]], [0], agents=[agent])[0, 0]
+            assert torch.equal(st.V[0, slot], own) and bool(own[idx[0, slot] < 7].gt(0).all())
     assert not (st.P.any() or st.Q.any() or st.Q_prev.any())
 
 

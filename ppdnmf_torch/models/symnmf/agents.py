@@ -351,7 +351,7 @@ def adaptive_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor) -> 
 
 
 def _check_settings(*, mu, tol, penalty, penalty_schedule, penalty_mode, checkpoint_dir=None,
-                    checkpoint_every=0, resume=False, **counts):
+                    checkpoint_every=0, resume=False, start="private", **counts):
     """The settings' checks at the boundary, shared by :func:`fit_symnmf_agents` and the run over
     ranks (:mod:`.distributed`): ``counts`` integers >= 1, ``checkpoint_every`` >= 0; returns ``mu``
     as used (``"auto"`` or a float). ``g_cap`` is checked by :func:`_caps`."""
@@ -367,6 +367,8 @@ def _check_settings(*, mu, tol, penalty, penalty_schedule, penalty_mode, checkpo
                           f"{penalty_schedule!r}")
     if penalty_mode not in PENALTY_MODES:
         raise ConfigError(f"penalty_mode: expected one of {PENALTY_MODES}, got {penalty_mode!r}")
+    if start not in AGENTS_STARTS:
+        raise ConfigError(f"start: expected one of {AGENTS_STARTS}, got {start!r}")
     if resume and checkpoint_dir is None:
         raise ConfigError("resume: needs a checkpoint_dir to resume from")
     return mu if mu == "auto" else float(mu)
@@ -553,9 +555,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
     mu = _check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule,
                          penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters,
-                         max_iter=max_iter, trials=trials)
-    if start not in AGENTS_STARTS:
-        raise ConfigError(f"start: expected one of {AGENTS_STARTS}, got {start!r}")
+                         max_iter=max_iter, trials=trials, start=start)
     sim = as_similarity(X, device=device, dtype=dtype)
     if sim.batched:
         raise DataError("X: one (n, n) similarity matrix for every trial; got one per trial")

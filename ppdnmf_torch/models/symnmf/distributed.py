@@ -76,8 +76,8 @@ from ...penalties import check_shared_caps
 from ...threads import with_threads
 from .agent_columns import agent_columns, local_t_product
 from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _scatter_rows,
-                     _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums, lambda_terms, partition_nodes, x_step,
-                     y_step)
+                     _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums, lambda_terms, partition_nodes,
+                     private_start, x_step, y_step)
 from .operator import as_similarity
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda",
@@ -211,13 +211,12 @@ def _rank_aggregation(aggregation, options, kind: str, penalty, n_agents: int) -
 
 
 def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayout, seed: int,
-                       g0: torch.Tensor, lam: torch.Tensor) -> _State:
+                       g0: torch.Tensor, lam: torch.Tensor, start: str = "private") -> _State:
     """The rank's start, the single process's (:func:`~.agents.fit_symnmf_agents`) for the rank's
-    agents: every copy ``U_0``, ``V_i = U_0[S_i]``, ``P = Q = Q_prev = 0``; ``(1, n_slots, ...)``.
-
-    The one place a run over ranks builds its initial state: a per-agent private start (``V_i``
-    of agent ``layout.agents[j]`` from its own seed, ``seed`` the trial's) replaces the ``V`` line
-    here, in slot ``layout.slots[j]``.
+    agents: every copy ``U_0``, ``P = Q = Q_prev = 0``, and ``V_i`` as ``start`` says: agent
+    ``layout.agents[j]``'s own private draw (:func:`~.agents.private_start`, from its own seed and
+    ``seed`` the trial's) in slot ``layout.slots[j]``, or ``U_0[S_i]`` (``"common"``);
+    ``(1, n_slots, ...)``. Free slots keep zero rows.
 
     Parameters
     ----------
@@ -233,8 +232,13 @@ def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayo
     S = idx_loc.shape[1]
     copies = U0[None, None].expand(1, S, *U0.shape).clone()
     zeros = torch.zeros_like(copies)
-    return _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
-                  V=_gather_rows(copies, idx_loc), g=g0, lam=lam)
+    if start == "private":
+        slots = layout.slots.to(idx_loc.device)
+        V = torch.zeros((1, S, idx_loc.shape[-1], U0.shape[-1]), dtype=U0.dtype, device=U0.device)
+        V[0, slots] = private_start(U0[None], idx_loc[:, slots], [int(seed)], agents=layout.agents.tolist())[0]
+    else:
+        V = _gather_rows(copies, idx_loc)
+    return _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(), V=V, g=g0, lam=lam)
 
 
 @with_threads
@@ -244,8 +248,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
                     y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, seed: int = 0, dtype=None,
                     min_degree: int | None = None, penalty_schedule: str = "agreed", aggregation=None,
                     aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                    resume: bool = False, partition="rcm", assignment=None, share: str = "all",
-                    callback=None, threads=None) -> SymRankResult:
+                    resume: bool = False, start: str = "private", partition="rcm", assignment=None,
+                    share: str = "all", callback=None, threads=None) -> SymRankResult:
     """:func:`~.agents.fit_symnmf_agents` (one trial) on this rank's agents; every rank of ``comm``
     calls it with the same arguments (checked: ranks that disagree stop with a
     :class:`~ppdnmf_torch.distributed.DistributedError`).
@@ -258,7 +262,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         columns ``X[:, S_i]`` only: dense, or sparse (block-diagonal CSR,
         :class:`~.agent_columns.SparseColumns`) for a sparse ``X``, never made dense.
     rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, penalty_schedule,
-    x_iters, y_iters, max_iter, tol, U0, seed
+    x_iters, y_iters, max_iter, tol, U0, seed, start
         As :func:`~.agents.fit_symnmf_agents` (``graph``: one :class:`~ppdnmf_torch.graph.Graph`;
         ``parts (N, m)`` or ``(1, N, m)``; ``U0 (n, r)``; ``g_cap`` a number or ``(N,)``;
         ``penalty_schedule="agreed"`` by default: every rank draws the common penalties from the
@@ -296,8 +300,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
     mu = _check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule,
                          penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters,
-                         max_iter=max_iter)
+                         resume=resume, start=start, rank=rank, n_agents=n_agents, x_iters=x_iters,
+                         y_iters=y_iters, max_iter=max_iter)
     if checkpoint_dir is not None:
         raise ConfigError("checkpoint_dir: a run over ranks writes no checkpoints; fit_symnmf_agents has them "
                           "(the same bits under the same settings)")
@@ -333,7 +337,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         raise ConfigError(f"partition: made for {part.world_size} ranks and {part.n_agents} agents, the run has "
                           f"{comm.world_size} ranks and {N} agents")
     params = dict(rank=r, penalty=penalty, lam0=float(lam0), mu=mu, caps=caps.tolist(), penalty_mode=penalty_mode,
-                  penalty_schedule=penalty_schedule, x_iters=int(x_iters), y_iters=int(y_iters),
+                  penalty_schedule=penalty_schedule, start=start, x_iters=int(x_iters), y_iters=int(y_iters),
                   max_iter=int(max_iter), tol=float(tol), seed=int(seed), spec=repr(spec), owner=part.owner,
                   share=share, dtype=str(dt))
     digests = comm.all_gather_object(_digest(sim, g, idx, U0, params), category="setup",
@@ -366,7 +370,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         sampler = RankSampler(slot_caps, lay.edge_src(g).to(dev), lay.edge_ids, g.src.numel(), int(seed),
                               penalty_mode, int(x_iters), shared=penalty_schedule == "agreed")
         lam = torch.full((1,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
-        st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam)
+        st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam, start)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
         plain_bytes = 0
         start = time.perf_counter()
