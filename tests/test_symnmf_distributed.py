@@ -278,13 +278,21 @@ def _rank_resumes(X, folders, cases):
 def test_two_ranks_interrupted_and_resumed_equal_one_run(tmp_path):
     X = _similarity()
     ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(max_iter=5))
+    secure = dict(exchange="paillier", exchange_options={"n_max": 1e4, "key_bits": 128}, aggregation="plain",
+                  x_iters=2)
+    quantized = dict(secure, exchange="quantized", exchange_options={"n_max": 1e4})
     cases = [(_kwargs(max_iter=5, checkpoint_every=0), False), (_kwargs(max_iter=2, checkpoint_every=1), False),
              (_kwargs(max_iter=5, checkpoint_every=1), True),
-             (_kwargs(max_iter=6, assignment=[1, 1, 1, 0, 0], partition="block"), True)]
-    folders = [str(tmp_path / "whole"), str(tmp_path / "parts"), str(tmp_path / "parts"), str(tmp_path / "parts")]
-    outs = launch_local(2, _rank_resumes, (X, folders, cases), timeout=400, grace=60)
+             (_kwargs(max_iter=6, assignment=[1, 1, 1, 0, 0], partition="block"), True),
+             (_kwargs(max_iter=3, **secure), False), (_kwargs(max_iter=1, **secure), False),
+             (_kwargs(max_iter=3, **secure), True),  # new keys, the same numbers
+             (_kwargs(max_iter=1, **quantized), False), (_kwargs(max_iter=3, **secure), True)]
+    folders = [str(tmp_path / name) for name in ("whole", "parts", "parts", "parts", "pw", "pp", "pp", "qp", "qp")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 128-bit keys
+        outs = launch_local(2, _rank_resumes, (X, folders, cases), timeout=400, grace=60)
     assert all(o.error is None and o.exitcode == 0 for o in outs), [o.error for o in outs]
-    (whole, _), (first, _), (resumed, _), moved = outs[0].value
+    (whole, _), (first, _), (resumed, _), moved = outs[0].value[:4]
     assert first.n_iter == 2 and resumed.n_iter == 5
     _assert_same(ref, whole)
     _assert_same(whole, resumed)
@@ -295,6 +303,12 @@ def test_two_ranks_interrupted_and_resumed_equal_one_run(tmp_path):
         assert ckpt.iterations(tmp_path / "parts" / f"rank{q:03d}") == [1, 2, 3, 4, 5]
         assert 0 < len(agents) < 5
         _check_body(ckpt.checkpoint_path(tmp_path / "parts" / f"rank{q:03d}", 5), agents)
+        costs = _check_body(ckpt.latest(tmp_path / "pp" / f"rank{q:03d}"), agents)["exchange_costs"]
+        assert all(isinstance(v, (int, float)) for part in costs.values() for v in part.values())
+    (pw, _), (pp, _), (qp, _) = (outs[0].value[i] for i in (4, 6, 8))
+    _assert_same(pw, pp)  # the bytes and the operations too: the counters continue
+    assert pp.costs["encryptions"] == pw.costs["encryptions"] > 0
+    _assert_same(pw, qp, same_bytes=False)  # a quantized run resumed as paillier: the same numbers
 
 
 def _rank_fits(cases):
