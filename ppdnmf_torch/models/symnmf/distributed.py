@@ -73,12 +73,12 @@ import torch
 import torch.distributed as dist
 
 from ..._utils import derive_seed
+from ...checkpoint import write_atomically
 from ...distributed.comm import EXIT_PEER_FAILED, Comm, DistributedError
 from ...distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ...distributed.launch import check_local_ranks, launch_local
 from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
-from ...checkpoint import write_atomically
 from ...distributed.secure import SecureHalo
 from ...errors import ConfigError, ConvergenceWarning, DataError
 from ...exchange import Exchange
@@ -245,18 +245,21 @@ def _rank_fingerprint(sim_digest: str, graph, idx, U0, caps, params: dict, codec
 
 def _resume_body(comm: Comm, checkpoint_dir, part: Partition, fingerprint: str) -> dict | None:
     """The checkpoint of the newest outer iteration every rank has (None when no rank has one: a
-    fresh start, as one process's ``resume``), after the checks; a failed check on any rank stops
-    every rank with that rank's reason (:class:`~.checkpoint.SymNMFCheckpointError`)."""
+    fresh start, as one process's ``resume``), after the checks. A failed check on any rank stops
+    every rank with that rank's reason (:class:`~.checkpoint.SymNMFCheckpointError`), also where
+    the ranks see different folders (``partition.json`` on rank 0's machine only, say)."""
     where = os.fspath(checkpoint_dir)
     meta = os.path.join(where, "partition.json")
+    why = None
     if os.path.isfile(meta):
         with open(meta, encoding="utf-8") as fh:
             saved = json.load(fh)
         if saved.get("world_size") != part.world_size or list(saved.get("owner", [])) != list(part.owner):
-            raise ckpt.SymNMFCheckpointError(
-                f"resume: the checkpoints in {where!r} were written by {saved.get('world_size')} ranks with the "
-                f"owners {saved.get('owner')}; this run has {part.world_size} ranks with the owners {list(part.owner)}. "
-                "Resume with the same world size and partition (each rank holds its own agents' state)")
+            why = (f"resume: the checkpoints in {where!r} were written by {saved.get('world_size')} ranks with the "
+                   f"owners {saved.get('owner')}; this run has {part.world_size} ranks with the owners "
+                   f"{list(part.owner)}. Resume with the same world size and partition (each rank holds its own "
+                   "agents' state)")
+    _agree_or_raise(comm, why)
     every = comm.all_gather_object(ckpt.iterations(_rank_dir(where, comm.rank)), category="setup",
                                    what="the checkpoints' outer iterations")
     if not any(every):
@@ -270,11 +273,16 @@ def _resume_body(comm: Comm, checkpoint_dir, part: Partition, fingerprint: str) 
         body = ckpt.load(ckpt.checkpoint_path(_rank_dir(where, comm.rank), max(common)), fingerprint)
     except ckpt.SymNMFCheckpointError as exc:
         why = str(exc)
+    _agree_or_raise(comm, why)
+    return body
+
+
+def _agree_or_raise(comm: Comm, why: str | None) -> None:
+    """Every rank's check: the first failing rank's reason on every rank, or nothing."""
     whys = comm.all_gather_object(why, category="setup", what="the checkpoints' checks")
     bad = [(q, w) for q, w in enumerate(whys) if w is not None]
     if bad:
         raise ckpt.SymNMFCheckpointError(f"rank {bad[0][0]}: {bad[0][1]}")
-    return body
 
 
 def _restore(st: _State, body: dict, slots: torch.Tensor) -> None:
