@@ -4,13 +4,17 @@ every per-agent block's alignment, one rank in this process and spawned gloo ran
 sums, to rounding), ``share="sums"`` to rounding, and a bad setting is refused by name. Under the
 single process's defaults (``penalty_schedule="agreed"``, the lambda sums' ``plain`` aggregation)
 and its other settings (``"paper"``, a sparse ``X``) the bits are the same; a secure aggregation of
-the lambda sums and checkpoints are refused over ranks.
+the lambda sums is refused over ranks. Checkpoints are per rank: an interrupted and resumed run
+equals the uninterrupted one and one process's bit for bit, a rank's file holds its own agents'
+state only, and another run's checkpoints, world size or partition are refused by name.
 
-The default run has the unit tests, one rank in this process and one spawned run of 2 ranks;
-the rest (3 ranks, quantized and paillier, the stopping rules) is ``slow``.
+The default run has the unit tests, one rank in this process (checkpoints and resume included) and
+one spawned run of 2 ranks (which writes checkpoints); the rest (3 ranks, quantized and paillier,
+the stopping rules, 2 ranks interrupted and resumed) is ``slow``.
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -26,6 +30,7 @@ from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
 from ppdnmf_torch.graph import erdos_renyi, ring
 from ppdnmf_torch.models.ppdnmf import distributed as ppdnmf_distributed
 from ppdnmf_torch.models.ppdnmf.problem import TRIAL_ALIGN_BYTES
+from ppdnmf_torch.models.symnmf import checkpoint as ckpt
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents, lambda_from_sums, lambda_terms, private_start
 from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed, fit_symnmf_rank, initial_rank_state
 
@@ -154,7 +159,6 @@ def test_per_rank_sums_agree_to_rounding(solo):
                                       (dict(aggregation="paillier"), "aggregation: 'paillier' has no protocol"),
                                       (dict(aggregation="plain", aggregation_options={"n_max": 4}),
                                        "aggregation_options"),
-                                      (dict(checkpoint_dir="ckpt"), "checkpoint_dir"),
                                       (dict(resume=True), "resume"), (dict(checkpoint_every=-1), "checkpoint_every")])
 def test_bad_settings_are_refused_by_name(solo, kw, match):
     X = _similarity()
@@ -188,12 +192,131 @@ def test_the_ranks_start_is_the_single_processs(start):
     assert not (st.P.any() or st.Q.any() or st.Q_prev.any())
 
 
+# -- checkpoints over ranks -----------------------------------------------------------------------
+#: what a rank's checkpoint holds: its agents' variables, its generators, counters and the shared
+#: bookkeeping; nothing else (no key, mask seed or private value of an exchange)
+BODY_KEYS = {"k", "fingerprint", "agents", "state", "sampler", "exchange_costs", "history", "elapsed", "plain_bytes",
+             "U_prev", "converged", "format", "hash"}
+STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam"}
+
+
+def _check_body(path, agents, n=24, r=3):
+    """A rank's checkpoint: the known keys only, its own agents' slots only."""
+    body = torch.load(path, weights_only=True)
+    assert set(body) == BODY_KEYS and body["agents"] == agents
+    assert set(body["state"]) - {"mu"} == STATE_KEYS
+    assert body["state"]["Xc"].shape == (len(agents), n, r) and body["state"]["V"].shape[0] == len(agents)
+    return body
+
+
+@pytest.mark.parametrize("kw,stop", [(dict(), 3), (dict(exchange="quantized", exchange_options={"n_max": 1e4},
+                                                        penalty=0.5, mu=1.0), 2),
+                                     (dict(X="torch", penalty_schedule="paper", checkpoint_every=2), 3)])
+def test_one_rank_resumes_bit_for_bit(solo, tmp_path, kw, stop):
+    kw = dict(kw)
+    X = _sparse_similarity(kw.pop("X")) if "X" in kw else _similarity()
+    every = kw.pop("checkpoint_every", 1)
+    ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(max_iter=5, **kw))
+    first = fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, checkpoint_every=every, **_kwargs(max_iter=stop, **kw))
+    assert first.result.n_iter == stop
+    assert ckpt.iterations(tmp_path / "rank000")[-1] == stop
+    _check_body(ckpt.latest(tmp_path / "rank000"), list(range(5)))
+    assert json.loads((tmp_path / "partition.json").read_text())["world_size"] == 1
+    got = fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, checkpoint_every=every, resume=True,
+                          **_kwargs(max_iter=5, **kw))
+    _assert_same(ref, got.result)
+    assert ckpt.iterations(tmp_path / "rank000")[-1] == 5
+
+
+def test_resume_from_an_empty_folder_starts_afresh(solo, tmp_path):
+    X = _similarity()
+    ref = fit_symnmf_rank(solo, X, 3, **_kwargs(max_iter=2))
+    got = fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path / "new", resume=True, **_kwargs(max_iter=2))
+    _assert_same(ref.result, got.result)
+
+
+@pytest.mark.parametrize("change,match", [(dict(seed=2), "different run"), (dict(lam0=0.2), "different run"),
+                                          ("world", "2 ranks with the owners .* this run has 1 ranks"),
+                                          ("damaged", "rank 0: .*hash")])
+def test_another_runs_checkpoints_are_refused(solo, tmp_path, change, match):
+    X = _similarity()
+    fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, **_kwargs(max_iter=2))
+    kw = _kwargs(max_iter=3)
+    if change == "world":
+        (tmp_path / "partition.json").write_text(json.dumps({"world_size": 2, "owner": [0, 1, 0, 1, 0]}))
+    elif change == "damaged":
+        body = torch.load(ckpt.latest(tmp_path / "rank000"), weights_only=True)
+        body["state"]["V"][0, 0, 0] += 1.0
+        torch.save(body, ckpt.latest(tmp_path / "rank000"))
+    else:
+        kw.update(change)
+    with pytest.raises(ckpt.SymNMFCheckpointError, match=match):
+        fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, resume=True, **kw)
+
+
 # -- spawned ranks --------------------------------------------------------------------------------
-def test_two_ranks_give_the_single_process_bits():
+def test_two_ranks_give_the_single_process_bits(tmp_path):
     X = _similarity()
     ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs())
-    got = fit_symnmf_distributed(X, 3, world_size=2, timeout=240, **_kwargs())
+    got = fit_symnmf_distributed(X, 3, world_size=2, timeout=240, checkpoint_dir=str(tmp_path), checkpoint_every=3,
+                                 **_kwargs())
     _assert_same(ref, got)
+    owner = json.loads((tmp_path / "partition.json").read_text())["owner"]
+    for q in range(2):  # each rank writes its own agents' state only (at 3, and at the end)
+        assert ckpt.iterations(tmp_path / f"rank{q:03d}") == [3, 4]
+        body = _check_body(ckpt.latest(tmp_path / f"rank{q:03d}"), [i for i, o in enumerate(owner) if o == q])
+        assert 0 < len(body["agents"]) < 5 and body["k"] == 4
+
+
+def _rank_resumes(X, folders, cases):
+    """Runs under one process group, each ``(kwargs, resume)`` in its folder; a checkpoint error is
+    returned as its message (module level: the spawned ranks import it)."""
+    with Comm.connect("env://", timeout=120) as comm:
+        out = []
+        for folder, (kw, resume) in zip(folders, cases):
+            try:
+                r = fit_symnmf_rank(comm, X, 3, checkpoint_dir=folder, resume=resume, **kw)
+                out.append((r.result, r.partition.agents(comm.rank)))
+            except ckpt.SymNMFCheckpointError as exc:
+                out.append(str(exc))
+        return out
+
+
+@pytest.mark.slow
+def test_two_ranks_interrupted_and_resumed_equal_one_run(tmp_path):
+    X = _similarity()
+    ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(max_iter=5))
+    secure = dict(exchange="paillier", exchange_options={"n_max": 1e4, "key_bits": 128}, aggregation="plain",
+                  x_iters=2)
+    quantized = dict(secure, exchange="quantized", exchange_options={"n_max": 1e4})
+    cases = [(_kwargs(max_iter=5, checkpoint_every=0), False), (_kwargs(max_iter=2, checkpoint_every=1), False),
+             (_kwargs(max_iter=5, checkpoint_every=1), True),
+             (_kwargs(max_iter=6, assignment=[1, 1, 1, 0, 0], partition="block"), True),
+             (_kwargs(max_iter=3, **secure), False), (_kwargs(max_iter=1, **secure), False),
+             (_kwargs(max_iter=3, **secure), True),  # new keys, the same numbers
+             (_kwargs(max_iter=1, **quantized), False), (_kwargs(max_iter=3, **secure), True)]
+    folders = [str(tmp_path / name) for name in ("whole", "parts", "parts", "parts", "pw", "pp", "pp", "qp", "qp")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 128-bit keys
+        outs = launch_local(2, _rank_resumes, (X, folders, cases), timeout=400, grace=60)
+    assert all(o.error is None and o.exitcode == 0 for o in outs), [o.error for o in outs]
+    (whole, _), (first, _), (resumed, _), moved = outs[0].value[:4]
+    assert first.n_iter == 2 and resumed.n_iter == 5
+    _assert_same(ref, whole)
+    _assert_same(whole, resumed)
+    _assert_same(ref, resumed)
+    assert "same world size and partition" in moved and "same world size and partition" in outs[1].value[3]
+    for q in range(2):
+        agents = outs[q].value[2][1]
+        assert ckpt.iterations(tmp_path / "parts" / f"rank{q:03d}") == [1, 2, 3, 4, 5]
+        assert 0 < len(agents) < 5
+        _check_body(ckpt.checkpoint_path(tmp_path / "parts" / f"rank{q:03d}", 5), agents)
+        costs = _check_body(ckpt.latest(tmp_path / "pp" / f"rank{q:03d}"), agents)["exchange_costs"]
+        assert all(isinstance(v, (int, float)) for part in costs.values() for v in part.values())
+    (pw, _), (pp, _), (qp, _) = (outs[0].value[i] for i in (4, 6, 8))
+    _assert_same(pw, pp)  # the bytes and the operations too: the counters continue
+    assert pp.costs["encryptions"] == pw.costs["encryptions"] > 0
+    _assert_same(pw, qp, same_bytes=False)  # a quantized run resumed as paillier: the same numbers
 
 
 def _rank_fits(cases):

@@ -20,7 +20,7 @@ import torch
 from ...checkpoint import write_atomically
 from ...errors import PPDNMFError
 
-__all__ = ["SymNMFCheckpointError", "save", "load", "latest", "checkpoint_path", "digest", "PREFIX"]
+__all__ = ["SymNMFCheckpointError", "save", "load", "latest", "iterations", "checkpoint_path", "digest", "PREFIX"]
 
 FORMAT = 1
 PREFIX = "symnmf_it"
@@ -65,6 +65,14 @@ def save(folder, payload: dict) -> str:
     buf = io.BytesIO()
     torch.save(body, buf)
     return write_atomically(checkpoint_path(folder, int(payload["k"])), lambda fh: fh.write(buf.getvalue()))
+
+
+def iterations(folder) -> list:
+    """The outer iterations ``k`` that ``folder`` holds a checkpoint of, increasing (none when it
+    does not exist)."""
+    files = glob.glob(os.path.join(glob.escape(os.fspath(folder)), f"{PREFIX}[0-9]*.pt"))
+    stems = (os.path.basename(f)[len(PREFIX):-len(".pt")] for f in files)
+    return sorted(int(s) for s in stems if s.isdigit())
 
 
 def latest(folder) -> str | None:

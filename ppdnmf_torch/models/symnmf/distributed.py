@@ -31,8 +31,18 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   (:class:`~ppdnmf_torch.errors.ConfigError`; ``aggregation="plain"`` or a fixed ``penalty``).
 
 A sparse ``X`` stays sparse (:func:`~.agent_columns.agent_columns` over the rank's slots).
-Checkpoints are the single process's (``checkpoint_dir`` is refused here). The rank's start
-comes from one function, :func:`initial_rank_state`.
+The rank's start comes from one function, :func:`initial_rank_state`.
+
+Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/`` (:mod:`.checkpoint`'s files and checks:
+``symnmf_it<k>.pt``, written atomically, a content hash, a fingerprint), with ``partition.json``
+beside them (rank 0's), as PPDNMF's engine lays them out. A rank writes its own agents' variables
+only (their slots of the copies, duals and ``V_i``, and ``mu_i``), the penalty draws of its edges
+and its generators' states, its cost counters, and what every rank has alike (``lambda``, the
+history, the last mean copy); no key, mask seed or private value of the exchange (rebuilt on
+resume, with new keys and seeds). A resumed run (the same world size and partition: checked
+against ``partition.json`` and each checkpoint's fingerprint) continues from the newest outer
+iteration every rank has a checkpoint of, bit for bit: the factors equal an uninterrupted run's,
+and the single process's under ``share="all"``.
 
 The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come from per-rank
 sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
@@ -52,6 +62,8 @@ single process.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -61,6 +73,7 @@ import torch
 import torch.distributed as dist
 
 from ..._utils import derive_seed
+from ...checkpoint import write_atomically
 from ...distributed.comm import EXIT_PEER_FAILED, Comm, DistributedError
 from ...distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ...distributed.launch import check_local_ranks, launch_local
@@ -74,10 +87,11 @@ from ...exchange.spec import exchange_spec
 from ...graph import check_min_degree
 from ...penalties import check_shared_caps
 from ...threads import with_threads
+from . import checkpoint as ckpt
 from .agent_columns import agent_columns, local_t_product
-from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _scatter_rows,
-                     _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums, lambda_terms, partition_nodes,
-                     private_start, x_step, y_step)
+from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
+                     _history_tensors, _scatter_rows, _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums,
+                     lambda_terms, partition_nodes, private_start, x_step, y_step)
 from .operator import as_similarity
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda",
@@ -164,9 +178,10 @@ def _rank_metrics(Z, st: _State, idx, layout: RankLayout, comm: Comm, x_norm2, k
             "uv_dist": uv, "consensus": worst / unorm, "lambda": st.lam}, Ubar
 
 
-def _digest(sim, graph, idx, U0, params: dict) -> str:
-    """What every rank must agree on: the data, the graph, the parts, the start and the settings."""
-    h = hashlib.sha256(sim.digest().encode())
+def _digest(sim_digest: str, graph, idx, U0, params: dict) -> str:
+    """What every rank must agree on: the data (``sim_digest``, its :meth:`~.operator.Similarity.digest`),
+    the graph, the parts, the start and the settings."""
+    h = hashlib.sha256(sim_digest.encode())
     for t in (idx, U0):
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     h.update(repr((graph.n_agents, graph.edges, sorted(params.items()))).encode())
@@ -208,6 +223,78 @@ def _rank_aggregation(aggregation, options, kind: str, penalty, n_agents: int) -
             "aggregation='plain' gives the same bits) or a fixed penalty")
     if options:
         raise ConfigError(f"aggregation_options: the plain all-reduce takes none, got {sorted(options)}")
+
+
+#: the agents' variables a rank's checkpoint holds, its own slots only (``mu`` too, once set)
+_SLOT_STATE = ("Xc", "U", "P", "Q", "Q_prev", "V")
+
+
+def _rank_dir(checkpoint_dir, rank: int) -> str:
+    return os.path.join(os.fspath(checkpoint_dir), f"rank{rank:03d}")
+
+
+def _rank_fingerprint(sim_digest: str, graph, idx, U0, caps, params: dict, codec, part: Partition, rank: int) -> str:
+    """What fixes a rank's numbers: the data, the start, the parts, the graph, the caps, the settings
+    (``max_iter`` aside: a resumed run may run longer), the exchange's arithmetic (``plain`` or the
+    integer codec's: ``quantized`` and ``paillier`` resume each other), this rank and the partition."""
+    settings = {key: v for key, v in params.items() if key not in ("max_iter", "spec", "owner")}
+    arith = None if codec is None else (float(codec.n_max), int(codec.g_bits))
+    return ckpt.digest("symnmf-rank", sim_digest, U0, idx, graph.src, graph.dst, caps, settings, arith, int(rank),
+                       part.world_size, list(part.owner))
+
+
+def _resume_body(comm: Comm, checkpoint_dir, part: Partition, fingerprint: str) -> dict | None:
+    """The checkpoint of the newest outer iteration every rank has (None when no rank has one: a
+    fresh start, as one process's ``resume``), after the checks. A failed check on any rank stops
+    every rank with that rank's reason (:class:`~.checkpoint.SymNMFCheckpointError`), also where
+    the ranks see different folders (``partition.json`` on rank 0's machine only, say)."""
+    where = os.fspath(checkpoint_dir)
+    meta = os.path.join(where, "partition.json")
+    why = None
+    if os.path.isfile(meta):
+        with open(meta, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        if saved.get("world_size") != part.world_size or list(saved.get("owner", [])) != list(part.owner):
+            why = (f"resume: the checkpoints in {where!r} were written by {saved.get('world_size')} ranks with the "
+                   f"owners {saved.get('owner')}; this run has {part.world_size} ranks with the owners "
+                   f"{list(part.owner)}. Resume with the same world size and partition (each rank holds its own "
+                   "agents' state)")
+    _agree_or_raise(comm, why)
+    every = comm.all_gather_object(ckpt.iterations(_rank_dir(where, comm.rank)), category="setup",
+                                   what="the checkpoints' outer iterations")
+    if not any(every):
+        return None
+    common = set(every[0]).intersection(*map(set, every[1:]))
+    if not common:
+        raise ckpt.SymNMFCheckpointError(f"resume: no outer iteration has a checkpoint on every rank in {where!r} "
+                                         f"(the ranks have {every})")
+    body, why = None, None
+    try:
+        body = ckpt.load(ckpt.checkpoint_path(_rank_dir(where, comm.rank), max(common)), fingerprint)
+    except ckpt.SymNMFCheckpointError as exc:
+        why = str(exc)
+    _agree_or_raise(comm, why)
+    return body
+
+
+def _agree_or_raise(comm: Comm, why: str | None) -> None:
+    """Every rank's check: the first failing rank's reason on every rank, or nothing."""
+    whys = comm.all_gather_object(why, category="setup", what="the checkpoints' checks")
+    bad = [(q, w) for q, w in enumerate(whys) if w is not None]
+    if bad:
+        raise ckpt.SymNMFCheckpointError(f"rank {bad[0][0]}: {bad[0][1]}")
+
+
+def _restore(st: _State, body: dict, slots: torch.Tensor) -> None:
+    """A checkpoint's variables into the rank's own slots of ``st`` (the free slots keep the start)."""
+    saved = body["state"]
+    dev = st.Xc.device
+    for key in _SLOT_STATE:
+        getattr(st, key)[0, slots] = saved[key].to(dev)
+    st.g, st.lam = saved["g"].to(dev), saved["lam"].to(dev)
+    if "mu" in saved:
+        st.mu = torch.ones((1, st.Xc.shape[1], 1, 1), dtype=st.Xc.dtype, device=dev)
+        st.mu[0, slots] = saved["mu"].to(dev)
 
 
 def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayout, seed: int,
@@ -275,9 +362,17 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         arithmetic): ``None`` resolves as in one process, to the exchange's kind, so a
         ``quantized`` or ``paillier`` exchange needs ``aggregation="plain"``; anything else raises
         :class:`~ppdnmf_torch.errors.ConfigError`. Unused with a fixed ``penalty``.
-    checkpoint_dir, checkpoint_every, resume
-        Not over ranks: a ``checkpoint_dir`` or ``resume`` raises
-        :class:`~ppdnmf_torch.errors.ConfigError` (checkpoints are the single process's).
+    checkpoint_dir : path, optional
+        Per-rank checkpoints in ``checkpoint_dir/rank<r>/`` (every ``checkpoint_every`` outer
+        iterations and at the end), ``partition.json`` beside them (see the module): this rank's
+        agents' variables only, no key, mask seed or private value of the exchange.
+    checkpoint_every : int
+        0: only at the end.
+    resume : bool
+        Continue from the newest outer iteration every rank has a checkpoint of (the same
+        problem, settings, world size and partition; ``max_iter`` may differ), bit for bit; no
+        checkpoint on any rank: a fresh start. Another run's checkpoints, or another world size
+        or partition, raise :class:`~.checkpoint.SymNMFCheckpointError`.
     partition : {"rcm", "block"} or Partition
         Which rank holds which agent (:func:`~ppdnmf_torch.distributed.partition_agents`).
     assignment : sequence of N ints, optional
@@ -302,9 +397,6 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
                          penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, start=start, rank=rank, n_agents=n_agents, x_iters=x_iters,
                          y_iters=y_iters, max_iter=max_iter)
-    if checkpoint_dir is not None:
-        raise ConfigError("checkpoint_dir: a run over ranks writes no checkpoints; fit_symnmf_agents has them "
-                          "(the same bits under the same settings)")
     dev = comm.device
     sim = as_similarity(X, device=dev, dtype=dtype)
     if sim.batched:
@@ -340,7 +432,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
                   penalty_schedule=penalty_schedule, start=start, x_iters=int(x_iters), y_iters=int(y_iters),
                   max_iter=int(max_iter), tol=float(tol), seed=int(seed), spec=repr(spec), owner=part.owner,
                   share=share, dtype=str(dt))
-    digests = comm.all_gather_object(_digest(sim, g, idx, U0, params), category="setup",
+    sim_digest = sim.digest()
+    digests = comm.all_gather_object(_digest(sim_digest, g, idx, U0, params), category="setup",
                                      what="the check that every rank runs the same problem")
     odd = [q for q, d in enumerate(digests) if d != digests[0]]
     if odd:
@@ -372,12 +465,37 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         lam = torch.full((1,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
         st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam, start)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
-        plain_bytes = 0
-        start = time.perf_counter()
-        U_prev = U0[None]
-        converged = False
-        k = 0
-        for k in range(1, int(max_iter) + 1):
+        plain_bytes, elapsed, U_prev, converged, stopped, k = 0, 0.0, U0[None], False, False, 0
+        body = fp = None
+        if checkpoint_dir is not None:
+            fp = _rank_fingerprint(sim_digest, g, idx, U0, caps, params, exch.codec, part, comm.rank)
+            if resume:
+                body = _resume_body(comm, checkpoint_dir, part, fp)
+            if comm.rank == 0:
+                write_atomically(os.path.join(os.fspath(checkpoint_dir), "partition.json"),
+                                 lambda fh: json.dump(part.summary(), fh), binary=False)
+        if body is not None:
+            _restore(st, body, slots)
+            sampler.load_state_dict(body["sampler"])
+            exch.load_cost_state(body["exchange_costs"])
+            history = _history_lists(body["history"])
+            k, elapsed, plain_bytes = int(body["k"]), float(body["elapsed"]), int(body["plain_bytes"])
+            U_prev, converged = body["U_prev"].to(dev), bool(body["converged"])
+
+        def save():
+            state = {key: getattr(st, key)[0, slots].detach().cpu() for key in _SLOT_STATE}
+            state.update(g=st.g.detach().cpu(), lam=st.lam.detach().cpu())
+            if st.mu is not None:
+                state["mu"] = st.mu[0, slots].detach().cpu()
+            ckpt.save(_rank_dir(checkpoint_dir, comm.rank), {
+                "k": k, "fingerprint": fp, "agents": lay.agents.tolist(), "state": state,
+                "sampler": sampler.state_dict(), "exchange_costs": exch.cost_state(),
+                "history": _history_tensors(history), "elapsed": elapsed, "plain_bytes": plain_bytes,
+                "U_prev": U_prev.detach().cpu(), "converged": converged})
+
+        start = time.perf_counter() - elapsed
+        while k < int(max_iter) and not converged and not stopped:
+            k += 1
             x_step(Z, st, idx_loc, mask, sampler, exch, mu=mu, x_iters=int(x_iters), bcd_iter=k)
             y_step(Z, st, idx_loc, y_iters=int(y_iters))
             if penalty == "adaptive":
@@ -386,7 +504,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
             row, Ubar = _rank_metrics(Z, st, idx_loc, lay, comm, x_norm2, k)
             plain_bytes += g.src.numel() * n * r * itemsize * int(x_iters)
             counted = sum(exch.bytes_per_edge().values())
-            row.update(time=time.perf_counter() - start, bytes=float(counted if counted else plain_bytes))
+            elapsed = time.perf_counter() - start
+            row.update(time=elapsed, bytes=float(counted if counted else plain_bytes))
             for key, v in row.items():
                 history[key].append(v.detach().cpu().numpy().copy() if isinstance(v, torch.Tensor) else v)
             change = torch.linalg.matrix_norm(Ubar - U_prev) / torch.linalg.matrix_norm(Ubar).clamp_min(
@@ -396,11 +515,13 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
             done = tol > 0 and bool((change < tol).all())
             flags = comm.all_reduce(torch.tensor([int(stop), int(done)], dtype=torch.int64), category="metrics",
                                     op=dist.ReduceOp.MAX, what=f"the stop decision of outer iteration {k}")
-            if int(flags[0]):
-                break
-            if int(flags[1]):
-                converged = True
-                break
+            stopped = bool(int(flags[0]))
+            converged = not stopped and bool(int(flags[1]))
+            if checkpoint_dir is not None and checkpoint_every and k % checkpoint_every == 0:
+                save()
+        if checkpoint_dir is not None and not (checkpoint_every and k % checkpoint_every == 0) and (
+                body is None or k > int(body["k"])):
+            save()
         if tol > 0 and not converged:
             warnings.warn(f"fit_symnmf_rank: no convergence to tol={tol} in {k} iterations", ConvergenceWarning,
                           stacklevel=2)
