@@ -15,11 +15,11 @@ from scipy.optimize import nnls
 from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning, GraphError, SumLeakWarning
 from ppdnmf_torch.exchange import PlainExchange
 from ppdnmf_torch.graph import Graph, ring
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents as agents_fit
 from ppdnmf_torch.models.symnmf.agents import (
     ADAPTIVE_LAMBDA0,
     _State,
     adaptive_lambda,
-    fit_symnmf_agents,
     lambda_from_sums,
     lambda_terms,
     partition_nodes,
@@ -29,6 +29,13 @@ from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_acc
 from ppdnmf_torch.models.symnmf.estimator import scaled_start
 from ppdnmf_torch.models.symnmf.fit import fit_symnmf
 from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
+
+
+def fit_symnmf_agents(*args, **kw):
+    """The agents' fit with reproducible private starts (``start_seed = seed``), so that runs can
+    be compared bit for bit; the default CSPRNG start is tested on ``agents.fit_symnmf_agents``."""
+    kw.setdefault("start_seed", kw.get("seed", 0))
+    return agents_fit(*args, **kw)
 
 
 def _blob_similarity(n=90, k=3, seed=0):
@@ -455,9 +462,16 @@ def test_private_start_is_the_default_per_agent_and_reproducible(monkeypatch):
 
     monkeypatch.setattr(agents_mod, "x_step", x_step)
     kw = dict(n_agents=4, U0=U0, trials=2, seed=3, max_iter=1, x_iters=1, device="cpu", parts=idx, graph=ring(4))
-    fit_symnmf_agents(S, 3, **kw)
+    fit_symnmf_agents(S, 3, **kw)  # start_seed = seed = 3: the stream of private_start(..., [3, 4])
     fit_symnmf_agents(S, 3, start="common", **kw)
+    agents_fit(S, 3, **kw)  # the default: each agent's own CSPRNG seed, not the run's seed
+    agents_fit(S, 3, **kw)
     torch.testing.assert_close(seen[0], V, atol=0, rtol=0)
     torch.testing.assert_close(seen[1], common, atol=0, rtol=0)
+    for fresh in seen[2:]:
+        assert not torch.allclose(fresh, V) and not torch.allclose(fresh, common)
+        assert bool((fresh >= 0).all()) and bool((fresh <= U0.amax(dim=(-2, -1)).view(2, 1, 1, 1)).all())
+        assert bool((fresh[idx >= 40] == 0).all())  # padded rows stay zero
+    assert not torch.allclose(seen[2], seen[3])
     with pytest.raises(ConfigError, match="start"):
         fit_symnmf_agents(S, 3, n_agents=2, start="public", device="cpu")

@@ -64,9 +64,14 @@ problem and settings; no key, mask seed or private value of the exchange or the 
 run continues bit for bit; the aggregation's setup is counted again for the new process.
 
 **Private start** (``start="private"``, the default; :func:`private_start`): the copies start
-at the common ``U_0``, and each ``V_i`` is drawn from a stream only agent ``i`` holds
-(``derive_seed(seed_t, "symnmf private start", i)``), i.i.d. uniform on ``[0, max U_0]``, the
-common start's scale. With the old public start ``V_i = U_0[S_i]`` (``start="common"``) everything
+at the common ``U_0``, and each ``V_i`` is drawn from a stream only agent ``i`` holds, i.i.d.
+uniform on ``[0, max U_0]``, the common start's scale. The stream's seed is the operating
+system's CSPRNG's (:mod:`secrets`, drawn per agent and run, used once and never kept), unless a
+simulation asks for reproducible starts with ``start_seed`` (``derive_seed(start_seed + t,
+"symnmf private start", i)``; whoever knows ``start_seed`` knows every ``V_i``, so it is a
+simulation's setting, like a fixed mask seed). Not ``seed``: every agent knows the run's seed
+(the graph, the parts, ``U_0`` and the agreed penalties come from it), so a start derived from
+it would be public. With the old public start ``V_i = U_0[S_i]`` (``start="common"``) everything
 in agent ``i``'s first local solve (eq. 9) but ``X_i`` is public, so its first message ``U_i^(1)``
 is a linear function of ``X_i`` and inverts to its columns
 (:func:`~ppdnmf_torch.models.symnmf.audit.first_call_errors`; measured in docs/THREAT_MODEL.md,
@@ -81,6 +86,7 @@ same settings); the privacy audit is :mod:`.audit`.
 """
 from __future__ import annotations
 
+import secrets
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -199,8 +205,10 @@ def partition_nodes(n: int, n_agents: int, seeds, device=None) -> torch.Tensor:
 
 def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> torch.Tensor:
     """Each agent's private start ``V_i``, ``(T, N_a, m, r)``: i.i.d. uniform on ``[0, max U_0]``
-    (the common start's scale; per trial), from the stream ``derive_seed(seeds[t],
-    "symnmf private start", i)`` that only agent ``i`` holds, zero on the padded rows.
+    (the common start's scale; per trial), from a stream only agent ``i`` holds, zero on the
+    padded rows: seeded by ``derive_seed(seeds[t], "symnmf private start", i)``, or, where
+    ``seeds[t]`` is None, by a fresh 63-bit seed of the operating system's CSPRNG
+    (:func:`secrets.randbits`, used once, never kept).
 
     Agent ``i``'s rows (``|S_i|`` draws, in the order of its slots) depend on its own seed and
     ``U_0``'s scale only, not on the padding or the other agents, so a run over ranks computes
@@ -214,8 +222,8 @@ def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> to
     idx : LongTensor (T, N_a, m)
         ``S_i`` of the agents computed, padded with ``n`` (:func:`partition_nodes`, or its rows
         ``agents``).
-    seeds : sequence of int (T,)
-        The trials' seeds (``seed + t``).
+    seeds : sequence of int or None (T,)
+        The trials' start seeds (``start_seed + t``), or None for the CSPRNG.
     agents : sequence of int (N_a,), optional
         The agents' global indices (default ``0..N_a-1``): the streams' labels.
     """
@@ -228,9 +236,19 @@ def private_start(U0: torch.Tensor, idx: torch.Tensor, seeds, agents=None) -> to
     draws = torch.zeros((T, len(agents), idx.shape[-1], r), dtype=torch.float64)
     for t, s in enumerate(seeds):  # host streams, once per run: exactly |S_i| rows from agent i's own
         for k, a in enumerate(agents):
-            gen = torch.Generator().manual_seed(derive_seed(s, "symnmf private start", a))
+            own = secrets.randbits(63) if s is None else derive_seed(s, "symnmf private start", a)
+            gen = torch.Generator().manual_seed(own)
             draws[t, k, valid[t, k]] = torch.rand((int(valid[t, k].sum()), r), dtype=torch.float64, generator=gen)
     return draws.to(U0.device, U0.dtype) * U0.amax(dim=(-2, -1)).view(T, 1, 1, 1)
+
+
+def _start_seeds(start_seed, trials: int) -> list:
+    """The trials' seeds for :func:`private_start`: ``start_seed + t``, or None (the CSPRNG)."""
+    if start_seed is None:
+        return [None] * int(trials)
+    if isinstance(start_seed, bool) or not isinstance(start_seed, (int, np.integer)):
+        raise ConfigError(f"start_seed: expected an integer or None, got {start_seed!r}")
+    return [int(start_seed) + t for t in range(int(trials))]
 
 
 def _gather_rows(U: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -469,7 +487,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                       seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
                       callback=None, penalty_schedule: str = "agreed", aggregation=None,
                       aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                      resume: bool = False, start: str = "private") -> AgentsResult:
+                      resume: bool = False, start: str = "private", start_seed: int | None = None) -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters
@@ -531,6 +549,10 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         stream (:func:`private_start`); ``"common"``: ``U_0[S_i]``, public, so the first message
         inverts to the agent's columns (docs/THREAT_MODEL.md, "Symmetric NMF across agents").
         The copies start at ``U_0`` either way.
+    start_seed : int, optional
+        Reproducible private starts for a simulation (trial ``t``: ``start_seed + t``); default
+        None, each agent's own CSPRNG draw (runs then differ in their starts: pass ``start_seed``
+        to compare runs bit for bit). Never stored in a checkpoint (the checkpoint holds ``V``).
     trials : int
         Independent trials, batched (trial ``t`` uses seed ``seed + t``).
     callback : callable, optional
@@ -604,7 +626,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         zeros = torch.zeros_like(copies)
         lam = torch.full((T,), float(lam0 if adaptive else penalty), dtype=dt, device=dev)
         st = _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(),
-                    V=private_start(U0, idx, seeds) if start == "private" else _gather_rows(copies, idx),
+                    V=private_start(U0, idx, _start_seeds(start_seed, T)) if start == "private"
+                    else _gather_rows(copies, idx),
                     g=sampler.initial(), lam=lam)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
         plain_bytes, elapsed, U_prev, converged, k = 0, 0.0, U0, False, 0

@@ -104,6 +104,9 @@ def record_symnmf_agents(X, rank: int, graph, *, kind: str = "quantized", protoc
     exch = make_recording_exchange(kind, protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits,
                                    keypairs=keypairs, paillier_options=paillier_options)
     fit_kwargs.setdefault("device", "cpu")
+    # the agents' private starts from a known stream (start_seed = seed unless given), so that the
+    # audit's scoring knows the truth (true_starts); no attack reads it
+    fit_kwargs.setdefault("start_seed", int(fit_kwargs.get("seed", 0)))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
@@ -394,7 +397,8 @@ def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
 
 def true_starts(U0, parts, start: str, seed: int) -> torch.Tensor:
     """The agents' true ``V_j`` at the start, ``(N, m, r)`` padded with zero rows: the run's
-    :func:`~.agents.private_start` (``start="private"``, trial seed ``seed``) or ``U_0[S_j]``
+    :func:`~.agents.private_start` (``start="private"``, ``seed`` the run's ``start_seed``,
+    which :func:`record_symnmf_agents` fixes) or ``U_0[S_j]``
     (``"common"``). The audit's truth, never the attacker's."""
     U0, parts = torch.as_tensor(U0), torch.as_tensor(parts)
     if start == "private":
@@ -757,7 +761,8 @@ def run_symnmf_audit(X, rank: int, graphs: dict, *, settings=("agreed", "paper",
                     if inv["U0"] is not None:
                         entry["eavesdropper_first_call"] = eavesdropper_first_call(prec, X, parts, rank, **inv)
                         if inv["mu"] == "auto" and int(kw.get("x_iters", 10)) >= 2:
-                            V0 = true_starts(inv["U0"], parts, kw.get("start", "private"), int(kw.get("seed", 0)))
+                            V0 = true_starts(inv["U0"], parts, kw.get("start", "private"),
+                                            int(kw.get("start_seed", kw.get("seed", 0))))
                             entry["gram"] = gram_audit(prec, X, parts, rank, inv["U0"], V0, lam0=inv["lam0"])
             entry["seconds"] = time.perf_counter() - t0
             report["cases"][name] = entry

@@ -91,7 +91,7 @@ from . import checkpoint as ckpt
 from .agent_columns import agent_columns, local_t_product
 from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
                      _history_tensors, _scatter_rows, _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums,
-                     lambda_terms, partition_nodes, private_start, x_step, y_step)
+                     lambda_terms, partition_nodes, private_start, _start_seeds, x_step, y_step)
 from .operator import as_similarity
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda",
@@ -298,11 +298,13 @@ def _restore(st: _State, body: dict, slots: torch.Tensor) -> None:
 
 
 def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayout, seed: int,
-                       g0: torch.Tensor, lam: torch.Tensor, start: str = "private") -> _State:
+                       g0: torch.Tensor, lam: torch.Tensor, start: str = "private",
+                       start_seed: int | None = None) -> _State:
     """The rank's start, the single process's (:func:`~.agents.fit_symnmf_agents`) for the rank's
     agents: every copy ``U_0``, ``P = Q = Q_prev = 0``, and ``V_i`` as ``start`` says: agent
-    ``layout.agents[j]``'s own private draw (:func:`~.agents.private_start`, from its own seed and
-    ``seed`` the trial's) in slot ``layout.slots[j]``, or ``U_0[S_i]`` (``"common"``);
+    ``layout.agents[j]``'s own private draw (:func:`~.agents.private_start`: its own CSPRNG seed,
+    or ``start_seed``'s stream for a reproducible simulation) in slot ``layout.slots[j]``, or
+    ``U_0[S_i]`` (``"common"``);
     ``(1, n_slots, ...)``. Free slots keep zero rows.
 
     Parameters
@@ -322,7 +324,8 @@ def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayo
     if start == "private":
         slots = layout.slots.to(idx_loc.device)
         V = torch.zeros((1, S, idx_loc.shape[-1], U0.shape[-1]), dtype=U0.dtype, device=U0.device)
-        V[0, slots] = private_start(U0[None], idx_loc[:, slots], [int(seed)], agents=layout.agents.tolist())[0]
+        V[0, slots] = private_start(U0[None], idx_loc[:, slots], _start_seeds(start_seed, 1),
+                                    agents=layout.agents.tolist())[0]
     else:
         V = _gather_rows(copies, idx_loc)
     return _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(), V=V, g=g0, lam=lam)
@@ -335,7 +338,8 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
                     y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, seed: int = 0, dtype=None,
                     min_degree: int | None = None, penalty_schedule: str = "agreed", aggregation=None,
                     aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                    resume: bool = False, start: str = "private", partition="rcm", assignment=None,
+                    resume: bool = False, start: str = "private", start_seed: int | None = None,
+                    partition="rcm", assignment=None,
                     share: str = "all", callback=None, threads=None) -> SymRankResult:
     """:func:`~.agents.fit_symnmf_agents` (one trial) on this rank's agents; every rank of ``comm``
     calls it with the same arguments (checked: ranks that disagree stop with a
@@ -349,7 +353,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         columns ``X[:, S_i]`` only: dense, or sparse (block-diagonal CSR,
         :class:`~.agent_columns.SparseColumns`) for a sparse ``X``, never made dense.
     rank, n_agents, graph, parts, penalty, lam0, mu, g_cap, penalty_mode, penalty_schedule,
-    x_iters, y_iters, max_iter, tol, U0, seed, start
+    x_iters, y_iters, max_iter, tol, U0, seed, start, start_seed
         As :func:`~.agents.fit_symnmf_agents` (``graph``: one :class:`~ppdnmf_torch.graph.Graph`;
         ``parts (N, m)`` or ``(1, N, m)``; ``U0 (n, r)``; ``g_cap`` a number or ``(N,)``;
         ``penalty_schedule="agreed"`` by default: every rank draws the common penalties from the
@@ -463,7 +467,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         sampler = RankSampler(slot_caps, lay.edge_src(g).to(dev), lay.edge_ids, g.src.numel(), int(seed),
                               penalty_mode, int(x_iters), shared=penalty_schedule == "agreed")
         lam = torch.full((1,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
-        st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam, start)
+        st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam, start, start_seed)
         history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
         plain_bytes, elapsed, U_prev, converged, stopped, k = 0, 0.0, U0[None], False, False, 0
         body = fp = None
