@@ -40,7 +40,7 @@ from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..solver import SolverParams, init_state, restore_state, run_bcd
+from ..solver import STOPPING, SolverParams, init_state, restore_state, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
@@ -174,9 +174,9 @@ def _rank_fingerprint(problem, params, exch, part: Partition, rank: int) -> str:
 
 @with_threads
 def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100,
-             x_iters=30, y_iters=30, tol=0.0, admm_tol=None, exchange="plain", protocol=None, n_max=None,
-             key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error", seed=0,
-             device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
+             x_iters=30, y_iters=30, tol=0.0, admm_tol=STOPPING["admm_tol"], exchange="plain", protocol=None,
+             n_max=None, key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error",
+             seed=0, device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
              checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
              penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm", share="all") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
@@ -188,7 +188,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
         As :func:`~ppdnmf_torch.fit`. Every rank reads the whole ``Z`` and keeps its agents' blocks.
     tol, admm_tol
-        As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C): the flags cross the cut
+        As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
+        fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
         edges one hop per iteration and every rank's loops end at the single-process
         iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
         sum over the ranks, per iteration of a tracked loop).
