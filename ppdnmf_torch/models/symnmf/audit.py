@@ -276,6 +276,17 @@ def eavesdropper_first_call(rec: Recording, X, parts, rank: int, U0, *, lam0: fl
             "precision_min": min(a["precision"] for a in agents)}
 
 
+def _symmetric_basis(r: int) -> list:
+    """The ``r (r + 1) / 2`` unit symmetric matrices ``E_ab = E_ba = 1``: the unknowns of a Gram matrix."""
+    basis = []
+    for a in range(r):
+        for b in range(a, r):
+            E = np.zeros((r, r))
+            E[a, b] = E[b, a] = 1.0
+            basis.append(E)
+    return basis
+
+
 def private_start_gram(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: float = ADAPTIVE_LAMBDA0) -> dict:
     """What the ``plain`` eavesdropper gets from each agent's first two messages under the private
     start, where ``V_j`` is secret but ``U_0`` is public: the first two local solves (eq. 9) of
@@ -314,12 +325,7 @@ def private_start_gram(rec: Recording, X, parts, rank: int, U0, V0, *, lam0: flo
         np.add.at(rho[a], rec.src, w)
     w1 = rec.g[c1] * rec.g[c1][rec.rev]
     np.add.at(Q1, rec.src, w1[:, None, None] * (U[c1][rec.dst] - U[c1][rec.src]))
-    basis = []
-    for a in range(r):
-        for b in range(a, r):
-            E = np.zeros((r, r))
-            E[a, b] = E[b, a] = 1.0
-            basis.append(E)
+    basis = _symmetric_basis(r)
     agents = []
     for j in range(rec.n_agents):
         U1, U2 = U[c1, j], U[c2, j]
@@ -373,12 +379,7 @@ def first_call_gram_errors(X, parts, i: int, j: int, U1_hat, U0, rho: float, *,
     R = np.setdiff1d(np.arange(n), Si)
     D = U1 - U0
     Z = Si[(X[np.ix_(Si, Sj)] == 0).all(axis=1)]
-    basis = []
-    for a in range(r):
-        for b in range(a, r):
-            E = np.zeros((r, r))
-            E[a, b] = E[b, a] = 1.0
-            basis.append(E)
+    basis = _symmetric_basis(r)
     if G is None:
         A = np.stack([(U1[Z] @ E + np.trace(E) / r * D[Z]).ravel() for E in basis], axis=1)
         coef, *_ = np.linalg.lstsq(A, (-(lam0 + rho) * D[Z]).ravel(), rcond=None)
