@@ -662,7 +662,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
                 "U_prev": U_prev.detach().cpu(), "converged": converged})
 
         x_norm2 = sim.sq_norm.expand(T)
-        start = time.perf_counter() - elapsed
+        t0 = time.perf_counter() - elapsed
         stopped = False
         while k < int(max_iter) and not converged and not stopped:
             k += 1
@@ -675,7 +675,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
             uv2 = gap_sq(Ubar, Vall)
             plain_bytes += topo.n_directed_edges * n * r * sim.data.element_size() * int(x_iters)
             counted = sum(exch.bytes_per_edge().values())
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - t0
             row = {"E": fitting_error(x_norm2, Ubar, sim.matmul(Ubar)),
                    "objective": split_objective(x_norm2, Ubar, Vall, sim.matmul(Vall), st.lam),
                    "uv_dist": uv2.sqrt(), "consensus": consensus_error(st.Xc), "lambda": st.lam,

@@ -497,7 +497,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
                 "history": _history_tensors(history), "elapsed": elapsed, "plain_bytes": plain_bytes,
                 "U_prev": U_prev.detach().cpu(), "converged": converged})
 
-        start = time.perf_counter() - elapsed
+        t0 = time.perf_counter() - elapsed
         while k < int(max_iter) and not converged and not stopped:
             k += 1
             x_step(Z, st, idx_loc, mask, sampler, exch, mu=mu, x_iters=int(x_iters), bcd_iter=k)
@@ -508,7 +508,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
             row, Ubar = _rank_metrics(Z, st, idx_loc, lay, comm, x_norm2, k)
             plain_bytes += g.src.numel() * n * r * itemsize * int(x_iters)
             counted = sum(exch.bytes_per_edge().values())
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - t0
             row.update(time=elapsed, bytes=float(counted if counted else plain_bytes))
             for key, v in row.items():
                 history[key].append(v.detach().cpu().numpy().copy() if isinstance(v, torch.Tensor) else v)
