@@ -69,7 +69,8 @@ from .manifold import qf
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
 __all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "compare_with_server", "admm_local_step",
-           "laplacian_step", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup", "serverless_table"]
+           "laplacian_step", "laplacian_eps", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup",
+           "serverless_table"]
 
 CONSENSUS_METHODS = ("admm", "laplacian")
 #: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
@@ -146,6 +147,12 @@ def laplacian_step(x, S, eps):
     """One Laplacian averaging step ``x_i <- x_i + eps S_i`` (``S_i = sum_j rho_ij (x_j - x_i)``);
     keeps ``sum_i x_i`` and contracts the disagreement for ``eps max_ij rho_ij (d_max + 1) <= 1``."""
     return x + eps * S
+
+
+def laplacian_eps(graph: Graph, g_cap: float) -> float:
+    """The step of :func:`laplacian_step` at the contraction bound: ``1 / (g^2 (d_max + 1))``
+    (every ``rho_ij <= g^2``)."""
+    return 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
 
 
 def _check_exchange_graph(exch, graph, g_cap, value_scale):
@@ -291,7 +298,7 @@ def agreed_centring(blocks, exch, graph, T, g_cap, iters):
     y = torch.cat([s, n[:, None]], dim=1)
     x = (y / y.abs().amax()).expand(T, K, d + 1).reshape(T * K, d + 1).clone()
     g = torch.full((exch.topology.n_directed_edges,), g_cap, dtype=torch.float64, device=x.device)
-    eps = 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
+    eps = laplacian_eps(graph, g_cap)
     for m in range(iters):  # bcd_iter 0: before the first ADMM iteration
         exch.penalty_sums(g, bcd_iter=0, admm_iter=m + 1)
         x = laplacian_step(x, exch.exchange(x, g, bcd_iter=0, admm_iter=m + 1).S.to(x.dtype), eps)
@@ -319,7 +326,7 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
     Q, Q_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # admm: the X-step's duals
     x, v_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # laplacian: the tracked averages
     g = sampler.initial()
-    eps = 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
+    eps = laplacian_eps(graph, g_cap)
     tau = (lam1 / (K * rho_t))[:, None, None, None]
     active = torch.ones(T, dtype=torch.bool, device=like.device)
     n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
