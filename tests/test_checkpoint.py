@@ -135,7 +135,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes_the_run(tmp_path):
 
     with pytest.raises(RunInterrupted) as err:
         pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path, checkpoint_every=0, callback=interrupt, **KW)
-    assert err.value.bcd_done == 4 and os.path.exists(err.value.checkpoint)
+    assert err.value.done == 4 and os.path.exists(err.value.checkpoint)
     assert isinstance(err.value, KeyboardInterrupt)
     resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path, **KW)
     assert torch.equal(resumed.X, full.X) and resumed.history["nmse"] == full.history["nmse"]
@@ -158,7 +158,7 @@ def test_atomic_write_leaves_old_checkpoint_on_failure(tmp_path):
 
 def test_torn_checkpoint_is_reported(tmp_path):
     (tmp_path / "ckpt_bcd000002.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match=r"ckpt_bcd000002.pt' is damaged or not a checkpoint \(it cannot be read"):
         load_checkpoint(str(tmp_path))
 
 
@@ -270,22 +270,3 @@ def test_checkpoint_history_is_one_tensor_per_key(tmp_path):
     for key, vals in payload["history"].items():
         assert isinstance(vals, dict) and len(vals) == 1, key
         assert next(iter(vals.values())).shape[0] == 3, key
-
-
-def test_a_format_3_checkpoint_still_resumes_bit_for_bit(tmp_path):
-    from ppdnmf_torch.checkpoint import _content_hashes, unpack_history
-
-    full = pp.fit(_blocks(), G, 2, **KW)
-    pp.fit(_blocks(), G, 2, checkpoint_dir=tmp_path / "ck", callback=_stop_at(3), **KW)
-    newest = load_checkpoint(str(tmp_path / "ck"))
-    old = {k: v for k, v in newest.items() if k != "path"}
-    old["format"] = 3
-    old["history"] = {k: [v.clone() if isinstance(v, torch.Tensor) else v for v in vals]
-                      for k, vals in unpack_history(newest["history"]).items()}
-    old["hashes"] = _content_hashes(old)
-    (tmp_path / "old").mkdir()
-    save_checkpoint(str(tmp_path / "old" / "ckpt_bcd000003.pt"), old)
-    resumed = pp.fit(_blocks(), G, 2, resume_from=tmp_path / "old", **KW)
-    assert torch.equal(resumed.X, full.X)
-    assert all(torch.equal(x, y) for x, y in zip(resumed.Y, full.Y))
-    assert resumed.history["nmse"] == full.history["nmse"]

@@ -10,6 +10,7 @@ from .... import metrics
 from ...._utils import caller_stacklevel, plain_number
 from ....errors import ConvergenceWarning, DataError, PPDNMFError
 from ....checkpoint import good_point, snapshot
+from ....driver import RunInterrupted
 from ....exchange.base import Exchange
 from ....penalties import PenaltySampler
 from ..problem import Problem
@@ -26,22 +27,6 @@ __all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", 
 
 class NumericalError(PPDNMFError):
     """NaN or Inf appeared in the iterates."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: a checkpoint of the last completed BCD iteration was written.
-
-    Attributes
-    ----------
-    checkpoint : str or None
-        Path of the checkpoint written (None when the run had no checkpoint folder).
-    bcd_done : int
-    """
-
-    def __init__(self, checkpoint, bcd_done):
-        super().__init__(f"interrupted after BCD iteration {bcd_done}; checkpoint: {checkpoint}")
-        self.checkpoint = checkpoint
-        self.bcd_done = bcd_done
 
 
 def _block_norms(problem: Problem) -> torch.Tensor:
@@ -288,7 +273,7 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         path = None
         if checkpointer is not None:
             path = checkpointer.write(snapshot(good, history, fingerprint, checkpointer.packer))
-        raise RunInterrupted(path, good["bcd_done"]) from None
+        raise RunInterrupted(path, good["bcd_done"], "BCD iteration") from None
     if tol > 0 and not converged and state.bcd_done >= params.bcd_iters:
         warnings.warn(
             f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters} (scikit-learn's "

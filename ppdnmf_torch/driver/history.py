@@ -1,0 +1,40 @@
+"""A run's metric history: :class:`History`, one list per key, one entry per row."""
+from __future__ import annotations
+
+import torch
+
+from ..checkpoint import HistoryPacker, unpack_history
+
+__all__ = ["History"]
+
+
+class History(dict):
+    """``{key: [value per row]}``: what a model's steps return, row after row (tensors ``(T, ...)``
+    or floats, as the model gives them), packed incrementally into its checkpoints
+    (:class:`~ppdnmf_torch.checkpoint.HistoryPacker`: each write packs only the new rows, so a
+    write costs the same at every point of a long run)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.packer = HistoryPacker()
+
+    def append(self, row: dict) -> None:
+        """One row: each value appended to its key's list (a key may start late)."""
+        for key, value in row.items():
+            self.setdefault(key, []).append(value)
+
+    def lengths(self) -> dict:
+        return {key: len(vals) for key, vals in self.items()}
+
+    def packed(self, lengths: dict) -> dict:
+        """The first ``lengths[key]`` rows of each key, packed (:meth:`HistoryPacker.pack`)."""
+        return self.packer.pack(self, lengths)
+
+    @classmethod
+    def unpacked(cls, packed: dict, device=None) -> "History":
+        """The history of a checkpoint; its tensors on ``device`` (default: the CPU)."""
+        out = cls(unpack_history(packed))
+        if device is not None:
+            for key, vals in out.items():
+                out[key] = [v.to(device) if isinstance(v, torch.Tensor) else v for v in vals]
+        return out
