@@ -52,7 +52,8 @@ from ...audit.neighbour import neighbour_audit
 from ...audit.recording import Recording, _as_recording, make_recording_exchange
 from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit, unequal_weights
 from ...errors import ConfigError, DegreeOneWarning
-from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents, private_start
+from .agent_setup import ADAPTIVE_LAMBDA0, private_start
+from .agents import AgentsResult, fit_symnmf_agents
 
 __all__ = ["SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors", "eavesdropper_first_call",
            "first_call_sum_errors", "private_start_gram", "first_call_gram_errors", "gram_audit", "true_starts", "degree2_recoveries", "reconstruction_audit",

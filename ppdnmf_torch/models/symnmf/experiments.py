@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ...errors import ConvergenceWarning, DataError
-from .agents import ADAPTIVE_LAMBDA0, fit_symnmf_agents
+from .agent_setup import ADAPTIVE_LAMBDA0
+from .agents import fit_symnmf_agents
 from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
 from .data import initial_factor, synthetic_similarity
 from .estimator import scaled_start
