@@ -122,7 +122,8 @@ def drive(model, *, max_iter: int, tol: float = 0.0, callback=None, checkpoints=
     max_iter : int
         The iteration cap, resumed iterations included.
     tol : float
-        0: the stopping test is never asked and no warning is given.
+        The run's tolerance (the model's stopping test holds its own): with ``tol > 0`` a run that
+        reaches ``max_iter`` unconverged warns :class:`~ppdnmf_torch.errors.ConvergenceWarning`.
     callback : callable, optional
         Handed to :meth:`LoopModel.report` after every iteration; a true return value stops
         the run after that iteration.
@@ -150,7 +151,9 @@ def drive(model, *, max_iter: int, tol: float = 0.0, callback=None, checkpoints=
 
 def _loop(model, start: Start, max_iter, tol, callback, checkpoints, ledgers, ranks) -> Outcome:
     history = start.history
-    if start.path is None and model.start_rows:
+    if start.path is not None:
+        model.resumed(start.done, history)
+    elif model.start_rows:
         history.append(model.start_row())
     clock = Clock(start.elapsed)
     keep = checkpoints is not None
@@ -162,7 +165,7 @@ def _loop(model, start: Start, max_iter, tol, callback, checkpoints, ledgers, ra
             k = done + 1
             row = model.step(k, clock)
             history.append(row)
-            conv = tol > 0 and bool(model.converged(k, row))
+            conv = bool(model.converged(k, row))
             done = k
             good = _good_point(model, done, history, ledgers, clock, conv, keep)
             unwritten = True

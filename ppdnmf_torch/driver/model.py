@@ -56,7 +56,8 @@ class LoopModel:
         raise NotImplementedError
 
     def converged(self, k: int, row: dict) -> bool:
-        """The stopping test after iteration ``k`` (asked only when ``tol > 0``): True ends the run."""
+        """The stopping test after iteration ``k`` (the model's tolerance; 0: normally never true):
+        True ends the run."""
         return False
 
     def report(self, callback, k: int, row: dict, clock) -> bool:
@@ -81,6 +82,9 @@ class LoopModel:
     def load_state(self, tensors: dict, extra: dict) -> None:
         """Continue from a checkpoint's state tensors (on the CPU) and its :meth:`extra`."""
         raise NotImplementedError
+
+    def resumed(self, done: int, history) -> None:
+        """Called once a resumed run's state is loaded, with its iterations done and its history."""
 
     def rng_state(self):
         """The random generators' states (plain values and tensors), or None."""
