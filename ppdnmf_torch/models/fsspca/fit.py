@@ -11,7 +11,7 @@ import torch
 
 from ..._utils import derive_seed, resolve_device, resolve_dtype
 from ...checkpoint import digest
-from ...driver import Checkpoints, Resources, check_checkpoint_args, drive
+from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
@@ -189,7 +189,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
         upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made
         here with ``aggregation_options`` and closed at the end; an aggregator handed in is used
-        as it is and left open). Its counted costs are ``result.costs``.
+        as it is and left open). Its counted costs are ``result.costs`` (a resumed run's continue
+        the checkpoint's; its setup, the centring's rounds, is counted again).
     aggregation_options : dict, optional
         Passed to ``make_aggregator`` (``n_max``, ``key_bits``, ``seed``, ``keypairs``, ...).
     center : bool
@@ -253,8 +254,9 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         run, mean, settings = _server_run(blocks, r, T, aggregation, projector, o)
         plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
                                                                  device=like.device)
-        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan)
-        costs = aggregation.costs()
+        ledgers = Ledgers(aggregation=aggregation)
+        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers)
+        costs = ledgers.costs("aggregation")
     return _result(run, out, mean, settings, costs, projector)
 
 
