@@ -11,8 +11,8 @@ import torch
 from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning
 from ppdnmf_torch.graph import Graph, complete, ring
 from ppdnmf_torch.models.fsspca import admm, fit_fsspca
-from ppdnmf_torch.models.fsspca.serverless import (CONSENSUS_METHODS, admm_local_step, compare_with_server,
-                                                   fit_serverless, laplacian_step)
+from ppdnmf_torch.models.fsspca.serverless import CONSENSUS_METHODS, compare_with_server, fit_serverless
+from ppdnmf_torch.models.fsspca.serverless_run import admm_local_step, laplacian_step
 
 
 def _blocks(K=4, d=6, seed=0):
