@@ -30,49 +30,29 @@ import io
 import hashlib
 import os
 import tempfile
-from dataclasses import asdict
 
 import torch
 
-from ._utils import PPDNMFError
+from ._utils import PPDNMFError, counted
 
-__all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "fingerprint", "latest_checkpoint",
-           "load_checkpoint", "save_checkpoint", "write_atomically", "good_point", "snapshot", "check_payload",
-           "checkpoint_iteration", "checkpoint_files", "PREFIX", "run_payload", "verify_run", "digest",
-           "RUN_FORMAT"]
+__all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "latest_checkpoint", "load_checkpoint",
+           "save_checkpoint", "write_atomically", "checkpoint_iteration", "checkpoint_files", "PREFIX", "run_payload",
+           "verify_run", "digest", "FORMAT_VERSION"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
 #: format-1 checkpoint could no longer be continued bit for bit; 3: content hashes, and the
 #: fingerprint leaves out ``bcd_iters`` (a resumed run may run longer); 4: each history key
 #: packed into one tensor (:class:`HistoryPacker`), so that a write costs the same at every
-#: point of a long run; 5 (:data:`RUN_FORMAT`): one format for every model, settings and
-#: inputs compared by name.
-FORMAT_VERSION = 4
-RUN_FORMAT = 5
-_READABLE_FORMATS = (4, RUN_FORMAT)
+#: point of a long run; 5: one format for every model (:mod:`ppdnmf_torch.driver`), settings and
+#: inputs compared by name. Only this format is read.
+FORMAT_VERSION = 5
 _PREFIX = "ckpt_bcd"
 #: checkpoint files are named ``<PREFIX><iterations done:06d>.pt``
 PREFIX = _PREFIX
-#: solver parameters that do not change the numbers of the iterations already done: a
-#: checkpoint resumes into a run that differs from its own only in these
-_RESUMABLE_PARAMS = ("bcd_iters",)
 
 
 class CheckpointError(PPDNMFError):
     """A checkpoint is missing, unreadable, or belongs to a different run."""
-
-
-def good_point(state, sampler, history: dict, keep: bool = True, exchange=None) -> dict:
-    """The last consistent point of a run: a copy of the state's tensors (``keep``; the solver's
-    workspace reuses the state's buffers in later iterations), the RNG states, the history's
-    length and the exchange's cumulative cost counters (plain numbers, no key material)."""
-    return {
-        "tensors": {k: v.clone() for k, v in state.tensors().items()} if keep else {},
-        "bcd_done": state.bcd_done,
-        "sampler": sampler.state_dict(),
-        "hist_len": {k: len(v) for k, v in history.items()},
-        "exchange_costs": (getattr(exchange, "cost_state", dict)() if keep and exchange is not None else {}),
-    }
 
 
 class HistoryPacker:
@@ -155,24 +135,6 @@ def _history_length(vals) -> int:
     return len(vals)
 
 
-def snapshot(good: dict, history: dict, fp: str, packer: HistoryPacker | None = None) -> dict:
-    """The checkpoint payload of a :func:`good_point` (on the CPU): what :class:`Checkpointer`
-    writes and :func:`load_checkpoint` reads back. With the run's ``packer`` (its
-    :class:`Checkpointer`'s), only the history entries new since the last write are packed."""
-    hist = (packer or HistoryPacker()).pack(history, good["hist_len"])
-    payload = {
-        "format": FORMAT_VERSION,
-        "bcd_done": int(good["bcd_done"]),
-        "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
-        "sampler": good["sampler"],
-        "history": hist,
-        "exchange_costs": good.get("exchange_costs", {}),
-        "fingerprint": fp,
-    }
-    payload["hashes"] = _content_hashes(payload)
-    return payload
-
-
 # --------------------------------------------------------------------------------------
 # Content hashes
 # --------------------------------------------------------------------------------------
@@ -203,137 +165,6 @@ def _digest(value) -> str:
     h = hashlib.sha256()
     _feed(h, value)
     return h.hexdigest()
-
-
-def _content_hashes(payload: dict) -> dict:
-    """SHA-256 of every state tensor, of the sampler's RNG states, of the history and of the
-    bookkeeping (``bcd_done``, the exchange's counters, the fingerprint)."""
-    return {
-        "state": {k: _digest(v) for k, v in payload["state"].items()},
-        "sampler": _digest(payload["sampler"]),
-        "history": _digest(payload["history"]),
-        "meta": _digest([payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]]),
-    }
-
-
-def _expected_state(problem, params) -> dict:
-    """``{name: (shape, dtype)}`` of the solver state of ``problem`` under ``params``
-    (the adaptive and agreed penalty schedules add each agent's caps and ``mu_i``)."""
-    T, N, L, M = problem.Z.shape
-    dt, rank = problem.Z.dtype, params.rank
-    xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
-    out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
-           "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
-    if getattr(params, "penalty_schedule", "paper") != "paper":
-        out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
-    if getattr(params, "x_solver", "admm") != "admm":  # the token's state; its walk's length is the run's own
-        out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
-    return out
-
-
-def check_payload(payload: dict, problem, params) -> None:
-    """Verify a loaded checkpoint against its hashes and against the run that resumes it.
-
-    Parameters
-    ----------
-    payload : dict
-        From :func:`load_checkpoint`.
-    problem : Problem
-        The resuming run's problem (``Z (T, N, L, M_max)``, its topology).
-    params : SolverParams
-        The resuming run's parameters (``rank``, ``bcd_iters``).
-
-    Raises
-    ------
-    CheckpointError
-        Naming what differs: a part whose content does not match its hash (a changed or
-        damaged file), a missing or unexpected state tensor, a shape or dtype, or a history
-        whose length does not match ``bcd_done``.
-    """
-    where = f"resume_from: checkpoint {payload.get('path', '?')!r}"
-    hashes = payload.get("hashes")
-    if not isinstance(hashes, dict):
-        raise CheckpointError(f"{where} has no content hashes; it cannot be verified")
-    for key in ("state", "sampler", "history", "bcd_done", "exchange_costs", "fingerprint"):
-        if key not in payload:
-            raise CheckpointError(f"{where} lacks its {key!r} entry")
-    state = payload["state"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{where}: its state is not a set of tensors")
-    expected = _expected_state(problem, params)
-    names = set(state) - {"frozen"}
-    if names != set(expected):
-        missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
-        raise CheckpointError(f"{where}: its state tensors differ from the solver's"
-                              + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
-    if set(hashes.get("state", {})) != set(state):
-        raise CheckpointError(f"{where}: the state tensors {sorted(state)} do not match the hashed set "
-                              f"{sorted(hashes.get('state', {}))}")
-    for name, t in state.items():
-        if _digest(t) != hashes["state"][name]:
-            raise CheckpointError(f"{where}: the content of state tensor {name!r} does not match its hash "
-                                  "(the file was changed or damaged)")
-    for part, value in (("sampler", payload["sampler"]), ("history", payload["history"]),
-                        ("meta", [payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]])):
-        if _digest(value) != hashes.get(part):
-            what = {"meta": "bcd_done, the exchange's counters or the fingerprint"}.get(part, f"the {part}")
-            raise CheckpointError(f"{where}: {what} do not match the hash (the file was changed or damaged)")
-    for name, (shape, dtype) in expected.items():
-        t = state[name]
-        if shape is not None and tuple(t.shape) != shape:
-            raise CheckpointError(f"{where}: state tensor {name!r} has shape {tuple(t.shape)}, the run needs {shape}")
-        if t.dtype != dtype:
-            raise CheckpointError(f"{where}: state tensor {name!r} holds {t.dtype}, the run asks for {dtype}")
-    if "frozen" in state and tuple(state["frozen"].shape) != tuple(problem.Z.shape[:2]):
-        raise CheckpointError(f"{where}: state tensor 'frozen' has shape {tuple(state['frozen'].shape)}, "
-                              f"the run needs {tuple(problem.Z.shape[:2])}")
-    _check_history(where, payload, params)
-
-
-def _check_history(where: str, payload: dict, params) -> None:
-    done, hist = payload["bcd_done"], payload["history"]
-    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
-        raise CheckpointError(f"{where}: bcd_done is {done!r}, not a count of BCD iterations")
-    if not isinstance(hist, dict) or "nmse" not in hist and done > 0:
-        raise CheckpointError(f"{where}: its history has no 'nmse' entries")
-    for key, vals in hist.items():
-        n = _history_length(vals)
-        # a crypto_* counter that the checkpoint's segment did not log can be shorter
-        if n != done and not (str(key).startswith("crypto_") and n < done):
-            raise CheckpointError(f"{where}: bcd_done = {done} but its history holds {n} {key!r} entries")
-    if done > params.bcd_iters:
-        raise CheckpointError(f"bcd_iters: the checkpoint {payload.get('path', '?')!r} has done {done} BCD iterations, "
-                              f"more than bcd_iters = {params.bcd_iters}")
-
-
-def fingerprint(problem, params, exchange=None) -> str:
-    """SHA-256 over the data, the graphs, the caps, the seeds, the solver parameters and
-    the exchange's arithmetic (``plain``, or the integer codec's ``n_max`` and ``g_bits``:
-    ``quantized`` and ``paillier`` compute the same numbers, so either resumes the other)."""
-    h = hashlib.sha256()
-    codec = getattr(exchange, "codec", None)
-    h.update(repr(("codec", None if codec is None else (float(codec.n_max), int(codec.g_bits)))).encode())
-    for t in (problem.Z, problem.counts, problem.topology.src, problem.topology.dst, problem.caps):
-        t = t.detach().to("cpu").contiguous()
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.numpy().tobytes())
-    h.update(repr(list(problem.seeds)).encode())
-    items = {k: v for k, v in asdict(params).items() if k not in _RESUMABLE_PARAMS}
-    # settings added later are hashed only away from the paper's values, so that a checkpoint
-    # of a paper-settings run written before they existed still resumes
-    for key, value in _LATER_SETTINGS.items():
-        if items.get(key) == value:
-            items.pop(key)
-    if items.get("init") == "random":
-        h.update(repr(("init_seeds", list(problem.init_seeds))).encode())
-    h.update(repr(sorted(items.items())).encode())
-    return h.hexdigest()
-
-
-#: solver settings added after checkpoint format 2, with the value that reproduces the older runs
-_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "x_solver": "admm",
-                   "x_rho": 0.1, "x_gamma_spread": 0.05, "x_sigma": 1e-3, "x_rounds": None, "x_start": None,
-                   "x_walk": "auto"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:
@@ -419,19 +250,18 @@ def load_checkpoint(path, key: str = "resume_from") -> dict:
                               "emptied, truncated or overwritten); remove it to resume from an older one, or start "
                               "afresh") from None
     if not isinstance(payload, dict) or "format" not in payload:
-        raise CheckpointError(f"{key}: {file!r} is not a ppdnmf_torch checkpoint (format {RUN_FORMAT})")
-    if payload["format"] not in _READABLE_FORMATS:
+        raise CheckpointError(f"{key}: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
+    if payload["format"] != FORMAT_VERSION:
         raise CheckpointError(
             f"{key}: {file!r} was written by another version of ppdnmf_torch (checkpoint format "
-            f"{payload['format']!r}, this version reads {RUN_FORMAT}); its run cannot be continued bit for bit")
+            f"{payload['format']!r}, this version reads {FORMAT_VERSION}); its run cannot be continued bit for bit")
     payload["path"] = file
-    if payload["format"] == RUN_FORMAT:
-        _check_integrity(payload, key)
+    _check_integrity(payload, key)
     return payload
 
 
 # --------------------------------------------------------------------------------------
-# Format 5: one format for every model (ppdnmf_torch.driver writes and reads it)
+# The payload: one format for every model (ppdnmf_torch.driver writes and reads it)
 # --------------------------------------------------------------------------------------
 
 #: the entries of a format-5 checkpoint besides ``format``, ``path`` and ``hashes``
@@ -481,7 +311,7 @@ def run_payload(*, model: str, done: int, settings: dict, inputs: dict, state: d
     extra : dict
         Plain bookkeeping (the clock, flags, counters of the model).
     """
-    payload = {"format": RUN_FORMAT, "model": str(model), "done": int(done), "settings": settings,
+    payload = {"format": FORMAT_VERSION, "model": str(model), "done": int(done), "settings": settings,
                "inputs": inputs, "state": {k: _cpu(v) for k, v in state.items()}, "rng": rng, "history": history,
                "ledgers": ledgers, "extra": extra}
     payload["hashes"] = _run_hashes(payload)
@@ -536,7 +366,7 @@ def _shown(value) -> str:
 
 
 def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state_spec: dict, cap: int,
-               cap_key: str, key: str = "resume", start_rows: int = 0, partial=()) -> None:
+               cap_key: str, key: str = "resume", start_rows: int = 0, partial=(), step_name: str = "iteration") -> None:
     """Check a format-5 checkpoint against the run that resumes it, naming what differs.
 
     Parameters
@@ -555,6 +385,8 @@ def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state
         History rows recorded before the first iteration.
     partial : tuple of str
         History keys (prefixes) that may hold fewer rows than the run (counters that appear later).
+    step_name : str
+        What an iteration is called (``"BCD iteration"``), for the messages.
 
     Raises
     ------
@@ -565,7 +397,7 @@ def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state
     """
     path = payload.get("path", "?")
     where = f"{key}: checkpoint {path!r}"
-    if payload.get("format") != RUN_FORMAT or payload.get("model") != model:
+    if payload.get("format") != FORMAT_VERSION or payload.get("model") != model:
         raise CheckpointError(f"{where} is a checkpoint of another model ({payload.get('model', 'ppdnmf')!r}); "
                               f"this run is {model!r}")
     diffs = [f"its {name} is {_shown(payload['settings'].get(name))}, this run's {_shown(settings.get(name))}"
@@ -579,14 +411,14 @@ def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state
                               "settings it was written with, or start afresh in another folder")
     done = payload["done"]
     if done > cap:
-        raise CheckpointError(f"{cap_key}: the checkpoint {path!r} has done {done} iterations, more than "
+        raise CheckpointError(f"{cap_key}: the checkpoint {path!r} has done {counted(done, step_name)}, more than "
                               f"{cap_key} = {cap}")
     _check_state(where, payload["state"], state_spec)
     for name, vals in payload["history"].items():
         n, want = _history_length(vals), done + start_rows
         if n != want and not (any(str(name).startswith(p) for p in partial) and n < want):
-            raise CheckpointError(f"{where}: {done} iterations done but its history holds {n} {name!r} entries "
-                                  "(damaged)")
+            raise CheckpointError(f"{where}: {counted(done, step_name)} done but its history holds {n} {name!r} "
+                                  "entries (damaged)")
 
 
 def _check_state(where: str, state: dict, spec: dict) -> None:
@@ -637,8 +469,7 @@ class Checkpointer:
     def write(self, snapshot: dict) -> str:
         """Write a payload (:func:`run_payload`) and prune the older files of this run (never
         another run's); returns the file's path."""
-        done = snapshot["done"] if "done" in snapshot else snapshot["bcd_done"]
-        name = os.path.join(self.folder, f"{_PREFIX}{done:06d}.pt")
+        name = os.path.join(self.folder, f"{_PREFIX}{snapshot['done']:06d}.pt")
         save_checkpoint(name, snapshot)
         full = os.path.abspath(name)
         self.written = [p for p in self.written if p != full] + [full]

@@ -159,7 +159,7 @@ def test_a_resume_refuses_changed_settings_and_inputs_by_name(tmp_path, change, 
 
 def test_a_cap_below_the_iterations_done_is_refused(tmp_path):
     drive(Toy(), max_iter=6, checkpoints=_plan(tmp_path))
-    with pytest.raises(CheckpointError, match=r"^max_iter: the checkpoint .* has done 6 iterations, more than "
+    with pytest.raises(CheckpointError, match=r"^max_iter: the checkpoint .* has done 6 toy iterations, more than "
                                               r"max_iter = 4"):
         drive(Toy(), max_iter=4, checkpoints=_plan(tmp_path, resume=True))
     out = drive(Toy(), max_iter=6, checkpoints=_plan(tmp_path, resume=True))  # the same cap: nothing to do

@@ -120,7 +120,7 @@ class Checkpoints:
             try:
                 verify_run(payload, model=model.name, settings=self._settings, inputs=self._inputs,
                            state_spec=model.state_spec(), cap=cap, cap_key=model.cap_key, key=self.resume_key,
-                           start_rows=model.start_rows, partial=model.partial_keys)
+                           start_rows=model.start_rows, partial=model.partial_keys, step_name=model.step_name)
             except CheckpointError as exc:
                 if ranks is None:
                     raise

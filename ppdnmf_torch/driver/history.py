@@ -18,10 +18,16 @@ class History(dict):
         super().__init__(*args, **kwargs)
         self.packer = HistoryPacker()
 
-    def append(self, row: dict) -> None:
-        """One row: each value appended to its key's list (a key may start late)."""
+    def append(self, row: dict, pad=()) -> None:
+        """One row: each value appended to its key's list. A key that starts late (a counter that a
+        resumed run's exchange adds) gets NaN for the earlier rows when it starts with one of the
+        prefixes ``pad``, so that rows stay aligned; otherwise its list is just shorter."""
+        rows = max((len(vals) for vals in self.values()), default=0)
         for key, value in row.items():
-            self.setdefault(key, []).append(value)
+            vals = self.setdefault(key, [])
+            if len(vals) < rows and any(key.startswith(p) for p in pad):
+                vals.extend([float("nan")] * (rows - len(vals)))
+            vals.append(value)
 
     def lengths(self) -> dict:
         return {key: len(vals) for key, vals in self.items()}

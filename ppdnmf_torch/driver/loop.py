@@ -164,7 +164,7 @@ def _loop(model, start: Start, max_iter, tol, callback, checkpoints, ledgers, ra
         while done < max_iter and not converged and not stopped:
             k = done + 1
             row = model.step(k, clock)
-            history.append(row)
+            history.append(row, pad=model.partial_keys)
             conv = bool(model.converged(k, row))
             done = k
             good = _good_point(model, done, history, ledgers, clock, conv, keep)
