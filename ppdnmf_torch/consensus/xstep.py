@@ -26,17 +26,22 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ConsensusVars", "consensus_admm", "draw_penalties", "neighbour_sums", "carry_duals"]
+__all__ = ["ConsensusVars", "consensus_admm", "draw_penalties", "penalty_sums", "neighbour_sums", "carry_duals"]
+
+
+def penalty_sums(exchange, g: torch.Tensor, *, bcd_iter: int, admm_iter: int, shape, dtype) -> torch.Tensor:
+    """The second half of step 1: each agent's ``rho_i = sum_j rho_ij`` of the draws ``g (2E,)`` as it
+    obtains it from the exchange, ``(*shape, 1, 1)`` in ``dtype``."""
+    return exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=admm_iter).to(dtype).view(*shape, 1, 1)
 
 
 def draw_penalties(sampler, exchange, g: torch.Tensor, m: int, *, bcd_iter: int, shape, dtype,
                    active_edges=None) -> tuple:
     """Step 1 of ADMM iteration ``m`` (0-based): the draws ``g (2E,)`` from the last ones and the
-    sums ``rho_i`` as each agent obtains them, ``(*shape, 1, 1)`` in ``dtype``. Edges whose source
-    has stopped (``active_edges`` False) keep their draw (:meth:`~ppdnmf_torch.penalties.PenaltySampler.step`)."""
+    sums ``rho_i`` (:func:`penalty_sums`). Edges whose source has stopped (``active_edges`` False)
+    keep their draw (:meth:`~ppdnmf_torch.penalties.PenaltySampler.step`)."""
     g = sampler.step(g, m, active_edges)
-    rho = exchange.penalty_sums(g, bcd_iter=bcd_iter, admm_iter=m + 1)
-    return g, rho.to(dtype).view(*shape, 1, 1)
+    return g, penalty_sums(exchange, g, bcd_iter=bcd_iter, admm_iter=m + 1, shape=shape, dtype=dtype)
 
 
 def neighbour_sums(exchange, U: torch.Tensor, g: torch.Tensor, *, bcd_iter: int, admm_iter: int,
