@@ -304,3 +304,33 @@ def test_degree_one_warning_names_the_agents_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_degree_one(make_exchange("plain"), [star(4)])  # plain sends the values anyway
+
+
+def test_the_consensus_x_step_agrees_on_the_average():
+    """consensus/xstep.consensus_admm with a quadratic local solve (f_i(z) = 1/2 ||z - a_i||^2,
+    Shi et al.'s weights as FSSPCA's serverless step has them) on a ring: every agent's copy
+    reaches the agents' mean; with the nonnegative split, X = max(0, U + P) stays >= 0."""
+    from ppdnmf_torch.consensus.xstep import ConsensusVars, consensus_admm
+    from ppdnmf_torch.exchange import make_exchange
+    from ppdnmf_torch.graph import Topology, ring
+    from ppdnmf_torch.penalties import PenaltySampler
+
+    T, N = 1, 5
+    topo = Topology.from_graphs([ring(N)])
+    exch = make_exchange("plain")
+    exch.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
+    sampler = PenaltySampler(torch.full((N,), 0.7, dtype=torch.float64), topo.src, [topo.n_directed_edges], [0],
+                             "random", 400, shared=True)
+    a = torch.randn((T, N, 3, 2), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def local(U, X, P, Q, Q_prev, rho):
+        return (a + 2 * rho * U + 2 * Q - Q_prev) / (1 + 2 * rho)
+
+    zeros = torch.zeros_like(a)
+    v = consensus_admm(ConsensusVars(U=zeros.clone(), Q=zeros.clone(), Q_prev=zeros.clone(), g=sampler.initial()),
+                       local, sampler, exch, n_iters=400, bcd_iter=1)
+    assert float((v.U - a.mean(1, keepdim=True)).abs().max()) < 1e-6
+    split = consensus_admm(ConsensusVars(U=a.clone(), Q=zeros.clone(), Q_prev=zeros.clone(), g=sampler.initial(),
+                                         X=zeros.clone(), P=zeros.clone()), local, sampler, exch, n_iters=5,
+                           bcd_iter=2)
+    assert bool((split.X >= 0).all()) and torch.equal(split.X, (split.U + split.P).clamp_min(0.0))
