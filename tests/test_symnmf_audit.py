@@ -216,7 +216,7 @@ def test_the_audit_on_digits_counts():
     20 x 10 iterations: degree-2 exact recoveries only under the paper's random draws, every pair
     at least once; 0 under equal weights; from the common start the first message inverts to
     X_j's columns and the sum to most neighbours, from the private start neither."""
-    from ppdnmf_torch.models.symnmf.experiments import load_digits_samples
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples
 
     M, _ = load_digits_samples()
     sel = np.sort(np.random.default_rng(0).choice(len(M), 200, replace=False))

@@ -52,25 +52,23 @@ The global mean for centring is agreed the same way, once, before the first ADMM
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive, warn_degree_one
-from ...errors import ConfigError, ConvergenceWarning, DegreeOneWarning
+from ...errors import ConfigError
 from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
+from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, prepare_problem
 from .manifold import qf
-from .serverless_run import ServerlessRun, admm_local_step, laplacian_eps, laplacian_step
+from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "compare_with_server", "CONSENSUS_METHODS",
-           "SERVERLESS_DEFAULTS", "spiked_setup", "serverless_table"]
+__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS"]
 
 CONSENSUS_METHODS = ("admm", "laplacian")
 #: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
@@ -310,77 +308,3 @@ def agreed_centring(blocks, exch, graph, T, g_cap, iters):
     err = torch.linalg.vector_norm(mean - exact, dim=-1).amax(-1) / torch.linalg.vector_norm(exact).clamp_min(1e-300)
     start = dict(calls=iters, bytes=float(iters * 2 * graph.n_edges * (d + 1) * x.element_size()), mean_error=err)
     return admm.FSSPCAProblem(C, q, n.expand(T, K)), start
-
-
-def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
-                        exchange_options=None, serverless_options=None, at_iteration=50, **kwargs):
-    """The serverless variant against the server version (:func:`.fit.fit_fsspca`, plain upload) on
-    the same problem and start, per number of inner consensus iterations; ``kwargs`` go to both,
-    ``serverless_options`` (``g_cap``, ``penalty_mode``, ``center_iters``) to the serverless runs.
-
-    Returns
-    -------
-    list of dict, one per ``inner`` value: ``max_z_distance`` (the largest ``||z_i - z||`` of a
-    worker's ``z_i`` to the server's ``z`` at the end of both runs), ``max_sine`` (principal-angle
-    sine between ``qf`` of the mean ``z_i`` and the server's loadings), ``n_iter``,
-    ``server_n_iter``, ``z_distance_at`` (the largest ``||z_i - z||`` after ``at_iteration``
-    iterations of both, ``tol=0``), ``bytes`` (trial 0, all directed edges), ``server_bytes``
-    (the plain uploads and downloads of ``z``: ``2 K d r`` floats per iteration); per trial
-    where a list.
-    """
-    def distance(res, server):
-        return torch.linalg.matrix_norm(res.z - server.z[:, None]).amax(1)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        warnings.simplefilter("ignore", DegreeOneWarning)
-        server = fit_fsspca(data, n_components, **kwargs)
-        fixed = dict(kwargs, max_iter=at_iteration, tol=0)
-        server_at = fit_fsspca(data, n_components, **fixed)
-        out = []
-        for m in inner:
-            opts = dict(serverless_options or {}, consensus=consensus, inner_iters=m, exchange=exchange,
-                        exchange_options=exchange_options)
-            res = fit_serverless(data, n_components, graph, **opts, **kwargs)
-            res_at = fit_serverless(data, n_components, graph, **opts, **fixed)
-            s = torch.linalg.svdvals(server.components.mT @ res.components).amin(-1)
-            K, d, r = res.z.shape[1:]
-            out.append(dict(consensus=consensus, inner_iters=m, max_z_distance=distance(res, server).tolist(),
-                            max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist(), n_iter=res.n_iter.tolist(),
-                            server_n_iter=server.n_iter.tolist(), z_distance_at=distance(res_at, server_at).tolist(),
-                            at_iteration=at_iteration, bytes=res.bytes, costs=res.costs,
-                            mean_error=None if res.mean_error is None else res.mean_error.tolist(),
-                            server_bytes=float(2 * K * d * r * server.z.element_size() * int(server.n_iter[0]))))
-    return out
-
-
-def spiked_setup(n_workers=8, seed=0):
-    """The problem of docs/RESULTS.md's "Without a server": the spiked model (``n = 800``,
-    ``d = 30``, ``r = 2``, support 5) dealt IID over ``n_workers`` workers, and two graphs of them, a
-    ring and a random connected graph (average degree 3, ``seed``); ``(X, groups, {name: Graph})``."""
-    from ...graph import random_connected, ring
-    from .data import spiked_covariance, split_rows
-
-    sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=seed)
-    groups = split_rows("iid", n_workers, n=len(sp.X), seed=seed)
-    return sp.X, groups, {"ring": ring(n_workers), "random": random_connected(n_workers, 3.0, seed=seed)}
-
-
-def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHODS, graphs=("ring", "random"),
-                     alpha=200.0, seed=0, max_iter=300, exchange="plain", exchange_options=None):
-    """docs/RESULTS.md's "Without a server": rows of :func:`compare_with_server` on
-    :func:`spiked_setup`'s problem per graph, consensus method and inner iteration count, with
-    the graph's name (trial 0's numbers; ``estimated_paillier_seconds`` from the exchange's cost
-    model, None without one)."""
-    X, groups, made = spiked_setup(n_workers, seed)
-    rows = []
-    for name in graphs:
-        for method in methods:
-            for row in compare_with_server(X, 2, made[name], inner, consensus=method, exchange=exchange,
-                                           exchange_options=exchange_options, groups=groups, alpha=alpha,
-                                           max_iter=max_iter, tol=1e-6, seed=seed):
-                costs = row.pop("costs")
-                rows.append(dict(graph=f"{name}({n_workers})", **{k: (v[0] if isinstance(v, list) else v)
-                                                                   for k, v in row.items()},
-                                 estimated_paillier_seconds=costs.get("estimated_seconds")))
-    return rows
