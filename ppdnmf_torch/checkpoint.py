@@ -366,7 +366,8 @@ def _shown(value) -> str:
 
 
 def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state_spec: dict, cap: int,
-               cap_key: str, key: str = "resume", start_rows: int = 0, partial=(), step_name: str = "iteration") -> None:
+               cap_key: str, key: str = "resume", start_rows: int = 0, partial=(),
+               step_name: str = "iteration") -> None:
     """Check a format-5 checkpoint against the run that resumes it, naming what differs.
 
     Parameters
@@ -426,7 +427,8 @@ def _check_state(where: str, state: dict, spec: dict) -> None:
     missing, extra = sorted(required - set(state)), sorted(set(state) - set(spec))
     if missing or extra:
         raise CheckpointError(f"{where}: its state tensors differ from the model's"
-                              + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
+                              + (f"; missing {missing}" if missing else "")
+                              + (f"; unexpected {extra}" if extra else ""))
     for name, t in state.items():
         shape, dtype, _ = spec[name]
         if shape is not None and tuple(t.shape) != tuple(shape):

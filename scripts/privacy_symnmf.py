@@ -177,7 +177,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ppdnmf_torch.models.symnmf.audit import paillier_scan, run_symnmf_audit
+    from ppdnmf_torch.models.symnmf.audit_report import paillier_scan, run_symnmf_audit
     from ppdnmf_torch.models.symnmf.estimator import scaled_start
     from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 

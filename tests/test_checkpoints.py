@@ -129,7 +129,8 @@ def test_a_resume_refuses_a_changed_setting_by_name_and_a_lower_cap(model, tmp_p
 def test_a_fresh_run_never_takes_over_another_runs_folder(model, tmp_path):
     _fit(model, tmp_path, max_iter=3)
     before = {f: open(f, "rb").read() for f in checkpoint_files(tmp_path)}
-    with pytest.raises(CheckpointError, match=r"^checkpoint_dir: .* holds the checkpoints of another run .*resume=True"):
+    with pytest.raises(CheckpointError, match=r"^checkpoint_dir: .* holds the checkpoints of another run .*"
+                                              r"resume=True"):
         _fit(model, tmp_path)
     assert {f: open(f, "rb").read() for f in checkpoint_files(tmp_path)} == before
     with FolderLock(tmp_path / "busy"):  # a run writing there: refused, not killed

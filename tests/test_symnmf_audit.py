@@ -21,12 +21,11 @@ from ppdnmf_torch.models.symnmf.audit import (
     first_call_errors,
     first_call_gram_errors,
     first_call_sum_errors,
-    paillier_scan,
     private_start_gram,
     record_symnmf_agents,
-    run_symnmf_audit,
     true_starts,
 )
+from ppdnmf_torch.models.symnmf.audit_report import paillier_scan, run_symnmf_audit
 from ppdnmf_torch.models.symnmf.estimator import scaled_start
 from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 

@@ -17,7 +17,8 @@ __all__ = ["compare_with_server", "spiked_setup", "serverless_table", "audit_run
 
 def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
                         exchange_options=None, serverless_options=None, at_iteration=50, **kwargs):
-    """The serverless variant against the server version (:func:`~ppdnmf_torch.models.fsspca.fit.fit_fsspca`, plain upload) on
+    """The serverless variant against the server version
+    (:func:`~ppdnmf_torch.models.fsspca.fit.fit_fsspca`, plain upload) on
     the same problem and start, per number of inner consensus iterations; ``kwargs`` go to both,
     ``serverless_options`` (``g_cap``, ``penalty_mode``, ``center_iters``) to the serverless runs.
 

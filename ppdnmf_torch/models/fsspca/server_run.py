@@ -91,7 +91,8 @@ class ServerRun(LoopModel):
         return bool(callback(IterationInfo(k, self._values, self.active.clone())))
 
     def not_converged(self, k: int, tol: float) -> str:
-        return f"FSSPCA: trials {torch.nonzero(~self.conv).flatten().tolist()} did not reach tol={tol} in {k} iterations"
+        bad = torch.nonzero(~self.conv).flatten().tolist()
+        return f"FSSPCA: trials {bad} did not reach tol={tol} in {k} iterations"
 
     # -- what a checkpoint holds ----------------------------------------------------------
     def state(self) -> dict:

@@ -6,5 +6,5 @@ from .objective import fitting_error, split_objective
 from .operator import Similarity, as_similarity
 from .result import SymNMFIteration, SymNMFResult
 
-__all__ = ["fit_symnmf", "METHODS", "SymNMFResult", "SymNMFIteration", "synthetic_similarity", "initial_factor", "Similarity", "as_similarity", "fitting_error",
-           "split_objective"]
+__all__ = ["fit_symnmf", "METHODS", "SymNMFResult", "SymNMFIteration", "synthetic_similarity", "initial_factor",
+           "Similarity", "as_similarity", "fitting_error", "split_objective"]

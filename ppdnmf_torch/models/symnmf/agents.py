@@ -51,7 +51,8 @@ v_i)``, ``n_max = 2^32`` by default); they differ from ``plain`` by the quantiza
 A fixed ``lambda`` (``penalty=float``) needs no sums.
 
 **Sparse ``X``**: agent ``i`` holds ``X[:, S_i]`` sparse; all agents' columns are two
-block-diagonal CSR matrices (:class:`~.agent_columns.SparseColumns`, :func:`~.agent_columns.agent_columns`), so each local
+block-diagonal CSR matrices (:class:`~.agent_columns.SparseColumns`,
+:func:`~.agent_columns.agent_columns`), so each local
 product is one sparse pass for every agent and trial, ``O(T nnz)`` memory; the metrics come
 from ``X U`` products (:mod:`.objective`), so ``X`` is never made dense. The iterates equal the
 dense path's to rounding.

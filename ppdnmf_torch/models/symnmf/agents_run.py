@@ -15,7 +15,8 @@ import torch
 
 from ...driver import LoopModel
 from ...metrics import consensus_error
-from .agent_steps import STATE_NAMES, AgentsState, lambda_from_sums, lambda_terms, own_rows, scatter_rows, x_step, y_step
+from .agent_steps import (STATE_NAMES, AgentsState, lambda_from_sums, lambda_terms, own_rows, scatter_rows, x_step,
+                          y_step)
 from .objective import fitting_error, gap_sq, split_objective
 
 __all__ = ["AgentsRun", "AgentsSetup", "HISTORY_KEYS"]

@@ -311,8 +311,8 @@ class BCDRun(LoopModel):
 
 
 def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
-            sampler: PenaltySampler | None = None, callback=None, checkpoints=None, agents: AgentReduction | None = None,
-            ranks=None, settings: dict | None = None):
+            sampler: PenaltySampler | None = None, callback=None, checkpoints=None,
+            agents: AgentReduction | None = None, ranks=None, settings: dict | None = None):
     """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems: the engine's driver
     over :class:`BCDRun`.
 
