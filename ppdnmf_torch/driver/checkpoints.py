@@ -130,7 +130,7 @@ class Checkpoints:
             ranks.write_partition(self.root)
         continued = payload["path"] if payload is not None else None
         if self.folder is not None:
-            self._lock = lock_checkpoint_dir(self.folder, continued, hint=self.hint)
+            self._lock_folder(continued, ranks)
             adopt = ()
             if continued is not None and os.path.dirname(os.path.abspath(continued)) == os.path.abspath(self.folder):
                 adopt = [f for f in checkpoint_files(self.folder) if checkpoint_iteration(f) <= payload["done"]]
@@ -144,6 +144,23 @@ class Checkpoints:
         return Start(done=payload["done"], history=History.unpacked(payload["history"], self.device),
                      elapsed=float(loop.get("elapsed", 0.0)), converged=bool(loop.get("converged", False)),
                      path=continued)
+
+    def _lock_folder(self, continued, ranks) -> None:
+        """Lock this process's folder; over ranks, every rank's outcome is agreed (a refused rank
+        stops every rank with its reason, and the others release their locks)."""
+        try:
+            self._lock = lock_checkpoint_dir(self.folder, continued, hint=self.hint)
+            why = None
+        except CheckpointError as exc:
+            if ranks is None:
+                raise
+            why = str(exc)
+        if ranks is not None:
+            try:
+                ranks.agree(why)
+            except CheckpointError:
+                self.close()
+                raise
 
     def _resume_payload(self, ranks):
         """The checkpoint to continue (None: a fresh start), its file readable and whole."""

@@ -62,11 +62,12 @@ class RankCoordinator:
         return self.comm.all_gather_object(obj, category="setup", what=what)
 
     def agree(self, why: str | None, error=CheckpointError) -> None:
-        """Every rank's check: the first failing rank's reason raised on every rank, or nothing."""
+        """Every rank's check: the first failing rank's reason (its message, the rank named at its
+        end) raised on every rank, or nothing."""
         whys = self.gather(why, "the checkpoints' checks")
         bad = [(q, w) for q, w in enumerate(whys) if w is not None]
         if bad:
-            raise error(f"rank {bad[0][0]}: {bad[0][1]}")
+            raise error(f"{bad[0][1]} (on rank {bad[0][0]})")
 
     def check_partition(self, root, key: str) -> None:
         """Refuse (on every rank) checkpoints written by another world size or partition."""
