@@ -1,22 +1,27 @@
-"""Crash-safe checkpoints of a run, and resuming from them.
+"""Crash-safe checkpoints of a run, one format for every model, and resuming from them.
 
-A checkpoint holds everything the run needs to continue bit for bit: every state
-tensor, the penalty draws, every RNG state, the metric history so far and the exchange's
-cumulative cost counters (plain numbers), plus a fingerprint of the problem and the
-parameters so that a checkpoint is never resumed into a different run. It never holds key material: exchanges are rebuilt on resume
-(a resumed Paillier run makes new keys, and its numbers do not change, because the
-Paillier exchange is bit-identical to the emulated one).
+A checkpoint holds everything a run needs to continue bit for bit: the model's state tensors,
+its random generators' states, the history so far (packed, :class:`HistoryPacker`), the cost
+ledgers (plain numbers) and the run's bookkeeping, with the run's settings and a digest of each
+of its inputs, so that a checkpoint is never resumed into a different run and the refusal names
+what differs (:func:`verify_run`). It never holds key material, mask seeds or private values:
+exchanges and aggregations are rebuilt on resume (a resumed Paillier run makes new keys, and its
+numbers do not change, because the Paillier exchange is bit-identical to the emulated one).
 
-Writes are atomic: the file is written to a temporary name in the same folder,
-flushed to disk, then renamed over the final name, so a kill during a write leaves
-either the old checkpoint or the new one, never a torn file.
+Writes are atomic (:func:`write_atomically`): the file is written to a temporary name in the
+same folder, flushed to disk, then renamed over the final name, so a kill during a write leaves
+either the old checkpoint or the new one, never a torn file, and a failed write (a full disk)
+leaves no temporary file and raises the ``OSError`` of the write, naming the file.
 
-Reads are verified (:func:`check_payload`): every state tensor, the sampler's RNG states,
-the history and the run's bookkeeping carry a SHA-256 of their content, checked on load, and
-the key set, shapes and dtypes of the state, and the length of the history against
-``bcd_done``, are checked against the run that resumes; any difference is a
-:class:`CheckpointError` that names it. A :class:`Checkpointer` prunes only the files it
-wrote (or adopted when resuming), never another run's.
+Reads are verified (:func:`load_checkpoint`): every state tensor, the generators' states, the
+history and the bookkeeping carry a SHA-256 of their content, checked on load; a file that
+cannot be read (emptied, truncated, random bytes) or whose content does not match its hashes
+is one :class:`CheckpointError` line naming the file. A :class:`Checkpointer` keeps the newest
+few files (default 2) and prunes only those it wrote (or adopted when resuming), never another
+run's. Files are named ``ckpt_bcd<iterations done:06d>.pt`` for every model (:data:`PREFIX`;
+PPDNMF's BCD iterations gave the name), so one guard knows every run's files.
+
+:mod:`ppdnmf_torch.driver` writes and resumes them for every model's loop.
 """
 from __future__ import annotations
 
@@ -25,46 +30,29 @@ import io
 import hashlib
 import os
 import tempfile
-from dataclasses import asdict
 
 import torch
 
-from ._utils import PPDNMFError
+from ._utils import PPDNMFError, counted
 
-__all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "fingerprint", "latest_checkpoint", "load_checkpoint",
-           "save_checkpoint", "write_atomically", "good_point", "snapshot", "check_payload",
-           "checkpoint_iteration", "checkpoint_files", "PREFIX"]
+__all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "latest_checkpoint", "load_checkpoint",
+           "save_checkpoint", "write_atomically", "checkpoint_iteration", "checkpoint_files", "PREFIX", "run_payload",
+           "verify_run", "digest", "FORMAT_VERSION"]
 
 #: 2: the solver's U-update changed its rounding (one eigendecomposition per X-step), so a
 #: format-1 checkpoint could no longer be continued bit for bit; 3: content hashes, and the
 #: fingerprint leaves out ``bcd_iters`` (a resumed run may run longer); 4: each history key
 #: packed into one tensor (:class:`HistoryPacker`), so that a write costs the same at every
-#: point of a long run. Format 3 is still read.
-FORMAT_VERSION = 4
-_READABLE_FORMATS = (3, 4)
+#: point of a long run; 5: one format for every model (:mod:`ppdnmf_torch.driver`), settings and
+#: inputs compared by name. Only this format is read.
+FORMAT_VERSION = 5
 _PREFIX = "ckpt_bcd"
-#: checkpoint files are named ``<PREFIX><bcd_done:06d>.pt``
+#: checkpoint files are named ``<PREFIX><iterations done:06d>.pt``
 PREFIX = _PREFIX
-#: solver parameters that do not change the numbers of the iterations already done: a
-#: checkpoint resumes into a run that differs from its own only in these
-_RESUMABLE_PARAMS = ("bcd_iters",)
 
 
 class CheckpointError(PPDNMFError):
     """A checkpoint is missing, unreadable, or belongs to a different run."""
-
-
-def good_point(state, sampler, history: dict, keep: bool = True, exchange=None) -> dict:
-    """The last consistent point of a run: a copy of the state's tensors (``keep``; the solver's
-    workspace reuses the state's buffers in later iterations), the RNG states, the history's
-    length and the exchange's cumulative cost counters (plain numbers, no key material)."""
-    return {
-        "tensors": {k: v.clone() for k, v in state.tensors().items()} if keep else {},
-        "bcd_done": state.bcd_done,
-        "sampler": sampler.state_dict(),
-        "hist_len": {k: len(v) for k, v in history.items()},
-        "exchange_costs": (getattr(exchange, "cost_state", dict)() if keep and exchange is not None else {}),
-    }
 
 
 class HistoryPacker:
@@ -129,7 +117,7 @@ def _kind_of(vals, like=None) -> str:
 
 
 def unpack_history(history: dict) -> dict:
-    """The history lists of a checkpoint's (packed, format 4; or plain, format 3) history."""
+    """The history lists of a checkpoint's packed history (:class:`HistoryPacker`)."""
     out = {}
     for key, vals in history.items():
         if isinstance(vals, dict) and "floats" in vals:
@@ -145,24 +133,6 @@ def _history_length(vals) -> int:
     if isinstance(vals, dict) and len(vals) == 1 and next(iter(vals)) in ("floats", "stack"):
         return int(next(iter(vals.values())).shape[0])
     return len(vals)
-
-
-def snapshot(good: dict, history: dict, fp: str, packer: HistoryPacker | None = None) -> dict:
-    """The checkpoint payload of a :func:`good_point` (on the CPU): what :class:`Checkpointer`
-    writes and :func:`load_checkpoint` reads back. With the run's ``packer`` (its
-    :class:`Checkpointer`'s), only the history entries new since the last write are packed."""
-    hist = (packer or HistoryPacker()).pack(history, good["hist_len"])
-    payload = {
-        "format": FORMAT_VERSION,
-        "bcd_done": int(good["bcd_done"]),
-        "state": {k: v.detach().to("cpu").clone() for k, v in good["tensors"].items()},
-        "sampler": good["sampler"],
-        "history": hist,
-        "exchange_costs": good.get("exchange_costs", {}),
-        "fingerprint": fp,
-    }
-    payload["hashes"] = _content_hashes(payload)
-    return payload
 
 
 # --------------------------------------------------------------------------------------
@@ -195,137 +165,6 @@ def _digest(value) -> str:
     h = hashlib.sha256()
     _feed(h, value)
     return h.hexdigest()
-
-
-def _content_hashes(payload: dict) -> dict:
-    """SHA-256 of every state tensor, of the sampler's RNG states, of the history and of the
-    bookkeeping (``bcd_done``, the exchange's counters, the fingerprint)."""
-    return {
-        "state": {k: _digest(v) for k, v in payload["state"].items()},
-        "sampler": _digest(payload["sampler"]),
-        "history": _digest(payload["history"]),
-        "meta": _digest([payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]]),
-    }
-
-
-def _expected_state(problem, params) -> dict:
-    """``{name: (shape, dtype)}`` of the solver state of ``problem`` under ``params``
-    (the adaptive and agreed penalty schedules add each agent's caps and ``mu_i``)."""
-    T, N, L, M = problem.Z.shape
-    dt, rank = problem.Z.dtype, params.rank
-    xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
-    out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
-           "g": ((int(problem.topology.n_directed_edges),), torch.float64)}
-    if getattr(params, "penalty_schedule", "paper") != "paper":
-        out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
-    if getattr(params, "x_solver", "admm") != "admm":  # the token's state; its walk's length is the run's own
-        out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
-    return out
-
-
-def check_payload(payload: dict, problem, params) -> None:
-    """Verify a loaded checkpoint against its hashes and against the run that resumes it.
-
-    Parameters
-    ----------
-    payload : dict
-        From :func:`load_checkpoint`.
-    problem : Problem
-        The resuming run's problem (``Z (T, N, L, M_max)``, its topology).
-    params : SolverParams
-        The resuming run's parameters (``rank``, ``bcd_iters``).
-
-    Raises
-    ------
-    CheckpointError
-        Naming what differs: a part whose content does not match its hash (a changed or
-        damaged file), a missing or unexpected state tensor, a shape or dtype, or a history
-        whose length does not match ``bcd_done``.
-    """
-    where = f"resume_from: checkpoint {payload.get('path', '?')!r}"
-    hashes = payload.get("hashes")
-    if not isinstance(hashes, dict):
-        raise CheckpointError(f"{where} has no content hashes; it cannot be verified")
-    for key in ("state", "sampler", "history", "bcd_done", "exchange_costs", "fingerprint"):
-        if key not in payload:
-            raise CheckpointError(f"{where} lacks its {key!r} entry")
-    state = payload["state"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{where}: its state is not a set of tensors")
-    expected = _expected_state(problem, params)
-    names = set(state) - {"frozen"}
-    if names != set(expected):
-        missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
-        raise CheckpointError(f"{where}: its state tensors differ from the solver's"
-                              + (f"; missing {missing}" if missing else "") + (f"; unexpected {extra}" if extra else ""))
-    if set(hashes.get("state", {})) != set(state):
-        raise CheckpointError(f"{where}: the state tensors {sorted(state)} do not match the hashed set "
-                              f"{sorted(hashes.get('state', {}))}")
-    for name, t in state.items():
-        if _digest(t) != hashes["state"][name]:
-            raise CheckpointError(f"{where}: the content of state tensor {name!r} does not match its hash "
-                                  "(the file was changed or damaged)")
-    for part, value in (("sampler", payload["sampler"]), ("history", payload["history"]),
-                        ("meta", [payload["bcd_done"], payload["exchange_costs"], payload["fingerprint"]])):
-        if _digest(value) != hashes.get(part):
-            what = {"meta": "bcd_done, the exchange's counters or the fingerprint"}.get(part, f"the {part}")
-            raise CheckpointError(f"{where}: {what} do not match the hash (the file was changed or damaged)")
-    for name, (shape, dtype) in expected.items():
-        t = state[name]
-        if shape is not None and tuple(t.shape) != shape:
-            raise CheckpointError(f"{where}: state tensor {name!r} has shape {tuple(t.shape)}, the run needs {shape}")
-        if t.dtype != dtype:
-            raise CheckpointError(f"{where}: state tensor {name!r} holds {t.dtype}, the run asks for {dtype}")
-    if "frozen" in state and tuple(state["frozen"].shape) != tuple(problem.Z.shape[:2]):
-        raise CheckpointError(f"{where}: state tensor 'frozen' has shape {tuple(state['frozen'].shape)}, "
-                              f"the run needs {tuple(problem.Z.shape[:2])}")
-    _check_history(where, payload, params)
-
-
-def _check_history(where: str, payload: dict, params) -> None:
-    done, hist = payload["bcd_done"], payload["history"]
-    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
-        raise CheckpointError(f"{where}: bcd_done is {done!r}, not a count of BCD iterations")
-    if not isinstance(hist, dict) or "nmse" not in hist and done > 0:
-        raise CheckpointError(f"{where}: its history has no 'nmse' entries")
-    for key, vals in hist.items():
-        n = _history_length(vals)
-        # a crypto_* counter that the checkpoint's segment did not log can be shorter
-        if n != done and not (str(key).startswith("crypto_") and n < done):
-            raise CheckpointError(f"{where}: bcd_done = {done} but its history holds {n} {key!r} entries")
-    if done > params.bcd_iters:
-        raise CheckpointError(f"bcd_iters: the checkpoint {payload.get('path', '?')!r} has done {done} BCD iterations, "
-                              f"more than bcd_iters = {params.bcd_iters}")
-
-
-def fingerprint(problem, params, exchange=None) -> str:
-    """SHA-256 over the data, the graphs, the caps, the seeds, the solver parameters and
-    the exchange's arithmetic (``plain``, or the integer codec's ``n_max`` and ``g_bits``:
-    ``quantized`` and ``paillier`` compute the same numbers, so either resumes the other)."""
-    h = hashlib.sha256()
-    codec = getattr(exchange, "codec", None)
-    h.update(repr(("codec", None if codec is None else (float(codec.n_max), int(codec.g_bits)))).encode())
-    for t in (problem.Z, problem.counts, problem.topology.src, problem.topology.dst, problem.caps):
-        t = t.detach().to("cpu").contiguous()
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.numpy().tobytes())
-    h.update(repr(list(problem.seeds)).encode())
-    items = {k: v for k, v in asdict(params).items() if k not in _RESUMABLE_PARAMS}
-    # settings added later are hashed only away from the paper's values, so that a checkpoint
-    # of a paper-settings run written before they existed still resumes
-    for key, value in _LATER_SETTINGS.items():
-        if items.get(key) == value:
-            items.pop(key)
-    if items.get("init") == "random":
-        h.update(repr(("init_seeds", list(problem.init_seeds))).encode())
-    h.update(repr(sorted(items.items())).encode())
-    return h.hexdigest()
-
-
-#: solver settings added after checkpoint format 2, with the value that reproduces the older runs
-_LATER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "x_solver": "admm",
-                   "x_rho": 0.1, "x_gamma_spread": 0.05, "x_sigma": 1e-3, "x_rounds": None, "x_start": None,
-                   "x_walk": "auto"}
 
 
 def write_atomically(path: str, write, *, binary: bool = True) -> str:
@@ -369,48 +208,238 @@ def checkpoint_files(folder) -> list:
     return sorted(glob.glob(os.path.join(os.fspath(folder), f"{_PREFIX}[0-9]*.pt")))
 
 
-def checkpoint_iteration(path) -> int:
-    """``bcd_done`` of a checkpoint file, from its name (``ckpt_bcd000021.pt`` -> 21)."""
+def checkpoint_iteration(path, key: str = "resume_from") -> int:
+    """The iterations done of a checkpoint file, from its name (``ckpt_bcd000021.pt`` -> 21)."""
     stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]
     digits = stem[len(_PREFIX):]
     if not stem.startswith(_PREFIX) or not digits.isdigit():
-        raise CheckpointError(f"resume_from: {os.fspath(path)!r} is not named like a checkpoint ({_PREFIX}<n>.pt)")
+        raise CheckpointError(f"{key}: {os.fspath(path)!r} is not named like a checkpoint ({_PREFIX}<n>.pt)")
     return int(digits)
 
 
-def latest_checkpoint(path: str) -> str:
-    """The newest checkpoint file in folder ``path`` (or ``path`` itself if it is a file)."""
+def latest_checkpoint(path, key: str = "resume_from") -> str:
+    """The newest checkpoint file in folder ``path`` (or its ``checkpoints`` subfolder), or ``path``
+    itself if it is a file."""
     path = os.fspath(path)
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):
-        raise CheckpointError(f"resume_from: {path!r} is neither a checkpoint file nor a folder")
+        raise CheckpointError(f"{key}: {path!r} is neither a checkpoint file nor a folder")
     files = checkpoint_files(path) or checkpoint_files(os.path.join(path, "checkpoints"))
     if not files:
-        raise CheckpointError(f"resume_from: no checkpoint ({_PREFIX}*.pt) in {path!r}")
+        raise CheckpointError(f"{key}: no checkpoint ({_PREFIX}*.pt) in {path!r}")
     return files[-1]
 
 
-def load_checkpoint(path: str) -> dict:
-    """Load the newest checkpoint at ``path`` (file or folder) onto the CPU."""
-    file = latest_checkpoint(path)
+def load_checkpoint(path, key: str = "resume_from") -> dict:
+    """The newest checkpoint at ``path`` (file or folder), on the CPU, its content checked against
+    its hashes (format 5); ``payload["path"]`` is the file read.
+
+    Raises
+    ------
+    CheckpointError
+        One line naming the file (and ``key``, the parameter that pointed at it) when it cannot
+        be read (emptied, truncated, random bytes), is not a checkpoint of this format, or its
+        content does not match its hashes (a flipped bit).
+    """
+    file = latest_checkpoint(path, key)
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a torn or foreign file: say which and why
-        raise CheckpointError(f"resume_from: cannot read checkpoint {file!r}: {exc}") from None
+    except Exception:  # noqa: BLE001 - torch's reasons (EOFError, UnpicklingError, zip errors) say less than this
+        raise CheckpointError(f"{key}: checkpoint {file!r} is damaged or not a checkpoint (it cannot be read: "
+                              "emptied, truncated or overwritten); remove it to resume from an older one, or start "
+                              "afresh") from None
     if not isinstance(payload, dict) or "format" not in payload:
-        raise CheckpointError(f"resume_from: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
-    if payload["format"] not in _READABLE_FORMATS:
+        raise CheckpointError(f"{key}: {file!r} is not a ppdnmf_torch checkpoint (format {FORMAT_VERSION})")
+    if payload["format"] != FORMAT_VERSION:
         raise CheckpointError(
-            f"resume_from: {file!r} was written by another version of ppdnmf_torch (checkpoint format "
-            f"{payload['format']!r}, this version reads {FORMAT_VERSION}); its run cannot be continued bit for bit"
-        )
+            f"{key}: {file!r} was written by another version of ppdnmf_torch (checkpoint format "
+            f"{payload['format']!r}, this version reads {FORMAT_VERSION}); its run cannot be continued bit for bit")
     payload["path"] = file
+    _check_integrity(payload, key)
     return payload
 
 
+# --------------------------------------------------------------------------------------
+# The payload: one format for every model (ppdnmf_torch.driver writes and reads it)
+# --------------------------------------------------------------------------------------
+
+#: the entries of a format-5 checkpoint besides ``format``, ``path`` and ``hashes``
+_RUN_KEYS = ("model", "done", "settings", "inputs", "state", "rng", "history", "ledgers", "extra")
+
+
+def digest(*parts) -> str:
+    """SHA-256 (hex) over tensors (their shape, dtype and bytes), numbers, strings, lists and
+    dicts: the digest of a run's input that a checkpoint holds instead of the input."""
+    h = hashlib.sha256()
+    for p in parts:
+        _feed(h, p)
+    return h.hexdigest()
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU, detached, holding its own storage only (a view would save its base)."""
+    t = t.detach().to("cpu")
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def run_payload(*, model: str, done: int, settings: dict, inputs: dict, state: dict, rng, history: dict,
+                ledgers: dict, extra: dict) -> dict:
+    """A format-5 checkpoint: what :class:`Checkpointer` writes and :func:`load_checkpoint` reads.
+
+    Parameters
+    ----------
+    model : str
+        The model's name (a checkpoint of another model is refused by it).
+    done : int
+        Iterations done.
+    settings : dict
+        The run's settings as plain values (compared by name on resume; no key or seed of a
+        secure exchange).
+    inputs : dict
+        ``{name: digest}`` of the run's inputs (:func:`digest`; compared by name on resume).
+    state : dict of Tensor
+        The model's state tensors (copied to the CPU).
+    rng
+        The random generators' states (plain values and tensors), or None.
+    history : dict
+        The packed history (:meth:`HistoryPacker.pack`).
+    ledgers : dict
+        ``{ledger: {counter: number}}``: the cost counters.
+    extra : dict
+        Plain bookkeeping (the clock, flags, counters of the model).
+    """
+    payload = {"format": FORMAT_VERSION, "model": str(model), "done": int(done), "settings": settings,
+               "inputs": inputs, "state": {k: _cpu(v) for k, v in state.items()}, "rng": rng, "history": history,
+               "ledgers": ledgers, "extra": extra}
+    payload["hashes"] = _run_hashes(payload)
+    return payload
+
+
+def _run_hashes(payload: dict) -> dict:
+    return {"state": {k: _digest(v) for k, v in payload["state"].items()}, "rng": _digest(payload["rng"]),
+            "history": _digest(payload["history"]),
+            "meta": _digest([payload[k] for k in ("model", "done", "settings", "inputs", "ledgers", "extra")])}
+
+
+def _check_integrity(payload: dict, key: str) -> None:
+    """A format-5 payload's structure and content against its hashes (before any run looks at it)."""
+    where = f"{key}: checkpoint {payload['path']!r}"
+    missing = [k for k in _RUN_KEYS + ("hashes",) if k not in payload]
+    if missing:
+        raise CheckpointError(f"{where} lacks its {missing[0]!r} entry (damaged)")
+    hashes, state = payload["hashes"], payload["state"]
+    if not isinstance(hashes, dict) or not isinstance(hashes.get("state"), dict):
+        raise CheckpointError(f"{where} has no content hashes; it cannot be verified")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{where}: its state is not a set of tensors (damaged)")
+    if set(hashes["state"]) != set(state):
+        raise CheckpointError(f"{where}: the state tensors {sorted(state)} do not match the hashed set "
+                              f"{sorted(hashes['state'])} (damaged)")
+    for name, t in state.items():
+        if _digest(t) != hashes["state"][name]:
+            raise CheckpointError(f"{where}: the content of state tensor {name!r} does not match its hash "
+                                  "(the file was changed or damaged)")
+    for part, value, what in (("rng", payload["rng"], "the random generators' states"),
+                              ("history", payload["history"], "the history"),
+                              ("meta", [payload[k] for k in ("model", "done", "settings", "inputs", "ledgers",
+                                                             "extra")], "the run's settings and counters")):
+        if _digest(value) != hashes.get(part):
+            raise CheckpointError(f"{where}: {what} do not match the hash (the file was changed or damaged)")
+    done = payload["done"]
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise CheckpointError(f"{where}: its iteration count is {done!r}, not a count (damaged)")
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that do not compare: by their digests
+        return _digest(a) == _digest(b)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def verify_run(payload: dict, *, model: str, settings: dict, inputs: dict, state_spec: dict, cap: int,
+               cap_key: str, key: str = "resume", start_rows: int = 0, partial=(),
+               step_name: str = "iteration") -> None:
+    """Check a format-5 checkpoint against the run that resumes it, naming what differs.
+
+    Parameters
+    ----------
+    payload : dict
+        From :func:`load_checkpoint`.
+    model : str
+    settings, inputs : dict
+        The resuming run's (as :func:`run_payload` takes them).
+    state_spec : dict
+        ``{name: (shape or None, dtype, optional)}`` of the model's state tensors.
+    cap : int
+        The resuming run's iteration cap (the one setting a resume may change); a checkpoint
+        with more iterations done is refused naming ``cap_key``.
+    start_rows : int
+        History rows recorded before the first iteration.
+    partial : tuple of str
+        History keys (prefixes) that may hold fewer rows than the run (counters that appear later).
+    step_name : str
+        What an iteration is called (``"BCD iteration"``), for the messages.
+
+    Raises
+    ------
+    CheckpointError
+        One line: another model, changed settings or inputs (by name, both values), a state
+        tensor missing, unexpected, or of another shape or dtype, a history of the wrong
+        length, or more iterations done than ``cap``.
+    """
+    path = payload.get("path", "?")
+    where = f"{key}: checkpoint {path!r}"
+    if payload.get("format") != FORMAT_VERSION or payload.get("model") != model:
+        raise CheckpointError(f"{where} is a checkpoint of another model ({payload.get('model', 'ppdnmf')!r}); "
+                              f"this run is {model!r}")
+    diffs = [f"its {name} is {_shown(payload['settings'].get(name))}, this run's {_shown(settings.get(name))}"
+             for name in sorted(set(settings) | set(payload["settings"]), key=str)
+             if not _same(payload["settings"].get(name), settings.get(name))]
+    diffs += [f"its {name} differ" for name in sorted(set(inputs) | set(payload["inputs"]), key=str)
+              if payload["inputs"].get(name) != inputs.get(name)]
+    if diffs:
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise CheckpointError(f"{where} belongs to a different run: {'; '.join(diffs[:3])}{more}; resume with the "
+                              "settings it was written with, or start afresh in another folder")
+    done = payload["done"]
+    if done > cap:
+        raise CheckpointError(f"{cap_key}: the checkpoint {path!r} has done {counted(done, step_name)}, more than "
+                              f"{cap_key} = {cap}")
+    _check_state(where, payload["state"], state_spec)
+    for name, vals in payload["history"].items():
+        n, want = _history_length(vals), done + start_rows
+        if n != want and not (any(str(name).startswith(p) for p in partial) and n < want):
+            raise CheckpointError(f"{where}: {counted(done, step_name)} done but its history holds {n} {name!r} "
+                                  "entries (damaged)")
+
+
+def _check_state(where: str, state: dict, spec: dict) -> None:
+    required = {k for k, (_, _, optional) in spec.items() if not optional}
+    missing, extra = sorted(required - set(state)), sorted(set(state) - set(spec))
+    if missing or extra:
+        raise CheckpointError(f"{where}: its state tensors differ from the model's"
+                              + (f"; missing {missing}" if missing else "")
+                              + (f"; unexpected {extra}" if extra else ""))
+    for name, t in state.items():
+        shape, dtype, _ = spec[name]
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise CheckpointError(f"{where}: state tensor {name!r} has shape {tuple(t.shape)}, the run needs "
+                                  f"{tuple(shape)}")
+        if t.dtype != dtype:
+            raise CheckpointError(f"{where}: state tensor {name!r} holds {t.dtype}, the run asks for {dtype}")
+
+
 class Checkpointer:
-    """Writes a checkpoint every ``every`` BCD iterations into ``folder``.
+    """Writes a checkpoint every ``every`` iterations into ``folder``, keeping the newest ``keep``.
 
     Parameters
     ----------
@@ -436,12 +465,13 @@ class Checkpointer:
         #: packs the run's history incrementally across its writes (:func:`snapshot`)
         self.packer = HistoryPacker()
 
-    def due(self, bcd_done: int) -> bool:
-        return self.every > 0 and bcd_done % self.every == 0
+    def due(self, done: int) -> bool:
+        return self.every > 0 and done % self.every == 0
 
     def write(self, snapshot: dict) -> str:
-        """Write a :func:`snapshot` and prune the older files of this run (never another run's)."""
-        name = os.path.join(self.folder, f"{_PREFIX}{snapshot['bcd_done']:06d}.pt")
+        """Write a payload (:func:`run_payload`) and prune the older files of this run (never
+        another run's); returns the file's path."""
+        name = os.path.join(self.folder, f"{_PREFIX}{snapshot['done']:06d}.pt")
         save_checkpoint(name, snapshot)
         full = os.path.abspath(name)
         self.written = [p for p in self.written if p != full] + [full]

@@ -1,75 +1,104 @@
 #!/usr/bin/env python
-"""Time one checkpoint write against the run's length (issue 31, item 2), side by side in
-one process: the format-3 history (Python lists of small tensors, every entry pickled at
-every write) against the packed one (:class:`~ppdnmf_torch.checkpoint.HistoryPacker`: one
-tensor per key, only the new entries packed at each write).
+"""Time one checkpoint write against the run's length, for every model (issue 44: a write must
+cost the same at iteration 2000 as at 500, within 5x), side by side in one process.
 
-The state and history have the default run's shapes (10 agents, L = 30, K = 5, 13 history
-keys: floats and per-trial tensors). Each ``N`` simulates a run that writes every 10 BCD
-iterations up to ``N`` and reports the mean time of its last writes and the total::
+Each model runs a small problem for ``N`` iterations with a checkpoint every ``--every``
+iterations (the engine's format: the state, and the history packed incrementally); the driver's
+writes (:meth:`ppdnmf_torch.driver.Checkpoints.write`) are timed, and the mean of the last five
+writes of each run is reported, with the ratio of the longest run's to the shortest's::
 
-    python scripts/bench_checkpoint.py --lengths 250 500 1000 2000 4000 --lists-up-to 1000
+    python scripts/bench_checkpoint.py --lengths 500 2000 --every 50
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+import warnings
 
+import numpy as np
 import torch
 
-from ppdnmf_torch.checkpoint import HistoryPacker, _content_hashes, save_checkpoint
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import ppdnmf_torch as pp  # noqa: E402
+from ppdnmf_torch.driver import checkpoints as driver_checkpoints  # noqa: E402
+from ppdnmf_torch.graph import ring  # noqa: E402
+from ppdnmf_torch.models.fsspca import fit_fsspca  # noqa: E402
+from ppdnmf_torch.models.fsspca.serverless import fit_serverless  # noqa: E402
+from ppdnmf_torch.models.symnmf import fit_symnmf  # noqa: E402
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents  # noqa: E402
 
 
-def _payload(state, hist, packer):
-    lengths = {k: len(v) for k, v in hist.items()}
-    if packer is None:  # format 3: every entry copied and pickled on its own
-        h = {k: [v.detach().cpu().clone() if isinstance(v, torch.Tensor) else float(v) for v in vals]
-             for k, vals in hist.items()}
-    else:
-        h = packer.pack(hist, lengths)
-    payload = {"format": 4, "bcd_done": lengths["nmse"], "state": {k: v.clone() for k, v in state.items()},
-               "sampler": {}, "history": h, "exchange_costs": {}, "fingerprint": ""}
-    payload["hashes"] = _content_hashes(payload)
-    return payload
+def _similarity(n=30, r=3):
+    gen = torch.Generator().manual_seed(0)
+    W = torch.rand((n, r), generator=gen, dtype=torch.float64)
+    X = W @ W.T
+    return X / torch.linalg.matrix_norm(X, ord=2)
 
 
-def run(n_iters: int, packed: bool, folder: str, every: int = 10):
-    state = {k: torch.rand(1, 10, 30, 5, dtype=torch.float64) for k in ("X", "U", "P", "Q", "Q_prev")}
-    state.update({k: torch.rand(1, 10, 5, 40, dtype=torch.float64) for k in ("Y", "V", "R")})
-    hist: dict = {}
-    packer = HistoryPacker() if packed else None
+def _blocks():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((20, 8)) for _ in range(4)]
+
+
+MODELS = {
+    "ppdnmf": lambda n, d, e: pp.fit(torch.rand(8, 40, generator=torch.Generator().manual_seed(0),
+                                                dtype=torch.float64), ring(4), 2, bcd_iters=n, x_iters=1, y_iters=1,
+                                     tol=0.0, device="cpu", checkpoint_dir=d, checkpoint_every=e),
+    "symnmf": lambda n, d, e: fit_symnmf(_similarity(), 3, max_iter=n, tol=0.0, device="cpu", checkpoint_dir=d,
+                                         checkpoint_every=e),
+    "symnmf_agents": lambda n, d, e: fit_symnmf_agents(_similarity(), 3, n_agents=4, x_iters=1, max_iter=n,
+                                                       start_seed=0, device="cpu", checkpoint_dir=d,
+                                                       checkpoint_every=e),
+    "fsspca": lambda n, d, e: fit_fsspca(_blocks(), 2, alpha=1.0, inner_steps=1, max_iter=n, tol=0.0,
+                                         checkpoint_dir=d, checkpoint_every=e),
+    "fsspca_serverless": lambda n, d, e: fit_serverless(_blocks(), 2, ring(4), inner_iters=1, inner_steps=1,
+                                                        alpha=1.0, max_iter=n, tol=0.0, checkpoint_dir=d,
+                                                        checkpoint_every=e),
+}
+
+
+def timed_writes(run, n: int, every: int) -> list:
+    """The durations of the run's checkpoint writes."""
     times = []
-    for n in range(1, n_iters + 1):
-        for k in ("nmse", "consensus", "nmse_worst", "objective", "x_primal", "x_dual", "y_primal", "y_dual"):
-            hist.setdefault(k, []).append(torch.rand(1, dtype=torch.float64))
-        for k in ("x_iters", "y_iters"):
-            hist.setdefault(k, []).append(torch.full((1, 10), 30, dtype=torch.int64))
-        for k in ("time_x", "time_y", "time_metrics"):
-            hist.setdefault(k, []).append(0.01 * n)
-        if n % every == 0:
-            t0 = time.perf_counter()
-            save_checkpoint(os.path.join(folder, "ckpt.pt"), _payload(state, hist, packer))
-            times.append(time.perf_counter() - t0)
-    return sum(times[-5:]) / 5, sum(times)
+    real = driver_checkpoints.Checkpoints.write
+
+    def write(self, good):
+        t0 = time.perf_counter()
+        out = real(self, good)
+        times.append(time.perf_counter() - t0)
+        return out
+
+    driver_checkpoints.Checkpoints.write = write
+    try:
+        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(n, folder, every)
+    finally:
+        driver_checkpoints.Checkpoints.write = real
+    return times
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[250, 500, 1000, 2000, 4000])
-    ap.add_argument("--lists-up-to", type=int, default=1000,
-                    help="time the format-3 lists only up to this length (their total grows with its square)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[500, 2000])
+    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--only", nargs="*", help="models to time (default: all)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        print(f"{'N':>6} {'lists: last write':>18} {'total':>9} {'packed: last write':>19} {'total':>9} {'ratio':>7}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    names = args.only or list(MODELS)
+    print(f"{'model':18s} " + " ".join(f"{f'N={n}: last write':>18s}" for n in args.lengths) + f" {'ratio':>7s}")
+    for name in names:
+        means = []
         for n in args.lengths:
-            pw, pt = run(n, True, folder)
-            if n > args.lists_up_to:
-                print(f"{n:>6} {'-':>18} {'-':>9} {pw * 1e3:>16.1f} ms {pt:>7.2f} s {'-':>7}")
-                continue
-            lw, lt = run(n, False, folder)
-            print(f"{n:>6} {lw * 1e3:>15.1f} ms {lt:>7.2f} s {pw * 1e3:>16.1f} ms {pt:>7.2f} s {lt / pt:>6.1f}x")
+            times = timed_writes(MODELS[name], n, args.every)
+            means.append(sum(times[-5:]) / len(times[-5:]))
+        cells = " ".join(f"{m * 1e3:>15.2f} ms" for m in means)
+        print(f"{name:18s} {cells} {means[-1] / means[0]:>6.2f}x", flush=True)
 
 
 if __name__ == "__main__":

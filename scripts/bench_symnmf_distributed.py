@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents  # noqa: E402
 from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed  # noqa: E402
 from ppdnmf_torch.models.symnmf.estimator import scaled_start  # noqa: E402
-from ppdnmf_torch.models.symnmf.experiments import load_digits_samples  # noqa: E402
+from ppdnmf_torch.models.symnmf.datasets import load_digits_samples  # noqa: E402
 from ppdnmf_torch.models.symnmf.similarity import similarity_matrix  # noqa: E402
 
 

@@ -170,7 +170,7 @@ def _fs_resumed():
         def stop(info):
             return info.iteration == 17
         _fs(checkpoint_dir=tmp, checkpoint_every=5, callback=stop)
-        return _fs(checkpoint_dir=tmp, checkpoint_every=5)
+        return _fs(checkpoint_dir=tmp, checkpoint_every=5, resume=True)
 
 
 def _sl(**kw):

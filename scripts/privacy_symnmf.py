@@ -47,7 +47,7 @@ def make_graph(name: str):
 def load_samples(data: str, n: int, orl: Path):
     import numpy as np
 
-    from ppdnmf_torch.models.symnmf.experiments import load_digits_samples, load_orl
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples, load_orl
 
     M, y = load_digits_samples() if data == "digits" else load_orl(orl)
     sel = np.sort(np.random.default_rng(0).choice(len(y), min(n, len(y)), replace=False))
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ppdnmf_torch.models.symnmf.audit import paillier_scan, run_symnmf_audit
+    from ppdnmf_torch.models.symnmf.audit_report import paillier_scan, run_symnmf_audit
     from ppdnmf_torch.models.symnmf.estimator import scaled_start
     from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 

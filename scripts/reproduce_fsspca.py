@@ -2,15 +2,24 @@
 (JSON) and figures (docs/figures/fsspca_*.png); docs/RESULTS.md reports them.
 
     python scripts/reproduce_fsspca.py --out runs/fsspca [--only support,workers] [--figures docs/figures]
+
+``serverless`` is the study of :mod:`studies.fsspca_serverless` (scripts/studies/).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from ppdnmf_torch.models.fsspca.experiments import EXPERIMENTS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ppdnmf_torch.models.fsspca.experiments import EXPERIMENTS as LIBRARY  # noqa: E402
+from studies.fsspca_serverless import serverless_table  # noqa: E402
+
+#: the library's experiments and the serverless study (the server version against it, spiked model)
+EXPERIMENTS = dict(LIBRARY, serverless=lambda: serverless_table(n_workers=8, alpha=200.0, seed=0, max_iter=300))
 
 
 def _figures(results, fig_dir: Path):

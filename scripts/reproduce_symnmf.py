@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ppdnmf_torch.models.symnmf import experiments as ex  # noqa: E402
+from ppdnmf_torch.models.symnmf.datasets import load_digits_samples, load_orl  # noqa: E402
+from studies import symnmf as ex  # noqa: E402
 
 LABELS = {"symanls": "SymANLS", "symhals": "SymHALS", "a_symhals": "A-SymHALS", "kuang": "Kuang (1.01)",
           "pgd": "PGD", "admm": "ADMM (Lu et al.)", "beta": "beta-SNMF", "tsvd": "tSVD (Huang et al.)"}
@@ -140,12 +142,12 @@ def _datasets(args):
     sets = []
     wanted = args.datasets.split(",")
     if "orl" in wanted and args.orl and Path(args.orl).exists():
-        M, y = ex.load_orl(args.orl)
+        M, y = load_orl(args.orl)
         sets.append(("ORL", M, y, 40))
     elif args.orl:
         print(f"ORL: {args.orl} not found, skipped", file=sys.stderr)
     if "digits" in wanted:
-        M, y = ex.load_digits_samples()
+        M, y = load_digits_samples()
         sets.append(("digits", M, y, 10))
     if args.quick:
         sets = [(name, M[:150], y[:150], int(len(np.unique(y[:150])))) for name, M, y, _ in sets]

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
     from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
     from ppdnmf_torch.models.symnmf.estimator import scaled_start
-    from ppdnmf_torch.models.symnmf.experiments import load_digits_samples
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples
     from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 
     n, iters, trials = (int(a) for a in (argv if argv is not None else sys.argv[1:]))

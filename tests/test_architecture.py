@@ -3,7 +3,8 @@
 Layers, lowest first (docs/ARCHITECTURE.md):
 
 * the **engine**, shared by every model: errors and helpers -> data, graph, penalties, metrics,
-  diagnostics -> checkpoint, exchange -> consensus, the model-free multi-process engine
+  diagnostics -> checkpoint, exchange -> consensus, the run driver (``driver``: every model's
+  iteration loop, checkpoints and resume), the model-free multi-process engine
   (``distributed``: transport, launcher, partition, costs, Paillier parties) and the privacy
   audit's recordings and attacks (``audit``);
 * the **models** (``models.<name>``, each with its solver, API, estimator, experiments, and
@@ -29,7 +30,7 @@ ENGINE = {
     "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "checkpoint": 2, "exchange": 2,
-    "consensus": 3,
+    "consensus": 3, "driver": 3,
     "distributed": 3, "audit": 3,
 }
 

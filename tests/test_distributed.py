@@ -573,7 +573,7 @@ def test_resume_on_the_same_ranks_is_bit_for_bit(tmp_path):
     _assert_same(outs[0].value, _reference(full))
     # another world size is refused, on every rank, with the same reason
     outs = _spawn(2, dict(case, stop_at=None, resume=True))
-    assert all("2 ranks" not in (o.error or "") and "3 ranks with another partition" in (o.error or "")
+    assert all("were written by 3 ranks with the owners" in (o.error or "") and "this run has 2 ranks" in (o.error or "")
                for o in outs), [o.error for o in outs]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ppdnmf_torch.checkpoint import CheckpointError
 from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DataError
 from ppdnmf_torch.models.fsspca import admm, fit_fsspca, manifold
 from ppdnmf_torch.models.fsspca.centring import centred_gram, global_mean, worker_sums
@@ -452,12 +453,14 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
         full = fit_fsspca(blocks, 2, max_iter=30, **kw)
         fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, checkpoint_every=10,
                    callback=lambda info: info.iteration == 12, **kw)
-        resumed = fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, **kw)
+        resumed = fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, resume=True, **kw)
     assert resumed.n_iter.tolist() == [30, 30]
     torch.testing.assert_close(resumed.z, full.z, rtol=0, atol=0)
     torch.testing.assert_close(resumed.history["objective"], full.history["objective"], rtol=0, atol=0)
-    with pytest.raises(ConfigError, match="checkpoint_dir"):
-        fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, alpha=1.0)
+    with pytest.raises(CheckpointError, match=r"^checkpoint_dir: .* holds the checkpoints of another run"):
+        fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, alpha=1.0)  # a fresh run: refused
+    with pytest.raises(CheckpointError, match=r"different run: its alpha is \[2.0, 6.0\], this run's \[1.0\]"):
+        fit_fsspca(blocks, 2, max_iter=30, checkpoint_dir=tmp_path, alpha=1.0, resume=True)
 
 
 def test_float32_runs_and_follows_the_input():

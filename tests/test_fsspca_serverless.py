@@ -11,8 +11,8 @@ import torch
 from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarning
 from ppdnmf_torch.graph import Graph, complete, ring
 from ppdnmf_torch.models.fsspca import admm, fit_fsspca
-from ppdnmf_torch.models.fsspca.serverless import (CONSENSUS_METHODS, admm_local_step, compare_with_server,
-                                                   fit_serverless, laplacian_step)
+from ppdnmf_torch.models.fsspca.serverless import CONSENSUS_METHODS, fit_serverless
+from ppdnmf_torch.models.fsspca.serverless_run import admm_local_step, laplacian_step
 
 
 def _blocks(K=4, d=6, seed=0):
@@ -172,6 +172,13 @@ def _quiet_conv(fn, *a, **kw):
 
 
 def test_compare_with_server_rows():
+    """The study in scripts/studies/fsspca_serverless.py (out of the library)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from studies.fsspca_serverless import compare_with_server
+
     rows = compare_with_server(_blocks(), 2, ring(4), inner=(1, 20), alpha=20.0, max_iter=8, tol=0, at_iteration=4)
     assert [r["inner_iters"] for r in rows] == [1, 20]
     assert rows[1]["max_z_distance"][0] < rows[0]["max_z_distance"][0]

@@ -119,7 +119,7 @@ def test_resume_is_bit_identical(tmp_path, solver):
     full = pp.fit(_blocks(), G5, 2, **kw)
     pp.fit(_blocks(), G5, 2, checkpoint_dir=tmp_path, checkpoint_every=1, callback=lambda i: i.iteration == 3, **kw)
     ck = load_checkpoint(str(tmp_path))
-    assert ck["bcd_done"] == 3 and {"inc_y", "inc_z", "inc_cycle"} <= set(ck["state"])
+    assert ck["done"] == 3 and {"inc_y", "inc_z", "inc_cycle"} <= set(ck["state"])
     resumed = pp.fit(_blocks(), G5, 2, resume_from=tmp_path, **kw)
     assert torch.equal(resumed.X, full.X) and torch.equal(resumed.U, full.U)
     assert all(torch.equal(x, y) for x, y in zip(resumed.Y, full.Y))

@@ -24,8 +24,8 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch import graph
-from ppdnmf_torch.checkpoint import (CheckpointError, Checkpointer, _content_hashes, checkpoint_files,
-                                     load_checkpoint, save_checkpoint)
+from ppdnmf_torch.checkpoint import (CheckpointError, Checkpointer, _run_hashes, checkpoint_files, load_checkpoint,
+                                     save_checkpoint)
 from ppdnmf_torch.models.ppdnmf.config import from_dict
 from ppdnmf_torch.errors import DataScaleWarning, DegenerateResultWarning
 from ppdnmf_torch.app.rundir import RunFolderError, RunFolderLock
@@ -95,7 +95,7 @@ def test_a_checkpointer_prunes_only_its_own_files(tmp_path):
         f.write_bytes(b"another run")
     ck = Checkpointer(str(tmp_path), every=1)
     for n in range(1, 5):
-        ck.write({"bcd_done": n, "state": {}})
+        ck.write({"done": n, "state": {}})
     names = sorted(p.name for p in tmp_path.glob("ckpt_bcd*.pt"))
     assert names == ["ckpt_bcd000003.pt", "ckpt_bcd000004.pt", "ckpt_bcd000020.pt", "ckpt_bcd000021.pt"]
     assert all(f.read_bytes() == b"another run" for f in foreign)
@@ -190,7 +190,7 @@ def _edit(folder, change, rehash=False):
     payload = torch.load(path, map_location="cpu", weights_only=True)
     change(payload)
     if rehash:  # a consistent file of another run's shape: the structural checks must catch it
-        payload["hashes"] = _content_hashes(payload)
+        payload["hashes"] = _run_hashes(payload)
     save_checkpoint(path, payload)
 
 
@@ -208,20 +208,24 @@ def test_a_flipped_byte_inside_a_tensor_is_refused(checkpointed):
 
 
 @pytest.mark.parametrize("change,rehash,match", [
-    (lambda p: p.update(bcd_done=100), False, r"bcd_done, the exchange's counters or the fingerprint do not match"),
-    (lambda p: p.update(bcd_done=100), True, r"bcd_done = 100 but its history holds 3 'nmse' entries"),
-    (lambda p: p.update(bcd_done=2), True, r"bcd_done = 2 but its history holds 3 'nmse' entries"),
-    # the history is packed, one tensor per key (checkpoint format 4): drop its last entry
+    (lambda p: p.update(done=5), False, r"the run's settings and counters do not match the hash"),
+    (lambda p: p.update(done=5), True, r"5 BCD iterations done but its history holds 3 'nmse' entries"),
+    (lambda p: p.update(done=2), True, r"2 BCD iterations done but its history holds 3 'nmse' entries"),
+    (lambda p: p.update(done=100), True, r"^bcd_iters: the checkpoint .* has done 100 BCD iterations, more than "
+                                         r"bcd_iters = 6"),
+    # the history is packed, one tensor per key: drop its last entry
     (lambda p: p["history"]["nmse"].update({k: v[:-1] for k, v in p["history"]["nmse"].items()}), False,
      r"the history do not match the hash"),
     (lambda p: p["history"]["nmse"].update({k: v[:-1] for k, v in p["history"]["nmse"].items()}), True,
-     r"bcd_done = 3 but its history holds 2 'nmse' entries"),
+     r"3 BCD iterations done but its history holds 2 'nmse' entries"),
     (lambda p: p["state"].update(X=p["state"]["X"][:, :, :5]), True, r"state tensor 'X' has shape \(1, 4, 5, 2\), "
                                                                       r"the run needs \(1, 4, 8, 2\)"),
     (lambda p: p["state"].update(X=p["state"]["X"].float()), True, r"state tensor 'X' holds torch.float32"),
-    (lambda p: p["state"].pop("V"), True, r"state tensors differ from the solver's; missing \['V'\]"),
-    (lambda p: p.pop("sampler"), False, r"lacks its 'sampler' entry"),
-    (lambda p: p.pop("hashes"), False, r"has no content hashes"),
+    (lambda p: p["state"].pop("V"), True, r"state tensors differ from the model's; missing \['V'\]"),
+    (lambda p: p["settings"].update(mu=0.5), True, r"belongs to a different run: its mu is 0.5, this run's 0.1"),
+    (lambda p: p.update(model="fsspca"), True, r"is a checkpoint of another model \('fsspca'\); this run is 'ppdnmf'"),
+    (lambda p: p.pop("rng"), False, r"lacks its 'rng' entry"),
+    (lambda p: p.pop("hashes"), False, r"lacks its 'hashes' entry"),
 ])
 def test_an_edited_checkpoint_is_refused_naming_what_differs(checkpointed, change, rehash, match):
     _edit(checkpointed[2], change, rehash)
@@ -610,7 +614,7 @@ def test_a_full_disk_mid_run_keeps_every_earlier_checkpoint(tiny_disk):
     assert err.value.errno == 28
     files = checkpoint_files(out / "checkpoints")
     assert [Path(f).name for f in files] == ["ckpt_bcd000002.pt", "ckpt_bcd000003.pt"]
-    assert load_checkpoint(out / "checkpoints")["bcd_done"] == 3  # whole, and verified on resume
+    assert load_checkpoint(out / "checkpoints")["done"] == 3  # whole, and verified on resume
     assert not list((out / "checkpoints").glob(".tmp_*"))
     (tiny_disk / "filler").unlink()
     summary = run(from_dict(_cfg()), out, resume_from=out / "checkpoints")

@@ -16,15 +16,8 @@ from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarnin
 from ppdnmf_torch.exchange import PlainExchange
 from ppdnmf_torch.graph import Graph, ring
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents as agents_fit
-from ppdnmf_torch.models.symnmf.agents import (
-    ADAPTIVE_LAMBDA0,
-    _State,
-    adaptive_lambda,
-    lambda_from_sums,
-    lambda_terms,
-    partition_nodes,
-    y_step,
-)
+from ppdnmf_torch.models.symnmf.agent_setup import ADAPTIVE_LAMBDA0, partition_nodes
+from ppdnmf_torch.models.symnmf.agent_steps import AgentsState, adaptive_lambda, lambda_from_sums, lambda_terms, y_step
 from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy
 from ppdnmf_torch.models.symnmf.estimator import scaled_start
 from ppdnmf_torch.models.symnmf.fit import fit_symnmf
@@ -71,7 +64,7 @@ def test_y_step_is_the_exact_block_minimizer():
     idx = partition_nodes(9, 2, [0])
     Z = torch.cat([X, X.new_zeros(9, 1)], 1)[:, idx].permute(1, 2, 0, 3)
     copies = U[None, None].expand(1, 2, 9, 3).clone()
-    st = _State(Xc=copies, U=copies, P=copies, Q=copies, Q_prev=copies, V=torch.zeros(1, 2, idx.shape[-1], 3),
+    st = AgentsState(Xc=copies, U=copies, P=copies, Q=copies, Q_prev=copies, V=torch.zeros(1, 2, idx.shape[-1], 3),
                 g=torch.zeros(0), lam=torch.tensor([lam], dtype=torch.float64))
     st.V = st.V.to(torch.float64)
     y_step(Z, st, idx, y_iters=500)
@@ -320,7 +313,7 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(tmp_path):
 
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
-    from ppdnmf_torch.models.symnmf.checkpoint import SymNMFCheckpointError
+    from ppdnmf_torch.checkpoint import CheckpointError
 
     S, _ = _blob_similarity(n=30, k=2)
     kw = dict(n_agents=3, U0=scaled_start(S, 2, 1, 0)[0], max_iter=2, x_iters=2, device="cpu", graph=ring(3),
@@ -328,7 +321,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     fit_symnmf_agents(S, 2, **kw)
     for change in ({"g_cap": 0.2}, {"penalty_schedule": "paper"}, {"x_iters": 3}, {"X": S * 0.5}):
         args = {**kw, **change}
-        with pytest.raises(SymNMFCheckpointError, match="different run"):
+        with pytest.raises(CheckpointError, match="different run"):
             fit_symnmf_agents(args.pop("X", S), 2, resume=True, **args)
     with pytest.raises(ConfigError, match="resume"):
         fit_symnmf_agents(S, 2, resume=True, **{k: v for k, v in kw.items() if k != "checkpoint_dir"})
@@ -381,7 +374,7 @@ def test_paillier_resumes_a_quantized_checkpoint_and_writes_no_key(tmp_path, pai
 def test_agent_columns_of_a_sparse_x_are_the_dense_ones():
     import scipy.sparse as sp
 
-    from ppdnmf_torch.models.symnmf.agents import SparseColumns, agent_columns
+    from ppdnmf_torch.models.symnmf.agent_columns import SparseColumns, agent_columns
     from ppdnmf_torch.models.symnmf.operator import as_similarity
 
     S, _ = _blob_similarity(n=23, k=2)
@@ -436,31 +429,33 @@ def test_private_start_is_the_default_per_agent_and_reproducible(monkeypatch):
     """``V_i`` starts from agent i's own stream: not ``U0[S_i]``, different per agent, the same
     from the same seed, at the common start's scale, and a subset of agents (a run over ranks)
     gets the same rows; ``start="common"`` keeps the old public ``U0[S_i]``."""
-    import ppdnmf_torch.models.symnmf.agents as agents_mod
+    import ppdnmf_torch.models.symnmf.agent_setup as setup_mod
+    import ppdnmf_torch.models.symnmf.agent_steps as steps_mod
+    import ppdnmf_torch.models.symnmf.agents_run as run_mod
 
     S, _ = _blob_similarity(n=40)
     U0 = scaled_start(S, 3, 2, 0)
     idx = partition_nodes(40, 4, [3, 4])
-    V = agents_mod.private_start(U0, idx, [3, 4])
+    V = setup_mod.private_start(U0, idx, [3, 4])
     assert V.shape == (2, 4, 10, 3) and V.dtype == U0.dtype
     assert bool((V >= 0).all()) and bool((V <= U0.amax(dim=(-2, -1)).view(2, 1, 1, 1)).all())
     assert not torch.allclose(V[:, 0], V[:, 1]) and not torch.allclose(V[0], V[1])
-    torch.testing.assert_close(agents_mod.private_start(U0, idx, [3, 4]), V, atol=0, rtol=0)
-    torch.testing.assert_close(agents_mod.private_start(U0, idx[:, [2]], [3, 4], agents=[2]), V[:, [2]],
+    torch.testing.assert_close(setup_mod.private_start(U0, idx, [3, 4]), V, atol=0, rtol=0)
+    torch.testing.assert_close(setup_mod.private_start(U0, idx[:, [2]], [3, 4], agents=[2]), V[:, [2]],
                                atol=0, rtol=0)
-    assert not torch.allclose(agents_mod.private_start(U0, idx, [5, 6]), V)
+    assert not torch.allclose(setup_mod.private_start(U0, idx, [5, 6]), V)
     wider = torch.cat([idx[:, [2]], torch.full((2, 1, 3), 40)], dim=-1)  # more padding: the same rows
-    torch.testing.assert_close(agents_mod.private_start(U0, wider, [3, 4], agents=[2])[..., :10, :], V[:, [2]],
+    torch.testing.assert_close(setup_mod.private_start(U0, wider, [3, 4], agents=[2])[..., :10, :], V[:, [2]],
                                atol=0, rtol=0)
-    common = agents_mod._gather_rows(U0[:, None].expand(2, 4, 40, 3), idx)
+    common = steps_mod.gather_rows(U0[:, None].expand(2, 4, 40, 3), idx)
     seen = []
-    orig = agents_mod.x_step
+    orig = run_mod.x_step
 
     def x_step(Z, st, *a, **k):  # the V the first X-step sees: the start
         seen.append(st.V.clone())
         return orig(Z, st, *a, **k)
 
-    monkeypatch.setattr(agents_mod, "x_step", x_step)
+    monkeypatch.setattr(run_mod, "x_step", x_step)
     kw = dict(n_agents=4, U0=U0, trials=2, seed=3, max_iter=1, x_iters=1, device="cpu", parts=idx, graph=ring(4))
     fit_symnmf_agents(S, 3, **kw)  # start_seed = seed = 3: the stream of private_start(..., [3, 4])
     fit_symnmf_agents(S, 3, start="common", **kw)

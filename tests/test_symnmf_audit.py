@@ -21,12 +21,11 @@ from ppdnmf_torch.models.symnmf.audit import (
     first_call_errors,
     first_call_gram_errors,
     first_call_sum_errors,
-    paillier_scan,
     private_start_gram,
     record_symnmf_agents,
-    run_symnmf_audit,
     true_starts,
 )
+from ppdnmf_torch.models.symnmf.audit_report import paillier_scan, run_symnmf_audit
 from ppdnmf_torch.models.symnmf.estimator import scaled_start
 from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 
@@ -216,7 +215,7 @@ def test_the_audit_on_digits_counts():
     20 x 10 iterations: degree-2 exact recoveries only under the paper's random draws, every pair
     at least once; 0 under equal weights; from the common start the first message inverts to
     X_j's columns and the sum to most neighbours, from the private start neither."""
-    from ppdnmf_torch.models.symnmf.experiments import load_digits_samples
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples
 
     M, _ = load_digits_samples()
     sel = np.sort(np.random.default_rng(0).choice(len(M), 200, replace=False))

@@ -30,8 +30,10 @@ from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
 from ppdnmf_torch.graph import erdos_renyi, ring
 from ppdnmf_torch.models.ppdnmf import distributed as ppdnmf_distributed
 from ppdnmf_torch.models.ppdnmf.problem import TRIAL_ALIGN_BYTES
-from ppdnmf_torch.models.symnmf import checkpoint as ckpt
-from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents, lambda_from_sums, lambda_terms, private_start
+from ppdnmf_torch.checkpoint import CheckpointError, checkpoint_files, checkpoint_iteration
+from ppdnmf_torch.models.symnmf.agent_setup import private_start
+from ppdnmf_torch.models.symnmf.agent_steps import lambda_from_sums, lambda_terms
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed, fit_symnmf_rank, initial_rank_state
 
 FAKE_COSTS = PaillierOpCosts(key_bits=2048, keygen=1e-3, encryption=1e-4, decryption=2e-4,
@@ -193,19 +195,29 @@ def test_the_ranks_start_is_the_single_processs(start):
 
 
 # -- checkpoints over ranks -----------------------------------------------------------------------
-#: what a rank's checkpoint holds: its agents' variables, its generators, counters and the shared
-#: bookkeeping; nothing else (no key, mask seed or private value of an exchange)
-BODY_KEYS = {"k", "fingerprint", "agents", "state", "sampler", "exchange_costs", "history", "elapsed", "plain_bytes",
-             "U_prev", "converged", "format", "hash"}
-STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam"}
+#: what a rank's checkpoint holds (the engine's format): its agents' variables, its generators,
+#: counters and the shared bookkeeping; nothing else (no key, mask seed or private value of an exchange)
+BODY_KEYS = {"format", "model", "done", "settings", "inputs", "state", "rng", "history", "ledgers", "extra", "hashes"}
+STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam", "U_prev"}
+
+
+def _iterations(folder):
+    return [checkpoint_iteration(f) for f in checkpoint_files(folder)]
+
+
+def _latest(folder):
+    return checkpoint_files(folder)[-1]
 
 
 def _check_body(path, agents, n=24, r=3):
     """A rank's checkpoint: the known keys only, its own agents' slots only."""
     body = torch.load(path, weights_only=True)
-    assert set(body) == BODY_KEYS and body["agents"] == agents
+    settings = body["settings"]
+    assert set(body) == BODY_KEYS and body["model"] == "symnmf_agents"
+    assert [a for a, o in enumerate(settings["owner"]) if o == settings["process"]] == agents
     assert set(body["state"]) - {"mu"} == STATE_KEYS
     assert body["state"]["Xc"].shape == (len(agents), n, r) and body["state"]["V"].shape[0] == len(agents)
+    assert set(body["ledgers"]) == {"exchange"} and set(body["extra"]["model"]) == {"plain_bytes"}
     return body
 
 
@@ -219,13 +231,13 @@ def test_one_rank_resumes_bit_for_bit(solo, tmp_path, kw, stop):
     ref = fit_symnmf_agents(X, 3, device="cpu", **_kwargs(max_iter=5, **kw))
     first = fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, checkpoint_every=every, **_kwargs(max_iter=stop, **kw))
     assert first.result.n_iter == stop
-    assert ckpt.iterations(tmp_path / "rank000")[-1] == stop
-    _check_body(ckpt.latest(tmp_path / "rank000"), list(range(5)))
+    assert _iterations(tmp_path / "rank000")[-1] == stop
+    _check_body(_latest(tmp_path / "rank000"), list(range(5)))
     assert json.loads((tmp_path / "partition.json").read_text())["world_size"] == 1
     got = fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, checkpoint_every=every, resume=True,
                           **_kwargs(max_iter=5, **kw))
     _assert_same(ref, got.result)
-    assert ckpt.iterations(tmp_path / "rank000")[-1] == 5
+    assert _iterations(tmp_path / "rank000")[-1] == 5
 
 
 def test_resume_from_an_empty_folder_starts_afresh(solo, tmp_path):
@@ -237,7 +249,7 @@ def test_resume_from_an_empty_folder_starts_afresh(solo, tmp_path):
 
 @pytest.mark.parametrize("change,match", [(dict(seed=2), "different run"), (dict(lam0=0.2), "different run"),
                                           ("world", "2 ranks with the owners .* this run has 1 ranks"),
-                                          ("damaged", "rank 0: .*hash")])
+                                          ("damaged", r"hash .*\(on rank 0\)$")])
 def test_another_runs_checkpoints_are_refused(solo, tmp_path, change, match):
     X = _similarity()
     fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, **_kwargs(max_iter=2))
@@ -245,12 +257,12 @@ def test_another_runs_checkpoints_are_refused(solo, tmp_path, change, match):
     if change == "world":
         (tmp_path / "partition.json").write_text(json.dumps({"world_size": 2, "owner": [0, 1, 0, 1, 0]}))
     elif change == "damaged":
-        body = torch.load(ckpt.latest(tmp_path / "rank000"), weights_only=True)
+        body = torch.load(_latest(tmp_path / "rank000"), weights_only=True)
         body["state"]["V"][0, 0, 0] += 1.0
-        torch.save(body, ckpt.latest(tmp_path / "rank000"))
+        torch.save(body, _latest(tmp_path / "rank000"))
     else:
         kw.update(change)
-    with pytest.raises(ckpt.SymNMFCheckpointError, match=match):
+    with pytest.raises(CheckpointError, match=match):
         fit_symnmf_rank(solo, X, 3, checkpoint_dir=tmp_path, resume=True, **kw)
 
 
@@ -263,9 +275,10 @@ def test_two_ranks_give_the_single_process_bits(tmp_path):
     _assert_same(ref, got)
     owner = json.loads((tmp_path / "partition.json").read_text())["owner"]
     for q in range(2):  # each rank writes its own agents' state only (at 3, and at the end)
-        assert ckpt.iterations(tmp_path / f"rank{q:03d}") == [3, 4]
-        body = _check_body(ckpt.latest(tmp_path / f"rank{q:03d}"), [i for i, o in enumerate(owner) if o == q])
-        assert 0 < len(body["agents"]) < 5 and body["k"] == 4
+        assert _iterations(tmp_path / f"rank{q:03d}") == [3, 4]
+        agents = [i for i, o in enumerate(owner) if o == q]
+        body = _check_body(_latest(tmp_path / f"rank{q:03d}"), agents)
+        assert 0 < len(agents) < 5 and body["done"] == 4
 
 
 def _rank_resumes(X, folders, cases):
@@ -277,7 +290,7 @@ def _rank_resumes(X, folders, cases):
             try:
                 r = fit_symnmf_rank(comm, X, 3, checkpoint_dir=folder, resume=resume, **kw)
                 out.append((r.result, r.partition.agents(comm.rank)))
-            except ckpt.SymNMFCheckpointError as exc:
+            except CheckpointError as exc:
                 out.append(str(exc))
         return out
 
@@ -308,10 +321,10 @@ def test_two_ranks_interrupted_and_resumed_equal_one_run(tmp_path):
     assert "same world size and partition" in moved and "same world size and partition" in outs[1].value[3]
     for q in range(2):
         agents = outs[q].value[2][1]
-        assert ckpt.iterations(tmp_path / "parts" / f"rank{q:03d}") == [1, 2, 3, 4, 5]
+        assert _iterations(tmp_path / "parts" / f"rank{q:03d}") == [4, 5]  # the newest two kept
         assert 0 < len(agents) < 5
-        _check_body(ckpt.checkpoint_path(tmp_path / "parts" / f"rank{q:03d}", 5), agents)
-        costs = _check_body(ckpt.latest(tmp_path / "pp" / f"rank{q:03d}"), agents)["exchange_costs"]
+        _check_body(tmp_path / "parts" / f"rank{q:03d}" / "ckpt_bcd000005.pt", agents)
+        costs = _check_body(_latest(tmp_path / "pp" / f"rank{q:03d}"), agents)["ledgers"]["exchange"]
         assert all(isinstance(v, (int, float)) for part in costs.values() for v in part.values())
     (pw, _), (pp, _), (qp, _) = (outs[0].value[i] for i in (4, 6, 8))
     _assert_same(pw, pp)  # the bytes and the operations too: the counters continue

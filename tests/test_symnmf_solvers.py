@@ -10,7 +10,7 @@ import torch
 
 from ppdnmf_torch.errors import ConfigError, DataError
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
-from ppdnmf_torch.models.symnmf import SymNMFCheckpointError
+from ppdnmf_torch.checkpoint import CheckpointError
 from ppdnmf_torch.models.symnmf.alternating import block_data
 from ppdnmf_torch.models.symnmf.nnls import nnls, nnls_bpp
 from ppdnmf_torch.models.symnmf.symanls import anls_block
@@ -403,8 +403,7 @@ def test_checkpoint_resume_is_bit_for_bit(tmp_path, method):
     kw = dict(method=method, max_iter=12, tol=1e-9, seed=3)
     full = fit_symnmf(X, 3, **kw)
     part = fit_symnmf(X, 3, **{**kw, "max_iter": 5}, checkpoint_dir=tmp_path, checkpoint_every=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["symnmf_it000002.pt", "symnmf_it000004.pt",
-                                                          "symnmf_it000005.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_bcd000004.pt", "ckpt_bcd000005.pt"]
     assert part.history["E"].shape[0] == 6
     resumed = fit_symnmf(X, 3, **kw, checkpoint_dir=tmp_path, resume=True)
     for a, b in ((full.U, resumed.U), (full.V, resumed.V), (full.lam, resumed.lam), (full.n_iter, resumed.n_iter)):
@@ -416,15 +415,15 @@ def test_checkpoint_resume_is_bit_for_bit(tmp_path, method):
 def test_checkpoint_of_another_run_or_damaged_is_refused(tmp_path):
     X = _problem(n=18, r=3, sigma=0.1)
     fit_symnmf(X, 3, max_iter=3, checkpoint_dir=tmp_path)
-    with pytest.raises(SymNMFCheckpointError, match="different run"):
+    with pytest.raises(CheckpointError, match="different run: its U0 differ"):
         fit_symnmf(X, 3, max_iter=6, seed=1, checkpoint_dir=tmp_path, resume=True)
-    with pytest.raises(SymNMFCheckpointError, match="different run"):
+    with pytest.raises(CheckpointError, match="different run: its penalty is 'adaptive.*', this run's 'fixed"):
         fit_symnmf(X, 3, max_iter=6, penalty=2.0, checkpoint_dir=tmp_path, resume=True)
-    path = tmp_path / "symnmf_it000003.pt"
+    path = tmp_path / "ckpt_bcd000003.pt"
     body = torch.load(path, weights_only=True)
-    body["lam"] = body["lam"] * 2
+    body["state"]["lam"] = body["state"]["lam"] * 2
     torch.save(body, path)
-    with pytest.raises(SymNMFCheckpointError, match="hash"):
+    with pytest.raises(CheckpointError, match="state tensor 'lam' does not match its hash"):
         fit_symnmf(X, 3, max_iter=6, checkpoint_dir=tmp_path, resume=True)
 
 

@@ -46,7 +46,7 @@ from .._utils import ConfigError, PPDNMFError
 from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning
 from . import interrupts
 from .runner import run
-from ..models.ppdnmf.solver import RunInterrupted
+from ..driver import RunInterrupted
 from .tasks import task_of
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
@@ -393,9 +393,9 @@ def _thread_errors(args, _default=threading.excepthook) -> None:
 def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
     if isinstance(exc, RunInterrupted):
         if exc.checkpoint:
-            return (f"interrupted after BCD iteration {exc.bcd_done}; checkpoint {exc.checkpoint}; continue with: "
+            return (f"interrupted after {exc.step_name} {exc.done}; checkpoint {exc.checkpoint}; continue with: "
                     f"ppdnmf resume={shlex.quote(out_dir)}")
-        return (f"interrupted after BCD iteration {exc.bcd_done}; this run keeps no checkpoints (batched trials): "
+        return (f"interrupted after {exc.step_name} {exc.done}; this run keeps no checkpoints (batched trials): "
                 "there is nothing to resume")
     return f"interrupted: {_one_line(exc)}" if str(exc) else "interrupted"
 

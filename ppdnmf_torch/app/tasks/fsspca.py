@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
+from ...checkpoint import PREFIX, checkpoint_files, checkpoint_iteration
 from ...errors import ConfigError
 from ...models.fsspca.experiments import run_task
-from ...models.fsspca.fit import CHECKPOINT_NAME, DEFAULTS
+from ...models.fsspca.fit import DEFAULTS
 from ...models.fsspca.smoothing import DEFAULT_SMOOTHING
 from ..progress import Progress
 from . import _common as common
@@ -117,15 +116,15 @@ class FSSPCATask(ModelTask):
 
     def resume_point(self, resume_from) -> int:
         path = Path(resume_from)
-        path = path / CHECKPOINT_NAME if path.is_dir() else path
-        return int(torch.load(path, weights_only=True)["iteration"]) if path.is_file() else 0
+        files = checkpoint_files(path) if path.is_dir() else [path]
+        return checkpoint_iteration(files[-1], "resume") if files else 0
 
     def fit(self, cfg: FSSPCARunConfig, inputs: DeviceInputs, logger, out: Path, *, show: bool, callback=None,
             resume_from=None) -> ModelFits:
         s = cfg.solver
-        # the model resumes by itself from a checkpoint of the same problem in its folder
         ckpt = {} if cfg.checkpoint_every == 0 else {"checkpoint_dir": out / "checkpoints",
-                                                     "checkpoint_every": cfg.checkpoint_every}
+                                                     "checkpoint_every": cfg.checkpoint_every,
+                                                     "resume": resume_from is not None}
         start = self.resume_point(out / "checkpoints") if resume_from is not None else 0
         label = f"FSSPCA ({cfg.data.kind}, {cfg.trials} trials)" if cfg.trials > 1 else f"FSSPCA ({cfg.data.kind})"
         with Progress(show, s.max_iter, label, interval=cfg.progress_interval, start=start,
@@ -173,7 +172,8 @@ class FSSPCATask(ModelTask):
         logger.finished(None, None, hparams=hp, metrics=metrics,
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
         if not cfg.keep_checkpoints:
-            common.remove_files([out / "checkpoints" / CHECKPOINT_NAME])
+            folder = out / "checkpoints"
+            common.remove_files(sorted(folder.glob(f"{PREFIX}*.pt")) or [folder / "-"])
         return summary
 
     def format_summary(self, summary: dict) -> str:

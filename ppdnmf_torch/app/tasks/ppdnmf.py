@@ -32,7 +32,7 @@ from ...checkpoint import checkpoint_iteration, latest_checkpoint
 from ...models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
 from ...models.ppdnmf.config import RunConfig, SolverConfig, from_dict, to_dict
 from ...models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data
-from ...models.ppdnmf.solver import RunInterrupted
+from ...driver import RunInterrupted
 from ..costs import format_estimate, paillier_estimate
 from ..loggers import RunLogger
 from ..outputs import (dataset_name, format_summary, run_name, summary_of, trials_summary, write_factors,
@@ -97,7 +97,7 @@ def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool
         except RunInterrupted as exc:
             # the baseline keeps no checkpoints: say so, rather than "checkpoint: None"
             raise KeyboardInterrupt(
-                f"during the centralized baseline (after its BCD iteration {exc.bcd_done}), before the "
+                f"during the centralized baseline (after its BCD iteration {exc.done}), before the "
                 "distributed run started: there is nothing to resume; run again (centralized=false skips "
                 "the baseline)"
             ) from None

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError
-from ...models.symnmf import checkpoint as symnmf_checkpoint
+from ...checkpoint import PREFIX, checkpoint_files, checkpoint_iteration
 from ...models.symnmf.fit import METHODS
 from ...models.symnmf.presets import PRESETS, run_preset
 from ..progress import Progress
@@ -103,11 +102,8 @@ class SymNMFTask(ModelTask):
 
     def resume_point(self, resume_from) -> int:
         path = Path(resume_from)
-        path = symnmf_checkpoint.latest(path) if path.is_dir() else path
-        if path is None:
-            return 0
-        digits = os.path.basename(os.fspath(path))[len(symnmf_checkpoint.PREFIX):].split(".")[0]
-        return int(digits) if digits.isdigit() else 0
+        files = checkpoint_files(path) if path.is_dir() else [path]
+        return checkpoint_iteration(files[-1], "resume") if files else 0
 
     def fit(self, cfg: SymNMFRunConfig, inputs: DeviceInputs, logger, out: Path, *, show: bool, callback=None,
             resume_from=None) -> ModelFits:
@@ -166,7 +162,7 @@ class SymNMFTask(ModelTask):
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
         if not cfg.keep_checkpoints:
             folder = out / "checkpoints"
-            common.remove_files(sorted(folder.glob(f"{symnmf_checkpoint.PREFIX}*.pt")) or [folder / "-"])
+            common.remove_files(sorted(folder.glob(f"{PREFIX}*.pt")) or [folder / "-"])
         return summary
 
     def format_summary(self, summary: dict) -> str:

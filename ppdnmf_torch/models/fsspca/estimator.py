@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
+from ...driver import seed_of
 from ...errors import ConfigError
 from .data import split_iid
 from .fit import DEFAULTS, fit_fsspca
@@ -49,8 +49,9 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     n_workers : int
         Workers of an IID split when ``fit`` gets one array without ``groups``.
     max_iter, tol : as :func:`.fit.fit_fsspca`
-    random_state : int, RandomState or None
-        The start and the IID split.
+    random_state : int >= 0, numpy RandomState / Generator or None
+        The start and the IID split: an integer is the seed of :func:`.fit.fit_fsspca` itself
+        (:func:`~ppdnmf_torch.driver.seed_of`, as every estimator of the library reads it).
     device : {"cpu", "cuda", "auto"}
     dtype : {"float64", "float32"}
 
@@ -94,8 +95,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def fit(self, X, y=None, groups=None, callback=None):
         """Fit on ``X (n, d)`` with ``groups (n,)`` (each row's worker), or on a list of the
         workers' row blocks ``[(n_i, d), ...]``; ``y`` is ignored."""
-        rs = check_random_state(self.random_state)
-        seed = int(rs.randint(np.iinfo(np.int32).max))
+        seed = seed_of(self.random_state)
         if _is_blocks(X):
             if groups is not None:
                 raise ConfigError("groups: give either a list of blocks or an array with groups, not both")

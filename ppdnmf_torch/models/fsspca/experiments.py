@@ -18,7 +18,7 @@ from .fit import fit_fsspca
 from .smoothing import SMOOTHINGS
 
 __all__ = ["principal_sines", "fluctuation", "support_scores", "exp_pca_limit", "exp_fluctuation",
-           "exp_smoothing", "exp_support", "exp_real_data", "exp_workers", "exp_workers_settings", "exp_deflation", "exp_serverless",
+           "exp_smoothing", "exp_support", "exp_real_data", "exp_workers", "exp_workers_settings", "exp_deflation",
            "EXPERIMENTS",
            "run_task"]
 
@@ -280,18 +280,10 @@ def exp_deflation(n_workers=8, alpha=200.0, seed=0, max_iter=400):
     return out
 
 
-def exp_serverless(n_workers=8, alpha=200.0, seed=0, max_iter=300):
-    """The serverless variant (step 2 agreed through the library's exchange) against the server
-    version on the spiked model: :func:`~.serverless.serverless_table`."""
-    from .serverless import serverless_table
-
-    return serverless_table(n_workers=n_workers, alpha=alpha, seed=seed, max_iter=max_iter)
-
-
 EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoothing": exp_smoothing,
                "support": exp_support, "real_data": exp_real_data, "workers": exp_workers,
                "workers_settings": exp_workers_settings,
-               "deflation": exp_deflation, "serverless": exp_serverless}
+               "deflation": exp_deflation}
 
 
 def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0.0, trials=1, seed=0,

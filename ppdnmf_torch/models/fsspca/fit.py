@@ -6,25 +6,22 @@ This is the function the estimator and the app call; the maths lives in :mod:`.a
 """
 from __future__ import annotations
 
-import hashlib
-import math
-import os
-import warnings
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from ..._utils import derive_seed, resolve_device, resolve_dtype
-from ...errors import ConfigError, ConvergenceWarning, DataError
+from ...checkpoint import digest
+from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive
+from ...errors import ConfigError, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
 from .manifold import qf
-from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
+from .result import HISTORY_KEYS, FSSPCAResult
+from .server_run import ServerRun
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS", "RHO_RULES", "CHECKPOINT_NAME"]
+__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS", "RHO_RULES"]
 
 #: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
 #: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean
@@ -33,7 +30,6 @@ __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS
 RHO_RULES = ("auto", "worker")
 DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
                 tol=1e-6)
-CHECKPOINT_NAME = "fsspca_state.pt"
 
 
 def as_blocks(data, groups=None, *, device=None, dtype=None):
@@ -155,24 +151,11 @@ def worker_rho(problem, scale):
     return scale * torch.linalg.eigvalsh(problem.gram).amax(dim=-1)
 
 
-def _fingerprint(problem, settings):
-    h = hashlib.sha256(repr(sorted((k, str(v)) for k, v in settings.items())).encode())
-    h.update(repr(tuple(problem.gram.shape)).encode())
-    h.update(np.float64(problem.gram.double().sum().item()).tobytes())
-    return h.hexdigest()
-
-
-def _save(path: Path, payload):
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
 def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
                mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"],
                line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"], aggregation="plain",
                aggregation_options=None, center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
-               device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50,
+               device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50, resume=False,
                projector=None) -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
 
@@ -206,7 +189,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
         upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made
         here with ``aggregation_options`` and closed at the end; an aggregator handed in is used
-        as it is and left open). Its counted costs are ``result.costs``.
+        as it is and left open). Its counted costs are ``result.costs`` (a resumed run's continue
+        the checkpoint's; its setup, the centring's rounds, is counted again).
     aggregation_options : dict, optional
         Passed to ``make_aggregator`` (``n_max``, ``key_bits``, ``seed``, ``keypairs``, ...).
     center : bool
@@ -228,8 +212,13 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     callback : callable, optional
         ``callback(IterationInfo)`` after each iteration; returning True stops the run.
     checkpoint_dir : path, optional
-        The state is written there every ``checkpoint_every`` iterations and at the end, and a
-        run finding a checkpoint of the same problem and settings resumes from it.
+        Checkpoints (the engine's format, :mod:`ppdnmf_torch.checkpoint`) every
+        ``checkpoint_every`` iterations (0: only at the end), at the end and on Ctrl-C (then
+        :class:`~ppdnmf_torch.driver.RunInterrupted`); the newest two are kept. The folder is
+        locked: a second run into it is refused, as is a fresh run into another run's checkpoints.
+    resume : bool
+        Continue from the newest checkpoint in ``checkpoint_dir`` (none: a fresh start), bit for
+        bit; changed settings or data are refused by name (only ``max_iter`` may change).
     projector : Tensor (d, d) or (T, d, d), optional
         Deflation's ``G`` (use :func:`.deflation.fit_deflated`).
 
@@ -250,47 +239,52 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
     if projector is not None:
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
-    owned = isinstance(aggregation, str)
-    if owned:
-        aggregation = make_aggregator(aggregation, K, **(aggregation_options or {}))
-    try:
-        return _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale,
-                    line_search, inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every)
-    finally:
-        if owned:
-            aggregation.close()
+    o = dict(center=center, alpha=alpha, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
+             line_search=line_search, inner_steps=int(inner_steps), tol=tol, seed=seed, init=init,
+             max_iter=int(max_iter))
+    with Resources() as res:
+        if isinstance(aggregation, str):
+            aggregation = res.own(make_aggregator(aggregation, K, **(aggregation_options or {})))
+        run, mean, settings = _server_run(blocks, r, T, aggregation, projector, o)
+        plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
+                                                                 device=like.device)
+        ledgers = Ledgers(aggregation=aggregation)
+        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers)
+        costs = ledgers.costs("aggregation")
+    return _result(run, out, mean, settings, costs, projector)
 
 
-def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale, line_search,
-         inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every):
+def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
+    """The model of a run (the workers' (centred) Gram matrices, the penalties, the start), the global
+    mean (None without centring) and the run's settings as the result reports them."""
     K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
+    init, rho = o["init"], o["rho"]
     init_kind = init if isinstance(init, str) else (None if init is None else "given")
-    problem, mean = prepare_problem(blocks, T, center=center, aggregation=aggregation, projector=projector)
-
-    lam1 = _per_trial(alpha, T, "alpha", like)
-    lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
+    problem, mean = prepare_problem(blocks, T, center=o["center"], aggregation=aggregation, projector=projector)
+    lam1 = _per_trial(o["alpha"], T, "alpha", like)
+    lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
     if isinstance(rho, str):
         if rho not in RHO_RULES:
             raise ConfigError(f"rho: expected a positive number or one of {list(RHO_RULES)}, got {rho!r}")
-        rho_t = worker_rho(problem, rho_scale) if rho == "worker" else _auto_rho(problem, rho_scale, aggregation)
+        rho_t = (worker_rho(problem, o["rho_scale"]) if rho == "worker"
+                 else _auto_rho(problem, o["rho_scale"], aggregation))
     else:
         rho_t = _per_trial(rho, T, "rho", like)
     if not bool((rho_t > 0).all()):
         raise ConfigError(f"rho: must be > 0, got {rho}")
     # each worker its own rho_i: the server's z-step needs their mean, one secure sum at the start
     rho_bar = aggregate(aggregation, rho_t, 0) / K if rho_t.dim() == 2 else rho_t
-
-    settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=psi.name, mu=mu,
-                    rho=rho if isinstance(rho, str) else rho_t.tolist(), rho_scale=rho_scale,
-                    rho_mean=rho_bar.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
-                    max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
+    settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=o["psi"].name, mu=o["mu"],
+                    rho=rho if isinstance(rho, str) else rho_t.tolist(), rho_scale=o["rho_scale"],
+                    rho_mean=rho_bar.tolist(), line_search=o["line_search"], inner_steps=o["inner_steps"],
+                    center=o["center"], max_iter=o["max_iter"], tol=o["tol"], trials=T, seed=o["seed"], n_workers=K,
                     aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
-
     if isinstance(init, str):
         if init != "pca":
             raise ConfigError(f"init: expected 'pca', an array or None, got {init!r}")
@@ -299,88 +293,41 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
         # (deflation: the projected Grams differ per trial)
         pooled_c = aggregate(aggregation, problem.gram[0] if problem.projector is None else problem.gram, 2)
         init = torch.linalg.eigh(pooled_c)[1][..., -r:].flip(-1).expand(T, d, r)
-    z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
+    z0 = _initial_z(d, r, T, o["seed"], init, like.dtype, like.device)
     if projector is not None:
         z0 = qf(projector @ z0)
     # first trial step: 1 / (the local curvature's scale) per worker
-    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + admm._rho2(rho_t) + lam2[:, None] / mu
+    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + admm._rho2(rho_t) + lam2[:, None] / o["mu"]
     state = admm.ADMMState(w=z0[:, None].expand(T, K, d, r).clone(), u=torch.zeros((T, K, d, r), dtype=like.dtype,
                            device=like.device), z=z0, theta=1.0 / scale)
-    active = torch.ones(T, dtype=torch.bool, device=like.device)
-    converged = torch.zeros(T, dtype=torch.bool, device=like.device)
-    n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
-    history = {k: [] for k in HISTORY_KEYS}
-
-    ckpt = None
-    fingerprint = _fingerprint(problem, {**settings, "init": None if init is None else "given"})
+    checked = {k: v for k, v in settings.items() if k not in ("max_iter", "aggregation")}
+    checked.update(init=init_kind or "random", aggregation=_arithmetic(aggregation))
     settings["init"] = "random" if init_kind is None else init_kind
-    if checkpoint_dir is not None:
-        ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
-        if ckpt.exists():
-            saved = torch.load(ckpt, map_location=like.device, weights_only=True)
-            if saved["fingerprint"] != fingerprint:
-                raise ConfigError(f"checkpoint_dir: {ckpt} holds a run of another problem or other settings; "
-                                  "use an empty directory")
-            state = admm.ADMMState(w=saved["w"], u=saved["u"], z=saved["z"], theta=saved["theta"],
-                                   iteration=int(saved["iteration"]), line_search_evals=int(saved["evals"]),
-                                   line_search_failures=int(saved["failures"]))
-            active, converged, n_iter = saved["active"], saved["converged"], saved["n_iter"]
-            history = {k: list(saved["history"][k].unbind(0)) if saved["history"][k].numel() else []
-                       for k in HISTORY_KEYS}
+    run = ServerRun(problem, state, aggregation, lam1=lam1, lam2=lam2, rho=rho_t, rho_bar=rho_bar, smoothing=o["psi"],
+                    mu=o["mu"], line_search=o["line_search"], inner_steps=o["inner_steps"], tol=o["tol"],
+                    settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
+                                                      "projector": digest(projector), "start": digest(z0)})
+    return run, mean, settings
 
-    def checkpoint():
-        if ckpt is not None:
-            _save(ckpt, dict(fingerprint=fingerprint, w=state.w, u=state.u, z=state.z, theta=state.theta,
-                             iteration=state.iteration, evals=state.line_search_evals,
-                             failures=state.line_search_failures, active=active, converged=converged,
-                             n_iter=n_iter, history=_stack(history, T, like)))
 
-    pooled = problem.pooled_gram()
-    while state.iteration < max_iter and bool(active.any()):
-        state.iteration += 1
-        a4 = active[:, None, None, None]
-        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
-                            active=active)
-        total = aggregate(aggregation, admm.upload(w, state.u, rho_t, rho_bar), 2)
-        z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_bar), state.z)
-        u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
-        primal, dual, consensus = admm.residuals(w, z_new, state.z, rho_t)
-        change = torch.linalg.matrix_norm(z_new - state.z) / math.sqrt(r)
-        values = dict(objective=admm.objective(problem, w, z_new, lam1, lam2, psi, mu),
-                      lagrangian=admm.augmented_lagrangian(problem, w, z_new, u_new, lam1, lam2, rho_t, psi, mu),
-                      explained_variance=admm.adjusted_variance(pooled, z_new),
-                      sparsity=(z_new == 0).to(like.dtype).mean(dim=(-2, -1)),
-                      consensus=consensus, primal_residual=primal, dual_residual=dual)
-        for k in HISTORY_KEYS:  # a stopped trial repeats its last values
-            prev = history[k][-1] if history[k] else values[k]
-            history[k].append(torch.where(active, values[k], prev))
-        state.w, state.z, state.u = w, z_new, u_new
-        n_iter = torch.where(active, n_iter + 1, n_iter)
-        done = (primal / math.sqrt(K * r) <= tol) & (change <= tol) & active
-        converged = converged | done
-        active = active & ~done
-        stop = bool(callback(IterationInfo(state.iteration, values, active.clone()))) if callback else False
-        if ckpt is not None and state.iteration % int(checkpoint_every) == 0:
-            checkpoint()
-        if stop:
-            break
-    checkpoint()
-    if tol > 0 and not bool(converged.all()):
-        bad = torch.nonzero(~converged).flatten().tolist()
-        warnings.warn(f"FSSPCA: trials {bad} did not reach tol={tol} in {max_iter} iterations",
-                      ConvergenceWarning, stacklevel=3)
-    zf = state.z if projector is None else projector @ state.z
-    costs = aggregation.costs()
-    var = admm.adjusted_variance_components(pooled, state.z)
-    total_var = torch.diagonal(pooled, dim1=-2, dim2=-1).sum(-1)
-    return FSSPCAResult(z=state.z, components=qf(zf), w=state.w, u=state.u, n_iter=n_iter, converged=converged,
-                        history=_stack(history, T, like), mean=mean,
-                        explained_variance=var.sum(-1) / total_var, variance_components=var,
-                        total_variance=total_var, settings=settings, costs=costs,
-                        line_search=dict(evals=state.line_search_evals, failures=state.line_search_failures))
+def _arithmetic(aggregation):
+    """The sums' arithmetic: ``plain`` (None) or the integer kinds' ``n_max`` (``quantized`` and
+    ``paillier`` give the same bits)."""
+    kind = getattr(aggregation, "kind", "plain")
+    return None if kind == "plain" else float(getattr(aggregation, "n_max", 0.0))
+
+
+def _result(run: ServerRun, out, mean, settings: dict, costs: dict, projector) -> FSSPCAResult:
+    st, T = run.st, run.st.z.shape[0]
+    zf = st.z if projector is None else projector @ st.z
+    var = admm.adjusted_variance_components(run.pooled, st.z)
+    total_var = torch.diagonal(run.pooled, dim1=-2, dim2=-1).sum(-1)
+    return FSSPCAResult(z=st.z, components=qf(zf), w=st.w, u=st.u, n_iter=run.n_iter, converged=run.conv,
+                        history=_stack(out.history, T, st.z), mean=mean, explained_variance=var.sum(-1) / total_var,
+                        variance_components=var, total_variance=total_var, settings=settings, costs=costs,
+                        line_search=dict(evals=st.line_search_evals, failures=st.line_search_failures))
 
 
 def _stack(history, T, like):
-    return {k: torch.stack(v) if v else torch.zeros((0, T), dtype=like.dtype, device=like.device)
-            for k, v in history.items()}
+    return {k: torch.stack(history[k]) if history.get(k) else torch.zeros((0, T), dtype=like.dtype, device=like.device)
+            for k in HISTORY_KEYS}

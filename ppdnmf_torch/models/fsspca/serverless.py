@@ -52,25 +52,23 @@ The global mean for centring is agreed the same way, once, before the first ADMM
 """
 from __future__ import annotations
 
-import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from ...errors import ConfigError, ConvergenceWarning, DegreeOneWarning
-from ...exchange import Exchange, make_exchange
+from ...checkpoint import digest
+from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive, warn_degree_one
+from ...errors import ConfigError
 from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
+from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, prepare_problem
 from .manifold import qf
+from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
 
-__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "compare_with_server", "admm_local_step",
-           "laplacian_step", "laplacian_eps", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS", "spiked_setup",
-           "serverless_table"]
+__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS"]
 
 CONSENSUS_METHODS = ("admm", "laplacian")
 #: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
@@ -126,35 +124,6 @@ class ServerlessResult:
     mean_error: torch.Tensor | None = None
 
 
-def admm_local_step(v, z, Q, Q_prev, rho_i, tau):
-    """Step 3 of the X-step (eq. 9's form) on ``f_i(z) = 1/2 ||z - v_i||^2 + tau ||z||_1``.
-
-    ``argmin_z f_i(z) + rho_i/2 ||z||^2 - <z, rho_i z_i + 2 Q_i - Q_i_prev>``, a soft threshold.
-
-    Parameters
-    ----------
-    v, z, Q, Q_prev : Tensor (T, K, d, r)
-    rho_i : Tensor (T, K, 1, 1)
-        ``sum_j rho_ij`` as the exchange's step 1 gives it.
-    tau : Tensor (T, 1, 1, 1)
-        ``lambda_1 / (K rho)``.
-    """
-    den = 1.0 + 2 * rho_i
-    return admm.soft_threshold((v + 2 * rho_i * z + 2 * Q - Q_prev) / den, tau / den)
-
-
-def laplacian_step(x, S, eps):
-    """One Laplacian averaging step ``x_i <- x_i + eps S_i`` (``S_i = sum_j rho_ij (x_j - x_i)``);
-    keeps ``sum_i x_i`` and contracts the disagreement for ``eps max_ij rho_ij (d_max + 1) <= 1``."""
-    return x + eps * S
-
-
-def laplacian_eps(graph: Graph, g_cap: float) -> float:
-    """The step of :func:`laplacian_step` at the contraction bound: ``1 / (g^2 (d_max + 1))``
-    (every ``rho_ij <= g^2``)."""
-    return 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
-
-
 def _check_exchange_graph(exch, graph, g_cap, value_scale):
     """Refuse a codec too small for the run, and warn about workers with one neighbour."""
     codec = getattr(exch, "codec", None)
@@ -162,10 +131,7 @@ def _check_exchange_graph(exch, graph, g_cap, value_scale):
         return
     deg = graph.degree.tolist()
     codec.preflight(value_scale=value_scale, g_max=g_cap, max_degree=int(max(deg)), g_min=g_cap)
-    ones = [a for a, d in enumerate(deg) if d == 1]
-    if ones:
-        warnings.warn(f"workers {ones} have a single neighbour: the sums each obtains are that neighbour's "
-                      "z_j, whatever the protocol (docs/THREAT_MODEL.md)", DegreeOneWarning, stacklevel=3)
+    warn_degree_one(exch, [graph], who="workers", value="z_j")
 
 
 def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEFAULTS["consensus"],
@@ -175,7 +141,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
                    rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"], line_search=DEFAULTS["line_search"],
                    inner_steps=DEFAULTS["inner_steps"], center=True, center_iters=100, max_iter=DEFAULTS["max_iter"],
                    tol=DEFAULTS["tol"], trials=1, seed=0, init=None, device=None, dtype=None,
-                   callback=None) -> ServerlessResult:
+                   callback=None, checkpoint_dir=None, checkpoint_every=50, resume=False) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 
     Arguments not listed are :func:`.fit.fit_fsspca`'s.
@@ -214,6 +180,9 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         ``callback(iteration, values)`` after each ADMM iteration, ``values`` a dict of ``v``,
         ``z``, ``w`` ``(T, K, d, r)`` and ``disagreement``, ``consensus`` ``(T,)`` (the audit
         keeps the ``v_i`` from it); a true return value stops the run.
+    checkpoint_dir, checkpoint_every, resume
+        As :func:`.fit.fit_fsspca`'s (the engine's checkpoints: the iterates, the consensus
+        variables, the draws and generators, the counters; no key or mask seed of the exchange).
 
     Returns
     -------
@@ -243,34 +212,60 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
         raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
     if isinstance(init, str):
         raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
+    o = dict(consensus=consensus, inner_iters=M, g_cap=float(g_cap), penalty_mode=penalty_mode, alpha=alpha,
+             lambda_2=lambda_2, rho=rho, rho_scale=rho_scale, psi=psi, mu=mu, line_search=line_search,
+             inner_steps=inner_steps, center=bool(center), center_iters=int(center_iters), tol=tol, seed=seed)
+    with Resources() as res:
+        exch = res.exchange(exchange, exchange_options)
+        run, settings, mean_error = _serverless_run(blocks, graph, z0, exch, o)
+        ledgers = Ledgers(exchange=exch)
+        plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
+                                                                 device=like.device)
+        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers)
+        counted = sum(exch.bytes_per_edge().values())
+        st, zm = run.st, run.st.z.mean(1)
+        return ServerlessResult(z=st.z, z_mean=zm, components=qf(zm), w=st.w, u=st.u, n_iter=run.n_iter,
+                                converged=run.conv, disagreement=torch.stack(out.history["disagreement"]),
+                                consensus=torch.stack(out.history["consensus"]), exchange_calls=run.calls,
+                                bytes=float(counted if counted else run.plain_bytes),
+                                costs=dict(ledgers.costs("exchange")), settings=settings, mean_error=mean_error)
 
-    owned = not isinstance(exchange, Exchange)
-    exch = make_exchange(exchange, **(exchange_options or {})) if owned else exchange
-    try:
-        topo = Topology.from_graphs([graph] * T)
-        exch.bind(topo, dtype=like.dtype, device=like.device)
-        _check_exchange_graph(exch, graph, float(g_cap), value_scale=2.0)
-        start = dict(calls=0, bytes=0.0, mean_error=None)
-        if center:
-            problem, start = agreed_centring(blocks, exch, graph, T, float(g_cap), int(center_iters))
-        else:
-            problem, _ = prepare_problem(blocks, T, center=False)
-        lam1 = _per_trial(alpha, T, "alpha", like)
-        lam2 = lam1 / K if lambda_2 is None else _per_trial(lambda_2, T, "lambda_2", like)
-        rho_t = _auto_rho(problem, rho_scale) if isinstance(rho, str) else _per_trial(rho, T, "rho", like)
-        seeds = [int(seed) + t for t in range(T)]
-        sampler = PenaltySampler(torch.full((T * K,), float(g_cap), dtype=torch.float64, device=like.device),
-                                 topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, penalty_mode, M,
-                                 shared=True)
-        settings = dict(consensus=consensus, inner_iters=M, g_cap=g_cap, penalty_mode=penalty_mode,
-                        exchange=exch.name, n_workers=K, rho=rho_t.tolist(), alpha=lam1.tolist(),
-                        lambda_2=lam2.tolist(), center=bool(center), center_iters=int(center_iters), seed=seed)
-        return _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, consensus, M, float(g_cap),
-                    line_search, inner_steps, max_iter, tol, callback, settings, start)
-    finally:
-        if owned:
-            exch.close()
+
+def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
+    """The model of a run (the exchange bound, the mean agreed, the penalties), the run's settings as
+    the result reports them, and the agreed mean's error (None without centring)."""
+    T, K, like = z0.shape[0], len(blocks), blocks[0]
+    topo = Topology.from_graphs([graph] * T)
+    exch.bind(topo, dtype=like.dtype, device=like.device)
+    _check_exchange_graph(exch, graph, o["g_cap"], value_scale=2.0)
+    start = dict(calls=0, bytes=0.0, mean_error=None)
+    if o["center"]:
+        problem, start = agreed_centring(blocks, exch, graph, T, o["g_cap"], o["center_iters"])
+    else:
+        problem, _ = prepare_problem(blocks, T, center=False)
+    lam1 = _per_trial(o["alpha"], T, "alpha", like)
+    lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
+    rho_t = _auto_rho(problem, o["rho_scale"]) if isinstance(o["rho"], str) else _per_trial(o["rho"], T, "rho", like)
+    seeds = [int(o["seed"]) + t for t in range(T)]
+    sampler = PenaltySampler(torch.full((T * K,), o["g_cap"], dtype=torch.float64, device=like.device),
+                             topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, o["penalty_mode"],
+                             o["inner_iters"], shared=True)
+    settings = dict(consensus=o["consensus"], inner_iters=o["inner_iters"], g_cap=o["g_cap"],
+                    penalty_mode=o["penalty_mode"], exchange=exch.name, n_workers=K, rho=rho_t.tolist(),
+                    alpha=lam1.tolist(), lambda_2=lam2.tolist(), center=o["center"], center_iters=o["center_iters"],
+                    seed=o["seed"])
+    codec = getattr(exch, "codec", None)
+    checked = dict({k: v for k, v in settings.items() if k != "exchange"}, smoothing=o["psi"].name, mu=o["mu"],
+                   line_search=o["line_search"], inner_steps=int(o["inner_steps"]), tol=o["tol"], trials=T,
+                   arithmetic=None if codec is None else [float(codec.n_max), int(codec.g_bits)])
+    run = ServerlessRun(problem, z0, exch, sampler, graph, lam1=lam1, lam2=lam2, rho=rho_t, method=o["consensus"],
+                        inner_iters=o["inner_iters"], g_cap=o["g_cap"], smoothing=o["psi"], mu=o["mu"],
+                        line_search=o["line_search"], inner_steps=o["inner_steps"], tol=o["tol"], start=start,
+                        settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
+                                                          "graph": digest(graph.src, graph.dst), "start": digest(z0)})
+    return run, settings, start["mean_error"]
 
 
 def agreed_centring(blocks, exch, graph, T, g_cap, iters):
@@ -313,145 +308,3 @@ def agreed_centring(blocks, exch, graph, T, g_cap, iters):
     err = torch.linalg.vector_norm(mean - exact, dim=-1).amax(-1) / torch.linalg.vector_norm(exact).clamp_min(1e-300)
     start = dict(calls=iters, bytes=float(iters * 2 * graph.n_edges * (d + 1) * x.element_size()), mean_error=err)
     return admm.FSSPCAProblem(C, q, n.expand(T, K)), start
-
-
-def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, M, g_cap, line_search,
-         inner_steps, max_iter, tol, callback, settings, start) -> ServerlessResult:
-    T, K, d, _ = problem.gram.shape
-    r = z0.shape[-1]
-    A, P, like = T * K, d * r, z0
-    scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho_t[:, None] + lam2[:, None] / mu
-    zk = z0[:, None].expand(T, K, d, r).clone()
-    state = admm.ADMMState(w=zk.clone(), u=torch.zeros_like(zk), z=zk, theta=1.0 / scale)
-    Q, Q_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # admm: the X-step's duals
-    x, v_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # laplacian: the tracked averages
-    g = sampler.initial()
-    eps = laplacian_eps(graph, g_cap)
-    tau = (lam1 / (K * rho_t))[:, None, None, None]
-    active = torch.ones(T, dtype=torch.bool, device=like.device)
-    n_iter = torch.zeros(T, dtype=torch.long, device=like.device)
-    converged = torch.zeros(T, dtype=torch.bool, device=like.device)
-    dis, cons = [], []
-    calls, plain_bytes = start["calls"], start["bytes"]
-    while state.iteration < max_iter and bool(active.any()):
-        state.iteration += 1
-        k = state.iteration
-        w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
-                            active=active)  # step 1, eq. (14)
-        v = w + state.u / rho_t[:, None, None, None]
-        sampler.begin_bcd_iteration()
-        if method == "laplacian":
-            x, v_prev = x + (v - v_prev), v
-        z = state.z
-        for m in range(M):  # rounds of communication, sequential by nature
-            g = sampler.step(g, m)
-            rho_i = exch.penalty_sums(g, bcd_iter=k, admm_iter=m + 1).to(like.dtype).view(T, K, 1, 1)
-            if method == "admm":
-                z = admm_local_step(v, z, Q, Q_prev, rho_i, tau)
-                S = exch.exchange(z.reshape(A, P), g, bcd_iter=k, admm_iter=m + 1).S
-                Q_prev, Q = Q, Q + S.view(T, K, d, r).to(like.dtype)
-            else:
-                S = exch.exchange(x.reshape(A, P), g, bcd_iter=k, admm_iter=m + 1).S
-                x = laplacian_step(x, S.view(T, K, d, r).to(like.dtype), eps)
-            calls += 1
-            plain_bytes += 2 * graph.n_edges * P * like.element_size()
-        if method == "laplacian":
-            z = admm.soft_threshold(x, tau)
-        a4 = active[:, None, None, None]
-        z_new = torch.where(a4, z, state.z)
-        u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)  # step 3, per worker
-        # the server's stopping rule with each worker's own z_i (equal to it when the z_i agree)
-        primal = torch.linalg.matrix_norm(w - z_new).square().sum(1).sqrt()
-        dual = rho_t * torch.linalg.matrix_norm(z_new - state.z).square().sum(1).sqrt()
-        state.w, state.z, state.u = w, z_new, u_new
-        dis.append(torch.linalg.matrix_norm(z_new - z_new.mean(1, keepdim=True)).amax(1))
-        cons.append(torch.linalg.matrix_norm(w - z_new).amax(1))
-        n_iter = torch.where(active, n_iter + 1, n_iter)
-        done = (primal / math.sqrt(K * r) <= tol) & (dual / (rho_t * math.sqrt(K * r)) <= tol) & active
-        converged = converged | done
-        active = active & ~done
-        if callback is not None and callback(k, dict(v=v, z=z_new, w=w, disagreement=dis[-1], consensus=cons[-1])):
-            break
-    if tol > 0 and not bool(converged.all()):
-        warnings.warn(f"FSSPCA (serverless): trials {torch.nonzero(~converged).flatten().tolist()} did not reach "
-                      f"tol={tol} in {max_iter} iterations", ConvergenceWarning, stacklevel=3)
-    counted = sum(exch.bytes_per_edge().values())
-    zm = state.z.mean(1)
-    return ServerlessResult(z=state.z, z_mean=zm, components=qf(zm), w=state.w, u=state.u, n_iter=n_iter,
-                            converged=converged, disagreement=torch.stack(dis), consensus=torch.stack(cons),
-                            exchange_calls=calls, bytes=float(counted if counted else plain_bytes),
-                            costs=dict(exch.costs()), settings=settings, mean_error=start["mean_error"])
-
-
-def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, consensus="laplacian", exchange="plain",
-                        exchange_options=None, serverless_options=None, at_iteration=50, **kwargs):
-    """The serverless variant against the server version (:func:`.fit.fit_fsspca`, plain upload) on
-    the same problem and start, per number of inner consensus iterations; ``kwargs`` go to both,
-    ``serverless_options`` (``g_cap``, ``penalty_mode``, ``center_iters``) to the serverless runs.
-
-    Returns
-    -------
-    list of dict, one per ``inner`` value: ``max_z_distance`` (the largest ``||z_i - z||`` of a
-    worker's ``z_i`` to the server's ``z`` at the end of both runs), ``max_sine`` (principal-angle
-    sine between ``qf`` of the mean ``z_i`` and the server's loadings), ``n_iter``,
-    ``server_n_iter``, ``z_distance_at`` (the largest ``||z_i - z||`` after ``at_iteration``
-    iterations of both, ``tol=0``), ``bytes`` (trial 0, all directed edges), ``server_bytes``
-    (the plain uploads and downloads of ``z``: ``2 K d r`` floats per iteration); per trial
-    where a list.
-    """
-    def distance(res, server):
-        return torch.linalg.matrix_norm(res.z - server.z[:, None]).amax(1)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        warnings.simplefilter("ignore", DegreeOneWarning)
-        server = fit_fsspca(data, n_components, **kwargs)
-        fixed = dict(kwargs, max_iter=at_iteration, tol=0)
-        server_at = fit_fsspca(data, n_components, **fixed)
-        out = []
-        for m in inner:
-            opts = dict(serverless_options or {}, consensus=consensus, inner_iters=m, exchange=exchange,
-                        exchange_options=exchange_options)
-            res = fit_serverless(data, n_components, graph, **opts, **kwargs)
-            res_at = fit_serverless(data, n_components, graph, **opts, **fixed)
-            s = torch.linalg.svdvals(server.components.mT @ res.components).amin(-1)
-            K, d, r = res.z.shape[1:]
-            out.append(dict(consensus=consensus, inner_iters=m, max_z_distance=distance(res, server).tolist(),
-                            max_sine=torch.sqrt((1 - s.square()).clamp_min(0)).tolist(), n_iter=res.n_iter.tolist(),
-                            server_n_iter=server.n_iter.tolist(), z_distance_at=distance(res_at, server_at).tolist(),
-                            at_iteration=at_iteration, bytes=res.bytes, costs=res.costs,
-                            mean_error=None if res.mean_error is None else res.mean_error.tolist(),
-                            server_bytes=float(2 * K * d * r * server.z.element_size() * int(server.n_iter[0]))))
-    return out
-
-
-def spiked_setup(n_workers=8, seed=0):
-    """The problem of docs/RESULTS.md's "Without a server": the spiked model (``n = 800``,
-    ``d = 30``, ``r = 2``, support 5) dealt IID over ``n_workers`` workers, and two graphs of them, a
-    ring and a random connected graph (average degree 3, ``seed``); ``(X, groups, {name: Graph})``."""
-    from ...graph import random_connected, ring
-    from .data import spiked_covariance, split_rows
-
-    sp = spiked_covariance(n=800, d=30, r=2, support=5, seed=seed)
-    groups = split_rows("iid", n_workers, n=len(sp.X), seed=seed)
-    return sp.X, groups, {"ring": ring(n_workers), "random": random_connected(n_workers, 3.0, seed=seed)}
-
-
-def serverless_table(n_workers=8, inner=(1, 3, 10, 30), methods=CONSENSUS_METHODS, graphs=("ring", "random"),
-                     alpha=200.0, seed=0, max_iter=300, exchange="plain", exchange_options=None):
-    """docs/RESULTS.md's "Without a server": rows of :func:`compare_with_server` on
-    :func:`spiked_setup`'s problem per graph, consensus method and inner iteration count, with
-    the graph's name (trial 0's numbers; ``estimated_paillier_seconds`` from the exchange's cost
-    model, None without one)."""
-    X, groups, made = spiked_setup(n_workers, seed)
-    rows = []
-    for name in graphs:
-        for method in methods:
-            for row in compare_with_server(X, 2, made[name], inner, consensus=method, exchange=exchange,
-                                           exchange_options=exchange_options, groups=groups, alpha=alpha,
-                                           max_iter=max_iter, tol=1e-6, seed=seed):
-                costs = row.pop("costs")
-                rows.append(dict(graph=f"{name}({n_workers})", **{k: (v[0] if isinstance(v, list) else v)
-                                                                   for k, v in row.items()},
-                                 estimated_paillier_seconds=costs.get("estimated_seconds")))
-    return rows

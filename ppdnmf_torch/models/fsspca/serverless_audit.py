@@ -38,10 +38,10 @@ from ...audit.masked import collusion_audit, masked_attacks, record_seeds, tag_s
 from ...audit.neighbour import neighbour_audit
 from ...audit.recording import _as_recording, make_recording_exchange
 from ...audit.sums import public_x_max, sums_audit
-from ...errors import ConvergenceWarning, DegreeOneWarning
-from .serverless import CONSENSUS_METHODS, SERVERLESS_DEFAULTS, fit_serverless, spiked_setup
+from ...errors import DegreeOneWarning
+from .serverless import SERVERLESS_DEFAULTS, fit_serverless
 
-__all__ = ["record_serverless", "v_recovery", "audit_serverless", "paillier_scan", "audit_runs"]
+__all__ = ["record_serverless", "v_recovery", "audit_serverless", "paillier_scan"]
 
 
 def record_serverless(data, n_components, graph, *, kind="quantized", protocol="masked", n_max=1e6, g_bits=16,
@@ -178,19 +178,3 @@ def paillier_scan(data, n_components, graph, *, key_bits=128, keypairs=None, n_m
     scan = eavesdropper_paillier(rec, seeds=list(seeds.values()))["scan"]
     return {k: scan[k] for k in ("n_messages", "n_hits", "unobfuscated", "repeated_ciphertexts", "n_plaintexts",
                                  "n_seeds", "clean")}
-
-
-def audit_runs(n_workers=8, inner_iters=3, max_iter=60, alpha=200.0, seed=0, methods=CONSENSUS_METHODS):
-    """docs/THREAT_MODEL.md's runs: :func:`audit_serverless` on :func:`.serverless.spiked_setup`'s
-    problem and graphs, per consensus method; a list of dicts (graph, method, degrees, report)."""
-    X, groups, graphs = spiked_setup(n_workers, seed)
-    out = []
-    for name, graph in graphs.items():
-        for method in methods:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ConvergenceWarning)  # a fixed number of iterations
-                rep = audit_serverless(X, 2, graph, consensus=method, inner_iters=inner_iters, groups=groups,
-                                       alpha=alpha, max_iter=max_iter, tol=1e-6, seed=seed)
-            out.append(dict(graph=name, method=method, degree=rep["graph"]["degree"], plain=rep["plain"],
-                            masked=rep["masked"]))
-    return out

@@ -7,21 +7,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..._utils import ConfigError, caller_stacklevel, resolve_device, resolve_dtype
-from ...errors import DegreeOneWarning, SumLeakWarning
+from ..._utils import ConfigError, resolve_device, resolve_dtype
 from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...exchange.base import accepts_keyword
 from ...graph import Graph, check_min_degree, complete
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
-from ...checkpoint import PREFIX, CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
-    fingerprint, load_checkpoint, unpack_history
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
+from ...driver import Checkpoints, check_checkpoint_args, warn_degree_one
+from ...driver import warn_sum_leak as warn_sum_leak_of
 from ...errors import DegenerateResultWarning
-from ...penalties import cap_bounds, check_shared_caps, sum_leak_message
-from ...folderlock import FolderLock
-from .solver import SolverParams, make_sampler, restore_state, run_bcd
+from ...penalties import cap_bounds, check_shared_caps
+from .solver import SolverParams, run_bcd
 from .solver.state import DEFAULTS, PAPER_SETTINGS, STOPPING
 from ...threads import with_threads
 
@@ -149,34 +147,12 @@ def _init_seed(init_seed, seed) -> int:
     return int(value)
 
 
-def _warn_degree_one(exch, graphs) -> None:
-    """:class:`~ppdnmf_torch.errors.DegreeOneWarning` naming the agents with one neighbour, for the
-    integer (secure) exchange kinds: there the sums an agent obtains are its neighbour's term."""
-    if getattr(exch, "codec", None) is None:
-        return
-    found = [(t, a) for t, g in enumerate(graphs) for a, d in enumerate(g.degree.tolist()) if d == 1]
-    if not found:
-        return
-    names = [str(a) if len(graphs) == 1 else f"{a} (trial {t})" for t, a in found]
-    shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
-    warnings.warn(
-        f"agents [{shown}] have a single neighbour: each learns that neighbour's U_j exactly from its "
-        "sums; min_degree=2 refuses such graphs (docs/THREAT_MODEL.md)", DegreeOneWarning,
-        stacklevel=caller_stacklevel())
-
-
-
 def warn_sum_leak(exch, params, caps, degrees) -> None:
-    """:class:`~ppdnmf_torch.errors.SumLeakWarning` (once, at the user's line) when an integer
-    (secure) exchange runs the ADMM X-step under a schedule whose weights differ across a
-    receiver's neighbours: ``adaptive``, or ``paper`` with unequal caps in a trial. ``caps (T, N)``,
-    ``degrees``: one LongTensor ``(N,)`` per trial (receivers of degree >= 2 are at stake; degree 1
-    has its own warning, :class:`~ppdnmf_torch.errors.DegreeOneWarning`)."""
-    if getattr(exch, "codec", None) is None or params.x_solver != "admm":
-        return
-    message = sum_leak_message(params.penalty_schedule, caps, degrees)
-    if message is not None:
-        warnings.warn(message, SumLeakWarning, stacklevel=caller_stacklevel())
+    """:class:`~ppdnmf_torch.errors.SumLeakWarning` (the driver's, once, at the user's line) when an
+    integer (secure) exchange runs the ADMM X-step under a schedule whose weights differ across a
+    receiver's neighbours (the incremental X-step sends no neighbour sums)."""
+    if params.x_solver == "admm":
+        warn_sum_leak_of(exch, params.penalty_schedule, caps, degrees)
 
 
 def _preflight(exch, blocks, caps, degree, params=None):
@@ -199,41 +175,17 @@ def _preflight(exch, blocks, caps, degree, params=None):
 
 def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
          checkpoint_every=0, resume_from=None):
-    # hashing the data costs a pass over it: only runs that write or read checkpoints need it
-    fp = fingerprint(problem, params, exch) if (checkpoint_dir is not None or resume_from is not None) else ""
-    state = sampler = history = None
-    if resume_from is not None:
-        payload = load_checkpoint(resume_from)
-        if payload["fingerprint"] != fp:
-            raise CheckpointError(
-                f"resume_from: checkpoint {payload['path']!r} belongs to a different run (data, graph, "
-                "seed, solver parameters or quantization differ)"
-            )
-        check_payload(payload, problem, params)  # content hashes, shapes, dtypes, history vs bcd_done
-        state = restore_state(payload, device)
-        sampler = make_sampler(problem, params)
-        sampler.load_state_dict(payload["sampler"])
-        history = unpack_history(payload["history"])
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume_key="resume_from")
     check_iteration_buffers(problem, params.rank, params.x_iters)
-    checkpointer = lock = None
-    if checkpoint_dir is not None:
-        adopt = ()
-        if resume_from is not None:  # the resumed segment's own files are this run's to prune
-            here = os.path.abspath(os.fspath(checkpoint_dir))
-            if os.path.dirname(os.path.abspath(payload["path"])) == here:
-                adopt = [f for f in checkpoint_files(here) if checkpoint_iteration(f) <= payload["bcd_done"]]
-        checkpointer = Checkpointer(str(checkpoint_dir), every=checkpoint_every, adopt=adopt)
+    plan = None
+    if checkpoint_dir is not None or resume_from is not None:  # the engine's checkpoints (ppdnmf_torch.driver)
+        here = None if checkpoint_dir is None else os.path.abspath(os.fspath(checkpoint_dir))
+        plan = Checkpoints(checkpoint_dir, every=checkpoint_every, resume=False if resume_from is None else resume_from,
+                           resume_key="resume_from", hint=f"resume_from={here!r}")
     if accepts_keyword(exch.bind, "fuse"):
         exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
     else:  # an exchange written against the older interface
         exch.bind(problem.topology, dtype=dtype, device=device)
-    if resume_from is not None and hasattr(exch, "load_cost_state"):
-        if "exchange_costs" not in payload and getattr(exch, "cost_state", dict)():
-            warnings.warn(
-                f"resume_from: checkpoint {payload['path']!r} predates the exchange's cost counters: the costs "
-                "of the resumed run count its own segment only", UserWarning, stacklevel=3,
-            )
-        exch.load_cost_state(payload.get("exchange_costs", {}))  # cumulative over both segments
 
     first = {}  # X after the first BCD iteration, sketched, for the degenerate-result check
 
@@ -250,12 +202,8 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
         return callback(info)
 
     try:
-        if checkpointer is not None:
-            lock = _lock_checkpoint_dir(checkpoint_dir, payload["path"] if resume_from is not None else None)
         try:
-            state, history, info = run_bcd(problem, params, exch, callback=cb, state=state,
-                                           sampler=sampler, history=history, checkpointer=checkpointer,
-                                           fingerprint=fp)
+            state, history, info = run_bcd(problem, params, exch, callback=cb, checkpoints=plan)
         except Exception as exc:
             if params.fuse and _no_compiler(exc):
                 raise ConfigError(
@@ -272,28 +220,8 @@ def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkp
             costs = dict(costs, transcript=exch.transcript)
     finally:
         exch.close()
-        if lock is not None:
-            lock.release()
     _warn_if_degenerate(problem, state, history, first.get("X"), info["n_iter"], params)
     return state, history, info, costs
-
-
-def _lock_checkpoint_dir(checkpoint_dir, continued=None) -> FolderLock:
-    """Hold ``checkpoint_dir`` for this run (as the CLI holds its run folders,
-    :mod:`~ppdnmf_torch.folderlock`), and refuse it when it holds checkpoints of another run:
-    this run would overwrite and prune them, and resuming that run would pick up this one's.
-    ``continued``: the checkpoint a resumed run continues (its folder's files are its own)."""
-    here = os.path.abspath(os.fspath(checkpoint_dir))
-    lock = FolderLock(here, key="checkpoint_dir", error=CheckpointError).acquire()
-    files = checkpoint_files(here)
-    if files and (continued is None or os.path.dirname(os.path.abspath(continued)) != here):
-        lock.release()
-        raise CheckpointError(
-            f"checkpoint_dir: {here} holds the checkpoints of another run (newest: {os.path.basename(files[-1])}); "
-            f"continue that run with resume_from={here!r}, remove its {PREFIX}*.pt files to start over there, "
-            "or give this run another checkpoint_dir"
-        )
-    return lock
 
 
 def _warn_if_degenerate(problem, state, history, sketch_first, n_iter, params) -> None:
@@ -399,13 +327,15 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         Further settings of the kind's spec (e.g. ``workers``, ``cost_model``;
         :data:`~ppdnmf_torch.exchange.EXCHANGE_OPTIONS`).
     checkpoint_dir : str or Path, optional
-        Write crash-safe checkpoints there (every ``checkpoint_every`` BCD iterations, and
-        on Ctrl-C, which then raises :class:`~ppdnmf_torch.models.ppdnmf.solver.RunInterrupted`).
+        Write crash-safe checkpoints there (the engine's format, :mod:`ppdnmf_torch.checkpoint`):
+        every ``checkpoint_every`` BCD iterations, at the end and on Ctrl-C, which then raises
+        :class:`~ppdnmf_torch.driver.RunInterrupted`; the newest two are kept. The folder is locked.
     checkpoint_every : int
-        BCD iterations between checkpoints (``0``: only on Ctrl-C).
+        BCD iterations between checkpoints (``0``: only at the end and on Ctrl-C).
     resume_from : str or Path, optional
         A checkpoint file, or a folder whose newest checkpoint is used. The run must be
-        the same (data, graph, seed, parameters); it continues bit for bit (on CPU: CUDA's
+        the same (data, graph, seed, parameters: a difference is refused by name; ``bcd_iters``
+        may change, not below the iterations done); it continues bit for bit (on CPU: CUDA's
         atomic additions may round differently from run to run).
     fuse : bool
         Compile the ADMM iterations with TorchInductor: small problems run a whole
@@ -511,7 +441,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
                             penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
-    _warn_degree_one(exch, [graph])
+    warn_degree_one(exch, [graph])
     warn_sum_leak(exch, params, caps[None], [graph.degree])
     try:
         check_shared_caps(caps, params.penalty_schedule)
@@ -673,7 +603,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
                             penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
                             x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
                                           x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
-    _warn_degree_one(exch, graphs)
+    warn_degree_one(exch, graphs)
     warn_sum_leak(exch, params, caps, [g.degree for g in graphs])
     try:
         check_shared_caps(caps, params.penalty_schedule)

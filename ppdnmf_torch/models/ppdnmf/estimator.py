@@ -25,6 +25,7 @@ import torch
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, check_non_negative, validate_data
 
+from ...driver import seed_of
 from ...errors import ConfigError, DataError
 from ...graph import Graph, complete, ring
 from ...threads import using_threads
@@ -37,25 +38,6 @@ __all__ = ["PPDNMF"]
 
 #: densified blocks of a ``scipy.sparse`` input above this many bytes are refused
 MAX_DENSE_BYTES = 2 << 30
-
-
-def _seed_of(random_state) -> int:
-    """An integer seed from ``random_state``: an int, None (a fresh seed from numpy's global
-    generator, as scikit-learn does) or a ``numpy.random.RandomState`` / ``Generator``."""
-    import numpy as np
-
-    if random_state is None:
-        return int(np.random.randint(0, 2**31 - 1))
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
-        if random_state < 0:
-            raise ConfigError(f"random_state: must be >= 0, got {random_state!r}")
-        return int(random_state)
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**31 - 1))
-    raise ConfigError(f"random_state: expected None, an integer >= 0 or a numpy random generator, "
-                      f"got {random_state!r}")
 
 
 def _dense_columns(Z, columns, n_agents: int):
@@ -306,7 +288,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         g = self._graph(n_samples)
         K = self.n_components if self.n_components is not None else n_features
         Z, columns = _dense_columns(Xs.T.tocsc() if hasattr(Xs, "toarray") else Xs.T, self.columns, g.n_agents)
-        seed = _seed_of(self.random_state)
+        seed = seed_of(self.random_state)
         kw = self._fit_keywords(seed)
         result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback, **kw)
         self._set_fitted(result, kw.get("y_solver", DEFAULTS["y_solver"]), as_tensor)

@@ -33,16 +33,19 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
 A sparse ``X`` stays sparse (:func:`~.agent_columns.agent_columns` over the rank's slots).
 The rank's start comes from one function, :func:`initial_rank_state`.
 
-Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/`` (:mod:`.checkpoint`'s files and checks:
-``symnmf_it<k>.pt``, written atomically, a content hash, a fingerprint), with ``partition.json``
-beside them (rank 0's), as PPDNMF's engine lays them out. A rank writes its own agents' variables
-only (their slots of the copies, duals and ``V_i``, and ``mu_i``), the penalty draws of its edges
-and its generators' states, its cost counters, and what every rank has alike (``lambda``, the
-history, the last mean copy); no key, mask seed or private value of the exchange (rebuilt on
-resume, with new keys and seeds). A resumed run (the same world size and partition: checked
-against ``partition.json`` and each checkpoint's fingerprint) continues from the newest outer
-iteration every rank has a checkpoint of, bit for bit: the factors equal an uninterrupted run's,
-and the single process's under ``share="all"``.
+The run is the engine's driver over the single process's model (:class:`~.agents_run.AgentsRun`)
+on the rank's agents (:class:`RankAgentsRun`: the penalty's sums and the metrics across ranks, the
+rank's slots in its checkpoints), with the driver's rank coordination
+(:class:`~ppdnmf_torch.driver.RankCoordinator`): the stop decision agreed after every outer
+iteration, and checkpoints per rank, ``<checkpoint_dir>/rank<r>/`` (the engine's format), with
+``partition.json`` beside them (rank 0's). A rank writes its own agents' variables only (their
+slots of the copies, duals and ``V_i``, and ``mu_i``), the penalty draws of its edges and its
+generators' states, its cost counters, and what every rank has alike (``lambda``, the history,
+the last mean copy); no key, mask seed or private value of the exchange (rebuilt on resume, with
+new keys and seeds). A resumed run (the same world size and partition, settings and inputs,
+checked on every rank) continues from the newest outer iteration every rank has a checkpoint
+of, bit for bit: the factors equal an uninterrupted run's, and the single process's under
+``share="all"``.
 
 The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come from per-rank
 sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
@@ -62,40 +65,37 @@ single process.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import time
-import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..._utils import derive_seed
-from ...checkpoint import write_atomically
 from ...distributed.comm import EXIT_PEER_FAILED, Comm, DistributedError
 from ...distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ...distributed.launch import check_local_ranks, launch_local
 from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.secure import SecureHalo
-from ...errors import ConfigError, ConvergenceWarning, DataError
+from ...checkpoint import digest
+from ...driver import (Checkpoints, Ledgers, RankCoordinator, Resources, check_checkpoint_args, drive, warn_degree_one,
+                       warn_sum_leak)
+from ...errors import ConfigError, DataError
 from ...exchange import Exchange
 from ...exchange.aggregation import AGGREGATION_KINDS
 from ...exchange.spec import exchange_spec
 from ...graph import check_min_degree
 from ...penalties import check_shared_caps
 from ...threads import with_threads
-from . import checkpoint as ckpt
 from .agent_columns import agent_columns, local_t_product
-from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
-                     _history_tensors, _scatter_rows, _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums,
-                     lambda_terms, partition_nodes, private_start, _start_seeds, x_step, y_step)
+from .agent_setup import (ADAPTIVE_LAMBDA0, agent_caps, agent_graphs, check_settings, common_start, node_parts,
+                          private_start, start_seeds)
+from .agent_steps import STATE_NAMES, AgentsState, gather_rows, lambda_from_sums, lambda_terms
+from .agents import AgentsResult, agents_costs, agents_result, settings_of
+from .agents_run import AgentsRun, AgentsSetup
 from .operator import as_similarity
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda",
-           "initial_rank_state"]
+           "initial_rank_state", "RankAgentsRun"]
 
 #: what crosses ranks for the adaptive penalty (:func:`rank_lambda`)
 SHARE_MODES = ("all", "sums")
@@ -145,7 +145,7 @@ def rank_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor, layout:
     return lambda_from_sums(lam, sums)
 
 
-def _rank_metrics(Z, st: _State, idx, layout: RankLayout, comm: Comm, x_norm2, k: int):
+def _rank_metrics(Z, st: AgentsState, idx, layout: RankLayout, comm: Comm, x_norm2, k: int):
     """The history's ``E``, ``objective``, ``uv_dist``, ``consensus`` of outer iteration ``k`` from
     per-rank sums, and ``Ubar (1, n, r)`` (module docstring); every value the same on every rank.
 
@@ -159,7 +159,7 @@ def _rank_metrics(Z, st: _State, idx, layout: RankLayout, comm: Comm, x_norm2, k
                            what=f"the mean copy of outer iteration {k}").to(st.Xc.device)[None] / N
     XtU = local_t_product(Z, Ubar[:, None].expand_as(st.Xc))[:, slots]  # X_i^T Ubar, (1, n_own, m, r)
     Xc, Vo, io = st.Xc[:, slots], st.V[:, slots], idx[:, slots]
-    Urows = _gather_rows(Ubar[:, None].expand_as(Xc), io)  # Ubar[S_i], zero on padding
+    Urows = gather_rows(Ubar[:, None].expand_as(Xc), io)  # Ubar[S_i], zero on padding
     r = Vo.shape[-1]
     local = torch.cat([torch.stack([(XtU * Urows).sum(), (XtU * Vo).sum(), (Urows - Vo).square().sum()]),
                        (Vo.mT @ Vo).sum(dim=(0, 1)).reshape(-1)])  # and this rank's share of V^T V
@@ -225,81 +225,47 @@ def _rank_aggregation(aggregation, options, kind: str, penalty, n_agents: int) -
         raise ConfigError(f"aggregation_options: the plain all-reduce takes none, got {sorted(options)}")
 
 
-#: the agents' variables a rank's checkpoint holds, its own slots only (``mu`` too, once set)
-_SLOT_STATE = ("Xc", "U", "P", "Q", "Q_prev", "V")
+class RankAgentsRun(AgentsRun):
+    """:class:`~.agents_run.AgentsRun` on a rank's agents (slots of the rank's layout): the
+    adaptive penalty's sums (:func:`rank_lambda`) and the metrics (:func:`_rank_metrics`) cross the
+    ranks, and a checkpoint holds the rank's own slots."""
 
+    def __init__(self, setup: AgentsSetup, state: AgentsState, U_prev, *, settings: dict, inputs, layout: RankLayout,
+                 comm: Comm, share: str):
+        super().__init__(setup, state, U_prev, settings=settings, inputs=inputs)
+        self.lay, self.comm, self.share = layout, comm, share
+        self._slots = layout.slots.to(state.Xc.device)
 
-def _rank_dir(checkpoint_dir, rank: int) -> str:
-    return os.path.join(os.fspath(checkpoint_dir), f"rank{rank:03d}")
+    def update_lambda(self, k: int) -> torch.Tensor:
+        st = self.st
+        return rank_lambda(st.lam, gather_rows(st.Xc, self.s.idx), st.V, self.lay, self.comm, share=self.share,
+                           what=f"the adaptive penalty of outer iteration {k}")
 
+    def metrics(self, k: int) -> tuple:
+        return _rank_metrics(self.s.Z, self.st, self.s.idx, self.lay, self.comm, self.s.x_norm2, k)
 
-def _rank_fingerprint(sim_digest: str, graph, idx, U0, caps, params: dict, codec, part: Partition, rank: int) -> str:
-    """What fixes a rank's numbers: the data, the start, the parts, the graph, the caps, the settings
-    (``max_iter`` aside: a resumed run may run longer), the exchange's arithmetic (``plain`` or the
-    integer codec's: ``quantized`` and ``paillier`` resume each other), this rank and the partition."""
-    settings = {key: v for key, v in params.items() if key not in ("max_iter", "spec", "owner")}
-    arith = None if codec is None else (float(codec.n_max), int(codec.g_bits))
-    return ckpt.digest("symnmf-rank", sim_digest, U0, idx, graph.src, graph.dst, caps, settings, arith, int(rank),
-                       part.world_size, list(part.owner))
+    def not_converged(self, k: int, tol: float) -> str:
+        return f"fit_symnmf_rank: no convergence to tol={tol} in {k} iterations"
 
+    def slots(self, t: torch.Tensor) -> torch.Tensor:
+        return t[0, self._slots]
 
-def _resume_body(comm: Comm, checkpoint_dir, part: Partition, fingerprint: str) -> dict | None:
-    """The checkpoint of the newest outer iteration every rank has (None when no rank has one: a
-    fresh start, as one process's ``resume``), after the checks. A failed check on any rank stops
-    every rank with that rank's reason (:class:`~.checkpoint.SymNMFCheckpointError`), also where
-    the ranks see different folders (``partition.json`` on rank 0's machine only, say)."""
-    where = os.fspath(checkpoint_dir)
-    meta = os.path.join(where, "partition.json")
-    why = None
-    if os.path.isfile(meta):
-        with open(meta, encoding="utf-8") as fh:
-            saved = json.load(fh)
-        if saved.get("world_size") != part.world_size or list(saved.get("owner", [])) != list(part.owner):
-            why = (f"resume: the checkpoints in {where!r} were written by {saved.get('world_size')} ranks with the "
-                   f"owners {saved.get('owner')}; this run has {part.world_size} ranks with the owners "
-                   f"{list(part.owner)}. Resume with the same world size and partition (each rank holds its own "
-                   "agents' state)")
-    _agree_or_raise(comm, why)
-    every = comm.all_gather_object(ckpt.iterations(_rank_dir(where, comm.rank)), category="setup",
-                                   what="the checkpoints' outer iterations")
-    if not any(every):
-        return None
-    common = set(every[0]).intersection(*map(set, every[1:]))
-    if not common:
-        raise ckpt.SymNMFCheckpointError(f"resume: no outer iteration has a checkpoint on every rank in {where!r} "
-                                         f"(the ranks have {every})")
-    body, why = None, None
-    try:
-        body = ckpt.load(ckpt.checkpoint_path(_rank_dir(where, comm.rank), max(common)), fingerprint)
-    except ckpt.SymNMFCheckpointError as exc:
-        why = str(exc)
-    _agree_or_raise(comm, why)
-    return body
-
-
-def _agree_or_raise(comm: Comm, why: str | None) -> None:
-    """Every rank's check: the first failing rank's reason on every rank, or nothing."""
-    whys = comm.all_gather_object(why, category="setup", what="the checkpoints' checks")
-    bad = [(q, w) for q, w in enumerate(whys) if w is not None]
-    if bad:
-        raise ckpt.SymNMFCheckpointError(f"rank {bad[0][0]}: {bad[0][1]}")
-
-
-def _restore(st: _State, body: dict, slots: torch.Tensor) -> None:
-    """A checkpoint's variables into the rank's own slots of ``st`` (the free slots keep the start)."""
-    saved = body["state"]
-    dev = st.Xc.device
-    for key in _SLOT_STATE:
-        getattr(st, key)[0, slots] = saved[key].to(dev)
-    st.g, st.lam = saved["g"].to(dev), saved["lam"].to(dev)
-    if "mu" in saved:
-        st.mu = torch.ones((1, st.Xc.shape[1], 1, 1), dtype=st.Xc.dtype, device=dev)
-        st.mu[0, slots] = saved["mu"].to(dev)
+    def load_state(self, tensors: dict, extra: dict) -> None:
+        """The checkpoint's variables into the rank's own slots (the free slots keep the start)."""
+        st, dev = self.st, self.st.Xc.device
+        for key in STATE_NAMES:
+            getattr(st, key)[0, self._slots] = tensors[key].to(dev)
+        st.g, st.lam = tensors["g"].to(dev), tensors["lam"].to(dev)
+        if "mu" in tensors:
+            st.mu = torch.ones((1, st.Xc.shape[1], 1, 1), dtype=st.Xc.dtype, device=dev)
+            st.mu[0, self._slots] = tensors["mu"].to(dev)
+        self.U_prev = tensors["U_prev"].to(dev)
+        self.plain_bytes = int(extra["plain_bytes"])
 
 
 def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayout, seed: int,
                        g0: torch.Tensor, lam: torch.Tensor, start: str = "private",
-                       start_seed: int | None = None) -> _State:
+                       start_seed: int | None = None) -> AgentsState:
     """The rank's start, the single process's (:func:`~.agents.fit_symnmf_agents`) for the rank's
     agents: every copy ``U_0``, ``P = Q = Q_prev = 0``, and ``V_i`` as ``start`` says: agent
     ``layout.agents[j]``'s own private draw (:func:`~.agents.private_start`: its own CSPRNG seed,
@@ -324,11 +290,11 @@ def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayo
     if start == "private":
         slots = layout.slots.to(idx_loc.device)
         V = torch.zeros((1, S, idx_loc.shape[-1], U0.shape[-1]), dtype=U0.dtype, device=U0.device)
-        V[0, slots] = private_start(U0[None], idx_loc[:, slots], _start_seeds(start_seed, 1),
+        V[0, slots] = private_start(U0[None], idx_loc[:, slots], start_seeds(start_seed, 1),
                                     agents=layout.agents.tolist())[0]
     else:
-        V = _gather_rows(copies, idx_loc)
-    return _State(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(), V=V, g=g0, lam=lam)
+        V = gather_rows(copies, idx_loc)
+    return AgentsState(Xc=copies, U=copies.clone(), P=zeros, Q=zeros.clone(), Q_prev=zeros.clone(), V=V, g=g0, lam=lam)
 
 
 @with_threads
@@ -376,7 +342,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
         Continue from the newest outer iteration every rank has a checkpoint of (the same
         problem, settings, world size and partition; ``max_iter`` may differ), bit for bit; no
         checkpoint on any rank: a fresh start. Another run's checkpoints, or another world size
-        or partition, raise :class:`~.checkpoint.SymNMFCheckpointError`.
+        or partition, raise :class:`~ppdnmf_torch.checkpoint.CheckpointError` (naming what differs).
     partition : {"rcm", "block"} or Partition
         Which rank holds which agent (:func:`~ppdnmf_torch.distributed.partition_agents`).
     assignment : sequence of N ints, optional
@@ -395,36 +361,22 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
     -------
     SymRankResult
     """
+
     if share not in SHARE_MODES:
         raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
-    mu = _check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule,
-                         penalty_mode=penalty_mode, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, start=start, rank=rank, n_agents=n_agents, x_iters=x_iters,
-                         y_iters=y_iters, max_iter=max_iter)
-    dev = comm.device
-    sim = as_similarity(X, device=dev, dtype=dtype)
+    mu = check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule, penalty_mode=penalty_mode,
+                        start=start, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters, max_iter=max_iter)
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
+    sim = as_similarity(X, device=comm.device, dtype=dtype)
     if sim.batched:
         raise DataError("X: one (n, n) similarity matrix; a run over ranks is one trial")
-    n, dt = sim.n, sim.dtype
-    N, r = int(n_agents), int(rank)
-    g = _graphs(graph, N, 1, [int(seed)])[0]
+    N, r, seeds = int(n_agents), int(rank), [int(seed)]
+    g = agent_graphs(graph, N, 1, seeds)[0]
     check_min_degree(g, min_degree)
-    caps = _caps(g_cap, 1, N, dev)
+    caps = agent_caps(g_cap, 1, N, comm.device)
     check_shared_caps(caps, penalty_schedule)
-    idx = partition_nodes(n, N, [int(seed)]) if parts is None else torch.as_tensor(parts, dtype=torch.long)
-    idx = idx[None] if idx.dim() == 2 else idx
-    if idx.shape[:2] != (1, N):
-        raise ConfigError(f"parts: expected shape (n_agents, m) = ({N}, m), got {tuple(idx.shape)}")
-    hits = torch.bincount(idx.reshape(-1).clamp(0, n), minlength=n + 1)
-    if bool((hits[:n] != 1).any()) or bool((idx < 0).any()) or bool((idx > n).any()):
-        raise ConfigError("parts: the parts must cover every node exactly once")
-    if U0 is None:
-        U0 = torch.rand((n, r), generator=torch.Generator().manual_seed(derive_seed(int(seed), "symnmf_agents_init")),
-                        dtype=torch.float64)
-    U0 = torch.as_tensor(np.asarray(U0) if not isinstance(U0, torch.Tensor) else U0).to(dev, dt)
-    U0 = U0[0] if U0.dim() == 3 and U0.shape[0] == 1 else U0
-    if U0.shape != (n, r) or bool((U0 < 0).any()):
-        raise DataError(f"U0: expected a nonnegative ({n}, {r}) matrix, got {tuple(U0.shape)}")
+    idx = node_parts(parts, sim.n, N, seeds)
+    U0 = common_start(U0, sim.n, r, seeds, comm.device, sim.dtype)[0]
     spec = _spec(exchange, exchange_options)
     _rank_aggregation(aggregation, aggregation_options, spec.kind, penalty, N)
     part = partition if isinstance(partition, Partition) else partition_agents(g, comm.world_size, partition,
@@ -432,17 +384,39 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
     if part.world_size != comm.world_size or part.n_agents != N:
         raise ConfigError(f"partition: made for {part.world_size} ranks and {part.n_agents} agents, the run has "
                           f"{comm.world_size} ranks and {N} agents")
-    params = dict(rank=r, penalty=penalty, lam0=float(lam0), mu=mu, caps=caps.tolist(), penalty_mode=penalty_mode,
-                  penalty_schedule=penalty_schedule, start=start, x_iters=int(x_iters), y_iters=int(y_iters),
-                  max_iter=int(max_iter), tol=float(tol), seed=int(seed), spec=repr(spec), owner=part.owner,
-                  share=share, dtype=str(dt))
+    o = dict(mu=mu, penalty=penalty, lam0=lam0, x_iters=int(x_iters), y_iters=int(y_iters), tol=float(tol),
+             penalty_mode=penalty_mode, penalty_schedule=penalty_schedule, start=start, start_seed=start_seed)
+    settings = dict(settings_of(o, r, sim.dtype), seeds=seeds, g_cap=caps.tolist(), share=share,
+                    world_size=part.world_size, owner=list(part.owner), process=comm.rank)
     sim_digest = sim.digest()
-    digests = comm.all_gather_object(_digest(sim_digest, g, idx, U0, params), category="setup",
-                                     what="the check that every rank runs the same problem")
+    common = {k: v for k, v in settings.items() if k != "process"}
+    digests = comm.all_gather_object(_digest(sim_digest, g, idx, U0, dict(common, max_iter=int(max_iter),
+                                                                           spec=repr(spec), lam0=float(lam0))),
+                                     category="setup", what="the check that every rank runs the same problem")
     odd = [q for q, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise DistributedError(f"ranks {odd} run another problem than rank 0 (similarity, graph, parts, start or "
                                "settings differ): give every rank the same inputs")
+    inputs = {"X": sim_digest, "U0": digest(U0), "parts": digest(idx), "graph": digest(g.src, g.dst)}
+    coordinator = RankCoordinator(comm, part.summary())
+    with Resources() as res:
+        run = _rank_run(comm, sim, idx, U0, g, caps, part, spec, o, res, settings=settings, inputs=inputs,
+                        share=share)
+        del sim, X  # the rank keeps its agents' columns only
+        exch = run.s.exchange
+        ledgers = Ledgers(exchange=exch)
+        plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume)
+        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers,
+                    ranks=coordinator)
+        costs = agents_costs(run, ledgers)
+    return _rank_result(comm, run, out, costs, part, idx)
+
+
+def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict, res: Resources, *, settings: dict,
+              inputs: dict, share: str) -> RankAgentsRun:
+    """The model of this rank's run: the rank's layout and agents' columns, its halo exchange (bound),
+    its penalties and its start."""
+    n, r, dev, dt = sim.n, U0.shape[-1], comm.device, sim.dtype
     m = idx.shape[-1]
     itemsize = sim.data.element_size()
     # every per-agent block the solver hands to BLAS/LAPACK: Z_i, the copies, V_i, V_i^T V_i
@@ -453,97 +427,40 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None,
     idx_loc = torch.full((1, S, m), n, dtype=torch.long, device=dev)
     idx_loc[0, slots] = idx[0, lay.agents].to(dev)
     Z = agent_columns(sim, idx_loc)  # (1, S, n, m) dense, or SparseColumns
-    x_norm2 = sim.sq_norm.reshape(1)
-    del sim, X  # the rank keeps its agents' columns only
     mask = torch.zeros((1, S, n + 1), dtype=dt, device=dev).scatter_(-1, idx_loc, 1.0)[..., :n, None]
     slot_caps = torch.full((S,), float(caps[0, 0]), dtype=torch.float64, device=dev)
     slot_caps[slots] = caps[0, lay.agents.to(dev)]
-    exch = (SecureHalo(spec, lay, comm, g, part.owner, caps[0].cpu()) if spec.kind == "paillier"
-            else HaloExchange(spec, lay, comm))
-    _warn_degree_one(exch, [g])
-    _warn_sum_leak(exch, penalty_schedule, caps, [g])
-    try:
-        exch.bind(lay.local_topology(g), dtype=dt, device=dev)  # the halo binds the layout's own
-        sampler = RankSampler(slot_caps, lay.edge_src(g).to(dev), lay.edge_ids, g.src.numel(), int(seed),
-                              penalty_mode, int(x_iters), shared=penalty_schedule == "agreed")
-        lam = torch.full((1,), float(lam0 if penalty == "adaptive" else penalty), dtype=dt, device=dev)
-        st = initial_rank_state(U0, idx_loc, lay, int(seed), sampler.initial(), lam, start, start_seed)
-        history = {key: [] for key in ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")}
-        plain_bytes, elapsed, U_prev, converged, stopped, k = 0, 0.0, U0[None], False, False, 0
-        body = fp = None
-        if checkpoint_dir is not None:
-            fp = _rank_fingerprint(sim_digest, g, idx, U0, caps, params, exch.codec, part, comm.rank)
-            if resume:
-                body = _resume_body(comm, checkpoint_dir, part, fp)
-            if comm.rank == 0:
-                write_atomically(os.path.join(os.fspath(checkpoint_dir), "partition.json"),
-                                 lambda fh: json.dump(part.summary(), fh), binary=False)
-        if body is not None:
-            _restore(st, body, slots)
-            sampler.load_state_dict(body["sampler"])
-            exch.load_cost_state(body["exchange_costs"])
-            history = _history_lists(body["history"])
-            k, elapsed, plain_bytes = int(body["k"]), float(body["elapsed"]), int(body["plain_bytes"])
-            U_prev, converged = body["U_prev"].to(dev), bool(body["converged"])
+    exch = res.own(SecureHalo(spec, lay, comm, g, part.owner, caps[0].cpu()) if spec.kind == "paillier"
+                   else HaloExchange(spec, lay, comm))
+    warn_degree_one(exch, [g])
+    warn_sum_leak(exch, o["penalty_schedule"], caps, [g.degree])
+    exch.bind(lay.local_topology(g), dtype=dt, device=dev)  # the halo binds the layout's own
+    sampler = RankSampler(slot_caps, lay.edge_src(g).to(dev), lay.edge_ids, g.src.numel(), int(settings["seeds"][0]),
+                          o["penalty_mode"], o["x_iters"], shared=o["penalty_schedule"] == "agreed")
+    adaptive = o["penalty"] == "adaptive"
+    lam = torch.full((1,), float(o["lam0"] if adaptive else o["penalty"]), dtype=dt, device=dev)
+    st = initial_rank_state(U0, idx_loc, lay, int(settings["seeds"][0]), sampler.initial(), lam, o["start"],
+                            o["start_seed"])
+    setup = AgentsSetup(Z=Z, idx=idx_loc, mask=mask, n=n, x_norm2=sim.sq_norm.reshape(1), sim=None, mu=o["mu"],
+                        x_iters=o["x_iters"], y_iters=o["y_iters"], adaptive=adaptive, tol=o["tol"], sampler=sampler,
+                        exchange=exch, aggregator=None, plain_bytes=g.src.numel() * n * r * itemsize * o["x_iters"])
+    return RankAgentsRun(setup, st, U0[None], settings=settings, inputs=lambda: inputs, layout=lay, comm=comm,
+                         share=share)
 
-        def save():
-            state = {key: getattr(st, key)[0, slots].detach().cpu() for key in _SLOT_STATE}
-            state.update(g=st.g.detach().cpu(), lam=st.lam.detach().cpu())
-            if st.mu is not None:
-                state["mu"] = st.mu[0, slots].detach().cpu()
-            ckpt.save(_rank_dir(checkpoint_dir, comm.rank), {
-                "k": k, "fingerprint": fp, "agents": lay.agents.tolist(), "state": state,
-                "sampler": sampler.state_dict(), "exchange_costs": exch.cost_state(),
-                "history": _history_tensors(history), "elapsed": elapsed, "plain_bytes": plain_bytes,
-                "U_prev": U_prev.detach().cpu(), "converged": converged})
 
-        t0 = time.perf_counter() - elapsed
-        while k < int(max_iter) and not converged and not stopped:
-            k += 1
-            x_step(Z, st, idx_loc, mask, sampler, exch, mu=mu, x_iters=int(x_iters), bcd_iter=k)
-            y_step(Z, st, idx_loc, y_iters=int(y_iters))
-            if penalty == "adaptive":
-                st.lam = rank_lambda(st.lam, _gather_rows(st.Xc, idx_loc), st.V, lay, comm, share=share,
-                                     what=f"the adaptive penalty of outer iteration {k}")
-            row, Ubar = _rank_metrics(Z, st, idx_loc, lay, comm, x_norm2, k)
-            plain_bytes += g.src.numel() * n * r * itemsize * int(x_iters)
-            counted = sum(exch.bytes_per_edge().values())
-            elapsed = time.perf_counter() - t0
-            row.update(time=elapsed, bytes=float(counted if counted else plain_bytes))
-            for key, v in row.items():
-                history[key].append(v.detach().cpu().numpy().copy() if isinstance(v, torch.Tensor) else v)
-            change = torch.linalg.matrix_norm(Ubar - U_prev) / torch.linalg.matrix_norm(Ubar).clamp_min(
-                torch.finfo(dt).tiny)
-            U_prev = Ubar
-            stop = bool(callback(k, {key: history[key][-1] for key in history})) if callback is not None else False
-            done = tol > 0 and bool((change < tol).all())
-            flags = comm.all_reduce(torch.tensor([int(stop), int(done)], dtype=torch.int64), category="metrics",
-                                    op=dist.ReduceOp.MAX, what=f"the stop decision of outer iteration {k}")
-            stopped = bool(int(flags[0]))
-            converged = not stopped and bool(int(flags[1]))
-            if checkpoint_dir is not None and checkpoint_every and k % checkpoint_every == 0:
-                save()
-        if checkpoint_dir is not None and not (checkpoint_every and k % checkpoint_every == 0) and (
-                body is None or k > int(body["k"])):
-            save()
-        if tol > 0 and not converged:
-            warnings.warn(f"fit_symnmf_rank: no convergence to tol={tol} in {k} iterations", ConvergenceWarning,
-                          stacklevel=2)
-        costs = dict(exch.costs())
-    finally:
-        exch.close()
+def _rank_result(comm: Comm, run: RankAgentsRun, out, costs: dict, part: Partition, idx) -> SymRankResult:
+    """Rank 0 gathers every agent's copy and ``V_i`` into the single process's result (evaluation
+    only); every rank keeps its own agents' and the ranks' summaries."""
+    st, lay, slots = run.st, run.lay, run._slots
     gathered = {name: gather_agents(comm, lay, t, part.counts(), part.agents, what=f"the output gather of {name}")
                 for name, t in (("U", st.Xc), ("V", st.V))}
     own = {"agents": lay.agents.tolist(), "U": st.Xc[0, slots].clone(), "V": st.V[0, slots].clone(),
-           "parts": idx_loc[0, slots].clone()}
+           "parts": run.s.idx[0, slots].clone()}
     mine = dict(lay.summary(), sent=dict(comm.sent))
     ranks = comm.all_gather_object(mine, what="the ranks' summaries")
     result = None
     if comm.rank == 0:
-        U_agents, V_agents = gathered["U"], gathered["V"]
-        idx_d = idx.to(dev)
-        result = AgentsResult(U=U_agents.mean(1), V=_scatter_rows(V_agents, idx_d, n).sum(1), U_agents=U_agents,
-                              lam=st.lam, history=history, n_iter=k, parts=idx_d, costs=costs, converged=converged)
+        result = agents_result(run, out, costs, gathered["U"], gathered["V"], idx.to(st.Xc.device))
     return SymRankResult(result, part, ranks if comm.rank == 0 else [mine], own)
 
 

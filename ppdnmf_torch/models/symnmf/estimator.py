@@ -26,6 +26,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import validate_data
 
 from ..._utils import sparse_csr
+from ...driver import seed_of
 from ...errors import ConfigError, DataError
 from .clustering import cluster_labels
 from .data import initial_factor
@@ -48,16 +49,6 @@ def scaled_start(S: torch.Tensor, rank: int, trials: int, seed: int, kind: str =
         total = S.values().sum() if S.layout == torch.sparse_csr else S.sum()
         c = 2.0 * float(total / (n * n) / rank) ** 0.5
     return initial_factor(n, rank, trials=trials, seed=seed, scale=c, device=S.device, dtype=S.dtype)
-
-
-def _seed_of(random_state) -> int:
-    """An integer seed from ``random_state`` (None, an int or a numpy RandomState), as scikit-learn
-    reads it (``check_random_state``)."""
-    from sklearn.utils import check_random_state
-
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
-        return int(random_state)
-    return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 def _as_similarity(S):
@@ -96,7 +87,9 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
     max_iter : int
     tol : float
         :func:`fit_symnmf`'s stopping tolerance.
-    random_state : int, RandomState or None
+    random_state : int >= 0, numpy RandomState / Generator or None
+        The starts' seed (:func:`~ppdnmf_torch.driver.seed_of`, as every estimator of the library
+        reads it).
     device : {"auto", "cpu", "cuda"}
     dtype : {"float64", "float32"} or None
         None: float64.
@@ -178,7 +171,7 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
         """
         self._check_params()
         S, shown = self._similarity(X)
-        seed = _seed_of(self.random_state)
+        seed = seed_of(self.random_state)
         U0 = scaled_start(S, int(self.n_components), int(self.n_init), seed, self.init)
         res = fit_symnmf(S, int(self.n_components), method=self.method, penalty=self.penalty, U0=U0,
                          trials=int(self.n_init), seed=seed, max_iter=int(self.max_iter), tol=float(self.tol),

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import numbers
-import time
-import warnings
 
 import numpy as np
 import torch
 
-from ...errors import ConfigError, ConvergenceWarning, DataError
-from . import checkpoint as ckpt
+from ...checkpoint import digest
+from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
+from ...errors import ConfigError, DataError
 from .data import initial_factor
 from .objective import inner, metrics
 from .operator import as_similarity
@@ -17,7 +16,7 @@ from .penalty import PenaltyRule, initial_lambda, next_lambda, parse_penalty
 from .result import HISTORY_KEYS, SymNMFIteration, SymNMFResult
 from .symhals import SymHALS
 
-__all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY"]
+__all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY", "CentralRun"]
 
 #: every method name; ``kuang`` is SymANLS under Kuang et al.'s 1.01 schedule
 METHODS = ("symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd")
@@ -113,13 +112,16 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     callback : callable, optional
         ``callback(SymNMFIteration)`` after each iteration; returning True stops the run.
     checkpoint_dir : path, optional
-        Where checkpoints go (every ``checkpoint_every`` iterations and at the end).
+        Where checkpoints go (the engine's format, :mod:`ppdnmf_torch.checkpoint`): every
+        ``checkpoint_every`` iterations, at the end and on Ctrl-C (then
+        :class:`~ppdnmf_torch.driver.RunInterrupted`); the newest two are kept. The folder is
+        locked: a second run into it is refused, as is a fresh run into another run's checkpoints.
     checkpoint_every : int
         0: only at the end.
     resume : bool
-        Continue from the latest checkpoint in ``checkpoint_dir`` when there is one (the
-        same ``X``, start, method, penalty, options and ``tol``; ``max_iter`` may differ).
-        The iterates continue bit for bit.
+        Continue from the newest checkpoint in ``checkpoint_dir`` when there is one (the
+        same ``X``, start, method, penalty, options and ``tol``: a change is refused by name;
+        ``max_iter`` may differ). The iterates continue bit for bit.
     method_options : dict, optional
         The method's own options (A-SymHALS: ``inner_max``, ``delta``; ADMM: ``prox``;
         PGD: ``step0``, ``armijo``, ``max_backtracks``; SymANLS: ``max_pivot_iter``).
@@ -136,16 +138,13 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     """
     rank = _check_int("rank", rank, 1)
     max_iter = _check_int("max_iter", max_iter, 0)
-    checkpoint_every = _check_int("checkpoint_every", checkpoint_every, 0)
     if not isinstance(tol, numbers.Real) or not tol >= 0:
         raise ConfigError(f"tol: must be a number >= 0, got {tol!r}")
     if callback is not None and not callable(callback):
         raise ConfigError("callback: must be callable")
-    if resume and checkpoint_dir is None:
-        raise ConfigError("resume: needs a checkpoint_dir to resume from")
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     meth = make_method(method, method_options)
     sim = as_similarity(X, device=device, dtype=dtype)
-    dev, dt = sim.device, sim.dtype
     T = _check_int("trials", trials, 1)
     if sim.batched:
         if trials not in (1, sim.trials):
@@ -155,7 +154,7 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
         T = int(U0.shape[0])
     if rank > sim.n:
         raise ConfigError(f"rank: {rank} exceeds n = {sim.n}")
-    U0 = _start(U0, sim, rank, T, seed, dev, dt)
+    U0 = _start(U0, sim, rank, T, seed, sim.device, sim.dtype)
     if penalty is None:
         penalty = DEFAULT_PENALTY[method]
     if not meth.split and penalty is not None:
@@ -163,86 +162,112 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
     if method == "admm" and penalty in ("adaptive", "kuang"):
         raise ConfigError("penalty: the ADMM takes a fixed rho: a number, a number per trial, or 'bound'")
     rule = PenaltyRule("none") if penalty is None else parse_penalty(penalty, T, lam0=lam0)
-    # the fingerprint hashes X's content: only when there are checkpoints to write or read
-    fp = (ckpt.digest(sim.digest(), U0, meth.name, meth.options(), rule.describe(), float(tol))
-          if checkpoint_dir is not None else None)
+    run = CentralRun(sim, meth, rule, U0, tol=float(tol), max_iter=max_iter)
+    plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
+                                                             device=sim.device)
+    out = drive(run, max_iter=max_iter, tol=float(tol), callback=callback, checkpoints=plan)
+    hist = {key: torch.stack(vals) for key, vals in out.history.items()}
+    return SymNMFResult(U=run.W["U"], V=_v(run.W), lam=run.lam, history=hist, n_iter=run.n_iter.cpu(),
+                        converged=run.conv.cpu(), wall_time=out.elapsed, method=meth.name, penalty=rule.kind,
+                        options=meth.options())
 
-    state = meth.init_state(sim, U0)
-    prods = _products(sim, state)
-    lam = initial_lambda(rule, sim, U0, U0, prods["XV"])
-    sqX = sim.sq_norm_per_trial(T)
-    active = torch.ones(T, dtype=torch.bool, device=dev)
-    n_iter = torch.zeros(T, dtype=torch.int64, device=dev)
-    converged = torch.zeros(T, dtype=torch.bool, device=dev)
-    history = {key: [] for key in HISTORY_KEYS}
-    k, elapsed = 0, 0.0
 
-    def record(m, now):
-        for key in HISTORY_KEYS[:-1]:
-            history[key].append(m[key].detach().to("cpu", torch.float64))
-        history["time"].append(torch.full((T,), now, dtype=torch.float64))
+class CentralRun(LoopModel):
+    """The driver's hooks of a centralized symmetric-NMF method (one solver step per iteration),
+    batched over trials: a trial that meets ``tol`` is frozen (its iterate kept bit for bit)
+    while the others go on; the history's row 0 is the start. A checkpoint holds the method's
+    state ``W``, ``lambda``, the trials' flags and counts."""
 
-    path = ckpt.latest(checkpoint_dir) if (resume and checkpoint_dir is not None) else None
-    if path is not None:
-        body = ckpt.load(path, fp)
-        state = {name: body["state"][name].to(dev) for name in meth.state_names}
-        lam, active = body["lam"].to(dev), body["active"].to(dev)
-        n_iter, converged = body["n_iter"].to(dev), body["converged"].to(dev)
-        history = {key: list(body["history"][key]) for key in HISTORY_KEYS}
-        k, elapsed = int(body["k"]), float(body["elapsed"])
-        prods = _products(sim, state)
-    else:
-        record(metrics(sqX, state["U"], _v(state), prods["XU"], prods["XV"], lam), 0.0)
+    name = "symnmf"
+    start_rows = 1
+    fresh_state = False  # a method's step may reuse its tensors
 
-    def save():
-        ckpt.save(checkpoint_dir, {
-            "k": k, "fingerprint": fp, "state": {n: t.detach().cpu() for n, t in state.items()},
-            "lam": lam.cpu(), "active": active.cpu(), "n_iter": n_iter.cpu(), "converged": converged.cpu(),
-            "history": history, "elapsed": elapsed})
+    def __init__(self, sim, meth, rule: PenaltyRule, U0, *, tol: float, max_iter: int):
+        self.sim, self.meth, self.rule, self.U0, self.tol, self.max_iter = sim, meth, rule, U0, tol, max_iter
+        T, dev = U0.shape[0], sim.device
+        self.W = meth.init_state(sim, U0)
+        self.prods = _products(sim, self.W)
+        self.lam = initial_lambda(rule, sim, U0, U0, self.prods["XV"])
+        self.sqX = sim.sq_norm_per_trial(T)
+        self.active = torch.ones(T, dtype=torch.bool, device=dev)
+        self.n_iter = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.conv = torch.zeros(T, dtype=torch.bool, device=dev)
 
-    t0 = time.perf_counter() - elapsed
-    stopped = False
-    while k < max_iter and bool(active.any()) and not stopped:
-        new, new_prods = meth.step(sim, state, prods, lam)
+    def _row(self, now: float) -> dict:
+        W, T = self.W, self.U0.shape[0]
+        m = metrics(self.sqX, W["U"], _v(W), self.prods["XU"], self.prods["XV"], self.lam)
+        row = {key: m[key].detach().to("cpu", torch.float64) for key in HISTORY_KEYS[:-1]}
+        row["time"] = torch.full((T,), now, dtype=torch.float64)
+        return row
+
+    def start_row(self) -> dict:
+        return self._row(0.0)
+
+    def step(self, k: int, clock) -> dict:
+        new, new_prods = self.meth.step(self.sim, self.W, self.prods, self.lam)
+        active = self.active
         if not bool(active.all()):  # frozen trials keep their iterate bit for bit
             a3 = active[:, None, None]
-            new = {n: torch.where(a3, new[n], state[n]) for n in new}
-            new_prods = {n: torch.where(a3, new_prods[n], prods[n]) for n in new_prods}
-        W_prev = state
-        state, prods = new, new_prods
-        k += 1
-        n_iter = n_iter + active.to(torch.int64)
-        m = metrics(sqX, state["U"], _v(state), prods["XU"], prods["XV"], lam)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - t0
-        record(m, elapsed)
-        if not all(bool(torch.isfinite(m[key]).all()) for key in ("E", "objective")):
-            raise DataError(f"X: the iterates of {meth.name} became non-finite at iteration {k} "
-                            f"(penalty {rule.describe()}); check the scale of X")
-        lam = torch.where(active, next_lambda(rule, lam, state["U"], _v(state)), lam)
-        if tol > 0:
-            change = sum(inner(state[n] - W_prev[n], state[n] - W_prev[n]) for n in ("U", "V") if n in state)
-            size = sum(inner(state[n], state[n]) for n in ("U", "V") if n in state)
-            done = active & (change <= (tol * tol) * size)
-            converged = converged | done
-            active = active & ~done
-        if callback is not None:
-            info = SymNMFIteration(k, max_iter, {key: history[key][-1] for key in HISTORY_KEYS},
-                                   state["U"], _v(state), active.clone())
-            stopped = bool(callback(info))
-        if checkpoint_dir is not None and checkpoint_every and k % checkpoint_every == 0:
-            save()
-    if checkpoint_dir is not None and (path is None or k > int(body["k"])) and not (
-            checkpoint_every and k % checkpoint_every == 0 and k > 0):
-        save()
-    if tol > 0 and not stopped and bool(active.any()):
-        warnings.warn(f"{meth.name}: {int(active.sum())} of {T} trials did not reach tol={tol} in "
-                      f"{max_iter} iterations", ConvergenceWarning, stacklevel=2)
-    hist = {key: torch.stack(vals) for key, vals in history.items()}
-    return SymNMFResult(U=state["U"], V=_v(state), lam=lam, history=hist, n_iter=n_iter.cpu(),
-                        converged=converged.cpu(), wall_time=elapsed, method=meth.name, penalty=rule.kind,
-                        options=meth.options())
+            new = {n: torch.where(a3, new[n], self.W[n]) for n in new}
+            new_prods = {n: torch.where(a3, new_prods[n], self.prods[n]) for n in new_prods}
+        W_prev, self.W, self.prods = self.W, new, new_prods
+        self.n_iter = self.n_iter + active.to(torch.int64)
+        if self.sim.device.type == "cuda":
+            torch.cuda.synchronize(self.sim.device)
+        row = self._row(clock())
+        if not all(bool(torch.isfinite(row[key]).all()) for key in ("E", "objective")):
+            raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
+                            f"(penalty {self.rule.describe()}); check the scale of X")
+        W = self.W
+        self.lam = torch.where(active, next_lambda(self.rule, self.lam, W["U"], _v(W)), self.lam)
+        if self.tol > 0:
+            change = sum(inner(W[n] - W_prev[n], W[n] - W_prev[n]) for n in ("U", "V") if n in W)
+            size = sum(inner(W[n], W[n]) for n in ("U", "V") if n in W)
+            done = active & (change <= (self.tol * self.tol) * size)
+            self.conv = self.conv | done
+            self.active = active & ~done
+        return row
+
+    def converged(self, k: int, row: dict) -> bool:
+        return not bool(self.active.any())
+
+    def report(self, callback, k: int, row: dict, clock) -> bool:
+        return bool(callback(SymNMFIteration(k, self.max_iter, row, self.W["U"], _v(self.W), self.active.clone())))
+
+    def not_converged(self, k: int, tol: float) -> str:
+        return (f"{self.meth.name}: {int(self.active.sum())} of {self.U0.shape[0]} trials did not reach tol={tol} in "
+                f"{k} iterations")
+
+    # -- what a checkpoint holds ----------------------------------------------------------
+    def state(self) -> dict:
+        out = {f"W_{name}": self.W[name] for name in self.meth.state_names}
+        out.update(lam=self.lam, active=self.active, n_iter=self.n_iter, converged=self.conv)
+        return out
+
+    def load_state(self, tensors: dict, extra: dict) -> None:
+        dev = self.sim.device
+        self.W = {name: tensors[f"W_{name}"].to(dev) for name in self.meth.state_names}
+        self.lam, self.active = tensors["lam"].to(dev), tensors["active"].to(dev)
+        self.n_iter, self.conv = tensors["n_iter"].to(dev), tensors["converged"].to(dev)
+        self.prods = _products(self.sim, self.W)
+
+    def settings(self) -> dict:
+        return {"method": self.meth.name, "options": _plain(self.meth.options()), "penalty": self.rule.describe(),
+                "tol": self.tol, "dtype": str(self.U0.dtype)}
+
+    def inputs(self) -> dict:
+        return {"X": self.sim.digest(), "U0": digest(self.U0)}
+
+
+def _plain(value):
+    """A method's options as plain values (a checkpoint's settings)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return repr(value)
 
 
 def _products(sim, state):

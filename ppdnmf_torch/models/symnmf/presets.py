@@ -24,7 +24,7 @@ from ...errors import ConfigError, DataError
 from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
 from .data import synthetic_similarity
 from .estimator import scaled_start
-from .experiments import load_digits_samples, load_orl
+from .datasets import load_digits_samples, load_orl
 from .run import run_symnmf
 from .similarity import similarity_matrix
 

@@ -17,30 +17,30 @@ measured), and each rank keeps its own agents' factors (:attr:`RankResult.own`; 
 writes them to ``<out_dir>/rank<r>/factors.pt``). The factors' bits are the single-process
 ones all the same (the metrics do not feed the solver).
 
-Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/``, with ``partition.json`` beside
-them; a resumed run (same world size, same partition) continues from the newest BCD
-iteration every rank has a checkpoint of, bit for bit.
+The loop is the engine's driver with the rank's coordination
+(:class:`~ppdnmf_torch.driver.RankCoordinator`): the stop decision agreed after every BCD
+iteration, and checkpoints per rank, ``<checkpoint_dir>/rank<r>/`` (the engine's format), with
+``partition.json`` beside them; a resumed run (same world size, same partition, settings and
+data, checked on every rank) continues from the newest BCD iteration every rank has a
+checkpoint of, bit for bit.
 """
 from __future__ import annotations
 
-import glob
 import hashlib
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ...._utils import ConfigError, resolve_dtype
-from ..api import (FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, _warn_degree_one,
-                   warn_sum_leak)
-from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, unpack_history, write_atomically
+from ..api import FitResult, _history_single, _init_seed, _preflight, warn_sum_leak
+from ....checkpoint import write_atomically
+from ....driver import Checkpoints, RankCoordinator, check_checkpoint_args, warn_degree_one
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
 from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..solver import STOPPING, SolverParams, init_state, restore_state, run_bcd
+from ..solver import STOPPING, SolverParams, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
@@ -137,39 +137,26 @@ def _agree(comm: Comm, digest: str) -> None:
                                "exchange settings differ): give every rank the same inputs")
 
 
-def _rank_dir(checkpoint_dir, rank: int) -> str:
-    return os.path.join(os.fspath(checkpoint_dir), f"rank{rank:03d}")
-
-
-def _checkpoint_numbers(folder: str) -> list:
-    return sorted(int(os.path.basename(f)[len("ckpt_bcd"):-3]) for f in glob.glob(os.path.join(folder, "ckpt_bcd*.pt")))
-
-
-def _resume_payload(comm: Comm, checkpoint_dir, part: Partition) -> dict:
-    """The checkpoint of the newest BCD iteration that every rank has (after checks)."""
-    meta = os.path.join(os.fspath(checkpoint_dir), "partition.json")
-    if os.path.isfile(meta):
-        with open(meta, encoding="utf-8") as fh:
-            saved = json.load(fh)
-        if saved.get("world_size") != part.world_size or list(saved.get("owner", [])) != list(part.owner):
-            raise CheckpointError(
-                f"resume_from: the checkpoints in {os.fspath(checkpoint_dir)!r} were written by "
-                f"{saved.get('world_size')} ranks with another partition; resume with the same world size and "
-                "partition (the run's agents are laid out per rank)")
-    mine = _checkpoint_numbers(_rank_dir(checkpoint_dir, comm.rank))
-    every = comm.all_gather_object(mine, category="setup", what="the checkpoints' iterations")
-    common = set(every[0]).intersection(*map(set, every[1:]))
-    if not common:
-        raise CheckpointError(f"resume_from: no BCD iteration has a checkpoint on every rank in "
-                              f"{os.fspath(checkpoint_dir)!r} (ranks have {every})")
-    n = max(common)
-    return load_checkpoint(os.path.join(_rank_dir(checkpoint_dir, comm.rank), f"ckpt_bcd{n:06d}.pt"))
-
-
-def _rank_fingerprint(problem, params, exch, part: Partition, rank: int) -> str:
-    h = hashlib.sha256(fingerprint(problem, params, exch).encode())
-    h.update(repr((rank, part.world_size, part.owner)).encode())
-    return h.hexdigest()
+def _rank_setup(comm: Comm, blocks, graph, caps, part: Partition, spec, params: SolverParams, *, seed, init_seed,
+                dtype, device) -> tuple:
+    """The rank's layout, its exchange (the halo, or the Paillier parties), its problem (its own
+    agents' blocks, the rank's view of the graph) and its penalties' sampler."""
+    L, rank = blocks[0].shape[0], params.rank
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
+    # paillier's public range bound holds for the largest caps the schedule can reach
+    exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, params.penalty_schedule))
+            if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
+    _preflight(exch, blocks, caps, graph.degree, params)
+    warn_degree_one(exch, [graph])
+    warn_sum_leak(exch, params, caps[None], [graph.degree])
+    width = max(b.shape[1] for b in blocks)
+    problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
+                           dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
+    problem.init_seeds = [_init_seed(init_seed, seed)]
+    sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
+                          params.penalty, params.x_iters, shared=params.penalty_schedule == "agreed")
+    return exch, lay, problem, sampler
 
 
 @with_threads
@@ -260,82 +247,51 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     _check_supported(spec)
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     part = _resolve_partition(comm, graph, partition, assignment)
     _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part) + share)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
-    # paillier's public range bound holds for the largest caps the schedule can reach
-    exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
-            if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
-    _preflight(exch, blocks, caps, graph.degree, params)
-    _warn_degree_one(exch, [graph])
-    warn_sum_leak(exch, params, caps[None], [graph.degree])
-    width = max(b.shape[1] for b in blocks)
-    problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
-                           dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
-    problem.init_seeds = [_init_seed(init_seed, seed)]
     counts = [b.shape[1] for b in blocks]
+    exch, lay, problem, sampler = _rank_setup(comm, blocks, graph, caps, part, spec, params, seed=seed,
+                                              init_seed=init_seed, dtype=dtype, device=device)
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
-    sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
-                          penalty, x_iters, shared=params.penalty_schedule == "agreed")
-    fp = _rank_fingerprint(problem, params, exch, part, comm.rank) if checkpoint_dir is not None else ""
-    if fp and share != "all":  # its history has other keys: an "all" run's checkpoints are another run's
-        fp = hashlib.sha256((fp + share).encode()).hexdigest()
-    state = history = payload = None
-    if resume:
-        if checkpoint_dir is None:
-            raise ConfigError("resume: needs the checkpoint folder (checkpoint_dir)")
-        payload = _resume_payload(comm, checkpoint_dir, part)
-        if payload["fingerprint"] != fp:
-            raise CheckpointError(f"resume_from: checkpoint {payload['path']!r} belongs to a different run (data, "
-                                  "graph, seed, solver parameters, quantization or partition differ)")
-        state = restore_state(payload, device)
-        sampler.load_state_dict(payload["sampler"])
-        history = unpack_history(payload["history"])
-    checkpointer = None
-    if checkpoint_dir is not None:
-        checkpointer = Checkpointer(_rank_dir(checkpoint_dir, comm.rank), every=checkpoint_every)
-        if comm.rank == 0:
-            meta = os.path.join(os.fspath(checkpoint_dir), "partition.json")
-            write_atomically(meta, lambda fh: json.dump(part.summary(), fh), binary=False)
+    plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
+                                                             missing_ok=False)
     exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
-    if payload is not None:
-        exch.load_cost_state(payload.get("exchange_costs", {}))
-    if state is None:
-        state = init_state(problem, rank, init=params.init)  # g: the draws of the rank's edges
-    bcd_start = state.bcd_done
     agents = (RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver) if share == "all"
               else RankSums(lay, comm, mu=mu, eta=eta, y_solver=y_solver))
 
     def cb(info):
         info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
         info.iteration_costs = exch.pop_iteration_costs()
-        stop = bool(callback(info)) if callback is not None else False
-        flag = comm.all_reduce(torch.tensor([int(stop)], dtype=torch.int64), category="metrics",
-                               what=f"the stop decision of BCD iteration {info.iteration}")
-        return bool(int(flag[0]))
+        return bool(callback(info)) if callback is not None else False
 
-    lock = None
-    try:
-        if checkpointer is not None:  # as fit's: never another run's checkpoints (:func:`~..api._lock_checkpoint_dir`)
-            lock = _lock_checkpoint_dir(checkpointer.folder, payload["path"] if payload is not None else None)
-        state, history, info = run_bcd(problem, params, exch, state=state, sampler=sampler, callback=cb,
-                                       history=history, checkpointer=checkpointer, fingerprint=fp, agents=agents)
+    try:  # a rank's checkpoints are its own; its partition and share are its settings
+        state, history, info = run_bcd(problem, params, exch, sampler=sampler, callback=cb, checkpoints=plan,
+                                       agents=agents, ranks=RankCoordinator(comm, part.summary()),
+                                       settings={"process": comm.rank, "world_size": part.world_size,
+                                                 "owner": list(part.owner), "share": share})
         costs = exch.costs()
         per_edge = exch.bytes_per_edge()
         if per_edge:
             costs = dict(costs, bytes_per_edge=_edge_order(per_edge, graph))
     finally:
         exch.close()
-        if lock is not None:
-            lock.release()
+    return _rank_result(comm, state, history, info, costs, part, lay, graph, spec, params, counts, share,
+                        exch.layout.slots if spec.kind == "paillier" else None)
+
+
+def _rank_result(comm: Comm, state, history, info, costs, part: Partition, lay: RankLayout, graph, spec, params,
+                 counts: list, share: str, secure_slots) -> RankResult:
+    """Every rank's summary (its layout, the bytes it sent and the halo's model of them), its own
+    agents' factors, and on rank 0 the run's result (every agent's factors with ``share="all"``)."""
+    L, rank = state.X.shape[-2:]
     # the X-step loops' lengths (the stopping rule ends a loop early on every rank at once)
-    iters = sum(int(v.max()) for v in history["x_iters" if share == "all" else "x_iters_max"][bcd_start:])
+    iters = sum(int(v.max()) for v in history["x_iters" if share == "all" else "x_iters_max"][info["start"]:])
     if spec.kind == "paillier":
         model = {"crypto": cut_protocol_bytes(part, graph, comm.rank, protocol=spec.protocol,
-                                              key_bits=spec.key_bits, lk=L * rank, slots=exch.layout.slots)}
+                                              key_bits=spec.key_bits, lk=L * rank, slots=secure_slots)}
     else:
-        model = halo_bytes(lay, L * rank, itemsize)
+        model = halo_bytes(lay, L * rank, state.X.element_size())
     if params.inner_tol > 0:
         model["flags"] = flag_bytes(lay)
     own = _own_factors(state, lay, counts)

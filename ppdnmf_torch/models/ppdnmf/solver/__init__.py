@@ -28,7 +28,7 @@ from .incremental import incremental_x_step
 from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
 from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, STOPPING, X_SOLVERS, X_WALKS, Y_SOLVERS, IterationInfo,
-                    SolverParams, SolverState, init_state, make_sampler, restore_state)
+                    SolverParams, SolverState, init_state, make_sampler)
 
 __all__ = [
     "SolverParams",
@@ -39,7 +39,6 @@ __all__ = [
     "NumericalError",
     "RunInterrupted",
     "AgentReduction",
-    "restore_state",
     "make_sampler",
     "CONSENSUS_FORMS",
     "X_SOLVERS",

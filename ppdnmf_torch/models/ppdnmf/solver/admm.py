@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ....consensus.xstep import neighbour_sums, penalty_sums
 from ....exchange.base import Exchange, accepts_keyword
 from ....penalties import PenaltySampler
 from ..problem import Problem
@@ -57,19 +58,16 @@ class _Step1:
             self.g = self.sampler.step(self.g, m, active_edges)
         if self.rho_block is not None:
             return self.g, self.rho_block[m], self.D_block[m]
-        rho = self.exchange.penalty_sums(self.g, bcd_iter=self.bcd_iter, admm_iter=m + 1)
-        rho = rho.to(self.dtype).view(*self.shape, 1, 1)
+        rho = penalty_sums(self.exchange, self.g, bcd_iter=self.bcd_iter, admm_iter=m + 1, shape=self.shape,
+                           dtype=self.dtype)
         return self.g, rho, spectral_factors(self.f.lam, rho, self.f.mu)
 
 
 def _secure_sums(exchange: Exchange, v: XVars, g, ws: Workspace, pass_out: bool, *, bcd_iter: int, admm_iter: int):
-    """Step 5 (eq. 11, lines 10-16): ``Q + S`` with ``S_i = sum_j rho_ij (U_j - U_i)`` from the exchange."""
-    T, N, L, K = v.U.shape
-    A = T * N
+    """Step 5 (eq. 11, lines 10-16): ``Q + S`` with ``S_i = sum_j rho_ij (U_j - U_i)`` from the exchange
+    (:func:`~ppdnmf_torch.consensus.xstep.neighbour_sums`), into a reused buffer where it can."""
     S_buf = ws.take("S", v.U, (v.Q, v.Q_prev)) if pass_out else None
-    kw = {} if S_buf is None else {"out": S_buf.view(A, L * K)}
-    out = exchange.exchange(v.U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=admm_iter, **kw)
-    return out.S.view(T, N, L, K).to(v.U.dtype).add_(v.Q)
+    return neighbour_sums(exchange, v.U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, out=S_buf).add_(v.Q)
 
 
 def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange: Exchange,

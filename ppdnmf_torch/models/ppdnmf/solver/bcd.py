@@ -1,15 +1,22 @@
-"""The outer BCD loop of Algorithm 1 (lines 3-24), its metrics and its finiteness checks."""
+"""The outer BCD loop of Algorithm 1 (lines 3-24), its metrics and its finiteness checks.
+
+The loop is the engine's driver (:func:`~ppdnmf_torch.driver.drive`) over this model's hooks
+(:class:`BCDRun`): one BCD iteration (the X-step, the Y-step, the metrics, the stopping rule's
+flags), its history row, its state and its settings; the driver runs the iterations, the
+callback, the checkpoints and resume, the exchange's cost ledger and Ctrl-C.
+"""
 from __future__ import annotations
 
 import time
-import warnings
+from dataclasses import asdict
 
 import torch
 
 from .... import metrics
-from ...._utils import caller_stacklevel, plain_number
+from ...._utils import plain_number
+from ....checkpoint import digest
+from ....driver import Ledgers, LoopModel, RunInterrupted, drive
 from ....errors import ConvergenceWarning, DataError, PPDNMFError
-from ....checkpoint import good_point, snapshot
 from ....exchange.base import Exchange
 from ....penalties import PenaltySampler
 from ..problem import Problem
@@ -21,27 +28,12 @@ from .schedule import adapt, adapt_agreed, disagreement, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
 from .stopping import stop_flags
 
-__all__ = ["run_bcd", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction", "raise_nonfinite"]
+__all__ = ["run_bcd", "BCDRun", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction",
+           "raise_nonfinite"]
 
 
 class NumericalError(PPDNMFError):
     """NaN or Inf appeared in the iterates."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: a checkpoint of the last completed BCD iteration was written.
-
-    Attributes
-    ----------
-    checkpoint : str or None
-        Path of the checkpoint written (None when the run had no checkpoint folder).
-    bcd_done : int
-    """
-
-    def __init__(self, checkpoint, bcd_done):
-        super().__init__(f"interrupted after BCD iteration {bcd_done}; checkpoint: {checkpoint}")
-        self.checkpoint = checkpoint
-        self.bcd_done = bcd_done
 
 
 def _block_norms(problem: Problem) -> torch.Tensor:
@@ -137,18 +129,15 @@ class AgentReduction:
         return values, xi["iters"][:, :n_real], yi["iters"][:, :n_real]
 
 
-def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms, history,
-                   agents: AgentReduction) -> tuple[dict, dict]:
-    """One BCD iteration: the X-step, the Y-step, the metrics (logged into ``history``).
+def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms,
+                   agents: AgentReduction) -> tuple[dict, dict, dict]:
+    """One BCD iteration: the X-step, the Y-step, the metrics.
 
-    Returns the metrics ``{name: Tensor (T,)}`` on the CPU, float64, and the X-step's report
-    (its ``rho`` feeds the stopping rule's agreement test).
+    Returns the metrics ``{name: Tensor (T,)}`` on the CPU, float64, the X-step's report (its
+    ``rho`` feeds the stopping rule's agreement test) and the history's row (the metrics, the
+    ADMM counts per agent, the solver's own counters and the steps' times).
     """
     device = problem.Z.device
-
-    def log(key, value):
-        history.setdefault(key, []).append(value)
-
     sync(device)
     t0 = time.perf_counter()
     step = x_step if params.x_solver == "admm" else incremental_x_step
@@ -165,40 +154,31 @@ def _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_no
         (adapt_agreed if params.penalty_schedule == "agreed" else adapt)(problem, state, xi["rho"])
         sampler.set_caps(state.caps)
     t3 = time.perf_counter()
-    for k, v in values.items():
-        log(k, v)
+    row = dict(values)
     if x_iters is not None:  # a reduction that keeps per-agent counts on their ranks logs its own summary
-        log("x_iters", x_iters.cpu())
-    for k, v in xi.get("history", {}).items():  # a solver's own counters (the incremental X-step's messages)
-        log(k, v)
+        row["x_iters"] = x_iters.cpu()
+    row.update(xi.get("history", {}))  # a solver's own counters (the incremental X-step's messages)
     if y_iters is not None:
-        log("y_iters", y_iters.cpu())
-    log("time_x", t1 - t0)
-    log("time_y", t2 - t1)
-    log("time_metrics", t3 - t2)
-    return values, xi
+        row["y_iters"] = y_iters.cpu()
+    row.update(time_x=t1 - t0, time_y=t2 - t1, time_metrics=t3 - t2)
+    return values, xi, row
 
 
-def _log_costs(exchange: Exchange, history: dict) -> dict:
-    """The exchange's cumulative costs after this BCD iteration as ``crypto_<counter>`` history
-    keys (so that a checkpoint carries them into a resumed run); returns the costs."""
+def _cost_row(exchange: Exchange) -> tuple[dict, dict]:
+    """The exchange's cumulative costs after a BCD iteration, and the history's ``crypto_<counter>``
+    entries (floats; a checkpoint carries them into a resumed run, whose rows the history pads
+    with NaN where a counter starts late)."""
     costs = exchange.costs()
+    row = {}
     for k, v in costs.items():
         v = plain_number(v)
         if v is not None:
-            v = float(v)  # the history holds floats (checkpoints store them so)
-            vals = history.setdefault(f"crypto_{k}", [])
-            # a counter the checkpoint's segment did not log (an older checkpoint, or
-            # another exchange kind): NaN for its iterations, so rows stay aligned
-            vals.extend([float("nan")] * (len(history["nmse"]) - 1 - len(vals)))
-            vals.append(v)
-    return costs
+            row[f"crypto_{k}"] = float(v)  # the history holds floats (checkpoints store them so)
+    return costs, row
 
 
-def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
-            sampler: PenaltySampler | None = None, callback=None, history: dict | None = None,
-            checkpointer=None, fingerprint: str = "", agents: AgentReduction | None = None):
-    """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems.
+class BCDRun(LoopModel):
+    """The driver's hooks of Algorithm 1 on a batch of problems (see the module).
 
     Parameters
     ----------
@@ -207,20 +187,156 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
     exchange : Exchange
         Already bound to ``problem.topology``.
     state, sampler : optional
-        To resume: the state and penalty sampler of a previous run.
+        The start (default: :func:`~.state.init_state`, :func:`~.state.make_sampler`).
+    agents : AgentReduction, optional
+        How the metrics reduce over the agents (a rank of a run over ranks passes its own).
+    settings : dict, optional
+        More settings a checkpoint compares by name (a rank's partition and share).
+    """
+
+    name = "ppdnmf"
+    step_name = "BCD iteration"
+    cap_key = "bcd_iters"
+    fresh_state = False  # the workspace reuses the state's buffers in later iterations
+    partial_keys = ("crypto_",)
+
+    def __init__(self, problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
+                 sampler: PenaltySampler | None = None, agents: AgentReduction | None = None,
+                 settings: dict | None = None):
+        self.problem, self.params, self.exchange = problem, params, exchange
+        self.st = state if state is not None else init_state(problem, params.rank, init=params.init)
+        self.sampler = sampler if sampler is not None else make_sampler(problem, params)
+        self._more = dict(settings or {})
+        self._start_schedule()
+        self.agents = agents if agents is not None else AgentReduction()
+        self.z_norms = self.agents.block_norms(problem)
+        self.ws = Workspace()
+        self._values = self._costs = None
+
+    def _start_schedule(self) -> None:
+        """The adaptive schedules' caps (a resumed run continues with the checkpoint's) and the
+        stopping rule's flags."""
+        st, p = self.st, self.problem
+        if self.params.penalty_schedule != "paper":
+            if st.caps is None:
+                init_schedule(p, st, self.params.mu)
+            self.sampler.set_caps(st.caps)
+        T, N = p.Z.shape[:2]
+        self.bflags = st.frozen if st.frozen is not None else torch.zeros((T, N), dtype=torch.bool, device=p.Z.device)
+
+    def step(self, k: int, clock) -> dict:
+        st, params, problem = self.st, self.params, self.problem
+        tol = params.tol
+        # the workspace overwrites state buffers: the stopping rule keeps its own copy
+        X_before, Y_before = (st.X.clone(), st.Y.clone()) if tol > 0 else (None, None)
+        values, xi, row = _bcd_iteration(problem, st, params, self.exchange, self.sampler, k, self.ws, self.z_norms,
+                                         self.agents)
+        st.bcd_done = k
+        if tol > 0 and k > 1:
+            # both factors: X alone can sit still while Y moves. Not on the first BCD
+            # iteration: there the "previous iterate" is the start, which X = max(0, U + P)
+            # and Y = max(0, V + R) still equal after one ADMM iteration each
+            raised = torch.maximum(rel_change(st.X, X_before), rel_change(st.Y, Y_before)) < tol
+            if "rho" in xi:  # and agreement: stationary copies that still disagree go on
+                # each agent's delta_i, the adaptive schedules' signal (schedule.disagreement)
+                raised &= disagreement(st, xi["rho"]).view_as(xi["rho"]) < tol
+            self.bflags = stop_flags(self.bflags, raised & ~self.bflags, problem.topology)
+            st.frozen = self.bflags if problem.topology.any_set(self.bflags) else None
+        self._costs, costs_row = _cost_row(self.exchange)
+        self._values = values
+        row.update(costs_row)
+        return row
+
+    def converged(self, k: int, row: dict) -> bool:
+        return self.params.tol > 0 and self.problem.topology.all_set(self.bflags)
+
+    def report(self, callback, k: int, row: dict, clock) -> bool:
+        return bool(callback(IterationInfo(k, self.params.bcd_iters, self._values, self.st, clock(),
+                                           costs=self._costs)))
+
+    def not_converged(self, k: int, tol: float) -> str:
+        return (f"PPDNMF did not converge to tol={tol:g} within bcd_iters={self.params.bcd_iters} (scikit-learn's "
+                "max_iter); the factors of the last iteration are returned")
+
+    # -- what a checkpoint holds ----------------------------------------------------------
+    def state(self) -> dict:
+        return self.st.tensors()
+
+    def state_spec(self) -> dict:
+        T, N, L, M = self.problem.Z.shape
+        dt, rank, params = self.problem.Z.dtype, self.params.rank, self.params
+        xs, ys = ((T, N, L, rank), dt), ((T, N, rank, M), dt)
+        out = {"X": xs, "U": xs, "P": xs, "Q": xs, "Q_prev": xs, "Y": ys, "V": ys, "R": ys,
+               "g": ((int(self.problem.topology.n_directed_edges),), torch.float64)}
+        if params.penalty_schedule != "paper":
+            out.update(caps=((T * N,), torch.float64), mu=((T, N), torch.float64))
+        if params.x_solver != "admm":  # the token's state; its walk's length is the run's own
+            out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
+        spec = {k: (shape, dtype, False) for k, (shape, dtype) in out.items()}
+        spec["frozen"] = ((T, N), torch.bool, True)  # agents stopped by the BCD-level rule, once any is
+        return spec
+
+    def load_state(self, tensors: dict, extra: dict) -> None:
+        dev = self.problem.Z.device
+        t = {k: v.to(dev) for k, v in tensors.items()}
+        frozen = t.pop("frozen", None)
+        self.st = SolverState(**t, frozen=frozen)
+        self._start_schedule()
+
+    def resumed(self, done: int, history) -> None:
+        self.st.bcd_done = done
+
+    def rng_state(self):
+        return self.sampler.state_dict()
+
+    def load_rng_state(self, state) -> None:
+        self.sampler.load_state_dict(state)
+
+    def settings(self) -> dict:
+        """The solver's parameters (``bcd_iters`` aside: a resumed run may run longer), the seeds
+        and the exchange's arithmetic (``plain``, or the integer codec's ``n_max`` and ``g_bits``:
+        ``quantized`` and ``paillier`` compute the same numbers, so either resumes the other)."""
+        out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.params).items() if k != "bcd_iters"}
+        codec = getattr(self.exchange, "codec", None)
+        out.update(arithmetic=None if codec is None else [float(codec.n_max), int(codec.g_bits)],
+                   seeds=[int(s) for s in self.problem.seeds], **self._more)
+        if self.params.init == "random":
+            out["init_seeds"] = [int(s) for s in self.problem.init_seeds]
+        return out
+
+    def inputs(self) -> dict:
+        p = self.problem
+        return {"Z": digest(p.Z), "columns": digest(p.counts), "graph": digest(p.topology.src, p.topology.dst),
+                "caps": digest(p.caps)}
+
+
+def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state: SolverState | None = None,
+            sampler: PenaltySampler | None = None, callback=None, checkpoints=None,
+            agents: AgentReduction | None = None, ranks=None, settings: dict | None = None):
+    """The outer BCD loop (Algorithm 1, lines 3-24) on a batch of problems: the engine's driver
+    over :class:`BCDRun`.
+
+    Parameters
+    ----------
+    problem : Problem
+    params : SolverParams
+    exchange : Exchange
+        Already bound to ``problem.topology``; its cost counters continue a resumed run's.
+    state, sampler : optional
+        The start (default: :func:`~.state.init_state`, :func:`~.state.make_sampler`).
     callback : callable, optional
         Called as ``callback(info: IterationInfo)`` after every BCD iteration; returning
         ``True`` stops the run after that iteration.
-    history : dict, optional
-        Metric history to append to (when resuming).
-    checkpointer : ppdnmf_torch.checkpoint.Checkpointer, optional
-        Writes a checkpoint on its schedule, and on Ctrl-C (then :class:`RunInterrupted`
-        is raised).
-    fingerprint : str
-        Stored in checkpoints to match them to this run.
+    checkpoints : ppdnmf_torch.driver.Checkpoints, optional
+        Where checkpoints go and what to resume (Ctrl-C writes one, then
+        :class:`~ppdnmf_torch.driver.RunInterrupted`).
     agents : AgentReduction, optional
         How the metrics reduce over the agents (default: every agent of ``problem``, in
         this process; a rank of a distributed run passes its own).
+    ranks : ppdnmf_torch.driver.RankCoordinator, optional
+        On a rank of a run over ranks.
+    settings : dict, optional
+        More settings a checkpoint compares by name.
 
     Returns
     -------
@@ -229,69 +345,14 @@ def run_bcd(problem: Problem, params: SolverParams, exchange: Exchange, *, state
         Per BCD iteration: Tensors ``(T,)`` for ``nmse``, ``consensus``, ``nmse_worst``
         (:func:`~.refit.worst_agent_nmse`), ``objective``,
         ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual``; floats for ``time_x``,
-        ``time_y``, ``time_metrics``; Tensors ``(T, N)`` for ``x_iters``, ``y_iters``.
+        ``time_y``, ``time_metrics`` and the exchange's ``crypto_<counter>``; Tensors ``(T, N)``
+        for ``x_iters``, ``y_iters``.
     info : dict
-        ``converged`` (bool; always False with ``tol == 0``), ``n_iter``, ``sampler``.
+        ``converged`` (bool; always False with ``tol == 0``), ``n_iter``, ``sampler``, ``start``
+        (the BCD iterations a resumed run's checkpoint had done).
     """
-    T, N = problem.Z.shape[:2]
-    if state is None:
-        state = init_state(problem, params.rank, init=params.init)
-    if sampler is None:
-        sampler = make_sampler(problem, params)
-    if params.penalty_schedule != "paper":
-        if state.caps is None:
-            init_schedule(problem, state, params.mu)
-        sampler.set_caps(state.caps)  # a resumed run continues with the checkpoint's caps
-    history = history if history is not None else {}
-    agents = agents if agents is not None else AgentReduction()
-    z_norms = agents.block_norms(problem)
-    tol = params.tol
-    bflags = state.frozen if state.frozen is not None else torch.zeros((T, N), dtype=torch.bool,
-                                                                       device=problem.Z.device)
-    converged = False
-    t_start = time.perf_counter()
-    ws = Workspace()
-    keep = checkpointer is not None  # only a checkpoint needs a copy of the last good state
-    good = good_point(state, sampler, history, keep, exchange)
-    try:
-        for n in range(state.bcd_done, params.bcd_iters):
-            bcd_iter = n + 1
-            # the workspace overwrites state buffers: the stopping rule keeps its own copy
-            X_before, Y_before = (state.X.clone(), state.Y.clone()) if tol > 0 else (None, None)
-            values, xi_last = _bcd_iteration(problem, state, params, exchange, sampler, bcd_iter, ws, z_norms,
-                                             history, agents)
-            state.bcd_done = bcd_iter
-            if tol > 0 and bcd_iter > 1:
-                # both factors: X alone can sit still while Y moves. Not on the first BCD
-                # iteration: there the "previous iterate" is the start, which X = max(0, U + P)
-                # and Y = max(0, V + R) still equal after one ADMM iteration each
-                raised = torch.maximum(rel_change(state.X, X_before), rel_change(state.Y, Y_before)) < tol
-                if "rho" in xi_last:  # and agreement: stationary copies that still disagree go on
-                    # each agent's delta_i, the adaptive schedules' signal (schedule.disagreement)
-                    raised &= disagreement(state, xi_last["rho"]).view_as(xi_last["rho"]) < tol
-                bflags = stop_flags(bflags, raised & ~bflags, problem.topology)
-                state.frozen = bflags if problem.topology.any_set(bflags) else None
-            costs = _log_costs(exchange, history)
-            good = good_point(state, sampler, history, keep, exchange)
-            if checkpointer is not None and checkpointer.due(bcd_iter):
-                checkpointer.write(snapshot(good, history, fingerprint, checkpointer.packer))
-            stop = False
-            if callback is not None:
-                stop = bool(callback(IterationInfo(bcd_iter, params.bcd_iters, values, state,
-                                                   time.perf_counter() - t_start, costs=costs)))
-            if tol > 0 and problem.topology.all_set(bflags):
-                converged = True
-                break
-            if stop:
-                break
-    except KeyboardInterrupt:
-        path = None
-        if checkpointer is not None:
-            path = checkpointer.write(snapshot(good, history, fingerprint, checkpointer.packer))
-        raise RunInterrupted(path, good["bcd_done"]) from None
-    if tol > 0 and not converged and state.bcd_done >= params.bcd_iters:
-        warnings.warn(
-            f"PPDNMF did not converge to tol={tol:g} within bcd_iters={params.bcd_iters} (scikit-learn's "
-            "max_iter); the factors of the last iteration are returned", ConvergenceWarning,
-            stacklevel=caller_stacklevel())
-    return state, history, {"converged": converged, "n_iter": state.bcd_done, "sampler": sampler}
+    run = BCDRun(problem, params, exchange, state=state, sampler=sampler, agents=agents, settings=settings)
+    out = drive(run, max_iter=params.bcd_iters, tol=params.tol, callback=callback, checkpoints=checkpoints,
+                ledgers=Ledgers(exchange=exchange), ranks=ranks)
+    return run.st, out.history, {"converged": out.converged, "n_iter": run.st.bcd_done, "sampler": run.sampler,
+                                 "start": out.start}

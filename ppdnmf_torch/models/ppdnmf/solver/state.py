@@ -19,7 +19,7 @@ from ....penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
 from ..problem import Problem
 
 __all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
-           "IterationInfo", "init_state", "initial_factor", "make_sampler", "restore_state"]
+           "IterationInfo", "init_state", "initial_factor", "make_sampler"]
 
 CONSENSUS_FORMS = ("derived", "paper_literal")
 #: starts of Algorithm 1: the paper's all-ones ``X_0``, or one drawn from a seed all agents share
@@ -295,10 +295,3 @@ def make_sampler(problem: Problem, params: SolverParams) -> PenaltySampler:
         shared=params.penalty_schedule == "agreed",
     )
 
-
-def restore_state(payload: dict, device) -> SolverState:
-    """A :class:`SolverState` from a checkpoint payload (:func:`~ppdnmf_torch.checkpoint.load_checkpoint`),
-    on ``device``."""
-    t = {k: v.to(device) for k, v in payload["state"].items()}
-    frozen = t.pop("frozen", None)
-    return SolverState(**t, bcd_done=int(payload["bcd_done"]), frozen=frozen)

@@ -1,4 +1,5 @@
-"""The paper's Sec. IV and this project's across-agents study, as functions that return numbers.
+"""Symmetric NMF studies (moved out of the library): the paper's Sec. IV and this project's
+across-agents study, as functions that return numbers.
 
 Each function runs one experiment of ``scripts/reproduce_symnmf.py`` and returns plain data
 (numpy arrays, floats, lists) for its figures and tables; nothing here plots or writes
@@ -25,16 +26,17 @@ import warnings
 import numpy as np
 import torch
 
-from ...errors import ConvergenceWarning, DataError
-from .agents import ADAPTIVE_LAMBDA0, fit_symnmf_agents
-from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
-from .data import initial_factor, synthetic_similarity
-from .estimator import scaled_start
-from .fit import METHODS, fit_symnmf
-from .similarity import similarity_matrix
+from ppdnmf_torch.errors import ConvergenceWarning, DataError
+from ppdnmf_torch.models.symnmf.agent_setup import ADAPTIVE_LAMBDA0
+from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
+from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
+from ppdnmf_torch.models.symnmf.data import initial_factor, synthetic_similarity
+from ppdnmf_torch.models.symnmf.estimator import scaled_start
+from ppdnmf_torch.models.symnmf.fit import METHODS, fit_symnmf
+from ppdnmf_torch.models.symnmf.similarity import similarity_matrix
 
 __all__ = ["SPLIT_METHODS", "available_methods", "split_convergence", "adaptive_vs_kuang", "compare_methods",
-           "final_error_sweep", "clustering_run", "agents_run", "load_orl", "load_digits_samples"]
+           "final_error_sweep", "clustering_run", "agents_run"]
 
 #: the paper's three methods (the splitting (3))
 SPLIT_METHODS = ("symanls", "symhals", "a_symhals")
@@ -130,25 +132,6 @@ def final_error_sweep(kind: str, values, *, n=300, r=20, sigma=0.1, iters=500, s
             finals.append(float(_run(X[0], rr, m, initial_factor(nn, rr, seed=seed), iters, device=device).E[0]))
         out[m] = np.array(finals)
     return out
-
-
-def load_orl(path) -> tuple[np.ndarray, np.ndarray]:
-    """ORL faces from ``orl_faces.mat`` (docs/SYMMETRIC_NMF.md): samples ``(400, 10304)`` float64
-    (one 112 x 92 image per row) and labels ``(400,)`` in ``0..39``."""
-    from scipy.io import loadmat
-
-    d = loadmat(str(path))
-    if "data" not in d or "label" not in d:
-        raise DataError(f"path: {path} has no 'data' and 'label' arrays (expected ORL's orl_faces.mat)")
-    return d["data"].astype(np.float64), d["label"].reshape(-1).astype(np.int64) - 1
-
-
-def load_digits_samples() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits: samples ``(1797, 64)`` float64 and labels ``(1797,)``."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return d.data.astype(np.float64), d.target.astype(np.int64)
 
 
 def clustering_run(M, y, r, *, methods=None, iters=500, trials=3, seed=0, eval_every=10, init="uniform",
