@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, ConvergenceWarning
+from .config import SPEC, SPLIT
 from .data import load_dataset, spiked_covariance, split_rows
 from .deflation import fit_sequential
 from .fit import fit_fsspca
@@ -294,8 +295,9 @@ EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoo
                "deflation": exp_deflation, "serverless": exp_serverless}
 
 
-def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0.0, trials=1, seed=0,
-             concentration=0.5, callback=None, **fit_options):
+def run_task(*, data="spiked", n_workers=SPLIT.n_workers, split=SPLIT.kind, n_components=SPEC.n_components,
+             alpha=SPEC.alpha, trials=SPEC.trials, seed=SPEC.seed, concentration=SPLIT.concentration, callback=None,
+             **fit_options):
     """What ``ppdnmf task=fsspca`` runs: load ``data``, split its rows over ``n_workers``, fit.
 
     Parameters

@@ -102,6 +102,7 @@ from ...graph import Graph, Topology, check_min_degree, random_connected
 from ...metrics import consensus_error
 from ...penalties import PENALTY_MODES, PenaltySampler, check_shared_caps, sum_leak_message
 from . import checkpoint as ckpt
+from .config import ADAPTIVE_LAMBDA0, AGENTS, AGENTS_SCHEDULES, AGENTS_STARTS
 from .agent_columns import SparseColumns, agent_columns, local_product, local_t_product
 from .objective import fitting_error, gap_sq, split_objective
 from .operator import as_similarity
@@ -110,21 +111,7 @@ __all__ = ["AgentsResult", "fit_symnmf_agents", "partition_nodes", "x_step", "y_
            "lambda_terms", "lambda_from_sums", "SparseColumns", "agent_columns", "ADAPTIVE_LAMBDA0",
            "AGENTS_SCHEDULES", "AGENTS_STARTS", "private_start"]
 
-#: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
-#: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
-#: copies drift apart in it (measured on digits, 600 points, N = 10: E blows up to 1e6 from
-#: 1e-5 and 1e-2, converges from 0.1; docs/RESULTS.md, "Symmetric NMF")
-ADAPTIVE_LAMBDA0 = 0.1
-
-#: the consensus penalties' schedules across agents: one common draw per ADMM iteration on every
-#: edge (``agreed``, :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), or
-#: every directed edge its own monotone draw under its agent's cap (``paper``)
-AGENTS_SCHEDULES = ("agreed", "paper")
-
-#: the starts of the agents' ``V_i``: drawn from each agent's own stream (``private``,
-#: :func:`private_start`), or the rows of the common start ``U_0[S_i]`` (``common``: public, so the
-#: first message inverts to the agent's columns; kept for the audit's before/after)
-AGENTS_STARTS = ("private", "common")
+# the settings' defaults and choices: .config (AgentsSpec)
 
 
 @dataclass
@@ -480,14 +467,17 @@ def _history_lists(packed: dict) -> dict:
     return {key: [row.numpy().copy() for row in t] if t.dim() == 2 else t.tolist() for key, t in packed.items()}
 
 
-def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
-                      exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                      mu="auto", g_cap=0.3, penalty_mode: str = "random", x_iters: int = 10,
-                      y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, trials: int = 1,
-                      seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
-                      callback=None, penalty_schedule: str = "agreed", aggregation=None,
-                      aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                      resume: bool = False, start: str = "private", start_seed: int | None = None) -> AgentsResult:
+def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=None, parts=None,
+                      exchange=AGENTS.exchange, exchange_options: dict | None = None, penalty=AGENTS.penalty,
+                      lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
+                      penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
+                      y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
+                      trials: int = AGENTS.trials, seed: int = AGENTS.seed, device="auto", dtype=None,
+                      min_degree: int | None = AGENTS.min_degree, callback=None,
+                      penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
+                      aggregation_options: dict | None = None, checkpoint_dir=None,
+                      checkpoint_every: int = AGENTS.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                      start_seed: int | None = AGENTS.start_seed) -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters

@@ -89,7 +89,8 @@ from ...penalties import check_shared_caps
 from ...threads import with_threads
 from . import checkpoint as ckpt
 from .agent_columns import agent_columns, local_t_product
-from .agents import (ADAPTIVE_LAMBDA0, AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
+from .config import AGENTS, RANKS, SHARE_MODES
+from .agents import (AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
                      _history_tensors, _scatter_rows, _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums,
                      lambda_terms, partition_nodes, private_start, _start_seeds, x_step, y_step)
 from .operator import as_similarity
@@ -98,7 +99,6 @@ __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distri
            "initial_rank_state"]
 
 #: what crosses ranks for the adaptive penalty (:func:`rank_lambda`)
-SHARE_MODES = ("all", "sums")
 
 _FLAT = ("protocol", "n_max", "key_bits", "g_bits")
 
@@ -332,15 +332,17 @@ def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayo
 
 
 @with_threads
-def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
-                    exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                    mu="auto", g_cap=0.3, penalty_mode: str = "random", x_iters: int = 10,
-                    y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, seed: int = 0, dtype=None,
-                    min_degree: int | None = None, penalty_schedule: str = "agreed", aggregation=None,
-                    aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                    resume: bool = False, start: str = "private", start_seed: int | None = None,
-                    partition="rcm", assignment=None,
-                    share: str = "all", callback=None, threads=None) -> SymRankResult:
+def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=None, parts=None,
+                    exchange=AGENTS.exchange, exchange_options: dict | None = None, penalty=AGENTS.penalty,
+                    lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
+                    penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
+                    y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
+                    seed: int = AGENTS.seed, dtype=None, min_degree: int | None = AGENTS.min_degree,
+                    penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
+                    aggregation_options: dict | None = None, checkpoint_dir=None,
+                    checkpoint_every: int = AGENTS.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                    start_seed: int | None = AGENTS.start_seed, partition=RANKS.partition, assignment=None,
+                    share: str = RANKS.share, callback=None, threads=None) -> SymRankResult:
     """:func:`~.agents.fit_symnmf_agents` (one trial) on this rank's agents; every rank of ``comm``
     calls it with the same arguments (checked: ranks that disagree stop with a
     :class:`~ppdnmf_torch.distributed.DistributedError`).

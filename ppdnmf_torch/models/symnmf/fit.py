@@ -10,6 +10,7 @@ import torch
 
 from ...errors import ConfigError, ConvergenceWarning, DataError
 from . import checkpoint as ckpt
+from .config import METHODS, SPEC
 from .data import initial_factor
 from .objective import inner, metrics
 from .operator import as_similarity
@@ -19,8 +20,6 @@ from .symhals import SymHALS
 
 __all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY"]
 
-#: every method name; ``kuang`` is SymANLS under Kuang et al.'s 1.01 schedule
-METHODS = ("symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd")
 #: each method's penalty when none is given
 DEFAULT_PENALTY = {"symhals": "adaptive", "a_symhals": "adaptive", "symanls": "adaptive", "kuang": "kuang",
                    "admm": "bound", "pgd": None, "beta": None, "tsvd": None}
@@ -71,9 +70,10 @@ def _check_int(name, v, low):
     return int(v)
 
 
-def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, trials=1, seed=0, max_iter=500,
-               tol=1e-6, device="auto", dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=0,
-               resume=False, method_options=None) -> SymNMFResult:
+def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=SPEC.trials,
+               seed=SPEC.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
+               checkpoint_dir=None, checkpoint_every=SPEC.checkpoint_every, resume=False,
+               method_options=None) -> SymNMFResult:
     """Symmetric NMF ``X ~ U U^T`` by the splitting (3) or a baseline, batched over trials.
 
     Parameters

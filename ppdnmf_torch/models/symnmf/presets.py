@@ -22,6 +22,7 @@ import torch
 
 from ...errors import ConfigError, DataError
 from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
+from .config import SPEC
 from .data import synthetic_similarity
 from .estimator import scaled_start
 from .experiments import load_digits_samples, load_orl
@@ -94,7 +95,7 @@ def cluster_means(samples: np.ndarray, labels: np.ndarray, rank: int) -> np.ndar
 
 
 def run_preset(preset: str, rank: int | None = None, *, path=None, labels_path=None, n: int = 300,
-               sigma: float = 0.1, n_neighbors: int | None = None, init: str = "scaled", seed: int = 0,
+               sigma: float = 0.1, n_neighbors: int | None = None, init: str = SPEC.init, seed: int = SPEC.seed,
                trials: int = 1, log_scalars=None, device="auto", **fit_kwargs):
     """Load ``preset``, fit, and return ``(summary, arrays)`` as :func:`~.run.run_symnmf` does.
 
