@@ -157,6 +157,8 @@ def check_fields(obj, prefix: str = "", *, integral_floats: bool = False) -> Non
         if f.metadata.get("build_with") is not None:
             continue  # its own type checks its values when made
         if sub is not None:
+            if v is None and _options(tp)[1]:
+                continue
             if not isinstance(v, sub):
                 raise ConfigError(f"{key}: must be a {sub.__name__}, got {type(v).__name__}")
             check_fields(v, key, integral_floats=integral_floats)

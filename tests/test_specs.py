@@ -32,21 +32,21 @@ def _entry_points():
     from ppdnmf_torch.models.symnmf.presets import run_preset
 
     solver = ("method", "penalty", "init", "max_iter")
-    fss = [f.name for f in dataclasses.fields(fcfg.FSSPCASpec) if f.name != "n_components"]
+    fss = list(defaults(fcfg.FSSPCASpec))
+    run = list(defaults(scfg.RunSpec))
     est = ("lambda_2", "smoothing", "mu", "rho", "line_search", "inner_steps", "aggregation", "max_iter", "tol")
     return [
         # (entry point, {spec: the spec's fields it takes})
-        (fit_symnmf, {scfg.SPEC: [f for f in defaults(scfg.SymNMFSpec) if f != "init"]}),
-        (run_preset, {scfg.SPEC: ["init", "seed"]}),
-        (fit_symnmf_agents, {scfg.AGENTS: list(defaults(scfg.AgentsSpec))}),
-        (fit_symnmf_rank, {scfg.AGENTS: [f for f in defaults(scfg.AgentsSpec) if f != "trials"],
-                           scfg.RANKS: list(defaults(scfg.RankSpec))}),
+        (fit_symnmf, {scfg.SPEC: [f for f in defaults(scfg.SymNMFSpec) if f != "init"], scfg.RUN: run}),
+        (run_preset, {scfg.SPEC: ["init"], scfg.RUN: ["trials", "seed"]}),
+        (fit_symnmf_agents, {scfg.AGENTS: list(defaults(scfg.AgentsSpec)), scfg.RUN: run}),
+        (fit_symnmf_rank, {scfg.AGENTS: list(defaults(scfg.AgentsSpec)), scfg.RANKS: list(defaults(scfg.RankSpec)),
+                           scfg.RUN: ["seed", "checkpoint_every"]}),
         (SymmetricNMF.__init__, {scfg.CLUSTERING: list(defaults(scfg.ClusteringSpec)), scfg.SPEC: list(solver)}),
-        (fit_fsspca, {fcfg.SPEC: fss}),
-        (fit_serverless, {fcfg.SPEC: [f for f in fss if f not in ("aggregation", "checkpoint_every")],
-                          fcfg.SERVERLESS: list(defaults(fcfg.ServerlessSpec))}),
-        (run_task, {fcfg.SPEC: ["n_components", "alpha", "trials", "seed"],
-                    fcfg.SPLIT: ["n_workers", "concentration"]}),
+        (fit_fsspca, {fcfg.SPEC: fss, fcfg.RUN: run}),
+        (fit_serverless, {fcfg.SPEC: [f for f in fss if f != "aggregation"],
+                          fcfg.SERVERLESS: list(defaults(fcfg.ServerlessSpec)), fcfg.RUN: ["trials", "seed"]}),
+        (run_task, {fcfg.SPEC: ["alpha"], fcfg.TASK: list(defaults(fcfg.TaskSpec)), fcfg.RUN: ["trials", "seed"]}),
         (FederatedSparsePCA.__init__, {fcfg.ESTIMATOR: list(defaults(fcfg.EstimatorSpec)), fcfg.SPEC: list(est)}),
     ]
 
@@ -59,12 +59,6 @@ def test_every_entry_points_defaults_are_its_specs(index):
         for name in names:
             assert name in got, f"{fn.__qualname__} has no keyword {name} of {type(spec).__name__}"
             assert got[name] == getattr(spec, name), f"{fn.__qualname__}({name}=...) is not {type(spec).__name__}'s"
-
-
-def test_run_task_split_kind_is_the_specs():
-    from ppdnmf_torch.models.fsspca.experiments import run_task
-
-    assert _defaults(run_task)["split"] == fcfg.SPLIT.kind
 
 
 #: (spec class, field, a value of the wrong type or outside its rule, the message's start)
@@ -88,7 +82,9 @@ BAD = [
     (fcfg.FSSPCASpec, "center", 1, "center: must be true or false, got 1 (int)"),
     (fcfg.FSSPCASpec, "mu", float("nan"), "mu: must be a finite number"),
     (fcfg.ServerlessSpec, "consensus", "gossip", "consensus: unknown value 'gossip'"),
-    (fcfg.SplitSpec, "n_workers", None, "n_workers: is required (got null)"),
+    (fcfg.TaskSpec, "n_workers", None, "n_workers: is required (got null)"),
+    (scfg.RunSpec, "checkpoint_every", -1, "checkpoint_every: must be >= 0"),
+    (fcfg.RunSpec, "trials", 1.5, "trials: must be an integer, got 1.5"),
     (fcfg.EstimatorSpec, "n_components", "2", "n_components: must be an integer, got '2' (str)"),
     (fcfg.EstimatorSpec, "dtype", "float16", "dtype: unknown value 'float16'"),
 ]
@@ -103,7 +99,8 @@ def test_a_spec_refuses_a_wrong_type_with_one_line(cls, name, value, line):
 
 
 @pytest.mark.parametrize("cls", [scfg.SymNMFSpec, scfg.AgentsSpec, scfg.ClusteringSpec, scfg.RankSpec,
-                                 fcfg.FSSPCASpec, fcfg.ServerlessSpec, fcfg.SplitSpec, fcfg.EstimatorSpec])
+                                 scfg.RunSpec, fcfg.FSSPCASpec, fcfg.ServerlessSpec, fcfg.TaskSpec,
+                                 fcfg.EstimatorSpec, fcfg.RunSpec])
 def test_every_field_of_every_spec_refuses_a_mapping(cls):
     """A dict is no setting's type: each field, fed one, names itself (and the spec is frozen)."""
     spec = cls()

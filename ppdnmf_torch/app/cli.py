@@ -42,11 +42,10 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .._utils import ConfigError, PPDNMFError
-from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning
+from ..errors import (ConfigError, ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning,
+                      PPDNMFError)
 from . import interrupts
-from .runner import run
-from ..models.ppdnmf.solver import RunInterrupted
+from .progress import write_line
 from .tasks import task_of
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
@@ -277,7 +276,25 @@ def _resume_target(run_dir: str, new=None, task_overrides=()):
             flat = _flat(saved)
             flat.update({k: b for k, (a, b) in changes.items()})
             saved = _unflat(flat)
-    return task.config_from_dict(saved), folder, ckpt
+    cfg = task.config_from_dict(saved)
+    _check_cap(task, cfg, ckpt)
+    return cfg, folder, ckpt
+
+
+def _check_cap(task, cfg, ckpt: str) -> None:
+    """A resumed run's iteration cap (raised or kept on the command line) is at least what its
+    checkpoints have done: a lower cap would end a run whose config says fewer iterations than it
+    holds. Raises ``ConfigError`` naming the cap's key."""
+    key, cap = task.iteration_cap(cfg)
+    if not key or cap is None:
+        return
+    try:
+        done = task.resume_point(ckpt)
+    except PPDNMFError:
+        return  # a damaged checkpoint: the fit refuses it by name
+    if done and cap < done:
+        raise ConfigError(f"{key}: {cap} is below the {done} {task.step}s the run being resumed has done; give "
+                          f"{key} >= {done} (or leave it out), nothing was changed")
 
 
 # --------------------------------------------------------------------------------------
@@ -351,7 +368,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
     if text in _SHOWN:
         return
     _SHOWN.add(text)
-    print(f"ppdnmf: warning: {text}", file=sys.stderr, flush=True)
+    write_line(f"ppdnmf: warning: {text}")  # above a progress bar, never onto its line
     _to_log_files(f"warning: {text}", level=logging.WARNING)
 
 
@@ -390,14 +407,34 @@ def _thread_errors(args, _default=threading.excepthook) -> None:
     _default(args)
 
 
-def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
+def _interrupted_text(exc: KeyboardInterrupt, out_dir: str | None, task=None) -> str:
+    """The one line after Ctrl-C: the iteration the newest checkpoint holds and the exact command
+    that continues the run, or why there is nothing to resume."""
+    from ..models.ppdnmf.solver import RunInterrupted
+
     if isinstance(exc, RunInterrupted):
         if exc.checkpoint:
             return (f"interrupted after BCD iteration {exc.bcd_done}; checkpoint {exc.checkpoint}; continue with: "
                     f"ppdnmf resume={shlex.quote(out_dir)}")
         return (f"interrupted after BCD iteration {exc.bcd_done}; this run keeps no checkpoints (batched trials): "
                 "there is nothing to resume")
-    return f"interrupted: {_one_line(exc)}" if str(exc) else "interrupted"
+    if str(exc):
+        return f"interrupted: {_one_line(exc)}"
+    if task is None or not out_dir:
+        return "interrupted"
+    ckpt = os.path.join(out_dir, "checkpoints")
+    newest = None
+    if os.path.isdir(ckpt):
+        files = [os.path.join(r, n) for r, _, names in os.walk(ckpt) for n in names]
+        newest = max(files, key=os.path.getmtime) if files else None
+    try:
+        done = task.resume_point(ckpt) if newest else 0
+    except Exception:  # noqa: BLE001 - a checkpoint written as the interrupt came: the resume checks it
+        done = 0
+    if not done:
+        return f"interrupted before the run's first checkpoint: there is nothing to resume; run again"
+    return (f"interrupted; the newest checkpoint holds {task.step} {done} ({newest}); continue with: "
+            f"ppdnmf resume={shlex.quote(out_dir)}")
 
 
 def _is_multirun() -> bool:
@@ -514,9 +551,26 @@ class AppCallbacks(Callback):
 # --------------------------------------------------------------------------------------
 
 
+#: the logger of the app's own lines (the run folder at the start)
+log = logging.getLogger("ppdnmf_torch.app")
+
+
+def _announce(task, out_dir: str, resume_from) -> None:
+    """The run folder, first: where the outputs (and, if it stops, the checkpoints) will be."""
+    if resume_from is None:
+        log.info("ppdnmf task=%s: run folder %s", task.name, out_dir)
+        return
+    try:
+        done = task.resume_point(resume_from)
+    except PPDNMFError:
+        done = None
+    at = f" from its checkpoint after {task.step} {done}" if done else ""
+    log.info("ppdnmf task=%s: resuming the run in %s%s", task.name, out_dir, at)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig):
-    out_dir = resume_from = None
+    out_dir = resume_from = task = None
     started = []  # the distributed fit's first iteration was reported: the run did start
 
     def mark_started(info) -> bool:
@@ -525,11 +579,16 @@ def _app(cfg: DictConfig):
         return False
 
     try:
+        from .runner import run
+
         out_dir = HydraConfig.get().runtime.output_dir
         run_cfg = to_run_config(_own_inputs(cfg))
+        task = task_of(run_cfg)
         if run_cfg.resume:
             run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume, run_cfg,
                                                            HydraConfig.get().overrides.task)
+            task = task_of(run_cfg)
+        _announce(task, out_dir, resume_from)
         summary = run(run_cfg, out_dir, resume_from=resume_from, callback=mark_started)
     except PPDNMFError as exc:
         key = exc.key or ""
@@ -543,11 +602,14 @@ def _app(cfg: DictConfig):
     except OSError as exc:  # a full disk, a read-only folder
         return _fail(_io_text(exc, out_dir), out_dir)
     except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)
-        text = _interrupted_text(exc, out_dir)
+        text = _interrupted_text(exc, out_dir, task)
         print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
         _to_log_files(text, level=logging.WARNING)
         sys.exit(EXIT_INTERRUPTED)
-    task = task_of(run_cfg)
+    except Exception as exc:  # noqa: BLE001 - a bug: in a sweep, one FAILED job and on to the next
+        if not _is_multirun():
+            raise
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)} (an unexpected error; please report it)", out_dir)
     text = task.format_summary(summary)
     print(text, flush=True)
     _to_log_files(text, out_dir if resume_from is not None else None)
@@ -555,8 +617,51 @@ def _app(cfg: DictConfig):
     return task.objective(summary)
 
 
+def _config_groups(folder: str = CONFIG_DIR) -> str:
+    """``group: option, option`` lines of the config folder (Hydra's own groups left out), as
+    Hydra's ``$APP_CONFIG_GROUPS`` lists them."""
+    groups = {}
+    for root, _, names in os.walk(folder):
+        rel = os.path.relpath(root, folder).replace(os.sep, "/")
+        if rel == "." or rel.split("/")[0] == "hydra":
+            continue
+        options = sorted(n[:-5] for n in names if n.endswith(".yaml"))
+        if options:
+            groups[rel] = options
+    return "".join(f"{g}: {', '.join(o)}\n" for g, o in sorted(groups.items()))
+
+
+def show_help(overrides) -> str:
+    """The text of ``ppdnmf [overrides] --help``: the task's own help (``conf/hydra/help/<task>.yaml``)
+    with its composed config. The same text as Hydra's ``--help``, without the seconds Hydra takes
+    to list the options of every group, Hydra's own included, before it looks at the template."""
+    import string
+
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    template = cfg.hydra.help.template
+    shown = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=_config_groups(), HYDRA_CONFIG_GROUPS="",
+                                                     FLAGS_HELP="", CONFIG=OmegaConf.to_yaml(shown))
+
+
+def _wants_help(argv) -> bool:
+    """``--help`` (or ``-h``) of one run, without Hydra's other flags that change what it means."""
+    flags = [a for a in argv if a.startswith("-")]
+    return bool(flags) and all(a in ("--help", "-h") for a in flags)
+
+
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
+    argv = sys.argv[1:]
+    if _wants_help(argv):
+        try:
+            print(show_help([a for a in argv if not a.startswith("-")]))
+            return
+        except Exception:  # noqa: BLE001 - a bad override: Hydra says what is wrong, as without --help
+            pass
     warnings.showwarning = _show_warning
     threading.excepthook = _thread_errors
     interrupts.install()

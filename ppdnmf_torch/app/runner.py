@@ -5,7 +5,7 @@ The runner does what is the same for every model and asks the config's task
 (:mod:`ppdnmf_torch.app.tasks`, :class:`~ppdnmf_torch.app.tasks.base.Task`) for the rest:
 
 * the folder: created, locked while the run writes (:mod:`ppdnmf_torch.app.rundir`), refused
-  when it holds another run's checkpoints, its old ``summary.json`` removed;
+  when it holds an unfinished run of any task, its old ``summary.json`` removed;
 * ``config.yaml`` (the task's config as run), the logger (TensorBoard or none; a resumed
   run's events after its checkpoint dropped), ``threads`` applied once and restored;
 * the task's three steps (:meth:`~.Task.build_inputs`, :meth:`~.Task.fit`,
@@ -26,7 +26,7 @@ from ..errors import PPDNMFError
 from ..threads import using_threads
 from .loggers import NullLogger, RunLogger
 from .outputs import write_summary, write_yaml
-from .rundir import RunFolderLock, refuse_foreign_checkpoints, remove_checkpoints
+from .rundir import RunFolderLock, refuse_unfinished_run, remove_checkpoints
 from .tasks import Task, task_of
 
 __all__ = ["run", "make_logger"]
@@ -89,7 +89,7 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
         out = Path(out_dir)
         with using_threads(cfg.threads), RunFolderLock(out):
             if resume_from is None:
-                refuse_foreign_checkpoints(out)
+                refuse_unfinished_run(out)
                 # a fresh run in a used folder: the old run's summary would mark this one finished
                 # (the CLI refuses to resume a folder with a summary.json)
                 (out / "summary.json").unlink(missing_ok=True)
@@ -107,7 +107,7 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
             summary["wall_time"]["total"] = time.perf_counter() - t_start
             write_summary(out / "summary.json", summary)
             if not cfg.keep_checkpoints:
-                remove_checkpoints(out)
+                remove_checkpoints(out, task.checkpoint_patterns)
     except PPDNMFError as exc:
-        raise exc.renamed(task.config_keys) from None
+        raise exc.renamed(task.keys_of(cfg)) from None
     return summary

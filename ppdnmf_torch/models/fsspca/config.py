@@ -4,12 +4,13 @@
   section of ``task=fsspca``);
 * :class:`ServerlessSpec`: what the serverless variant adds (:func:`~.serverless.fit_serverless`:
   the consensus over a graph of workers through the library's exchange; ``variant=serverless``);
-* :class:`SplitSpec`: how a data set's rows are dealt to the workers (``task=fsspca``'s ``split``,
-  :func:`~.experiments.run_task`);
+* :class:`TaskSpec`: the problem of a data set (its loadings, and how its rows are dealt to the
+  workers: ``task=fsspca``'s ``n_components``, ``n_workers`` and ``split``, :func:`~.experiments.run_task`);
 * :class:`EstimatorSpec`: the estimator's own defaults (:class:`~.estimator.FederatedSparsePCA`,
-  after scikit-learn's ``SparsePCA``).
+  after scikit-learn's ``SparsePCA``);
+* :class:`RunSpec`: the functions' run settings (trials, seed, checkpoints; the app has its own).
 
-:data:`SPEC`, :data:`SERVERLESS`, :data:`SPLIT` and :data:`ESTIMATOR` are the defaults the
+:data:`SPEC`, :data:`SERVERLESS`, :data:`TASK`, :data:`ESTIMATOR` and :data:`RUN` are the defaults the
 functions' keywords, the estimator and ``conf/fsspca/`` read (a test checks each against its
 spec). A spec refuses a value of the wrong type rather than converting it
 (:mod:`ppdnmf_torch.specfields`): ``FSSPCASpec(max_iter=2.5)``, ``EstimatorSpec(n_components="2")``
@@ -27,7 +28,8 @@ from .admm import LINE_SEARCHES
 from .data import DATASETS, SPLITS
 from .smoothing import DEFAULT_SMOOTHING, SMOOTHINGS
 
-__all__ = ["FSSPCASpec", "ServerlessSpec", "SplitSpec", "EstimatorSpec", "SPEC", "SERVERLESS", "SPLIT", "ESTIMATOR",
+__all__ = ["FSSPCASpec", "ServerlessSpec", "TaskSpec", "EstimatorSpec", "RunSpec", "SPEC", "SERVERLESS", "TASK",
+           "ESTIMATOR", "RUN",
            "RHO_RULES", "CONSENSUS_METHODS", "INITS", "DTYPES", "DATA_PRESETS"]
 
 #: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean ``lambda_max(C_i)``;
@@ -48,8 +50,6 @@ class FSSPCASpec:
 
     Attributes
     ----------
-    n_components : int
-        ``r``, the number of loadings.
     alpha : float or list of float
         ``lambda_1``, the weight of ``||z||_1`` (one per trial: a list).
     lambda_2 : float, list of float, or None
@@ -73,11 +73,8 @@ class FSSPCASpec:
     trials, seed : int
     init : "pca" or None
         The start (None: random per trial).
-    checkpoint_every : int
-        ADMM iterations between two checkpoints.
     """
 
-    n_components: int = rule(2, ge=1)
     alpha: float | list[float] = rule(0.0, ge=0)
     lambda_2: float | list[float] | None = rule(None, ge=0)
     smoothing: str = rule(DEFAULT_SMOOTHING, choices=tuple(SMOOTHINGS))
@@ -90,10 +87,7 @@ class FSSPCASpec:
     center: bool = True
     max_iter: int = rule(500, ge=1)
     tol: float = rule(1e-6, ge=0)
-    trials: int = rule(1, ge=1)
-    seed: int = rule(0, ge=0)
     init: str | None = rule(None, choices=INITS)
-    checkpoint_every: int = rule(50, ge=0)
 
     def __post_init__(self):
         check_fields(self)
@@ -131,20 +125,24 @@ class ServerlessSpec:
 
 
 @dataclass(frozen=True)
-class SplitSpec:
-    """How a data set's rows are dealt to the workers (:func:`~.data.split_rows`).
+class TaskSpec:
+    """The problem of a data set (:func:`~.experiments.run_task`): its loadings, and how its rows
+    are dealt to the workers (:func:`~.data.split_rows`).
 
     Attributes
     ----------
+    n_components : int
+        ``r``, the number of loadings.
     n_workers : int
         ``K``.
-    kind : {"iid", "class", "dirichlet"}
+    split : {"iid", "class", "dirichlet"}
         IID, sorted by class and cut, or class shares per worker from ``Dirichlet(concentration)``.
     concentration : float
     """
 
+    n_components: int = rule(2, ge=1)
     n_workers: int = rule(4, ge=1)
-    kind: str = rule("iid", choices=SPLITS)
+    split: str = rule("iid", choices=SPLITS)
     concentration: float = rule(0.5, gt=0)
 
     def __post_init__(self):
@@ -177,8 +175,32 @@ class EstimatorSpec:
         check_fields(self)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """The run settings of the functions (:func:`~.fit.fit_fsspca`, :func:`~.serverless.fit_serverless`,
+    :func:`~.experiments.run_task`); the app's are its run keys (``conf/config.yaml``).
+
+    Attributes
+    ----------
+    trials : int
+        Independent trials batched in one fit.
+    seed : int
+        The starts (and the split) from ``seed``.
+    checkpoint_every : int
+        ADMM iterations between two checkpoints in ``checkpoint_dir``.
+    """
+
+    trials: int = rule(1, ge=1)
+    seed: int = rule(0, ge=0)
+    checkpoint_every: int = rule(50, ge=0)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
 #: the defaults of every entry point
 SPEC = FSSPCASpec()
 SERVERLESS = ServerlessSpec()
-SPLIT = SplitSpec()
+TASK = TaskSpec()
 ESTIMATOR = EstimatorSpec()
+RUN = RunSpec()

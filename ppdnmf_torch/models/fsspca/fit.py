@@ -20,7 +20,7 @@ from ...errors import ConfigError, ConvergenceWarning, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
-from .config import RHO_RULES, SPEC
+from .config import RHO_RULES, RUN, SPEC
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
 from .smoothing import get_smoothing
@@ -166,9 +166,9 @@ def _save(path: Path, payload):
 def fit_fsspca(data, n_components, *, groups=None, alpha=SPEC.alpha, lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing,
                mu=SPEC.mu, rho=SPEC.rho, rho_scale=SPEC.rho_scale, line_search=SPEC.line_search,
                inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, aggregation_options=None,
-               center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=SPEC.trials, seed=SPEC.seed,
+               center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=RUN.trials, seed=RUN.seed,
                init=SPEC.init, device=None, dtype=None, callback=None, checkpoint_dir=None,
-               checkpoint_every=SPEC.checkpoint_every, projector=None) -> FSSPCAResult:
+               checkpoint_every=RUN.checkpoint_every, projector=None) -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
 
     Parameters

@@ -64,7 +64,7 @@ from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .config import CONSENSUS_METHODS, SERVERLESS, SPEC
+from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC
 from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
 from .manifold import qf
 from .smoothing import get_smoothing
@@ -173,7 +173,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
                    lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho,
                    rho_scale=SPEC.rho_scale, line_search=SPEC.line_search, inner_steps=SPEC.inner_steps,
                    center=SPEC.center, center_iters=SERVERLESS.center_iters, max_iter=SPEC.max_iter, tol=SPEC.tol,
-                   trials=SPEC.trials, seed=SPEC.seed, init=SPEC.init, device=None, dtype=None,
+                   trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None,
                    callback=None) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 

@@ -102,7 +102,7 @@ from ...graph import Graph, Topology, check_min_degree, random_connected
 from ...metrics import consensus_error
 from ...penalties import PENALTY_MODES, PenaltySampler, check_shared_caps, sum_leak_message
 from . import checkpoint as ckpt
-from .config import ADAPTIVE_LAMBDA0, AGENTS, AGENTS_SCHEDULES, AGENTS_STARTS
+from .config import ADAPTIVE_LAMBDA0, AGENTS, AGENTS_SCHEDULES, AGENTS_STARTS, RUN
 from .agent_columns import SparseColumns, agent_columns, local_product, local_t_product
 from .objective import fitting_error, gap_sq, split_objective
 from .operator import as_similarity
@@ -472,11 +472,11 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=No
                       lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
                       penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
                       y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
-                      trials: int = AGENTS.trials, seed: int = AGENTS.seed, device="auto", dtype=None,
+                      trials: int = RUN.trials, seed: int = RUN.seed, device="auto", dtype=None,
                       min_degree: int | None = AGENTS.min_degree, callback=None,
                       penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
                       aggregation_options: dict | None = None, checkpoint_dir=None,
-                      checkpoint_every: int = AGENTS.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                      checkpoint_every: int = RUN.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
                       start_seed: int | None = AGENTS.start_seed) -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 

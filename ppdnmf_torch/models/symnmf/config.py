@@ -6,9 +6,11 @@
   ranks :func:`~.distributed.fit_symnmf_rank`, ``task=symnmf variant=agents``'s ``agents`` section);
 * :class:`ClusteringSpec`: the clusterer's own settings (:class:`~.estimator.SymmetricNMF`, beside
   :class:`SymNMFSpec`'s solver settings);
-* :class:`RankSpec`: how a run over ranks places and shares the agents.
+* :class:`RankSpec`: how a run over ranks places and shares the agents;
+* :class:`RunSpec`: the functions' run settings (trials, seed, checkpoints; the app has its own,
+  ``conf/config.yaml``).
 
-:data:`SPEC`, :data:`AGENTS`, :data:`CLUSTERING` and :data:`RANKS` are the defaults: the keyword
+:data:`SPEC`, :data:`AGENTS`, :data:`CLUSTERING`, :data:`RANKS` and :data:`RUN` are the defaults: the keyword
 defaults of the functions and the estimator read them (``max_iter=SPEC.max_iter``), and the app's
 ``conf/symnmf/`` configs hold the same values (a test checks each against its spec). A spec
 refuses a value of the wrong type rather than converting it (:mod:`ppdnmf_torch.specfields`):
@@ -25,7 +27,8 @@ from ...exchange.spec import EXCHANGE_KINDS
 from ...penalties import PENALTY_MODES
 from ...specfields import check_fields, rule
 
-__all__ = ["SymNMFSpec", "AgentsSpec", "ClusteringSpec", "RankSpec", "SPEC", "AGENTS", "CLUSTERING", "RANKS",
+__all__ = ["SymNMFSpec", "AgentsSpec", "ClusteringSpec", "RankSpec", "RunSpec", "SPEC", "AGENTS", "CLUSTERING",
+           "RANKS", "RUN",
            "METHODS", "PENALTY_RULES", "INITS", "AFFINITIES", "DTYPES", "AGENTS_SCHEDULES", "AGENTS_STARTS",
            "SHARE_MODES", "ADAPTIVE_LAMBDA0"]
 
@@ -75,10 +78,6 @@ class SymNMFSpec:
         A trial stops once ``||W_k - W_{k-1}||_F <= tol ||W_k||_F``, ``W = (U, V)``; 0: never.
     init : {"scaled", "uniform"}
         The start of the presets and the estimator (:func:`~.estimator.scaled_start`).
-    trials, seed : int
-        Independent trials batched in one fit; trial ``t``'s start from ``seed``.
-    checkpoint_every : int
-        Outer iterations between two checkpoints (0: only at the end).
     """
 
     method: str = rule("symhals", choices=METHODS)
@@ -87,9 +86,6 @@ class SymNMFSpec:
     max_iter: int = rule(500, ge=1)
     tol: float = rule(1e-6, ge=0)
     init: str = rule("scaled", choices=INITS)
-    trials: int = rule(1, ge=1)
-    seed: int = rule(0, ge=0)
-    checkpoint_every: int = rule(0, ge=0)
 
     def __post_init__(self):
         check_fields(self)
@@ -130,8 +126,6 @@ class AgentsSpec:
         The agents' ``V_i`` at the start.
     start_seed : int or None
         Reproducible private starts (None: each agent's own CSPRNG draw).
-    trials, seed, checkpoint_every : int
-        As :class:`SymNMFSpec`'s.
     """
 
     n_agents: int = rule(10, ge=1)
@@ -150,9 +144,6 @@ class AgentsSpec:
     aggregation: str | None = rule(None, choices=AGGREGATION_KINDS)
     start: str = rule("private", choices=AGENTS_STARTS)
     start_seed: int | None = rule(None, ge=0)
-    trials: int = rule(1, ge=1)
-    seed: int = rule(0, ge=0)
-    checkpoint_every: int = rule(0, ge=0)
 
     def __post_init__(self):
         check_fields(self)
@@ -211,8 +202,32 @@ class RankSpec:
         check_fields(self)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """The run settings of the functions (:func:`~.fit.fit_symnmf`, :func:`~.agents.fit_symnmf_agents`,
+    :func:`~.distributed.fit_symnmf_rank`); the app's are its run keys (``conf/config.yaml``).
+
+    Attributes
+    ----------
+    trials : int
+        Independent trials batched in one fit.
+    seed : int
+        Trial ``t``'s start (and graph, split) from ``seed + t``.
+    checkpoint_every : int
+        Outer iterations between two checkpoints in ``checkpoint_dir`` (0: only at the end).
+    """
+
+    trials: int = rule(1, ge=1)
+    seed: int = rule(0, ge=0)
+    checkpoint_every: int = rule(0, ge=0)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
 #: the defaults of every entry point
 SPEC = SymNMFSpec()
 AGENTS = AgentsSpec()
 CLUSTERING = ClusteringSpec()
 RANKS = RankSpec()
+RUN = RunSpec()

@@ -89,7 +89,7 @@ from ...penalties import check_shared_caps
 from ...threads import with_threads
 from . import checkpoint as ckpt
 from .agent_columns import agent_columns, local_t_product
-from .config import AGENTS, RANKS, SHARE_MODES
+from .config import AGENTS, RANKS, RUN, SHARE_MODES
 from .agents import (AgentsResult, _caps, _check_settings, _gather_rows, _graphs, _history_lists,
                      _history_tensors, _scatter_rows, _State, _warn_degree_one, _warn_sum_leak, lambda_from_sums,
                      lambda_terms, partition_nodes, private_start, _start_seeds, x_step, y_step)
@@ -337,10 +337,10 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
                     lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
                     penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
                     y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
-                    seed: int = AGENTS.seed, dtype=None, min_degree: int | None = AGENTS.min_degree,
+                    seed: int = RUN.seed, dtype=None, min_degree: int | None = AGENTS.min_degree,
                     penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
                     aggregation_options: dict | None = None, checkpoint_dir=None,
-                    checkpoint_every: int = AGENTS.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                    checkpoint_every: int = RUN.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
                     start_seed: int | None = AGENTS.start_seed, partition=RANKS.partition, assignment=None,
                     share: str = RANKS.share, callback=None, threads=None) -> SymRankResult:
     """:func:`~.agents.fit_symnmf_agents` (one trial) on this rank's agents; every rank of ``comm``

@@ -10,7 +10,7 @@ import torch
 
 from ...errors import ConfigError, ConvergenceWarning, DataError
 from . import checkpoint as ckpt
-from .config import METHODS, SPEC
+from .config import METHODS, RUN, SPEC
 from .data import initial_factor
 from .objective import inner, metrics
 from .operator import as_similarity
@@ -70,9 +70,9 @@ def _check_int(name, v, low):
     return int(v)
 
 
-def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=SPEC.trials,
-               seed=SPEC.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
-               checkpoint_dir=None, checkpoint_every=SPEC.checkpoint_every, resume=False,
+def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=RUN.trials,
+               seed=RUN.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
+               checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False,
                method_options=None) -> SymNMFResult:
     """Symmetric NMF ``X ~ U U^T`` by the splitting (3) or a baseline, batched over trials.
 
