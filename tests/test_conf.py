@@ -116,9 +116,14 @@ def test_every_task_has_its_own_help():
         assert f"override /hydra/help: {name}" in text, name
 
 
-@pytest.mark.parametrize("task", ["symnmf", "fsspca"])
+@pytest.mark.parametrize("task", ["symnmf", "fsspca", "ppdnmf"])
 def test_a_tasks_help_lists_its_groups_and_every_option(task):
-    """``ppdnmf task=<name> --help`` names the task's own groups with all their options."""
+    """``ppdnmf task=<name> --help`` names the task's own groups with all their options (and only
+    those: PPDNMF's help names the tasks, not their groups)."""
     text = (CONF / "hydra" / "help" / f"{task}.yaml").read_text()
     for group in GROUPS[task]:
         assert f"{group}: {', '.join(_options(group))}" in text, group
+    others = {g for t, groups in GROUPS.items() if t != task for g in groups} - set(GROUPS[task])
+    assert not [g for g in others if f"\n  {g}: " in text]
+    if task == "ppdnmf":
+        assert f"task: {', '.join(_options('task'))} (" in text

@@ -45,26 +45,15 @@ from omegaconf.errors import OmegaConfBaseException
 from ..errors import (ConfigError, ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning,
                       PPDNMFError)
 from . import interrupts
+from .config_dir import CONFIG_DIR
+from .help import show_help, wants_help
 from .progress import write_line
+from .resume import RESUME_SAFE_KEYS, overridden, resume_target
 from .tasks import task_of
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
            "RESUME_SAFE_KEYS", "FAILED_NAME"]
 
-
-def _config_dir() -> str:
-    """The config folder: ``ppdnmf_torch/conf`` in an installed package (the wheel ships the
-    repository's ``conf/`` there), else ``conf/`` beside the package (a source checkout or an
-    editable install). An absolute path, so that the app works from any directory."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package, above app/
-    for folder in (os.path.join(here, "conf"), os.path.join(here, os.pardir, "conf")):
-        if os.path.isfile(os.path.join(folder, "config.yaml")):
-            return os.path.normpath(folder)
-    return os.path.normpath(os.path.join(here, "conf"))  # Hydra then says it is missing
-
-
-#: the folder Hydra composes the configs from (:func:`_config_dir`)
-CONFIG_DIR = _config_dir()
 
 #: exit status of a run stopped by a user error
 EXIT_USER_ERROR = 2
@@ -74,13 +63,6 @@ EXIT_INTERRUPTED = 130
 PROBE_BYTES = 64 << 10
 #: a failed job of a multirun leaves this file (its one-line error) in its folder
 FAILED_NAME = "FAILED"
-#: the config keys ``resume=`` applies when given on the command line (they change no number
-#: of the iterations done), besides the task's own (:attr:`~.tasks.base.Task.resume_safe_keys`,
-#: PPDNMF's ``solver.bcd_iters``); any other override that differs from the run's own is refused
-RESUME_SAFE_KEYS = ("progress", "progress_interval", "threads", "checkpoint_every", "keep_checkpoints",
-                    "logger.flush_secs")
-
-
 def _run_id() -> str:
     """A run folder's name: date, time to the millisecond and six random hex digits."""
     now = datetime.datetime.now()
@@ -139,7 +121,7 @@ def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
     defaults (``conf/solver/default.yaml``); and with ``graph=file`` and no ``n_agents=``,
     ``n_agents`` is the edge file's (its ``# n_agents: N`` header, else its largest id + 1)."""
     hc = HydraConfig.get()
-    overridden = set(_overridden(hc.overrides.task))
+    overridden = set(overridden(hc.overrides.task))
     choices = hc.runtime.choices
     if (choices.get("experiment") is not None and "experiment" not in overridden
             and (choices.get("data") in _OWN_DATA or choices.get("graph") == "file")):
@@ -161,140 +143,6 @@ def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
                 with open_dict(cfg):
                     cfg.n_agents = n
     return cfg
-
-
-# --------------------------------------------------------------------------------------
-# resume=
-# --------------------------------------------------------------------------------------
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _unflat(flat: dict) -> dict:
-    out: dict = {}
-    for key, v in flat.items():
-        node = out
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = v
-    return out
-
-
-def _overridden(task_overrides) -> list:
-    """The config keys (or groups) a command line set, Hydra's own and ``resume`` left out."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    keys = []
-    for o in OverridesParser.create().parse_overrides(list(task_overrides)):
-        key = o.key_or_group
-        if key.split(".")[0] in ("hydra", "resume"):
-            continue
-        keys.append(key)
-    return keys
-
-
-def _changes(keys, new: dict, saved: dict) -> dict:
-    """``{flat key: (saved value, new value)}`` for the keys under the overridden ``keys`` whose
-    new value differs from the run's own (``experiment`` covers every key)."""
-    fn, fs = _flat(new), _flat(saved)
-    out = {}
-    for key in keys:
-        under = [k for k in set(fn) | set(fs) if key == "experiment" or k == key or k.startswith(key + ".")]
-        for k in sorted(under):
-            if k == "resume" or fs.get(k) == fn.get(k):
-                continue
-            section = k.rsplit(".", 1)[0] if "." in k else ""
-            if (k not in fn or k not in fs) and fs.get(f"{section}.kind") != fn.get(f"{section}.kind"):
-                continue  # a key of one kind only: the change of kind says it
-            out[k] = (fs.get(k), fn.get(k))
-    return out
-
-
-def _load_saved(folder: str) -> dict:
-    cfg_file = os.path.join(folder, "config.yaml")
-    if not os.path.isfile(cfg_file):
-        raise ConfigError(f"resume: {folder!r} is not a ppdnmf run folder (no config.yaml)")
-    try:
-        with open(cfg_file, encoding="utf-8") as fh:
-            d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
-    except Exception as exc:  # yaml's and omegaconf's many error types: the file is damaged
-        raise ConfigError(f"resume: {cfg_file} is not a readable run config ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the run cannot be resumed "
-                          "from it") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"resume: {cfg_file} does not hold a run config (a mapping), it holds {type(d).__name__}")
-    if not d:  # read as the defaults, it would look like another run
-        raise ConfigError(f"resume: {cfg_file} is empty (damaged or truncated); the run cannot be resumed from it")
-    return d
-
-
-def _resume_target(run_dir: str, new=None, task_overrides=()):
-    """``resume=<run dir>``: that run's own config (with the safe overrides of this command line
-    applied, :data:`RESUME_SAFE_KEYS`), its folder, and its checkpoints.
-
-    Raises
-    ------
-    ConfigError
-        For a folder that is not an unfinished run with checkpoints, a damaged config, or an
-        override that would change the run (all of them listed).
-    """
-    folder = os.path.normpath(to_absolute_path(os.path.expanduser(run_dir)))
-    d = _load_saved(folder)
-    if os.path.isfile(os.path.join(folder, "summary.json")):
-        raise ConfigError(f"resume: {folder!r} holds a finished run (it has summary.json); nothing to resume, "
-                          "and its outputs are left as they are")
-    ckpt = os.path.join(folder, "checkpoints")
-    if not os.path.isdir(ckpt):
-        raise ConfigError(f"resume: {folder!r} has no checkpoints: the run stopped before writing one (during the "
-                          "centralized baseline, say); start it again")
-    d["resume"] = None
-    try:
-        task = task_of(d)
-        saved = task.config_to_dict(task.config_from_dict(d))
-    except PPDNMFError as exc:
-        raise ConfigError(f"resume: {os.path.join(folder, 'config.yaml')} holds an invalid run config ({exc})") from None
-    if new is not None:
-        changes = _changes(_overridden(task_overrides), task_of(new).config_to_dict(new), saved)
-        safe = tuple(task.resume_safe_keys) + RESUME_SAFE_KEYS
-        unsafe = {k: v for k, v in changes.items() if k not in safe}
-        if unsafe:
-            shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in unsafe.items())
-            raise ConfigError(f"resume: these overrides would change the run being resumed: {shown}; a resumed run "
-                              f"keeps its own config and takes only {', '.join(safe)}; start a fresh "
-                              "run for the others")
-        if changes:
-            flat = _flat(saved)
-            flat.update({k: b for k, (a, b) in changes.items()})
-            saved = _unflat(flat)
-    cfg = task.config_from_dict(saved)
-    _check_cap(task, cfg, ckpt)
-    return cfg, folder, ckpt
-
-
-def _check_cap(task, cfg, ckpt: str) -> None:
-    """A resumed run's iteration cap (raised or kept on the command line) is at least what its
-    checkpoints have done: a lower cap would end a run whose config says fewer iterations than it
-    holds. Raises ``ConfigError`` naming the cap's key."""
-    key, cap = task.iteration_cap(cfg)
-    if not key or cap is None:
-        return
-    try:
-        done = task.resume_point(ckpt)
-    except PPDNMFError:
-        return  # a damaged checkpoint: the fit refuses it by name
-    if done and cap < done:
-        raise ConfigError(f"{key}: {cap} is below the {done} {task.step}s the run being resumed has done; give "
-                          f"{key} >= {done} (or leave it out), nothing was changed")
 
 
 # --------------------------------------------------------------------------------------
@@ -479,6 +327,18 @@ def _check_writable(key: str, folder: str) -> None:
         sys.exit(EXIT_USER_ERROR)
 
 
+def _refuse_unfinished(folder: str) -> None:
+    """Before Hydra writes into ``folder`` (its ``.hydra/`` files and ``ppdnmf.log``): stop with one
+    line and exit 2 when it holds an unfinished run of any task (:func:`~.rundir.unfinished_run`)."""
+    from .rundir import refuse_unfinished_run
+
+    try:
+        refuse_unfinished_run(folder)
+    except PPDNMFError as exc:
+        print(f"ppdnmf: error: {_one_line(exc.renamed({'out_dir': 'hydra.run.dir'}))}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+
+
 #: the run folders this process created (:meth:`AppCallbacks.on_run_start`), each with the
 #: highest of its parents that it created too: only those are removed when their run is refused
 _CREATED: dict = {}
@@ -521,6 +381,8 @@ class AppCallbacks(Callback):
             top = os.path.dirname(top)
         if not os.path.exists(folder):
             _CREATED[folder] = top
+        elif not OmegaConf.select(config, "resume", default=None):
+            _refuse_unfinished(folder)
         _check_writable("hydra.run.dir", folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -585,7 +447,7 @@ def _app(cfg: DictConfig):
         run_cfg = to_run_config(_own_inputs(cfg))
         task = task_of(run_cfg)
         if run_cfg.resume:
-            run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume, run_cfg,
+            run_cfg, out_dir, resume_from = resume_target(run_cfg.resume, run_cfg,
                                                            HydraConfig.get().overrides.task)
             task = task_of(run_cfg)
         _announce(task, out_dir, resume_from)
@@ -617,46 +479,10 @@ def _app(cfg: DictConfig):
     return task.objective(summary)
 
 
-def _config_groups(folder: str = CONFIG_DIR) -> str:
-    """``group: option, option`` lines of the config folder (Hydra's own groups left out), as
-    Hydra's ``$APP_CONFIG_GROUPS`` lists them."""
-    groups = {}
-    for root, _, names in os.walk(folder):
-        rel = os.path.relpath(root, folder).replace(os.sep, "/")
-        if rel == "." or rel.split("/")[0] == "hydra":
-            continue
-        options = sorted(n[:-5] for n in names if n.endswith(".yaml"))
-        if options:
-            groups[rel] = options
-    return "".join(f"{g}: {', '.join(o)}\n" for g, o in sorted(groups.items()))
-
-
-def show_help(overrides) -> str:
-    """The text of ``ppdnmf [overrides] --help``: the task's own help (``conf/hydra/help/<task>.yaml``)
-    with its composed config. The same text as Hydra's ``--help``, without the seconds Hydra takes
-    to list the options of every group, Hydra's own included, before it looks at the template."""
-    import string
-
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-    template = cfg.hydra.help.template
-    shown = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    return string.Template(template).safe_substitute(APP_CONFIG_GROUPS=_config_groups(), HYDRA_CONFIG_GROUPS="",
-                                                     FLAGS_HELP="", CONFIG=OmegaConf.to_yaml(shown))
-
-
-def _wants_help(argv) -> bool:
-    """``--help`` (or ``-h``) of one run, without Hydra's other flags that change what it means."""
-    flags = [a for a in argv if a.startswith("-")]
-    return bool(flags) and all(a in ("--help", "-h") for a in flags)
-
-
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
     argv = sys.argv[1:]
-    if _wants_help(argv):
+    if wants_help(argv):
         try:
             print(show_help([a for a in argv if not a.startswith("-")]))
             return

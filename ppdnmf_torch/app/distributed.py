@@ -13,7 +13,10 @@ is a rank; otherwise this process starts ``distributed.nproc`` local ranks (gloo
 prints the summary; the other ranks write their checkpoints only.
 
 Exit status: 0, 2 for a user error (as ``ppdnmf``), 3 on a rank whose peer failed or died
-(:data:`~.comm.EXIT_PEER_FAILED`), 130 after Ctrl-C.
+(:data:`~.comm.EXIT_PEER_FAILED`), 130 after Ctrl-C, 143 after SIGTERM to the launcher. The
+launcher hands a Ctrl-C (or ``kill -INT``) and a SIGTERM to every rank once: each writes its
+checkpoint, and the launcher prints the run's one line with the ``resume=`` command. A launcher
+killed outright (``kill -9``) takes its ranks with it: rank 0 prints that one line.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _own_inputs, _resume_target, _to_log_files,
+from .resume import resume_target
+from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _discard_refused, _own_inputs, _to_log_files,
                   to_run_config)
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, PPDNMFError
@@ -47,6 +51,8 @@ __all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME"]
 
 #: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
 CONFIG_NAME = "ppdnmf_distributed"
+#: exit status of a run whose launcher got SIGTERM (128 + 15), after its ranks' checkpoints
+EXIT_TERMINATED = 143
 
 
 @dataclass
@@ -209,15 +215,82 @@ def _report_like_the_app(rank: int, out_dir: str) -> None:
 def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank: int | None = None):
     """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
     process group, run, and leave; errors are reported to the other ranks before they rise."""
-    cfg = task_of(cfg_dict).config_from_dict(cfg_dict)
+    task = task_of(cfg_dict)
+    cfg = task.config_from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
     if os.environ.get(LAUNCHED_ENV) == "1":  # started by this app's launcher: report as the one-process app
-        _report_like_the_app(int(os.environ.get("RANK", "0")), out_dir)
+        rank = int(os.environ.get("RANK", "0"))
+        _report_like_the_app(rank, out_dir)
+        _follow_the_launcher(rank, out_dir, task)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
                       heartbeat=opts.heartbeat or None) as comm:
         return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
                         share=opts.share)
+
+
+#: seconds between two looks of a local rank at its launcher
+LAUNCHER_POLL = 0.1
+
+
+def _follow_the_launcher(rank: int, out_dir: str, task) -> None:
+    """A rank this app's launcher started: in a process group of its own, so that a Ctrl-C on the
+    terminal reaches the launcher alone, which hands it to every rank once (:func:`_forward_signals`);
+    and ended with the launcher: when the launcher is gone (``kill -9``), the rank stops at once,
+    rank 0 with the run's one line (its checkpoints and the ``resume=`` command), and the errors of
+    the store that went with the launcher are not printed."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    launcher = os.getppid()
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        if rank == 0:
+            text = _interrupted_text(out_dir, task, what=f"the launcher (pid {launcher}) ended without stopping its "
+                                                          "ranks (killed?); the ranks stopped")
+            os.write(2, f"ppdnmf: error: {text}\n".encode())
+        os.dup2(quiet, 2)  # torch's errors of the lost rendezvous store go nowhere
+        os._exit(EXIT_PEER_FAILED)
+
+    threading.Thread(target=watch, name="ppdnmf-launcher-watch", daemon=True).start()
+
+
+class _Forwarded:
+    """The launcher's SIGINT and SIGTERM while its ranks run (:func:`_forward_signals`)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, signum, frame):
+        import multiprocessing
+        import signal
+
+        self.seen.append(signum)
+        for p in multiprocessing.active_children():
+            try:
+                os.kill(p.pid, signal.SIGINT)  # each rank writes its checkpoint and ends (exit 130)
+            except OSError:
+                pass
+        raise KeyboardInterrupt
+
+
+def _forward_signals():
+    """In the launcher: SIGINT (a Ctrl-C on the terminal, or ``kill -INT`` to the launcher alone) and
+    SIGTERM go to every rank as one SIGINT (the ranks are in process groups of their own), then
+    the launcher waits for their checkpoints as for a Ctrl-C. Returns the handler (its ``seen``
+    signals) and the handlers it replaced."""
+    import signal
+
+    handler = _Forwarded()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        if old[s] is not signal.SIG_IGN:
+            signal.signal(s, handler)
+    return handler, old
 
 
 def _preflight(cfg, opts: DistConfig, world) -> None:
@@ -294,7 +367,7 @@ def _fail(exc: BaseException, code: int) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def _app(cfg: DictConfig):
-    lock = task = None
+    lock = task = out_dir = None
     try:
         cfg = _own_inputs(cfg, CONFIG_NAME)  # the user's data and graph get the library's defaults
         raw = OmegaConf.to_container(cfg, resolve=True)
@@ -304,7 +377,7 @@ def _app(cfg: DictConfig):
         task = task_of(run_cfg)
         out_dir, resume = HydraConfig.get().runtime.output_dir, False
         if run_cfg.resume:
-            run_cfg, out_dir, _ = _resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
+            run_cfg, out_dir, _ = resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
             resume = True
         args = (task.config_to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()
@@ -314,8 +387,21 @@ def _app(cfg: DictConfig):
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
-            outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
+            import signal
+
+            # the ranks' C++ warnings (a peer's lost connection, with stack frames) are not the user's lines
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+            forwarded, old = _forward_signals()
+            try:
+                outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
             bad = [o for o in outcomes if o.exitcode != 0]
+            if signal.SIGTERM in forwarded.seen:
+                text = _interrupted_text(out_dir, task, what="terminated (SIGTERM)")
+                print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
+                sys.exit(EXIT_TERMINATED)
             if any(o.exitcode == EXIT_INTERRUPTED for o in bad):
                 print(f"ppdnmf: {_interrupted_text(out_dir, task)}", file=sys.stderr, flush=True)
                 sys.exit(EXIT_INTERRUPTED)
@@ -329,10 +415,15 @@ def _app(cfg: DictConfig):
     except DistributedError as exc:
         _fail(exc, EXIT_PEER_FAILED)
     except PPDNMFError as exc:
+        if lock is None and (task is None or not run_cfg.resume):  # refused before any rank started
+            _discard_refused(HydraConfig.get().runtime.output_dir)
         _fail(exc, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:
         detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
-        print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
+        if not detail and task is not None and out_dir is not None:  # a second Ctrl-C: the ranks were ended
+            print(f"ppdnmf: {_interrupted_text(out_dir, task)}", file=sys.stderr, flush=True)
+        else:
+            print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         if lock is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_figures", "FIGURE_NAMES", "MAX_PANELS"]
+__all__ = ["write_figures", "columns_as_images", "FIGURE_NAMES", "MAX_PANELS"]
 
 log = logging.getLogger("ppdnmf_torch.app.figures")
 
@@ -40,6 +40,16 @@ def _as_array(v) -> np.ndarray:
     if hasattr(v, "detach"):
         v = v.detach().cpu().double().numpy()
     return np.asarray(v, dtype=np.float64)
+
+
+def columns_as_images(M, shape, order: str = "F") -> np.ndarray:
+    """The columns of ``M (h*w, B)`` as ``B`` images ``(B, h, w)`` (``order="F"``: each column read
+    column-major, the CBCL file's convention, as TensorBoard's images are)."""
+    h, w = int(shape[0]), int(shape[1])
+    cols = _as_array(M).T
+    if order.upper() == "F":
+        return np.ascontiguousarray(cols.reshape(-1, w, h).transpose(0, 2, 1))
+    return cols.reshape(-1, h, w)
 
 
 def _figure(n_panels: int, width: float = 4.0, height: float = 3.0):
@@ -65,26 +75,37 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
+def _series(histories: dict, name: str):
+    if name not in histories:
+        return None
+    a = _as_array(histories[name])
+    a = a[:, None] if a.ndim == 1 else a.reshape(a.shape[0], -1)
+    return a if a.size and np.isfinite(a).any() else None
+
+
 def _curves(path: Path, histories: dict, names, title: str) -> str | None:
     shown = []
-    for name in names:
-        if name in histories:
-            a = _as_array(histories[name])
-            a = a[:, None] if a.ndim == 1 else a.reshape(a.shape[0], -1)
-            if a.size and np.isfinite(a).any():
-                shown.append((name, a))
+    for name in names:  # a name, or (a panel's title, the names drawn in it)
+        panel, keys = (name, (name,)) if isinstance(name, str) else name
+        series = [(k, a) for k in keys if (a := _series(histories, k)) is not None]
+        if series:
+            shown.append((panel, series))
     if not shown:
         return None
     shown = shown[:MAX_PANELS]
     fig, axes = _figure(len(shown))
-    for ax, (name, a) in zip(axes, shown):
-        steps = np.arange(1, a.shape[0] + 1)
-        for t in range(min(a.shape[1], 16)):
-            ax.plot(steps, a[:, t], linewidth=1.2, alpha=0.8 if a.shape[1] > 1 else 1.0)
-        finite = a[np.isfinite(a)]
+    for ax, (panel, series) in zip(axes, shown):
+        for key, a in series:
+            steps = np.arange(1, a.shape[0] + 1)
+            for t in range(min(a.shape[1], 16)):
+                ax.plot(steps, a[:, t], linewidth=1.2, alpha=0.8 if a.shape[1] > 1 else 1.0,
+                        label=key.replace("_", " ") if t == 0 and len(series) > 1 else None)
+        finite = np.concatenate([a[np.isfinite(a)] for _, a in series])
         if finite.size and (finite > 0).all() and finite.max() / finite.min() > 100:
             ax.set_yscale("log")
-        ax.set_title(name.replace("_", " "))
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+        ax.set_title(panel.replace("_", " "))
         ax.set_xlabel("iteration")
         ax.grid(True, alpha=0.3)
     fig.suptitle(title)
@@ -134,6 +155,8 @@ def _clusters(path: Path, similarity, sizes) -> str:
     if sizes is not None:
         s = _as_array(sizes)
         axes[1].bar(np.arange(s.size), s)
+        if s.size <= 20:
+            axes[1].set_xticks(np.arange(s.size))
         axes[1].set_xlabel("cluster")
         axes[1].set_title("cluster sizes")
     fig.tight_layout()
@@ -151,8 +174,9 @@ def write_figures(out, histories: dict | None = None, *, title: str = "", curves
     histories : dict, optional
         ``{name: (n_iter,) or (n_iter, T)}``; the names in ``curves`` that it holds are drawn.
     title : str
-    curves : sequence of str
-        The history keys to draw, in order (at most :data:`MAX_PANELS`).
+    curves : sequence of str or (str, sequence of str)
+        The history keys to draw, in order, one panel each (at most :data:`MAX_PANELS`), or a
+        panel's title with the keys drawn together in it.
     images : array (B, H, W) or (H, W), optional
         Images (``factors.png``; a 2-D array is drawn as a heat map).
     loadings : array (d, r), optional

@@ -44,6 +44,32 @@ def make_logger(kind: str, folder, *, flush_secs: int = 30, resume_at: int | Non
     return NullLogger()
 
 
+def _resume_point(task: Task, cfg, resume_from) -> int | None:
+    """The outer iterations the checkpoints of a resumed run hold, checked against the run's
+    iteration cap before anything is written: a cap below them would leave a ``config.yaml`` that
+    says fewer iterations than the run holds.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the cap's config key (``solver.max_iter``), what was done and what to give.
+    """
+    from ..checkpoint import CheckpointError
+
+    try:
+        done = task.resume_point(resume_from)
+    except PPDNMFError:
+        raise
+    except Exception:  # noqa: BLE001 - a damaged checkpoint: the fit refuses it by name
+        return None
+    key, cap = task.iteration_cap(cfg)
+    if key and cap is not None and done > cap:
+        raise CheckpointError(f"{key}: the checkpoint {str(resume_from)!r} has done {done} {task.step}s, more than "
+                              f"{key.rsplit('.', 1)[-1]} = {cap}; give {key} >= {done} (or leave it out): nothing was "
+                              "written")
+    return done
+
+
 def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_from=None,
         task: Task | None = None) -> dict:
     """Run one experiment of ``cfg``'s task and write its outputs into ``out_dir``.
@@ -93,9 +119,9 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
                 # a fresh run in a used folder: the old run's summary would mark this one finished
                 # (the CLI refuses to resume a folder with a summary.json)
                 (out / "summary.json").unlink(missing_ok=True)
+            resume_at = _resume_point(task, cfg, resume_from) if resume_from is not None else None
             write_yaml(out / "config.yaml", task.config_to_dict(cfg))
             show = cfg.progress if progress is None else bool(progress)
-            resume_at = task.resume_point(resume_from) if resume_from is not None else None
             with make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs, resume_at=resume_at,
                              x_iters=task.inner_iterations(cfg)) as logger:
                 if cfg.trials > 1:

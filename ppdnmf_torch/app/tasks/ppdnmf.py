@@ -278,7 +278,27 @@ def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, l
         metrics["nmse_centralized"] = central.nmse
     logger.finished(result, central, hparams=_hparams(cfg, inputs.device), metrics=metrics, images=images,
                     config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
+    summary["figures"] = _figures(cfg, inputs, result, central, out, factors)
     return summary
+
+
+def _figures(cfg: RunConfig, inputs: RunInputs, result: FitResult, central, out: Path, factors: bool) -> list:
+    """``curves.png`` (NMSE, consensus, objective, the worst agent's NMSE; the centralized NMSE
+    beside the distributed one) and ``factors.png`` (the agents' mean ``X``: its columns as images
+    on image data, else a heat map)."""
+    from ..figures import columns_as_images, write_figures
+
+    h = {k: v for k, v in result.history.items() if k in ("nmse", "consensus", "objective", "nmse_worst")}
+    if central is not None and central.history.get("nmse"):
+        h["centralized_nmse"] = central.history["nmse"]
+    images = None
+    if factors:
+        X = result.X_mean.detach().cpu()
+        images = columns_as_images(X, inputs.image_shape) if inputs.image_shape is not None else X
+    return write_figures(out, h, title=f"PPDNMF on {dataset_name(cfg)} ({cfg.exchange.kind} exchange)",
+                         curves=(("NMSE", ("nmse", "centralized_nmse", "nmse_worst")), "consensus", "objective"),
+                         images=images,
+                         images_title="the agents' mean X" + (" (columns as images)" if inputs.image_shape else ""))
 
 
 # --------------------------------------------------------------------------------------
@@ -306,9 +326,8 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
     if e.kind == "paillier":
         graph = build_graph(cfg)
         L = load_data(cfg)[0].shape[0]
-        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters)
-        log.info(format_estimate(e, est).replace("paillier estimate", f"paillier estimate per trial ({cfg.trials} "
-                                                                       "trials run side by side)", 1))
+        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters, trials=cfg.trials)
+        log.info(format_estimate(e, est))
     central: list = []  # the baseline's Progress, made at its first iteration (it runs second)
     with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
 
@@ -334,6 +353,10 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
                 c.close()
     write_trials(out, exp)
     summary = trials_summary(cfg, exp, out, device)
+    from ..figures import write_figures
+
+    summary["figures"] = write_figures(out, exp.history, title=f"PPDNMF, {cfg.trials} trials ({e.kind} exchange)",
+                                       curves=("nmse", "consensus", "objective"))
     metrics = {"nmse_distributed": summary["nmse"]["distributed"]["mean"],
                "consensus": summary["consensus"]["mean"], "wall_time": exp.seconds["distributed"],
                **_cost_metrics(exp.distributed.costs)}
