@@ -121,14 +121,14 @@ def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
     defaults (``conf/solver/default.yaml``); and with ``graph=file`` and no ``n_agents=``,
     ``n_agents`` is the edge file's (its ``# n_agents: N`` header, else its largest id + 1)."""
     hc = HydraConfig.get()
-    overridden = set(overridden(hc.overrides.task))
+    given = set(overridden(hc.overrides.task))
     choices = hc.runtime.choices
-    if (choices.get("experiment") is not None and "experiment" not in overridden
+    if (choices.get("experiment") is not None and "experiment" not in given
             and (choices.get("data") in _OWN_DATA or choices.get("graph") == "file")):
         from hydra import compose
 
         cfg = compose(config_name=config_name, overrides=[*hc.overrides.task, "~experiment"])
-    if "n_agents" not in overridden and OmegaConf.select(cfg, "graph.kind") == "file":
+    if "n_agents" not in given and OmegaConf.select(cfg, "graph.kind") == "file":
         path = OmegaConf.select(cfg, "graph.path", throw_on_missing=False)
         if isinstance(path, str) and path.strip() and path != "???":
             from ..graph.io import from_edge_list

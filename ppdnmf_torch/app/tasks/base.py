@@ -14,9 +14,15 @@ config keys in errors) and calls the task for the rest, in this order::
     print(task.format_summary(summary))             # the CLI's lines
 
 and, with ``cfg.trials > 1``, ``summary = task.run_trials(cfg, out, logger, show=..., callback=...)``
-instead of steps 1 to 3. A task's module is ``ppdnmf_torch/app/tasks/<name>.py`` holding
-``TASK``, an instance of a :class:`Task` subclass; ``conf/task/<name>.yaml`` brings its
-Hydra defaults (:mod:`ppdnmf_torch.app.tasks` finds both by name).
+instead of steps 1 to 3. Over ranks (:mod:`ppdnmf_torch.app.distributed`), every rank calls
+``task.run_rank(cfg, out, comm, logger, ...)`` (rank 0 returns the summary), after
+``task.n_agents(cfg)`` said how many agents the ranks share (or refused with one line).
+
+A task's module is ``ppdnmf_torch/app/tasks/<name>.py`` holding ``TASK``, an instance of a
+:class:`Task` subclass; ``conf/task/<name>.yaml`` brings its Hydra defaults, its groups
+(``conf/<name>/``) and its help (``conf/hydra/help/<name>.yaml``); :mod:`ppdnmf_torch.app.tasks`
+finds them by name. A task is an adapter: the settings are the model's specs
+(``models/<name>/config.py``), the work is the model's functions.
 """
 from __future__ import annotations
 
