@@ -80,6 +80,10 @@ def main() -> None:
         if error is not None:
             print(f"ppdnmf: error: {error}", file=sys.stderr, flush=True)
             sys.exit(EXIT_USER_ERROR)
+        if any(a.startswith("resume=") for a in sys.argv[1:]):
+            from .app.resume import saved_groups  # the resumed run's task and variant, composed by Hydra
+
+            sys.argv += saved_groups(sys.argv[1:])
         ranks = resumed_ranks(sys.argv[1:])
         if ranks and not any(a.lstrip("+~").startswith("distributed.nproc=") for a in sys.argv[1:]):
             sys.argv.append(f"distributed.nproc={ranks}")

@@ -139,6 +139,18 @@ def test_a_resume_below_what_is_done_is_refused_by_name_and_rewrites_nothing(tmp
     assert _snapshot(folder) == before
 
 
+def test_a_resume_composes_the_saved_runs_task_and_variant(tmp_path):
+    from ppdnmf_torch.app.resume import saved_groups
+
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("task: symnmf\nvariant: agents\n")
+    assert saved_groups([f"resume={folder}", "agents.max_iter=9"]) == ["task=symnmf", "symnmf/variant=agents"]
+    assert saved_groups([f"resume={folder}", "task=symnmf"]) == []
+    (folder / "config.yaml").write_text("task: ppdnmf\n")
+    assert saved_groups([f"resume={folder}"]) == [] and saved_groups([f"resume={tmp_path / 'none'}"]) == []
+
+
 # --------------------------------------------------------------------------------------
 # Exit codes, one line each
 # --------------------------------------------------------------------------------------
@@ -184,12 +196,12 @@ def test_ctrl_c_during_the_imports_is_one_line_and_130(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task, args", [
-    ("symnmf", ["task=symnmf", "data.n=400", "solver.max_iter=100000", "solver.tol=0"]),
-    ("fsspca", ["task=fsspca", "solver.max_iter=100000", "solver.tol=0"]),
-    ("symnmf", ["task=symnmf", "symnmf/variant=agents", "data.n=200", "agents.max_iter=100000"]),
+@pytest.mark.parametrize("task, args, cap", [
+    ("symnmf", ["task=symnmf", "data.n=400", "solver.max_iter=100000", "solver.tol=0"], "solver.max_iter"),
+    ("fsspca", ["task=fsspca", "solver.max_iter=100000", "solver.tol=0"], "solver.max_iter"),
+    ("symnmf", ["task=symnmf", "symnmf/variant=agents", "data.n=200", "agents.max_iter=100000"], "agents.max_iter"),
 ])
-def test_ctrl_c_names_the_checkpoint_and_the_resume_command_for_every_task(tmp_path, task, args):
+def test_ctrl_c_names_the_checkpoint_and_the_resume_command_for_every_task(tmp_path, task, args, cap):
     folder = tmp_path / "run"
     r = _interrupt([*args, "checkpoint_every=1", "logger=none", "progress_interval=1e-6", f"hydra.run.dir={folder}"],
                    tmp_path, after=" 3/", delay=0.5)
@@ -197,9 +209,12 @@ def test_ctrl_c_names_the_checkpoint_and_the_resume_command_for_every_task(tmp_p
     assert r.returncode == 130, r.stdout[-2000:]
     assert last.startswith("ppdnmf: interrupted; the newest checkpoint holds ") and f"resume={folder}" in last, last
     assert "run folder " + str(folder) in r.stdout.split("iteration")[0]  # the folder comes first
-    again = _cli([f"resume={folder}", "progress=false"] + ([f"{args[-1].split('=')[0]}=4"]), tmp_path)
+    done = get_task(task).resume_point(folder / "checkpoints")
+    # the run's own task and variant are composed from its folder: its keys may be given
+    again = _cli([f"resume={folder}", "progress=false", f"{cap}={done + 2}"], tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert json.loads((folder / "summary.json").read_text())["task"] == task
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["task"] == task and max(summary["n_iter"]) == done + 2
 
 
 @pytest.mark.slow

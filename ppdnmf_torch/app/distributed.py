@@ -218,15 +218,21 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
     task = task_of(cfg_dict)
     cfg = task.config_from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
+    gone = None
     if os.environ.get(LAUNCHED_ENV) == "1":  # started by this app's launcher: report as the one-process app
         rank = int(os.environ.get("RANK", "0"))
         _report_like_the_app(rank, out_dir)
-        _follow_the_launcher(rank, out_dir, task)
+        gone = _follow_the_launcher(rank, out_dir, task)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
-                      heartbeat=opts.heartbeat or None) as comm:
-        return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
-                        share=opts.share)
+    try:
+        with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+                          heartbeat=opts.heartbeat or None) as comm:
+            return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
+                            share=opts.share)
+    except BaseException:
+        if gone is not None:
+            gone()  # the store went with the launcher: the run's one line, not this error
+        raise
 
 
 #: seconds between two looks of a local rank at its launcher
@@ -238,16 +244,21 @@ def _follow_the_launcher(rank: int, out_dir: str, task) -> None:
     terminal reaches the launcher alone, which hands it to every rank once (:func:`_forward_signals`);
     and ended with the launcher: when the launcher is gone (``kill -9``), the rank stops at once,
     rank 0 with the run's one line (its checkpoints and the ``resume=`` command), and the errors of
-    the store that went with the launcher are not printed."""
+    the store that went with the launcher are not printed. Returns ``gone()``, which does that
+    at once when the launcher is gone (an error of the rank's own thread calls it first)."""
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
     launcher = os.getppid()
+    ended = threading.Lock()
 
-    def watch():
-        while os.getppid() == launcher:
-            time.sleep(LAUNCHER_POLL)
+    def gone() -> None:
+        """When the launcher is gone: rank 0's one line, then this rank ends (exit 3); the thread
+        that comes second waits for the first to end the process."""
+        if os.getppid() == launcher:
+            return
+        ended.acquire()
         quiet = os.open(os.devnull, os.O_WRONLY)
         if rank == 0:
             text = _interrupted_text(out_dir, task, what=f"the launcher (pid {launcher}) ended without stopping its "
@@ -256,7 +267,13 @@ def _follow_the_launcher(rank: int, out_dir: str, task) -> None:
         os.dup2(quiet, 2)  # torch's errors of the lost rendezvous store go nowhere
         os._exit(EXIT_PEER_FAILED)
 
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL)
+        gone()
+
     threading.Thread(target=watch, name="ppdnmf-launcher-watch", daemon=True).start()
+    return gone
 
 
 class _Forwarded:

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from ..errors import ConfigError, PPDNMFError
 from .tasks import task_of
 
-__all__ = ["resume_target", "overridden", "RESUME_SAFE_KEYS"]
+__all__ = ["resume_target", "overridden", "saved_groups", "RESUME_SAFE_KEYS"]
 
 #: the config keys ``resume=`` applies when given on the command line (they change no number
 #: of the iterations done), besides the task's own (:attr:`~.tasks.base.Task.resume_safe_keys`,
@@ -134,3 +134,28 @@ def resume_target(run_dir: str, new=None, task_overrides=()):
             flat.update({k: b for k, (a, b) in changes.items()})
             saved = _unflat(flat)
     return task.config_from_dict(saved), folder, ckpt
+
+
+def saved_groups(argv) -> list:
+    """The overrides that compose the config of the run ``resume=<folder>`` names: its ``task`` and
+    its task's ``variant`` group, when not the defaults and not on the command line. Without them
+    Hydra would compose the default task's config, and refuse a key of the run's own
+    (``ppdnmf resume=<folder> agents.max_iter=500`` of a ``task=symnmf symnmf/variant=agents`` run)."""
+    folder = next((a.split("=", 1)[1].strip("'\"") for a in argv if a.startswith("resume=")), None)
+    if not folder or any(a.startswith("task=") for a in argv):
+        return []
+    try:
+        import yaml  # PyYAML, a dependency of omegaconf; plain data only
+
+        with open(os.path.join(os.path.expanduser(folder), "config.yaml"), encoding="utf-8") as fh:
+            saved = yaml.safe_load(fh)
+    except (OSError, ValueError, ImportError, yaml.YAMLError):
+        return []  # resume_target says what is wrong with the folder
+    task = saved.get("task") if isinstance(saved, dict) else None
+    if not isinstance(task, str) or task == "ppdnmf" or not task.isidentifier():
+        return []
+    out = [f"task={task}"]
+    variant = saved.get("variant")
+    if isinstance(variant, str) and variant.isidentifier() and not any(a.startswith(f"{task}/variant=") for a in argv):
+        out.append(f"{task}/variant={variant}")
+    return out
