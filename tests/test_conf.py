@@ -94,7 +94,8 @@ def test_the_composed_defaults_are_the_models_specs():
     a = _compose("task=symnmf", "symnmf/variant=agents")
     assert a.agents == scfg.AGENTS and a.exchange.kind == scfg.AGENTS.exchange
     f = _compose("task=fsspca")
-    assert f.solver == fcfg.SPEC and (f.n_components, f.n_workers) == (fcfg.TASK.n_components, fcfg.TASK.n_workers)
+    assert f.solver == fcfg.SPEC and (f.n_components, f.alpha, f.n_workers) == (
+        fcfg.TASK.n_components, fcfg.TASK.alpha, fcfg.TASK.n_workers)
     assert (f.split.kind, f.split.concentration) == (fcfg.TASK.split, fcfg.TASK.concentration)
     sl = _compose("task=fsspca", "fsspca/variant=serverless")
     assert sl.serverless == fcfg.SERVERLESS and sl.exchange.kind == fcfg.SERVERLESS.exchange

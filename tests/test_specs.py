@@ -43,10 +43,10 @@ def _entry_points():
         (fit_symnmf_rank, {scfg.AGENTS: list(defaults(scfg.AgentsSpec)), scfg.RANKS: list(defaults(scfg.RankSpec)),
                            scfg.RUN: ["seed", "checkpoint_every"]}),
         (SymmetricNMF.__init__, {scfg.CLUSTERING: list(defaults(scfg.ClusteringSpec)), scfg.SPEC: list(solver)}),
-        (fit_fsspca, {fcfg.SPEC: fss, fcfg.RUN: run}),
-        (fit_serverless, {fcfg.SPEC: [f for f in fss if f != "aggregation"],
+        (fit_fsspca, {fcfg.SPEC: fss, fcfg.TASK: ["alpha"], fcfg.RUN: run}),
+        (fit_serverless, {fcfg.SPEC: [f for f in fss if f != "aggregation"], fcfg.TASK: ["alpha"],
                           fcfg.SERVERLESS: list(defaults(fcfg.ServerlessSpec)), fcfg.RUN: ["trials", "seed"]}),
-        (run_task, {fcfg.SPEC: ["alpha"], fcfg.TASK: list(defaults(fcfg.TaskSpec)), fcfg.RUN: ["trials", "seed"]}),
+        (run_task, {fcfg.TASK: list(defaults(fcfg.TaskSpec)), fcfg.RUN: ["trials", "seed"]}),
         (FederatedSparsePCA.__init__, {fcfg.ESTIMATOR: list(defaults(fcfg.EstimatorSpec)), fcfg.SPEC: list(est)}),
     ]
 
@@ -76,7 +76,7 @@ BAD = [
     (scfg.ClusteringSpec, "n_components", "2", "n_components: must be an integer, got '2' (str)"),
     (scfg.ClusteringSpec, "dtype", "float16", "dtype: unknown value 'float16'"),
     (scfg.RankSpec, "share", "some", "share: unknown value 'some'"),
-    (fcfg.FSSPCASpec, "alpha", "big", "alpha: must be a number or a list of numbers"),
+    (fcfg.TaskSpec, "alpha", "big", "alpha: must be a number or a list of numbers"),
     (fcfg.FSSPCASpec, "inner_steps", 1.5, "inner_steps: must be an integer, got 1.5 (float)"),
     (fcfg.FSSPCASpec, "rho", "server", "rho: unknown value 'server'"),
     (fcfg.FSSPCASpec, "center", 1, "center: must be true or false, got 1 (int)"),
@@ -115,7 +115,7 @@ def test_every_field_of_every_spec_refuses_a_mapping(cls):
 def test_a_spec_takes_numpy_integers_and_an_int_for_a_float():
     s = scfg.ClusteringSpec(n_components=np.int64(3), tol=0)
     assert type(s.n_components) is int and s.n_components == 3 and type(s.tol) is float
-    assert fcfg.FSSPCASpec(alpha=[0, 1.5]).alpha == [0.0, 1.5]
+    assert fcfg.TaskSpec(alpha=[0, 1.5]).alpha == [0.0, 1.5]
 
 
 def test_build_takes_an_integral_float_from_a_config_and_names_the_dotted_key():

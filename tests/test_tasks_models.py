@@ -54,7 +54,7 @@ def test_the_model_tasks_are_found():
     (["task=fsspca", "data.kind=digits", "split.kind=class", "n_components=3"],
      lambda c: (c.data.kind, c.split.kind, c.n_components) == ("digits", "class", 3)),
     (["task=fsspca", "fsspca/data=wine", "fsspca/split=dirichlet", "split.concentration=0.3", "trials=2",
-      "solver.alpha=[1,2]"], lambda c: c.split.concentration == 0.3 and c.solver.alpha == [1.0, 2.0]),
+      "alpha=[1,2]"], lambda c: c.split.concentration == 0.3 and c.alpha == [1.0, 2.0]),
     (["task=fsspca", "data.kind=breast_cancer", "logger=none"], lambda c: c.logger.kind == "none"),
     (["task=fsspca", "data.kind=csv", "data.path=rows.csv"], lambda c: os.path.isabs(c.data.path)),
     (["task=symnmf"], lambda c: (c.data.preset, c.solver.method, c.rank) == ("synthetic", "symhals", None)),
@@ -81,8 +81,8 @@ def test_every_preset_composes_and_round_trips(overrides, check):
 
 @pytest.mark.parametrize("overrides, line", [
     (["task=fsspca", "split.kind=bogus"], "split.kind: unknown value 'bogus'"),
-    (["task=fsspca", "solver.alpha=-1"], "solver.alpha: must be >= 0"),
-    (["task=fsspca", "trials=2", "solver.alpha=[1,2,3]"], "solver.alpha: a list needs one value per trial (2), got 3"),
+    (["task=fsspca", "alpha=-1"], "alpha: must be >= 0"),
+    (["task=fsspca", "trials=2", "alpha=[1,2,3]"], "alpha: a list needs one value per trial (2), got 3"),
     (["task=fsspca", "solver.inner_steps=2.5"], "solver.inner_steps: must be an integer, got 2.5"),
     (["task=fsspca", "fsspca/variant=serverless", "serverless.exchange=paillier"], "serverless.exchange: 'paillier'"),
     (["task=symnmf", "symnmf/variant=agents", "agents.mu=big"], "agents.mu: unknown value 'big'; use one of auto"),
@@ -114,7 +114,7 @@ def test_the_cli_refuses_a_bad_value_with_one_line(tmp_path):
 
 def test_cli_fsspca_trials_without_logger(tmp_path):
     out = tmp_path / "run"
-    r = _cli([*FSSPCA_TINY, "data.kind=wine", "split.kind=dirichlet", "trials=2", "solver.alpha=[0,5]", "logger=none",
+    r = _cli([*FSSPCA_TINY, "data.kind=wine", "split.kind=dirichlet", "trials=2", "alpha=[0,5]", "logger=none",
               f"hydra.run.dir={out}"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "FSSPCA on wine (178 x 13, dirichlet split over 4 workers)" in r.stdout and "2 trial(s)" in r.stdout

@@ -69,6 +69,8 @@ class FSSPCARunConfig(RunKeys):
     variant: str = rule("server", choices=VARIANTS)
     n_workers: int = rule(TASK_SPEC.n_workers, ge=1)
     n_components: int = rule(TASK_SPEC.n_components, ge=1)
+    # lambda_1; a list: one per trial (a hyperparameter batched over trials)
+    alpha: float | list[float] = rule(TASK_SPEC.alpha, ge=0)
     data: FSSPCAData = field(default_factory=FSSPCAData)
     split: FSSPCASplit = field(default_factory=FSSPCASplit)
     solver: FSSPCASpec = field(default_factory=FSSPCASpec)
@@ -82,9 +84,8 @@ class FSSPCARunConfig(RunKeys):
 
 
 def _cross(cfg: FSSPCARunConfig) -> None:
-    alpha = cfg.solver.alpha
-    if isinstance(alpha, list) and len(alpha) != cfg.trials:
-        raise ConfigError(f"solver.alpha: a list needs one value per trial ({cfg.trials}), got {len(alpha)}")
+    if isinstance(cfg.alpha, list) and len(cfg.alpha) != cfg.trials:
+        raise ConfigError(f"alpha: a list needs one value per trial ({cfg.trials}), got {len(cfg.alpha)}")
     d = cfg.data
     if d.kind in ("npy", "csv"):
         if not d.path:
@@ -144,8 +145,7 @@ class FSSPCATask(ModelTask):
         return inputs
 
     def _fit_kwargs(self, cfg: FSSPCARunConfig, inputs: DeviceInputs, out: Path) -> dict:
-        s = asdict(cfg.solver)
-        s["alpha"] = cfg.solver.alpha
+        s = {**asdict(cfg.solver), "alpha": cfg.alpha}
         if cfg.variant == "serverless":
             s.pop("aggregation")
             sl = {k: v for k, v in asdict(cfg.serverless).items() if k != "exchange"}
@@ -195,14 +195,14 @@ class FSSPCATask(ModelTask):
                                         "primal_residual", "dual_residual"),
                                 loadings=arrays["z"][0])
         summary = {"task": self.name, "variant": cfg.variant, "name": cfg.name, "data": cfg.data.kind,
-                   "split": cfg.split.kind, "n_components": cfg.n_components, "alpha": cfg.solver.alpha,
+                   "split": cfg.split.kind, "n_components": cfg.n_components, "alpha": cfg.alpha,
                    "trials": cfg.trials, "seed": cfg.seed, "device": str(inputs.device), "dtype": cfg.dtype, **s,
                    "wall_time": {"fit": fits.seconds}, "figures": figures, "out_dir": str(out)}
         if cfg.variant == "serverless":
             summary.update(graph=cfg.graph.kind, exchange=cfg.exchange.kind, consensus=cfg.serverless.consensus)
         summary = json.loads(json.dumps(summary, default=str))  # the model's settings as plain values
         hp = {"name": cfg.name, "variant": cfg.variant, "data": cfg.data.kind, "split": cfg.split.kind,
-              "n_workers": cfg.n_workers, "n_components": cfg.n_components, "alpha": str(cfg.solver.alpha),
+              "n_workers": cfg.n_workers, "n_components": cfg.n_components, "alpha": str(cfg.alpha),
               "trials": cfg.trials, "seed": cfg.seed, "smoothing": cfg.solver.smoothing,
               "aggregation": cfg.exchange.kind if cfg.variant == "serverless" else cfg.solver.aggregation,
               "dtype": cfg.dtype}

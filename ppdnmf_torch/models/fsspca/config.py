@@ -4,8 +4,9 @@
   section of ``task=fsspca``);
 * :class:`ServerlessSpec`: what the serverless variant adds (:func:`~.serverless.fit_serverless`:
   the consensus over a graph of workers through the library's exchange; ``variant=serverless``);
-* :class:`TaskSpec`: the problem of a data set (its loadings, and how its rows are dealt to the
-  workers: ``task=fsspca``'s ``n_components``, ``n_workers`` and ``split``, :func:`~.experiments.run_task`);
+* :class:`TaskSpec`: the problem of a data set (its loadings and ``lambda_1``, and how its rows
+  are dealt to the workers: ``task=fsspca``'s ``n_components``, ``alpha``, ``n_workers`` and
+  ``split``; the functions' ``alpha``);
 * :class:`EstimatorSpec`: the estimator's own defaults (:class:`~.estimator.FederatedSparsePCA`,
   after scikit-learn's ``SparsePCA``);
 * :class:`RunSpec`: the functions' run settings (trials, seed, checkpoints; the app has its own).
@@ -50,8 +51,6 @@ class FSSPCASpec:
 
     Attributes
     ----------
-    alpha : float or list of float
-        ``lambda_1``, the weight of ``||z||_1`` (one per trial: a list).
     lambda_2 : float, list of float, or None
         The smooth term's weight (None: ``alpha / K``).
     smoothing : {"sqrt", "huber", "logexp", "erf"}
@@ -75,7 +74,6 @@ class FSSPCASpec:
         The start (None: random per trial).
     """
 
-    alpha: float | list[float] = rule(0.0, ge=0)
     lambda_2: float | list[float] | None = rule(None, ge=0)
     smoothing: str = rule(DEFAULT_SMOOTHING, choices=tuple(SMOOTHINGS))
     mu: float = rule(1e-3, gt=0)
@@ -133,6 +131,8 @@ class TaskSpec:
     ----------
     n_components : int
         ``r``, the number of loadings.
+    alpha : float or list of float
+        ``lambda_1``, the weight of ``||z||_1`` in problem (6) (one per trial: a list; 0: PCA).
     n_workers : int
         ``K``.
     split : {"iid", "class", "dirichlet"}
@@ -141,6 +141,7 @@ class TaskSpec:
     """
 
     n_components: int = rule(2, ge=1)
+    alpha: float | list[float] = rule(0.0, ge=0)
     n_workers: int = rule(4, ge=1)
     split: str = rule("iid", choices=SPLITS)
     concentration: float = rule(0.5, gt=0)

@@ -296,7 +296,7 @@ EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoo
 
 
 def run_task(*, data="spiked", n_workers=TASK.n_workers, split=TASK.split, n_components=TASK.n_components,
-             alpha=SPEC.alpha, trials=RUN.trials, seed=RUN.seed, concentration=TASK.concentration, callback=None,
+             alpha=TASK.alpha, trials=RUN.trials, seed=RUN.seed, concentration=TASK.concentration, callback=None,
              graph=None, **fit_options):
     """What ``ppdnmf task=fsspca`` runs: load ``data``, split its rows over ``n_workers``, fit (with a
     server, or with ``graph`` without one: :func:`run_serverless`).

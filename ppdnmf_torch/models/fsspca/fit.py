@@ -20,7 +20,7 @@ from ...errors import ConfigError, ConvergenceWarning, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
-from .config import RHO_RULES, RUN, SPEC
+from .config import RHO_RULES, RUN, SPEC, TASK
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
 from .smoothing import get_smoothing
@@ -163,7 +163,7 @@ def _save(path: Path, payload):
     os.replace(tmp, path)
 
 
-def fit_fsspca(data, n_components, *, groups=None, alpha=SPEC.alpha, lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing,
+def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing,
                mu=SPEC.mu, rho=SPEC.rho, rho_scale=SPEC.rho_scale, line_search=SPEC.line_search,
                inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, aggregation_options=None,
                center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=RUN.trials, seed=RUN.seed,

@@ -64,7 +64,7 @@ from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC
+from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
 from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, fit_fsspca, prepare_problem
 from .manifold import qf
 from .smoothing import get_smoothing
@@ -169,7 +169,7 @@ def _check_exchange_graph(exch, graph, g_cap, value_scale):
 
 def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.consensus,
                    inner_iters=SERVERLESS.inner_iters, exchange=SERVERLESS.exchange, exchange_options=None,
-                   g_cap=SERVERLESS.g_cap, penalty_mode=SERVERLESS.penalty_mode, groups=None, alpha=SPEC.alpha,
+                   g_cap=SERVERLESS.g_cap, penalty_mode=SERVERLESS.penalty_mode, groups=None, alpha=TASK.alpha,
                    lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho,
                    rho_scale=SPEC.rho_scale, line_search=SPEC.line_search, inner_steps=SPEC.inner_steps,
                    center=SPEC.center, center_iters=SERVERLESS.center_iters, max_iter=SPEC.max_iter, tol=SPEC.tol,
