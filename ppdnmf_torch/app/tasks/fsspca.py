@@ -122,7 +122,9 @@ class FSSPCATask(ModelTask):
     config_cls = FSSPCARunConfig
     cross = staticmethod(_cross)
     config_keys = CONFIG_KEYS
-    resume_safe_keys = ("solver.max_iter",)
+    # the model's checkpoint fingerprints max_iter too: a resume keeps it (the engine's one checkpoint
+    # format lets the iteration cap change, as the other tasks' do)
+    resume_safe_keys = ()
     checkpoint_patterns = (CHECKPOINT_NAME, "*.tmp")
     step = "ADMM iteration"
 
