@@ -5,15 +5,6 @@
 >>> result = pp.fit(data.Z, pp.graph.random_connected(10, 3.0, seed=0), rank=5,
 ...                 negative="allow", bcd_iters=5)
 """
-from . import consensus, data, graph, metrics
-from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .models.ppdnmf.api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
-from .models.ppdnmf.estimator import PPDNMF
-from .models.ppdnmf.experiments import ExperimentResult, run_experiment
-from .errors import DegreeOneWarning, SumLeakWarning
-from .exchange import CodecRangeError
-from .models.ppdnmf.solver import ConvergenceWarning, NumericalError
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -46,15 +37,33 @@ __all__ = [
 ]
 
 
+#: where each public name lives: imported on first use (PEP 562), so that ``import ppdnmf_torch``
+#: (and every ``ppdnmf`` start, ``ppdnmf --help`` included) does not pay for torch and scikit-learn
+_LAZY = {
+    "fit": "models.ppdnmf.api", "fit_centralized": "models.ppdnmf.api", "fit_trials": "models.ppdnmf.api",
+    "PAPER_SETTINGS": "models.ppdnmf.api", "FitResult": "models.ppdnmf.api", "TrialsResult": "models.ppdnmf.api",
+    "PPDNMF": "models.ppdnmf.estimator", "run_experiment": "models.ppdnmf.experiments",
+    "ExperimentResult": "models.ppdnmf.experiments", "FederatedSparsePCA": "models.fsspca.estimator",
+    "SymmetricNMF": "models.symnmf.estimator", "PPDNMFError": "errors", "ConfigError": "errors",
+    "DataError": "errors", "GraphError": "errors", "DegreeOneWarning": "errors", "SumLeakWarning": "errors",
+    "ConvergenceWarning": "errors", "CodecRangeError": "exchange", "NumericalError": "models.ppdnmf.solver",
+    "resolve_device": "_utils", "resolve_dtype": "_utils",
+}
+#: the subpackages reachable as attributes (``pp.data.synthetic``)
+_SUBPACKAGES = ("consensus", "data", "graph", "metrics")
+
+
 def __getattr__(name):
-    # FederatedSparsePCA and SymmetricNMF import scikit-learn: only when asked for, so that
-    # importing the package (and every CLI start) does not pay for it
-    if name == "FederatedSparsePCA":
-        from .models.fsspca.estimator import FederatedSparsePCA
+    import importlib
 
-        return FederatedSparsePCA
-    if name == "SymmetricNMF":
-        from .models.symnmf.estimator import SymmetricNMF
-
-        return SymmetricNMF
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # the next access is a plain attribute
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))

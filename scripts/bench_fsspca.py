@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 
-from ppdnmf_torch.models.fsspca import fit_fsspca, manifold
-from ppdnmf_torch.models.fsspca.admm import adjusted_variance
-from ppdnmf_torch.models.fsspca.data import spiked_covariance, split_iid
-from ppdnmf_torch.models.fsspca.fit import DEFAULTS
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's package
+
+from ppdnmf_torch.models.fsspca import fit_fsspca, manifold  # noqa: E402
+from ppdnmf_torch.models.fsspca.admm import adjusted_variance  # noqa: E402
+from ppdnmf_torch.models.fsspca.data import spiked_covariance, split_iid  # noqa: E402
+from ppdnmf_torch.models.fsspca.config import SPEC  # noqa: E402
 
 
 def _qf(Y):
@@ -179,7 +183,7 @@ def main(argv=None):
     p.add_argument("--json", default="", help="write every row there")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {DEFAULTS['inner_steps']}")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {SPEC.inner_steps}")
     rows = {}
     if not args.skip_loop:
         rows["loop"] = bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)

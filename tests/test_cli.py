@@ -373,7 +373,7 @@ def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):
 
 def test_a_fresh_run_in_a_used_folder_can_be_resumed(tmp_path):
     # the first run's summary.json must not mark the second, interrupted run as finished
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
     from ppdnmf_torch.models.ppdnmf.solver import RunInterrupted
 
     d = {"n_agents": 4, "centralized": False, "progress": False, "checkpoint_every": 1,

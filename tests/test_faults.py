@@ -414,7 +414,7 @@ def test_ctrl_c_on_two_ranks_is_one_line_and_resume_finds_the_ranks(tmp_path):
 
 
 def test_an_empty_config_yaml_is_named_as_such(tmp_path):
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
 
     (tmp_path / "config.yaml").write_text("")
     (tmp_path / "checkpoints").mkdir()

@@ -16,7 +16,8 @@ from ppdnmf_torch.models.fsspca import admm, fit_fsspca, manifold
 from ppdnmf_torch.models.fsspca.centring import centred_gram, global_mean, worker_sums
 from ppdnmf_torch.models.fsspca.data import (spiked_covariance, split_by_class, split_dirichlet, split_iid)
 from ppdnmf_torch.models.fsspca.deflation import fit_deflated, fit_sequential
-from ppdnmf_torch.models.fsspca.fit import DEFAULTS, prepare_problem
+from ppdnmf_torch.models.fsspca.config import SPEC
+from ppdnmf_torch.models.fsspca.fit import prepare_problem
 from ppdnmf_torch.models.fsspca.smoothing import DEFAULT_SMOOTHING, SMOOTHINGS, get_smoothing
 
 SMOOTH = sorted(SMOOTHINGS)
@@ -372,7 +373,7 @@ def test_lambda_2_follows_alpha_over_k_and_zero_is_the_unsmoothed_baseline():
     assert res.settings["lambda_2"] == [2.0]
     base = fit_fsspca(blocks, 2, alpha=8.0, lambda_2=0.0, max_iter=3, tol=0)
     assert base.settings["lambda_2"] == [0.0]
-    assert DEFAULTS["inner_steps"] == 4 and DEFAULTS["line_search"] == "armijo" and DEFAULTS["rho"] == "auto"
+    assert SPEC.inner_steps == 4 and SPEC.line_search == "armijo" and SPEC.rho == "auto"
 
 
 def test_sparse_loadings_recover_the_spiked_support():

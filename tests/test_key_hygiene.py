@@ -94,9 +94,11 @@ def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, recorded_seeds
         warnings.simplefilter("always")
         run(cfg, tmp_path / "run")
     assert any(issubclass(w.category, InsecureKeyWarning) for w in caught)
-    assert len(recorded_keys) == 4  # one key pair per agent
-    # masked: a seed per pair of neighbours of each agent (4 on the ring) and per edge (4)
-    assert len(recorded_seeds) == (8 if protocol == "masked" else 0)
+    # one key pair per agent, twice: the run's, and those of the estimate before it (the run's own
+    # exchange, timed for two ADMM iterations and closed: app/costs.measure_rounds)
+    assert len(recorded_keys) == 2 * 4
+    # masked: a seed per pair of neighbours of each agent (4 on the ring) and per edge (4), twice
+    assert len(recorded_seeds) == (2 * 8 if protocol == "masked" else 0)
     secrets = _secrets(recorded_keys, recorded_seeds)
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     names = {p.name for p in files}

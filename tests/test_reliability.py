@@ -349,7 +349,7 @@ def interrupted(tmp_path):
 
 
 def test_resume_refuses_overrides_that_change_the_run_listing_them(interrupted):
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
 
     new = from_dict(_cfg(solver={"bcd_iters": 10, "mu": 0.5}))
     with pytest.raises(pp.ConfigError, match=r"^resume: these overrides would change the run being resumed: "
@@ -359,7 +359,7 @@ def test_resume_refuses_overrides_that_change_the_run_listing_them(interrupted):
 
 
 def test_resume_applies_more_iterations(interrupted):
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
 
     new = from_dict(_cfg(solver={"bcd_iters": 10}, progress=True))
     cfg, folder, ckpt = _resume_target(str(interrupted), new, ["solver.bcd_iters=10", "progress=true",
@@ -370,7 +370,7 @@ def test_resume_applies_more_iterations(interrupted):
 
 
 def test_resume_to_fewer_iterations_than_done_is_refused(interrupted):
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
 
     cfg, folder, ckpt = _resume_target(str(interrupted), from_dict(_cfg(solver={"bcd_iters": 1})),
                                        ["solver.bcd_iters=1"])
@@ -385,7 +385,7 @@ def test_an_empty_resume_is_an_error_not_a_fresh_run():
 
 
 def test_a_corrupted_config_yaml_is_one_error(interrupted):
-    from ppdnmf_torch.app.cli import _resume_target
+    from ppdnmf_torch.app.resume import resume_target as _resume_target
 
     (interrupted / "config.yaml").write_text("solver: {rank: [unclosed\n")
     with pytest.raises(pp.ConfigError, match=r"^resume: .*config\.yaml is not a readable run config"):

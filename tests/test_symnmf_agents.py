@@ -16,7 +16,8 @@ from ppdnmf_torch.errors import ConfigError, ConvergenceWarning, DegreeOneWarnin
 from ppdnmf_torch.exchange import PlainExchange
 from ppdnmf_torch.graph import Graph, ring
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents as agents_fit
-from ppdnmf_torch.models.symnmf.agent_setup import ADAPTIVE_LAMBDA0, partition_nodes
+from ppdnmf_torch.models.symnmf.agent_setup import partition_nodes
+from ppdnmf_torch.models.symnmf.config import ADAPTIVE_LAMBDA0
 from ppdnmf_torch.models.symnmf.agent_steps import AgentsState, adaptive_lambda, lambda_from_sums, lambda_terms, y_step
 from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy
 from ppdnmf_torch.models.symnmf.estimator import scaled_start

@@ -50,10 +50,10 @@ def test_the_model_tasks_are_found():
 
 
 @pytest.mark.parametrize("overrides, check", [
-    (["task=fsspca"], lambda c: (c.data.kind, c.split.kind, c.n_workers, c.solver.rho) == ("spiked", "iid", 4, None)),
+    (["task=fsspca"], lambda c: (c.data.kind, c.split.kind, c.n_workers, c.solver.rho) == ("spiked", "iid", 4, "auto")),
     (["task=fsspca", "data.kind=digits", "split.kind=class", "n_components=3"],
      lambda c: (c.data.kind, c.split.kind, c.n_components) == ("digits", "class", 3)),
-    (["task=fsspca", "data.kind=wine", "split.kind=dirichlet", "split.concentration=0.3", "trials=2",
+    (["task=fsspca", "fsspca/data=wine", "fsspca/split=dirichlet", "split.concentration=0.3", "trials=2",
       "alpha=[1,2]"], lambda c: c.split.concentration == 0.3 and c.alpha == [1.0, 2.0]),
     (["task=fsspca", "data.kind=breast_cancer", "logger=none"], lambda c: c.logger.kind == "none"),
     (["task=fsspca", "data.kind=csv", "data.path=rows.csv"], lambda c: os.path.isabs(c.data.path)),
@@ -62,8 +62,14 @@ def test_the_model_tasks_are_found():
     (["task=symnmf", "data.preset=orl", "data.path=orl_faces.mat"], lambda c: c.data.path.endswith("orl_faces.mat")),
     (["task=symnmf", "data.preset=samples", "data.path=x.npy", "data.labels_path=y.npy"],
      lambda c: os.path.isabs(c.data.labels_path)),
-    (["task=symnmf", "data.preset=similarity", "data.path=S.npz", "rank=4", "trials=3", "solver.lam=[0.1,1,10]"],
-     lambda c: c.solver.lam == [0.1, 1.0, 10.0] and c.rank == 4),
+    (["task=symnmf", "symnmf/data=similarity", "data.path=S.npz", "rank=4", "trials=3", "solver.penalty=[0.1,1,10]"],
+     lambda c: c.solver.penalty == [0.1, 1.0, 10.0] and c.rank == 4),
+    (["task=symnmf", "symnmf/variant=agents", "graph=ring", "exchange=quantized", "agents.n_agents=6"],
+     lambda c: (c.variant, c.graph.kind, c.exchange.kind, c.agents.exchange, c.agents.n_agents)
+     == ("agents", "ring", "quantized", "quantized", 6)),
+    (["task=fsspca", "fsspca/variant=serverless", "exchange=paillier", "serverless.consensus=admm"],
+     lambda c: (c.variant, c.exchange.kind, c.serverless.exchange, c.serverless.consensus)
+     == ("serverless", "paillier", "paillier", "admm")),
 ])
 def test_every_preset_composes_and_round_trips(overrides, check):
     cfg = _compose(overrides)
@@ -77,6 +83,10 @@ def test_every_preset_composes_and_round_trips(overrides, check):
     (["task=fsspca", "split.kind=bogus"], "split.kind: unknown value 'bogus'"),
     (["task=fsspca", "alpha=-1"], "alpha: must be >= 0"),
     (["task=fsspca", "trials=2", "alpha=[1,2,3]"], "alpha: a list needs one value per trial (2), got 3"),
+    (["task=fsspca", "solver.inner_steps=2.5"], "solver.inner_steps: must be an integer, got 2.5"),
+    (["task=fsspca", "fsspca/variant=serverless", "serverless.exchange=paillier"], "serverless.exchange: 'paillier'"),
+    (["task=symnmf", "symnmf/variant=agents", "agents.mu=big"], "agents.mu: unknown value 'big'; use one of auto"),
+    (["task=symnmf", "+agents.n_agents=3"], "agents: only variant=agents takes it"),
     (["task=fsspca", "data.kind=npy"], "data.path: data.kind=npy needs the file's path"),
     (["task=fsspca", "split.kind=class"], "split.kind: 'class' needs class labels"),
     (["task=fsspca", "data.kind=csv", "data.path=rows.csv", "split.kind=dirichlet"],

@@ -42,30 +42,18 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .._utils import ConfigError, PPDNMFError
-from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning
+from ..errors import (ConfigError, ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning,
+                      PPDNMFError)
 from . import interrupts
-from .runner import run
-from ..driver import RunInterrupted
+from .config_dir import CONFIG_DIR
+from .help import show_help, wants_help
+from .progress import write_line
+from .resume import RESUME_SAFE_KEYS, overridden, resume_target
 from .tasks import task_of
 
 __all__ = ["main", "to_run_config", "CONFIG_DIR", "EXIT_USER_ERROR", "EXIT_INTERRUPTED", "AppCallbacks",
            "RESUME_SAFE_KEYS", "FAILED_NAME"]
 
-
-def _config_dir() -> str:
-    """The config folder: ``ppdnmf_torch/conf`` in an installed package (the wheel ships the
-    repository's ``conf/`` there), else ``conf/`` beside the package (a source checkout or an
-    editable install). An absolute path, so that the app works from any directory."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package, above app/
-    for folder in (os.path.join(here, "conf"), os.path.join(here, os.pardir, "conf")):
-        if os.path.isfile(os.path.join(folder, "config.yaml")):
-            return os.path.normpath(folder)
-    return os.path.normpath(os.path.join(here, "conf"))  # Hydra then says it is missing
-
-
-#: the folder Hydra composes the configs from (:func:`_config_dir`)
-CONFIG_DIR = _config_dir()
 
 #: exit status of a run stopped by a user error
 EXIT_USER_ERROR = 2
@@ -75,13 +63,6 @@ EXIT_INTERRUPTED = 130
 PROBE_BYTES = 64 << 10
 #: a failed job of a multirun leaves this file (its one-line error) in its folder
 FAILED_NAME = "FAILED"
-#: the config keys ``resume=`` applies when given on the command line (they change no number
-#: of the iterations done), besides the task's own (:attr:`~.tasks.base.Task.resume_safe_keys`,
-#: PPDNMF's ``solver.bcd_iters``); any other override that differs from the run's own is refused
-RESUME_SAFE_KEYS = ("progress", "progress_interval", "threads", "checkpoint_every", "keep_checkpoints",
-                    "logger.flush_secs")
-
-
 def _run_id() -> str:
     """A run folder's name: date, time to the millisecond and six random hex digits."""
     now = datetime.datetime.now()
@@ -140,14 +121,14 @@ def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
     defaults (``conf/solver/default.yaml``); and with ``graph=file`` and no ``n_agents=``,
     ``n_agents`` is the edge file's (its ``# n_agents: N`` header, else its largest id + 1)."""
     hc = HydraConfig.get()
-    overridden = set(_overridden(hc.overrides.task))
+    given = set(overridden(hc.overrides.task))
     choices = hc.runtime.choices
-    if (choices.get("experiment") is not None and "experiment" not in overridden
+    if (choices.get("experiment") is not None and "experiment" not in given
             and (choices.get("data") in _OWN_DATA or choices.get("graph") == "file")):
         from hydra import compose
 
         cfg = compose(config_name=config_name, overrides=[*hc.overrides.task, "~experiment"])
-    if "n_agents" not in overridden and OmegaConf.select(cfg, "graph.kind") == "file":
+    if "n_agents" not in given and OmegaConf.select(cfg, "graph.kind") == "file":
         path = OmegaConf.select(cfg, "graph.path", throw_on_missing=False)
         if isinstance(path, str) and path.strip() and path != "???":
             from ..graph.io import from_edge_list
@@ -162,122 +143,6 @@ def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
                 with open_dict(cfg):
                     cfg.n_agents = n
     return cfg
-
-
-# --------------------------------------------------------------------------------------
-# resume=
-# --------------------------------------------------------------------------------------
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _unflat(flat: dict) -> dict:
-    out: dict = {}
-    for key, v in flat.items():
-        node = out
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = v
-    return out
-
-
-def _overridden(task_overrides) -> list:
-    """The config keys (or groups) a command line set, Hydra's own and ``resume`` left out."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    keys = []
-    for o in OverridesParser.create().parse_overrides(list(task_overrides)):
-        key = o.key_or_group
-        if key.split(".")[0] in ("hydra", "resume"):
-            continue
-        keys.append(key)
-    return keys
-
-
-def _changes(keys, new: dict, saved: dict) -> dict:
-    """``{flat key: (saved value, new value)}`` for the keys under the overridden ``keys`` whose
-    new value differs from the run's own (``experiment`` covers every key)."""
-    fn, fs = _flat(new), _flat(saved)
-    out = {}
-    for key in keys:
-        under = [k for k in set(fn) | set(fs) if key == "experiment" or k == key or k.startswith(key + ".")]
-        for k in sorted(under):
-            if k == "resume" or fs.get(k) == fn.get(k):
-                continue
-            section = k.rsplit(".", 1)[0] if "." in k else ""
-            if (k not in fn or k not in fs) and fs.get(f"{section}.kind") != fn.get(f"{section}.kind"):
-                continue  # a key of one kind only: the change of kind says it
-            out[k] = (fs.get(k), fn.get(k))
-    return out
-
-
-def _load_saved(folder: str) -> dict:
-    cfg_file = os.path.join(folder, "config.yaml")
-    if not os.path.isfile(cfg_file):
-        raise ConfigError(f"resume: {folder!r} is not a ppdnmf run folder (no config.yaml)")
-    try:
-        with open(cfg_file, encoding="utf-8") as fh:
-            d = OmegaConf.to_container(OmegaConf.load(fh), resolve=True)
-    except Exception as exc:  # yaml's and omegaconf's many error types: the file is damaged
-        raise ConfigError(f"resume: {cfg_file} is not a readable run config ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the run cannot be resumed "
-                          "from it") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"resume: {cfg_file} does not hold a run config (a mapping), it holds {type(d).__name__}")
-    if not d:  # read as the defaults, it would look like another run
-        raise ConfigError(f"resume: {cfg_file} is empty (damaged or truncated); the run cannot be resumed from it")
-    return d
-
-
-def _resume_target(run_dir: str, new=None, task_overrides=()):
-    """``resume=<run dir>``: that run's own config (with the safe overrides of this command line
-    applied, :data:`RESUME_SAFE_KEYS`), its folder, and its checkpoints.
-
-    Raises
-    ------
-    ConfigError
-        For a folder that is not an unfinished run with checkpoints, a damaged config, or an
-        override that would change the run (all of them listed).
-    """
-    folder = os.path.normpath(to_absolute_path(os.path.expanduser(run_dir)))
-    d = _load_saved(folder)
-    if os.path.isfile(os.path.join(folder, "summary.json")):
-        raise ConfigError(f"resume: {folder!r} holds a finished run (it has summary.json); nothing to resume, "
-                          "and its outputs are left as they are")
-    ckpt = os.path.join(folder, "checkpoints")
-    if not os.path.isdir(ckpt):
-        raise ConfigError(f"resume: {folder!r} has no checkpoints: the run stopped before writing one (during the "
-                          "centralized baseline, say); start it again")
-    d["resume"] = None
-    try:
-        task = task_of(d)
-        saved = task.config_to_dict(task.config_from_dict(d))
-    except PPDNMFError as exc:
-        raise ConfigError(f"resume: {os.path.join(folder, 'config.yaml')} holds an invalid run config ({exc})") from None
-    if new is not None:
-        changes = _changes(_overridden(task_overrides), task_of(new).config_to_dict(new), saved)
-        safe = tuple(task.resume_safe_keys) + RESUME_SAFE_KEYS
-        unsafe = {k: v for k, v in changes.items() if k not in safe}
-        if unsafe:
-            shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in unsafe.items())
-            raise ConfigError(f"resume: these overrides would change the run being resumed: {shown}; a resumed run "
-                              f"keeps its own config and takes only {', '.join(safe)}; start a fresh "
-                              "run for the others")
-        if changes:
-            flat = _flat(saved)
-            flat.update({k: b for k, (a, b) in changes.items()})
-            saved = _unflat(flat)
-    return task.config_from_dict(saved), folder, ckpt
 
 
 # --------------------------------------------------------------------------------------
@@ -351,7 +216,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _de
     if text in _SHOWN:
         return
     _SHOWN.add(text)
-    print(f"ppdnmf: warning: {text}", file=sys.stderr, flush=True)
+    write_line(f"ppdnmf: warning: {text}")  # above a progress bar, never onto its line
     _to_log_files(f"warning: {text}", level=logging.WARNING)
 
 
@@ -390,14 +255,35 @@ def _thread_errors(args, _default=threading.excepthook) -> None:
     _default(args)
 
 
-def _interrupted_text(exc: KeyboardInterrupt, out_dir: str) -> str:
-    if isinstance(exc, RunInterrupted):
+def _interrupted_text(exc: KeyboardInterrupt, out_dir: str | None, task=None) -> str:
+    """The one line after Ctrl-C: the iteration the newest checkpoint holds and the exact command
+    that continues the run, or why there is nothing to resume."""
+    # only a run raises RunInterrupted, and a run has imported the driver; importing it here could
+    # meet a module that this very interrupt left half imported (torch's, during the start-up)
+    loop = sys.modules.get(__name__.split(".")[0] + ".driver.loop")
+    if loop is not None and isinstance(exc, loop.RunInterrupted):
         if exc.checkpoint:
             return (f"interrupted after {exc.step_name} {exc.done}; checkpoint {exc.checkpoint}; continue with: "
                     f"ppdnmf resume={shlex.quote(out_dir)}")
-        return (f"interrupted after {exc.step_name} {exc.done}; this run keeps no checkpoints (batched trials): "
-                "there is nothing to resume")
-    return f"interrupted: {_one_line(exc)}" if str(exc) else "interrupted"
+        return (f"interrupted after {exc.step_name} {exc.done}; this run keeps no checkpoints (checkpoint_every=0, "
+                "or PPDNMF's batched trials): there is nothing to resume")
+    if str(exc):
+        return f"interrupted: {_one_line(exc)}"
+    if task is None or not out_dir:
+        return "interrupted"
+    ckpt = os.path.join(out_dir, "checkpoints")
+    newest = None
+    if os.path.isdir(ckpt):
+        files = [os.path.join(r, n) for r, _, names in os.walk(ckpt) for n in names]
+        newest = max(files, key=os.path.getmtime) if files else None
+    try:
+        done = task.resume_point(ckpt) if newest else 0
+    except Exception:  # noqa: BLE001 - a checkpoint written as the interrupt came: the resume checks it
+        done = 0
+    if not done:
+        return f"interrupted before the run's first checkpoint: there is nothing to resume; run again"
+    return (f"interrupted; the newest checkpoint holds {task.step} {done} ({newest}); continue with: "
+            f"ppdnmf resume={shlex.quote(out_dir)}")
 
 
 def _is_multirun() -> bool:
@@ -439,6 +325,18 @@ def _check_writable(key: str, folder: str) -> None:
         print(f"ppdnmf: error: {key}: cannot write {where}: {exc.strerror or type(exc).__name__}"
               + (f" (errno {exc.errno})" if exc.errno else "") + "; choose another folder or free space",
               file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def _refuse_unfinished(folder: str) -> None:
+    """Before Hydra writes into ``folder`` (its ``.hydra/`` files and ``ppdnmf.log``): stop with one
+    line and exit 2 when it holds an unfinished run of any task (:func:`~.rundir.unfinished_run`)."""
+    from .rundir import refuse_unfinished_run
+
+    try:
+        refuse_unfinished_run(folder)
+    except PPDNMFError as exc:
+        print(f"ppdnmf: error: {_one_line(exc.renamed({'out_dir': 'hydra.run.dir'}))}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
 
 
@@ -484,6 +382,8 @@ class AppCallbacks(Callback):
             top = os.path.dirname(top)
         if not os.path.exists(folder):
             _CREATED[folder] = top
+        elif not OmegaConf.select(config, "resume", default=None):
+            _refuse_unfinished(folder)
         _check_writable("hydra.run.dir", folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -514,9 +414,26 @@ class AppCallbacks(Callback):
 # --------------------------------------------------------------------------------------
 
 
+#: the logger of the app's own lines (the run folder at the start)
+log = logging.getLogger("ppdnmf_torch.app")
+
+
+def _announce(task, out_dir: str, resume_from) -> None:
+    """The run folder, first: where the outputs (and, if it stops, the checkpoints) will be."""
+    if resume_from is None:
+        log.info("ppdnmf task=%s: run folder %s", task.name, out_dir)
+        return
+    try:
+        done = task.resume_point(resume_from)
+    except PPDNMFError:
+        done = None
+    at = f" from its checkpoint after {task.step} {done}" if done else ""
+    log.info("ppdnmf task=%s: resuming the run in %s%s", task.name, out_dir, at)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig):
-    out_dir = resume_from = None
+    out_dir = resume_from = task = None
     started = []  # the distributed fit's first iteration was reported: the run did start
 
     def mark_started(info) -> bool:
@@ -525,11 +442,16 @@ def _app(cfg: DictConfig):
         return False
 
     try:
+        from .runner import run
+
         out_dir = HydraConfig.get().runtime.output_dir
         run_cfg = to_run_config(_own_inputs(cfg))
+        task = task_of(run_cfg)
         if run_cfg.resume:
-            run_cfg, out_dir, resume_from = _resume_target(run_cfg.resume, run_cfg,
+            run_cfg, out_dir, resume_from = resume_target(run_cfg.resume, run_cfg,
                                                            HydraConfig.get().overrides.task)
+            task = task_of(run_cfg)
+        _announce(task, out_dir, resume_from)
         summary = run(run_cfg, out_dir, resume_from=resume_from, callback=mark_started)
     except PPDNMFError as exc:
         key = exc.key or ""
@@ -543,11 +465,14 @@ def _app(cfg: DictConfig):
     except OSError as exc:  # a full disk, a read-only folder
         return _fail(_io_text(exc, out_dir), out_dir)
     except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)
-        text = _interrupted_text(exc, out_dir)
+        text = _interrupted_text(exc, out_dir, task)
         print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
         _to_log_files(text, level=logging.WARNING)
         sys.exit(EXIT_INTERRUPTED)
-    task = task_of(run_cfg)
+    except Exception as exc:  # noqa: BLE001 - a bug: in a sweep, one FAILED job and on to the next
+        if not _is_multirun():
+            raise
+        return _fail(f"{type(exc).__name__}: {_one_line(exc)} (an unexpected error; please report it)", out_dir)
     text = task.format_summary(summary)
     print(text, flush=True)
     _to_log_files(text, out_dir if resume_from is not None else None)
@@ -557,6 +482,13 @@ def _app(cfg: DictConfig):
 
 def main() -> None:
     """Entry point of the ``ppdnmf`` console script."""
+    argv = sys.argv[1:]
+    if wants_help(argv):
+        try:
+            print(show_help([a for a in argv if not a.startswith("-")]))
+            return
+        except Exception:  # noqa: BLE001 - a bad override: Hydra says what is wrong, as without --help
+            pass
     warnings.showwarning = _show_warning
     threading.excepthook = _thread_errors
     interrupts.install()

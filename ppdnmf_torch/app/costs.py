@@ -1,21 +1,34 @@
 """What a Paillier run will cost, said before it starts, and its costs with units after.
 
-:func:`paillier_estimate` counts the operations and the ciphertext bytes of a whole run
-from the cost model's formulas (:mod:`ppdnmf_torch.exchange.costmodel`: every ADMM iteration
-of every BCD iteration, the packed counts when the fast path packs) and prices them with the
-per-operation costs measured on this machine (:func:`~ppdnmf_torch.exchange.paillier.calibration.calibrate`,
-one key pair and a dozen operations at the run's key size). The price is the model's: every
-operation at its naive serial cost, so the figure bounds the fast paths from above.
-:func:`format_estimate` says it, and names the switches that make the run faster with what
-each one assumes; :func:`format_costs` writes a run's cost counters with units.
+:func:`paillier_estimate` counts the operations and the ciphertext bytes of a whole run from
+the cost model's formulas (:mod:`ppdnmf_torch.exchange.costmodel`: every ADMM iteration of
+every BCD iteration, the packed counts when the fast path packs), and prices the run by
+measuring it (:func:`measure_rounds`): the run's own exchange (its key size, protocol, fast
+paths, workers), bound to the run's graph, runs a few ADMM iterations of messages of the run's
+size on this machine; the estimate is its key generation and seed agreement plus the seconds of
+one ADMM iteration times the run's ADMM iterations. Pricing the counted operations one by one
+(the cost model's :func:`~ppdnmf_torch.exchange.costmodel.estimate_seconds`, ``op_costs=``) leaves
+out what is not an operation of the model (the masked protocol's mask streams and their
+inverses, packing, the workers' traffic): at 128 bits it said 1.6 s of a 7-9 s run, where the
+measured rounds said 6.7 s (docs: the commands in the report). :func:`format_estimate` says
+it, and names the switches that make the run faster with what each one assumes;
+:func:`format_costs` writes a run's cost counters with units.
 """
 from __future__ import annotations
+
+import statistics
+import time
 
 from ..exchange.costmodel import estimate_seconds, round_counts, round_edge_bytes
 from ..exchange.packing import derive_layout
 from .progress import format_seconds
 
-__all__ = ["paillier_estimate", "format_estimate", "format_costs", "format_bytes"]
+__all__ = ["paillier_estimate", "measure_rounds", "format_estimate", "format_costs", "format_bytes",
+           "MEASURED_ROUNDS"]
+
+#: ADMM iterations :func:`measure_rounds` times after a first one (the workers' start, the first
+#: obfuscators), whose median prices the run's
+MEASURED_ROUNDS = 1
 
 
 def format_bytes(n: float) -> str:
@@ -45,7 +58,39 @@ def _run_counts(spec, graph, lk: int, x_iters: int, bcd_iters: int) -> tuple:
     return counts, nbytes, slots
 
 
-def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None) -> dict:
+def measure_rounds(spec, graph, lk: int, rounds: int = MEASURED_ROUNDS) -> dict:
+    """Time the run's exchange on this machine: ``spec`` made and bound to ``graph`` (its key
+    generation and seed agreement: ``seconds_setup``), then ``rounds + 1`` ADMM iterations (the
+    penalty round and the exchange of ``lk`` values per agent, values and penalties in the run's
+    ranges), the first one left out (the workers' start); ``seconds_round`` is the median of the
+    others. The exchange is closed at the end: its keys die with it."""
+    import torch
+
+    from ..exchange import make_exchange
+    from ..graph import Topology
+
+    topo = Topology.from_graphs([graph])
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    exch = make_exchange(spec)
+    try:
+        exch.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
+        setup = time.perf_counter() - t0
+        times = []
+        for m in range(int(rounds) + 1):
+            g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+            U = torch.rand((topo.n_nodes, int(lk)), generator=gen, dtype=torch.float64)
+            t1 = time.perf_counter()
+            exch.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
+            exch.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
+            times.append(time.perf_counter() - t1)
+    finally:
+        exch.close()
+    return {"seconds_setup": setup, "seconds_round": statistics.median(times[1:] or times)}
+
+
+def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None,
+                      trials: int = 1) -> dict:
     """The estimated cost of a Paillier run before it starts.
 
     Parameters
@@ -57,24 +102,32 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
         Message size ``P = L K`` values.
     x_iters, bcd_iters : int
     op_costs : PaillierOpCosts, optional
-        Per-operation seconds (default: measured now at ``spec.key_bits``, cached per size).
+        Price the counted operations at these per-operation seconds (the cost model) instead of
+        measuring the run's rounds (:func:`measure_rounds`, the default).
+    trials : int
+        Trials run side by side (each its own exchange rounds).
 
     Returns
     -------
     dict
-        ``counts`` (operations), ``ciphertext_bytes``, ``slots``, ``seconds_operations``
-        (serial, naive), ``seconds_keygen`` (one key pair per agent), ``seconds`` (both),
-        ``key_pairs``, ``op_costs``.
+        ``counts`` (operations), ``ciphertext_bytes``, ``slots``, ``key_pairs``, ``rounds``
+        (ADMM iterations), ``seconds`` (the estimate), and either ``seconds_setup``,
+        ``seconds_round`` (measured) or ``seconds_operations``, ``seconds_keygen``, ``op_costs``
+        (the model).
     """
     counts, nbytes, slots = _run_counts(spec, graph, int(L) * int(rank), int(x_iters), int(bcd_iters))
-    if op_costs is None:
-        from ..exchange.paillier.calibration import calibrate  # imports phe: only for a paillier run
-
-        op_costs = calibrate(spec.key_bits)
-    ops = estimate_seconds(counts, op_costs)
-    keygen = graph.n_agents * op_costs.keygen
-    return {"counts": counts, "ciphertext_bytes": nbytes, "slots": slots, "seconds_operations": ops,
-            "seconds_keygen": keygen, "seconds": ops + keygen, "key_pairs": graph.n_agents, "op_costs": op_costs}
+    rounds = int(x_iters) * int(bcd_iters)
+    out = {"counts": counts, "ciphertext_bytes": nbytes, "slots": slots, "key_pairs": graph.n_agents,
+           "rounds": rounds, "trials": int(trials)}
+    if op_costs is not None:
+        ops = estimate_seconds(counts, op_costs)
+        keygen = graph.n_agents * op_costs.keygen
+        out.update(seconds_operations=ops, seconds_keygen=keygen, seconds=(ops + keygen) * int(trials),
+                   op_costs=op_costs)
+        return out
+    measured = measure_rounds(spec, graph, int(L) * int(rank))
+    out.update(measured, seconds=(measured["seconds_setup"] + rounds * measured["seconds_round"]) * int(trials))
+    return out
 
 
 def _faster(spec, slots_packed: int | None) -> list:
@@ -108,10 +161,17 @@ def format_estimate(spec, est: dict) -> str:
                 f"({est['slots']} value{'s' if est['slots'] != 1 else ''} per ciphertext), "
                 f"precompute={str(spec.precompute).lower()}, djn={str(spec.djn).lower()}, "
                 f"workers={'auto' if spec.workers is None else spec.workers}")
+    side = f" for each of {est['trials']} trials side by side" if est.get("trials", 1) > 1 else ""
+    if "seconds_round" in est:
+        how = (f"about {format_seconds(est['seconds'])} for {est['rounds']:,} ADMM iterations (measured here: key "
+               f"generation and seed agreement {format_seconds(est['seconds_setup'])} for {est['key_pairs']} key "
+               f"pairs, {est['seconds_round']:.3g} s per ADMM iteration{side}; a stopping rule may end it sooner)")
+    else:
+        how = (f"about {format_seconds(est['seconds'])} (key generation {format_seconds(est['seconds_keygen'])} for "
+               f"{est['key_pairs']} key pairs, operations {format_seconds(est['seconds_operations'])} priced one by "
+               f"one{side})")
     lines = [
-        f"paillier estimate at {spec.key_bits}-bit keys ({switches}): at most {format_seconds(est['seconds'])} "
-        f"(key generation {format_seconds(est['seconds_keygen'])} for {est['key_pairs']} key pairs, operations "
-        f"{format_seconds(est['seconds_operations'])} priced at their naive serial cost), "
+        f"paillier estimate at {spec.key_bits}-bit keys ({switches}): {how}, "
         f"{format_bytes(est['ciphertext_bytes'])} of ciphertexts; {c['encryptions']:,} encryptions, "
         f"{c['decryptions']:,} decryptions, {c['homomorphic_additions']:,} homomorphic additions, "
         f"{c['scalar_multiplications']:,} scalar multiplications",

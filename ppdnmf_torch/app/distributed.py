@@ -13,7 +13,10 @@ is a rank; otherwise this process starts ``distributed.nproc`` local ranks (gloo
 prints the summary; the other ranks write their checkpoints only.
 
 Exit status: 0, 2 for a user error (as ``ppdnmf``), 3 on a rank whose peer failed or died
-(:data:`~.comm.EXIT_PEER_FAILED`), 130 after Ctrl-C.
+(:data:`~.comm.EXIT_PEER_FAILED`), 130 after Ctrl-C, 143 after SIGTERM to the launcher. The
+launcher hands a Ctrl-C (or ``kill -INT``) and a SIGTERM to every rank once: each writes its
+checkpoint, and the launcher prints the run's one line with the ``resume=`` command. A launcher
+killed outright (``kill -9``) takes its ranks with it: rank 0 prints that one line.
 """
 from __future__ import annotations
 
@@ -31,19 +34,25 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _own_inputs, _resume_target, _to_log_files,
+from .resume import resume_target
+from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _discard_refused, _own_inputs, _to_log_files,
                   to_run_config)
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, PPDNMFError
 from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, LAUNCHED_ENV, Comm, DistributedError
-from ..models.ppdnmf.distributed.engine import SHARE_MODES, distributed_summary, fit_rank, write_own_factors
 from ..distributed.launch import env_world, launch_local
 from ..distributed.partition import PARTITION_METHODS
+from .tasks import task_of
+
+#: what may cross ranks beyond the exchange's messages (every model's rank fit takes these)
+SHARE_MODES = ("all", "sums")
 
 __all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME"]
 
 #: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
 CONFIG_NAME = "ppdnmf_distributed"
+#: exit status of a run whose launcher got SIGTERM (128 + 15), after its ranks' checkpoints
+EXIT_TERMINATED = 143
 
 
 @dataclass
@@ -117,81 +126,41 @@ ConfigStore.instance().store(name=CONFIG_NAME, node={"defaults": ["config", "_se
 
 def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resume: bool = False,
              callback=None, share: str = "all") -> dict | None:
-    """One rank of ``ppdnmf`` run on ``comm``'s ranks: the config's inputs and fit, outputs
-    (``config.yaml``, ``factors.pt``, histories, TensorBoard, ``summary.json`` with the
-    ``distributed`` section) written by rank 0 only, into ``out_dir`` (rank 0's is used).
+    """One rank of ``ppdnmf`` (any task with a run over ranks) run on ``comm``'s ranks: the
+    config's inputs and fit (:meth:`~.tasks.base.Task.run_rank`); ``config.yaml``, the logger
+    and ``summary.json`` (with the ``distributed`` section) written by rank 0 only, into
+    ``out_dir`` (rank 0's is used).
 
-    Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in
-    ``out_dir`` from its checkpoints (same world size and partition). ``share``: as
-    :func:`fit_rank`; with ``"sums"`` there is no ``factors.pt`` of the whole run (and no
-    TensorBoard images): every rank writes its own agents' factors to
-    ``<out_dir>/rank<r>/factors.pt`` (:func:`write_own_factors`), rank 0 the config, the
-    histories, TensorBoard and the summary from the reduced scalars.
-    """
-    from ..models.ppdnmf.config import to_dict
-    from ..errors import PPDNMFError
-    from ..models.ppdnmf.inputs import build_inputs
+    Returns the summary on rank 0, None elsewhere. ``resume``: continue the run in ``out_dir``
+    from its checkpoints (same world size and partition). ``share``: what crosses ranks beyond
+    the exchange's messages (the model's rank fit's ``share``)."""
     from .loggers import NullLogger
     from .outputs import write_summary, write_yaml
-    from .progress import Progress
     from .runner import make_logger
-    from .tasks.ppdnmf import CONFIG_KEYS, RunFits, _fit_centralized, _solver_kwargs, write_outputs
 
+    task = task_of(cfg)
     t_start = time.perf_counter()
     out = Path(comm.broadcast_object(str(out_dir), 0, what="the output folder"))
     try:
         cfg.validate()
-        inputs = build_inputs(cfg)
+        task.n_agents(cfg)
         if comm.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             if not resume:
                 (out / "summary.json").unlink(missing_ok=True)
-            write_yaml(out / "config.yaml", to_dict(cfg))
+            write_yaml(out / "config.yaml", task.config_to_dict(cfg))
         logger = (make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs) if comm.rank == 0
                   else NullLogger())
         with logger:
-            s = cfg.solver
-            if s.x_solver != "admm":
-                raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
-                                  f"version, got {s.x_solver!r}; run the incremental X-step in one process")
-            kw = _solver_kwargs(cfg, inputs)
-            kw.pop("device")
-
-            label = f"PPDNMF ({cfg.exchange.kind}, {comm.world_size} ranks)"
-            with Progress(cfg.progress and comm.rank == 0, s.bcd_iters, label, interval=cfg.progress_interval) as bar:
-
-                def cb(info):
-                    if comm.rank == 0:
-                        logger.iteration(info, s.x_iters)
-                        bar.update(info.iteration, {k: info.metrics[k] for k in ("nmse", "consensus")
-                                                    if k in info.metrics})
-                    return bool(callback(info)) if callback is not None else False
-
-                t0 = time.perf_counter()
-                fit = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
-                               exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
-                               checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
-                               assignment=assignment, share=share, **kw)
-            seconds = {"distributed": time.perf_counter() - t0}
-            if share != "all":
-                write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit, comm.rank, inputs.scale)
-            if comm.rank != 0:
-                return None
-            central = None
-            if cfg.centralized:
-                t0 = time.perf_counter()
-                central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
-                seconds["centralized"] = time.perf_counter() - t0
-                logger.centralized(central.history)
-            summary = write_outputs(cfg, inputs, RunFits(fit.result, central, seconds), out, logger,
-                                    factors=share == "all")
+            summary = task.run_rank(cfg, out, comm, logger, partition=partition, assignment=assignment, share=share,
+                                    resume=resume, callback=callback)
     except PPDNMFError as exc:
-        raise exc.renamed(CONFIG_KEYS) from None
-    summary["distributed"] = distributed_summary(comm, fit)
+        raise exc.renamed(task.keys_of(cfg)) from None
+    if summary is None:
+        return None
     summary["wall_time"]["total"] = time.perf_counter() - t_start
     write_summary(out / "summary.json", summary)
     return summary
-
 
 
 def _device_of(cfg, local_rank: int):
@@ -246,17 +215,99 @@ def _report_like_the_app(rank: int, out_dir: str) -> None:
 def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank: int | None = None):
     """One rank of a run (a local rank, or a process torchrun or SLURM started): join the
     process group, run, and leave; errors are reported to the other ranks before they rise."""
-    from ..models.ppdnmf.config import from_dict
-
-    cfg = from_dict(cfg_dict)
+    task = task_of(cfg_dict)
+    cfg = task.config_from_dict(cfg_dict)
     opts = DistConfig.from_dict(dist)
+    gone = None
     if os.environ.get(LAUNCHED_ENV) == "1":  # started by this app's launcher: report as the one-process app
-        _report_like_the_app(int(os.environ.get("RANK", "0")), out_dir)
+        rank = int(os.environ.get("RANK", "0"))
+        _report_like_the_app(rank, out_dir)
+        gone = _follow_the_launcher(rank, out_dir, task)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
-                      heartbeat=opts.heartbeat or None) as comm:
-        return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
-                        share=opts.share)
+    try:
+        with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+                          heartbeat=opts.heartbeat or None) as comm:
+            return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
+                            share=opts.share)
+    except BaseException:
+        if gone is not None:
+            gone()  # the store went with the launcher: the run's one line, not this error
+        raise
+
+
+#: seconds between two looks of a local rank at its launcher
+LAUNCHER_POLL = 0.1
+
+
+def _follow_the_launcher(rank: int, out_dir: str, task) -> None:
+    """A rank this app's launcher started: in a process group of its own, so that a Ctrl-C on the
+    terminal reaches the launcher alone, which hands it to every rank once (:func:`_forward_signals`);
+    and ended with the launcher: when the launcher is gone (``kill -9``), the rank stops at once,
+    rank 0 with the run's one line (its checkpoints and the ``resume=`` command), and the errors of
+    the store that went with the launcher are not printed. Returns ``gone()``, which does that
+    at once when the launcher is gone (an error of the rank's own thread calls it first)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    launcher = os.getppid()
+    ended = threading.Lock()
+
+    def gone() -> None:
+        """When the launcher is gone: rank 0's one line, then this rank ends (exit 3); the thread
+        that comes second waits for the first to end the process."""
+        if os.getppid() == launcher:
+            return
+        ended.acquire()
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        if rank == 0:
+            text = _interrupted_text(out_dir, task, what=f"the launcher (pid {launcher}) ended without stopping its "
+                                                          "ranks (killed?); the ranks stopped")
+            os.write(2, f"ppdnmf: error: {text}\n".encode())
+        os.dup2(quiet, 2)  # torch's errors of the lost rendezvous store go nowhere
+        os._exit(EXIT_PEER_FAILED)
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL)
+        gone()
+
+    threading.Thread(target=watch, name="ppdnmf-launcher-watch", daemon=True).start()
+    return gone
+
+
+class _Forwarded:
+    """The launcher's SIGINT and SIGTERM while its ranks run (:func:`_forward_signals`)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, signum, frame):
+        import multiprocessing
+        import signal
+
+        self.seen.append(signum)
+        for p in multiprocessing.active_children():
+            try:
+                os.kill(p.pid, signal.SIGINT)  # each rank writes its checkpoint and ends (exit 130)
+            except OSError:
+                pass
+        raise KeyboardInterrupt
+
+
+def _forward_signals():
+    """In the launcher: SIGINT (a Ctrl-C on the terminal, or ``kill -INT`` to the launcher alone) and
+    SIGTERM go to every rank as one SIGINT (the ranks are in process groups of their own), then
+    the launcher waits for their checkpoints as for a Ctrl-C. Returns the handler (its ``seen``
+    signals) and the handlers it replaced."""
+    import signal
+
+    handler = _Forwarded()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        if old[s] is not signal.SIG_IGN:
+            signal.signal(s, handler)
+    return handler, old
 
 
 def _preflight(cfg, opts: DistConfig, world) -> None:
@@ -269,8 +320,9 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
         raise ConfigError(f"trials: a multi-process run fits one trial, got trials={cfg.trials}; run batched trials "
                           "in one process (leave the distributed.* settings out), or one multi-process run per seed "
                           "(ppdnmf -m seed=0,1,2 distributed.nproc=...)")
+    n_agents = task_of(cfg).n_agents(cfg)
     if world is None:
-        check_local_ranks(opts.nproc, cfg.n_agents, key="distributed.nproc")
+        check_local_ranks(opts.nproc, n_agents, key="distributed.nproc")
     try:
         resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
     except PPDNMFError as exc:
@@ -280,8 +332,8 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
 def _hold_folder(out_dir: str, resume: bool):
     """As ``ppdnmf`` does (:mod:`ppdnmf_torch.app.rundir`): lock the run folder (the lock is returned,
     to be released when the run ends), and refuse a fresh run in a folder that holds an
-    interrupted run's checkpoints (its ranks would overwrite and prune them)."""
-    from .rundir import RunFolderLock, refuse_foreign_checkpoints
+    unfinished run of any task (its ranks would overwrite and prune its checkpoints)."""
+    from .rundir import RunFolderLock, refuse_unfinished_run
 
     key = "resume" if resume else "hydra.run.dir"
     try:
@@ -290,27 +342,31 @@ def _hold_folder(out_dir: str, resume: bool):
         raise exc.renamed({"out_dir": key}) from None
     if not resume:
         try:
-            refuse_foreign_checkpoints(out_dir)
+            refuse_unfinished_run(out_dir)
         except PPDNMFError as exc:
             lock.release()
             raise exc.renamed({"out_dir": key}) from None
     return lock
 
 
-def _interrupted_text(out_dir) -> str:
-    """After Ctrl-C: the BCD iteration every rank's checkpoint holds, and the command that
-    continues the run (:func:`ppdnmf_torch.__main__.main` routes ``resume=`` to this app)."""
+def _interrupted_text(out_dir, task=None, what: str = "interrupted") -> str:
+    """After Ctrl-C (or SIGTERM): the outer iteration every rank's checkpoint holds
+    (:meth:`~.tasks.base.Task.resume_point`), and the command that continues the run
+    (:func:`ppdnmf_torch.__main__.main` routes ``resume=`` to this app)."""
     import shlex
 
-    from ..checkpoint import checkpoint_files, checkpoint_iteration
+    from .tasks import get_task
 
+    task = get_task("ppdnmf") if task is None else task
     ckpt = os.path.join(str(out_dir), "checkpoints")
     ranks = sorted(d for d in (os.listdir(ckpt) if os.path.isdir(ckpt) else ()) if d.startswith("rank"))
-    done = [{checkpoint_iteration(f) for f in checkpoint_files(os.path.join(ckpt, d))} for d in ranks]
-    common = set.intersection(*done) if done else set()
-    if not common:
-        return "interrupted before the ranks wrote a checkpoint: there is nothing to resume; run again"
-    return (f"interrupted after BCD iteration {max(common)}; the {len(ranks)} ranks' checkpoints are in {ckpt}; "
+    try:
+        done = task.resume_point(ckpt) if ranks else 0
+    except Exception:  # noqa: BLE001 - a damaged checkpoint: the resume will say which
+        done = 0
+    if not done:
+        return f"{what} before the ranks wrote a checkpoint: there is nothing to resume; run again"
+    return (f"{what} after {task.step} {done}; the {len(ranks)} ranks' checkpoints are in {ckpt}; "
             f"continue with: ppdnmf resume={shlex.quote(str(out_dir))}")
 
 
@@ -328,25 +384,19 @@ def _fail(exc: BaseException, code: int) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def _app(cfg: DictConfig):
-    from .tasks.ppdnmf import TASK
-
-    lock = None
+    lock = task = out_dir = None
     try:
         cfg = _own_inputs(cfg, CONFIG_NAME)  # the user's data and graph get the library's defaults
         raw = OmegaConf.to_container(cfg, resolve=True)
         dist = raw.pop("distributed", None)
         opts = DistConfig.from_dict(dist)
         run_cfg = to_run_config(OmegaConf.create(raw))
-        if run_cfg.task != TASK.name:
-            raise ConfigError(f"task: the app over ranks runs task={TASK.name} in this version, got {run_cfg.task!r}; "
-                              "run this task in one process")
+        task = task_of(run_cfg)
         out_dir, resume = HydraConfig.get().runtime.output_dir, False
         if run_cfg.resume:
-            run_cfg, out_dir, _ = _resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
+            run_cfg, out_dir, _ = resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
             resume = True
-        from ..models.ppdnmf.config import to_dict
-
-        args = (to_dict(run_cfg), asdict(opts), str(out_dir), resume)
+        args = (task.config_to_dict(run_cfg), asdict(opts), str(out_dir), resume)
         world = env_world()
         _preflight(run_cfg, opts, world)
         if world is None or world[0] == 0:
@@ -354,10 +404,23 @@ def _app(cfg: DictConfig):
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
-            outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
+            import signal
+
+            # the ranks' C++ warnings (a peer's lost connection, with stack frames) are not the user's lines
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+            forwarded, old = _forward_signals()
+            try:
+                outcomes = launch_local(opts.nproc, rank_main, args, grace=opts.timeout + 30)
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
             bad = [o for o in outcomes if o.exitcode != 0]
+            if signal.SIGTERM in forwarded.seen:
+                text = _interrupted_text(out_dir, task, what="terminated (SIGTERM)")
+                print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
+                sys.exit(EXIT_TERMINATED)
             if any(o.exitcode == EXIT_INTERRUPTED for o in bad):
-                print(f"ppdnmf: {_interrupted_text(out_dir)}", file=sys.stderr, flush=True)
+                print(f"ppdnmf: {_interrupted_text(out_dir, task)}", file=sys.stderr, flush=True)
                 sys.exit(EXIT_INTERRUPTED)
             if bad:
                 # the rank whose own error stopped the run (not one that stopped because of it)
@@ -369,10 +432,15 @@ def _app(cfg: DictConfig):
     except DistributedError as exc:
         _fail(exc, EXIT_PEER_FAILED)
     except PPDNMFError as exc:
+        if lock is None and (task is None or not run_cfg.resume):  # refused before any rank started
+            _discard_refused(HydraConfig.get().runtime.output_dir)
         _fail(exc, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:
         detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
-        print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
+        if not detail and task is not None and out_dir is not None:  # a second Ctrl-C: the ranks were ended
+            print(f"ppdnmf: {_interrupted_text(out_dir, task)}", file=sys.stderr, flush=True)
+        else:
+            print(f"ppdnmf: interrupted{detail}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         if lock is not None:
@@ -380,11 +448,11 @@ def _app(cfg: DictConfig):
     if summary is None:  # a rank other than 0
         return None
     if not run_cfg.keep_checkpoints:  # every rank has finished: as a one-process run, none left
-        remove_checkpoints(Path(out_dir))
-    text = TASK.format_summary(summary)
+        remove_checkpoints(Path(out_dir), task.checkpoint_patterns)
+    text = task.format_summary(summary)
     print(text, flush=True)
     _to_log_files(text)  # Hydra's ppdnmf.log of this call, as the one-process app's
-    return summary["nmse"]["distributed"]
+    return task.objective(summary)
 
 
 def main() -> None:

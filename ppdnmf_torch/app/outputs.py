@@ -37,7 +37,8 @@ from .costs import format_costs
 from ..exchange.costmodel import COUNT_KEYS
 
 __all__ = ["write_yaml", "write_factors", "write_histories", "write_summary", "summary_of", "format_summary",
-           "plain", "numeric", "dataset_name", "run_name", "write_trials", "trials_summary", "write_text"]
+           "plain", "numeric", "dataset_name", "run_name", "write_trials", "trials_summary", "write_text",
+           "write_arrays", "write_history_csv"]
 
 #: the paper's presets and the data kind each runs on (``name`` is only theirs on that data)
 _PRESET_DATA = {"paper_synthetic": "synthetic", "paper_cbcl": "cbcl"}
@@ -144,6 +145,42 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     w.writeheader()
     for r in rows:
         w.writerow(r)
+    write_text(path, buf.getvalue())
+
+
+def write_arrays(folder: Path, arrays) -> list:
+    """Each array as ``folder/<name>.npy`` (NumPy, no pickles; ``/`` in a name becomes ``_``), each
+    written atomically; returns the names."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for k, v in arrays.items():
+        a = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        name = k.replace("/", "_")
+        write_atomically(str(folder / f"{name}.npy"), lambda fh, a=a: np.save(fh, a, allow_pickle=False))
+        names.append(name)
+    return names
+
+
+def write_history_csv(path: Path, histories) -> None:
+    """``history.csv`` of a model's batched fit: one row per (iteration, 1-based; trial, 0-based), one
+    column per history ``(n_iter, T)`` or ``(n_iter,)`` (a history shorter or narrower than the
+    others leaves its cells empty)."""
+    import numpy as np
+
+    hs = {k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=np.float64)
+          for k, v in histories.items()}
+    hs = {k: (a[:, None] if a.ndim == 1 else a.reshape(a.shape[0], -1)) for k, a in hs.items()}
+    n = max((a.shape[0] for a in hs.values()), default=0)
+    T = max((a.shape[1] for a in hs.values()), default=1)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["iteration", "trial", *hs])
+    for i in range(n):
+        for t in range(T):
+            w.writerow([i + 1, t, *(repr(float(a[i, t])) if i < a.shape[0] and t < a.shape[1] else ""
+                                for a in hs.values())])
     write_text(path, buf.getvalue())
 
 

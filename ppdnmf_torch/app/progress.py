@@ -5,15 +5,57 @@ On a terminal (stderr is a tty) each phase shows a tqdm bar, as before. Off a te
 and at the first and the last BCD iteration, one line goes to the ``ppdnmf_torch.app.progress``
 logger (iteration, NMSE, consensus error, elapsed time, ETA), so Hydra's ``ppdnmf.log`` and
 the console get it. On a terminal those lines still go to the log files, never to a
-terminal the bar is drawn on.
+terminal the bar is drawn on; and while a bar is drawn, every other line for the terminal
+(a log record, a warning: :func:`write_line`) is written above it (``tqdm.write``), never onto
+the bar's line.
+
+The ETA is the time per iteration over the last few iterations (:data:`ETA_WINDOW`) times the
+iterations left; it is shown from the second iteration on, so that the first iteration's
+setup (a similarity, a compilation, key generation) does not make it wild.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import time
 
-__all__ = ["Progress", "format_seconds", "log"]
+__all__ = ["Progress", "format_seconds", "log", "write_line", "ETA_WINDOW"]
+
+#: the ETA's rate is measured over at most this many of the latest iterations
+ETA_WINDOW = 20
+#: the bars drawn now (a line for the terminal goes above them)
+_ACTIVE: list = []
+
+
+def write_line(text: str, file=None) -> None:
+    """``text`` on its own line of ``file`` (default stderr): above a progress bar being drawn
+    (``tqdm.write``), or printed as usual."""
+    file = sys.stderr if file is None else file
+    if _ACTIVE:
+        from tqdm.auto import tqdm
+
+        tqdm.write(text, file=file)
+        return
+    print(text, file=file, flush=True)
+
+
+class _AboveTheBar(logging.Handler):
+    """A terminal handler's records written above the bar (``tqdm.write``), formatted and
+    filtered as the handler it stands in for."""
+
+    def __init__(self, inner: logging.StreamHandler):
+        super().__init__(inner.level)
+        self.inner = inner
+        self.setFormatter(inner.formatter)
+        for f in inner.filters:
+            self.addFilter(f)
+
+    def emit(self, record):
+        try:
+            write_line(self.format(record), file=self.inner.stream)
+        except Exception:  # noqa: BLE001 - logging's rule: a failed record never stops the run
+            self.handleError(record)
 
 log = logging.getLogger("ppdnmf_torch.progress")
 
@@ -78,23 +120,40 @@ class Progress:
         self._t0 = time.perf_counter()
         self._last_line = None
         self._filtered = []
+        self._swapped = []
+        self._seen = collections.deque(maxlen=ETA_WINDOW + 1)  # (time, iteration) of the latest updates
         if not self.enabled:
             return
         if bar if bar is not None else _stream_is_tty(sys.stderr):
             from tqdm.auto import tqdm
 
+            # tqdm's own rate would count the setup before the first iteration: the ETA is ours
             self.bar = tqdm(total=self.total, initial=self.start, desc=label, unit="it", leave=True,
-                            dynamic_ncols=True)
+                            dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+            _ACTIVE.append(self.bar)
             self._keep_lines_off_terminal()
 
     def _keep_lines_off_terminal(self) -> None:
-        handlers = set(logging.getLogger().handlers) | set(log.handlers)
-        for h in handlers:
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
-                    and _stream_is_tty(getattr(h, "stream", None)):
-                f = _OffTerminal()
-                h.addFilter(f)
-                self._filtered.append((h, f))
+        for lg in (logging.getLogger(), log):
+            for h in list(lg.handlers):
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
+                        and _stream_is_tty(getattr(h, "stream", None)):
+                    f = _OffTerminal()
+                    h.addFilter(f)
+                    self._filtered.append((h, f))
+                    above = _AboveTheBar(h)
+                    lg.removeHandler(h)
+                    lg.addHandler(above)
+                    self._swapped.append((lg, h, above))
+
+    def eta(self, iteration: int) -> float | None:
+        """Seconds to the last iteration at the rate of the latest ones (None before the second)."""
+        if len(self._seen) < 2 or iteration >= self.total:
+            return None
+        (t0, i0), (t1, i1) = self._seen[0], self._seen[-1]
+        if i1 <= i0:
+            return None
+        return (t1 - t0) / (i1 - i0) * (self.total - iteration)
 
     def line(self, iteration: int, metrics: dict) -> str:
         """The log line of ``iteration`` (``metrics``: floats; ``nmse``, ``consensus``, ``central``,
@@ -110,13 +169,15 @@ class Progress:
             parts.append(f"centralized {metrics['central']:.6g}")
         parts += [f"{k} {v:.4g}" for k, v in metrics.items() if k not in _NAMED and v is not None]
         parts.append(f"elapsed {format_seconds(elapsed)}")
-        if 0 < done and iteration < self.total:
-            parts.append(f"ETA {format_seconds(elapsed / done * (self.total - iteration))}")
+        eta = self.eta(iteration) if 0 < done else None
+        if eta is not None:
+            parts.append(f"ETA {format_seconds(eta)}")
         return ", ".join(parts)
 
     def update(self, iteration: int, metrics: dict) -> None:
         if not self.enabled:
             return
+        self._seen.append((time.perf_counter(), int(iteration)))
         if self.bar is not None:
             shown = {"nmse": f"{metrics['nmse']:.4g}"} if "nmse" in metrics else {}
             if "consensus" in metrics:
@@ -124,6 +185,9 @@ class Progress:
             if "central" in metrics:
                 shown["central"] = f"{metrics['central']:.4g}"
             shown.update({k: f"{v:.4g}" for k, v in metrics.items() if k not in _NAMED and v is not None})
+            eta = self.eta(iteration)
+            if eta is not None:
+                shown["ETA"] = format_seconds(eta)
             self.bar.update(1)
             self.bar.set_postfix(shown, refresh=False)
         now = time.perf_counter()
@@ -133,8 +197,14 @@ class Progress:
             log.info(self.line(iteration, metrics))
 
     def close(self) -> None:
+        for lg, h, above in self._swapped:
+            lg.removeHandler(above)
+            lg.addHandler(h)
+        self._swapped = []
         if self.bar is not None:
             self.bar.close()
+            if self.bar in _ACTIVE:
+                _ACTIVE.remove(self.bar)
             self.bar = None
         for h, f in self._filtered:
             h.removeFilter(f)

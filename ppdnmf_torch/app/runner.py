@@ -5,7 +5,7 @@ The runner does what is the same for every model and asks the config's task
 (:mod:`ppdnmf_torch.app.tasks`, :class:`~ppdnmf_torch.app.tasks.base.Task`) for the rest:
 
 * the folder: created, locked while the run writes (:mod:`ppdnmf_torch.app.rundir`), refused
-  when it holds another run's checkpoints, its old ``summary.json`` removed;
+  when it holds an unfinished run of any task, its old ``summary.json`` removed;
 * ``config.yaml`` (the task's config as run), the logger (TensorBoard or none; a resumed
   run's events after its checkpoint dropped), ``threads`` applied once and restored;
 * the task's three steps (:meth:`~.Task.build_inputs`, :meth:`~.Task.fit`,
@@ -26,7 +26,7 @@ from ..errors import PPDNMFError
 from ..threads import using_threads
 from .loggers import NullLogger, RunLogger
 from .outputs import write_summary, write_yaml
-from .rundir import RunFolderLock, refuse_foreign_checkpoints, remove_checkpoints
+from .rundir import RunFolderLock, refuse_unfinished_run, remove_checkpoints
 from .tasks import Task, task_of
 
 __all__ = ["run", "make_logger"]
@@ -42,6 +42,32 @@ def make_logger(kind: str, folder, *, flush_secs: int = 30, resume_at: int | Non
 
         return TensorBoardLogger(folder, flush_secs=flush_secs, resume_at=resume_at, x_iters=x_iters)
     return NullLogger()
+
+
+def _resume_point(task: Task, cfg, resume_from) -> int | None:
+    """The outer iterations the checkpoints of a resumed run hold, checked against the run's
+    iteration cap before anything is written: a cap below them would leave a ``config.yaml`` that
+    says fewer iterations than the run holds.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the cap's config key (``solver.max_iter``), what was done and what to give.
+    """
+    from ..checkpoint import CheckpointError
+
+    try:
+        done = task.resume_point(resume_from)
+    except PPDNMFError:
+        raise
+    except Exception:  # noqa: BLE001 - a damaged checkpoint: the fit refuses it by name
+        return None
+    key, cap = task.iteration_cap(cfg)
+    if key and cap is not None and done > cap:
+        raise CheckpointError(f"{key}: the checkpoint {str(resume_from)!r} has done {done} {task.step}s, more than "
+                              f"{key.rsplit('.', 1)[-1]} = {cap}; give {key} >= {done} (or leave it out): nothing was "
+                              "written")
+    return done
 
 
 def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_from=None,
@@ -89,13 +115,13 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
         out = Path(out_dir)
         with using_threads(cfg.threads), RunFolderLock(out):
             if resume_from is None:
-                refuse_foreign_checkpoints(out)
+                refuse_unfinished_run(out)
                 # a fresh run in a used folder: the old run's summary would mark this one finished
                 # (the CLI refuses to resume a folder with a summary.json)
                 (out / "summary.json").unlink(missing_ok=True)
+            resume_at = _resume_point(task, cfg, resume_from) if resume_from is not None else None
             write_yaml(out / "config.yaml", task.config_to_dict(cfg))
             show = cfg.progress if progress is None else bool(progress)
-            resume_at = task.resume_point(resume_from) if resume_from is not None else None
             with make_logger(cfg.logger.kind, out / "tb", flush_secs=cfg.logger.flush_secs, resume_at=resume_at,
                              x_iters=task.inner_iterations(cfg)) as logger:
                 if cfg.trials > 1:
@@ -107,7 +133,7 @@ def run(cfg, out_dir, *, progress: bool | None = None, callback=None, resume_fro
             summary["wall_time"]["total"] = time.perf_counter() - t_start
             write_summary(out / "summary.json", summary)
             if not cfg.keep_checkpoints:
-                remove_checkpoints(out)
+                remove_checkpoints(out, task.checkpoint_patterns)
     except PPDNMFError as exc:
-        raise exc.renamed(task.config_keys) from None
+        raise exc.renamed(task.keys_of(cfg)) from None
     return summary

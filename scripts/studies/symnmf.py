@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from ppdnmf_torch.errors import ConvergenceWarning, DataError
-from ppdnmf_torch.models.symnmf.agent_setup import ADAPTIVE_LAMBDA0
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 from ppdnmf_torch.models.symnmf.clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
+from ppdnmf_torch.models.symnmf.config import ADAPTIVE_LAMBDA0
 from ppdnmf_torch.models.symnmf.data import initial_factor, synthetic_similarity
 from ppdnmf_torch.models.symnmf.estimator import scaled_start
 from ppdnmf_torch.models.symnmf.fit import METHODS, fit_symnmf

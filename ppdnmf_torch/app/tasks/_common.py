@@ -1,15 +1,15 @@
 """What the tasks of the models other than PPDNMF share: the app's run keys as a dataclass
-(:class:`RunKeys`), the config's conversion and check (``key: reason`` errors), the files of
-a batched fit (one ``.npy`` per array, ``history.csv`` with a row per iteration and trial),
-the trial means the logger and the progress show, and the removal of a model's own
-checkpoint files once the run's outputs are written.
+(:class:`RunKeys`), the config's conversion and check (``key: reason`` errors, through
+:mod:`ppdnmf_torch.specfields`, so a section may be a model's frozen spec), the ``graph`` and
+``exchange`` sections of a variant across agents, the trial means the logger and the progress
+show, and :class:`ModelTask`, whose ``trials > 1`` are the model's own batch.
 """
 from __future__ import annotations
 
-import csv
 import re
+import typing
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,13 +17,15 @@ import numpy as np
 import torch
 
 from ..._utils import resolve_device
-from ...errors import ConfigError
+from ...errors import ConfigError, PPDNMFError
+from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec
+from ...models.ppdnmf.config import DTYPES, GraphConfig, LoggerConfig, exchange_keys, exchange_to_dict
+from ...specfields import build, check_fields, check_value, rule
 from .base import Task
-# the validating converter of PPDNMF's config is model-free: every task's config uses it
-from ...models.ppdnmf.config import DTYPES, LoggerConfig, _build, _check_dataclass, _spec as spec
 
-__all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "spec", "config_from_dict", "config_to_dict", "check_run_keys", "trial_means",
-           "write_arrays", "write_history_csv", "remove_files", "stat", "validate"]
+__all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "rule", "config_from_dict", "config_to_dict",
+           "check_run_keys", "trial_means", "stat", "validate", "build_exchange", "make_graphs", "GraphConfig",
+           "resume_point"]
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -35,16 +37,16 @@ class RunKeys:
 
     task: str = ""
     name: str = "custom"
-    seed: int = spec(0, ge=0)
+    seed: int = rule(0, ge=0)
     device: str = "auto"
-    dtype: str = spec("float64", choices=DTYPES)
+    dtype: str = rule("float64", choices=DTYPES)
     progress: bool = True
-    progress_interval: float = spec(5.0, gt=0)
-    threads: int | None = spec(None, ge=1)
+    progress_interval: float = rule(5.0, gt=0)
+    threads: int | None = rule(None, ge=1)
     # independent trials, batched in one fit (trial dimension first)
-    trials: int = spec(1, ge=1)
+    trials: int = rule(1, ge=1)
     # the model's checkpoint every this many outer iterations (0: none)
-    checkpoint_every: int = spec(10, ge=0)
+    checkpoint_every: int = rule(10, ge=0)
     keep_checkpoints: bool = False
     resume: str | None = None
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -56,13 +58,66 @@ def check_run_keys(cfg: RunKeys) -> None:
         raise ConfigError(f"device: unknown value {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
 
 
+def build_exchange(data, key: str = "exchange") -> ExchangeSpec:
+    """The ``exchange`` section (``conf/exchange/<kind>.yaml``) as its kind's frozen spec, whose own
+    rules check the values; errors name ``exchange.<key>``."""
+    if isinstance(data, ExchangeSpec):
+        data = exchange_to_dict(data)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{key}: must be a mapping of keys to values, got {data!r}")
+    d = dict(data)
+    kind = d.pop("kind", "plain")
+    if kind not in SPECS:
+        raise ConfigError(f"{key}.kind: unknown value {kind!r}; use one of {', '.join(EXCHANGE_KINDS)}")
+    cls, keys = SPECS[kind], exchange_keys(kind)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for k, v in d.items():
+        if k not in keys:
+            raise ConfigError(f"{key}.{k}: does not apply to {key}.kind={kind} (its keys: {', '.join(keys) or 'none'})")
+        values[k] = check_value(f"{key}.{k}", v, hints[k], integral_floats=True)
+    try:
+        return cls(**values)
+    except PPDNMFError as exc:
+        raise exc.within(key) from None
+
+
+def make_graphs(g: GraphConfig, n_agents: int, seeds) -> list:
+    """The agents' graph of the ``graph`` section, one per seed (a random kind draws each from its
+    trial's seed); refuses a graph below ``graph.min_degree``. Errors name ``graph.<key>``."""
+    from ...graph import check_min_degree, make_graph
+
+    try:
+        graphs = [make_graph(g.kind, n_agents, seed=int(s), **g.params()) for s in seeds]
+        for t, graph in enumerate(graphs):
+            check_min_degree(graph, g.min_degree, trial=t if len(graphs) > 1 else None)
+    except PPDNMFError as exc:
+        raise exc.within("graph") from None
+    return graphs
+
+
+def resume_point(resume_from) -> int:
+    """The outer iterations a model's checkpoint file or folder holds (the engine's
+    ``ckpt_bcd<k>.pt``, every model); a run over ranks' folder (``rank<r>/`` inside): the newest
+    iteration every rank has a checkpoint of; 0 when there is none."""
+    from ...checkpoint import checkpoint_files, checkpoint_iteration
+
+    path = Path(resume_from)
+    if not path.is_dir():
+        return checkpoint_iteration(path, "resume")
+    ranks = sorted(p for p in path.glob("rank*") if p.is_dir())
+    done = [{checkpoint_iteration(f, "resume") for f in checkpoint_files(p)} for p in (ranks or [path])]
+    every = set.intersection(*done)
+    return max(every) if every else 0
+
+
 def config_from_dict(cls, d: Mapping, cross=None):
     """``d`` (Hydra's resolved config or a ``config.yaml``; a ``hydra`` node ignored) as a
-    validated ``cls``; missing keys take the defaults, unknown keys are errors; ``cross(cfg)``
-    checks what spans fields."""
+    validated ``cls``; missing keys take the defaults, unknown keys are errors, an integral float
+    is taken for an integer (``max_iter=1e3``); ``cross(cfg)`` checks what spans fields."""
     if not isinstance(d, Mapping):
         raise ConfigError(f"config: must be a mapping of keys to values, got {type(d).__name__}")
-    cfg = _build(cls, {k: v for k, v in d.items() if k != "hydra"}, "")
+    cfg = build(cls, {k: v for k, v in d.items() if k != "hydra"})
     check_run_keys(cfg)
     if cross is not None:
         cross(cfg)
@@ -71,7 +126,7 @@ def config_from_dict(cls, d: Mapping, cross=None):
 
 def validate(cfg, cross=None):
     """Re-check an already built config (the runner's ``cfg.validate()``)."""
-    _check_dataclass(cfg, "")
+    check_fields(cfg, integral_floats=True)
     check_run_keys(cfg)
     if cross is not None:
         cross(cfg)
@@ -79,8 +134,17 @@ def validate(cfg, cross=None):
 
 
 def config_to_dict(cfg) -> dict:
-    """The plain nested dict of a config (``config.yaml``)."""
-    return asdict(cfg)
+    """The plain nested dict of a config (``config.yaml``): an exchange section as its config keys."""
+    out = {}
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, ExchangeSpec):
+            out[f.name] = exchange_to_dict(v)
+        elif is_dataclass(v):
+            out[f.name] = asdict(v)
+        else:
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def trial_means(values: Mapping, prefix: str) -> dict:
@@ -92,46 +156,6 @@ def trial_means(values: Mapping, prefix: str) -> dict:
         if a.size:
             out[f"{prefix}/{k}"] = float(np.nanmean(a))
     return out
-
-
-def write_arrays(folder: Path, arrays: Mapping) -> list:
-    """Each array as ``folder/<name>.npy`` (NumPy; ``/`` in a name becomes ``_``); returns the names."""
-    folder.mkdir(parents=True, exist_ok=True)
-    names = []
-    for k, v in arrays.items():
-        a = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-        name = k.replace("/", "_")
-        np.save(folder / f"{name}.npy", a, allow_pickle=False)
-        names.append(name)
-    return names
-
-
-def write_history_csv(path: Path, histories: Mapping) -> None:
-    """``history.csv``: one row per (iteration, 1-based; trial, 0-based), one column per history ``(n_iter, T)``
-    (a history shorter than the longest leaves its cells empty)."""
-    hs = {k: np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=np.float64)
-          for k, v in histories.items()}
-    hs = {k: (a[:, None] if a.ndim == 1 else a) for k, a in hs.items()}
-    n = max((a.shape[0] for a in hs.values()), default=0)
-    T = max((a.shape[1] for a in hs.values()), default=1)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["iteration", "trial", *hs])
-        for i in range(n):
-            for t in range(T):
-                w.writerow([i + 1, t, *(repr(float(a[i, t])) if i < a.shape[0] and t < a.shape[1] else ""
-                                    for a in hs.values())])
-
-
-def remove_files(paths) -> None:
-    """Remove a model's own checkpoint files (and their folder when it is then empty)."""
-    for p in paths:
-        p = Path(p)
-        p.unlink(missing_ok=True)
-        try:
-            p.parent.rmdir()
-        except OSError:
-            pass
 
 
 def stat(values, fmt: str = ".4g") -> str:
@@ -149,10 +173,12 @@ def mean(values) -> float:
 
 @dataclass
 class DeviceInputs:
-    """What a model's task resolves before its fit (the model loads its own data)."""
+    """What a model's task resolves before its fit (the model loads its own data): the device,
+    the dtype, and the agents' graphs of a variant across agents (one per trial)."""
 
     device: torch.device
     dtype: torch.dtype
+    graphs: list | None = None
 
 
 @dataclass

@@ -14,9 +14,15 @@ config keys in errors) and calls the task for the rest, in this order::
     print(task.format_summary(summary))             # the CLI's lines
 
 and, with ``cfg.trials > 1``, ``summary = task.run_trials(cfg, out, logger, show=..., callback=...)``
-instead of steps 1 to 3. A task's module is ``ppdnmf_torch/app/tasks/<name>.py`` holding
-``TASK``, an instance of a :class:`Task` subclass; ``conf/task/<name>.yaml`` brings its
-Hydra defaults (:mod:`ppdnmf_torch.app.tasks` finds both by name).
+instead of steps 1 to 3. Over ranks (:mod:`ppdnmf_torch.app.distributed`), every rank calls
+``task.run_rank(cfg, out, comm, logger, ...)`` (rank 0 returns the summary), after
+``task.n_agents(cfg)`` said how many agents the ranks share (or refused with one line).
+
+A task's module is ``ppdnmf_torch/app/tasks/<name>.py`` holding ``TASK``, an instance of a
+:class:`Task` subclass; ``conf/task/<name>.yaml`` brings its Hydra defaults, its groups
+(``conf/<name>/``) and its help (``conf/hydra/help/<name>.yaml``); :mod:`ppdnmf_torch.app.tasks`
+finds them by name. A task is an adapter: the settings are the model's specs
+(``models/<name>/config.py``), the work is the model's functions.
 """
 from __future__ import annotations
 
@@ -68,13 +74,43 @@ class Task(abc.ABC):
         (``g_bits``) is re-rooted at the config's key (``exchange.g_bits``) once, by the runner.
     resume_safe_keys : tuple
         Keys of the task's own that ``resume=`` takes from the command line.
+    checkpoint_patterns : tuple
+        Glob patterns of the model's checkpoint files in ``<run>/checkpoints`` (and its ranks'
+        ``rank<r>/``): removed once a run's outputs are written.
+    step : str
+        What one outer iteration is called in the progress lines and the Ctrl-C message.
     """
 
     name: str = ""
     config_keys: dict = {}
     #: config keys besides the app's own (:data:`ppdnmf_torch.app.cli.RESUME_SAFE_KEYS`) that
-    #: ``resume=`` takes from the command line: they change no iteration already done
+    #: ``resume=`` takes from the command line: they change no iteration already done (an
+    #: iteration cap, :meth:`iteration_cap`, only at or above what the checkpoint has done)
     resume_safe_keys: tuple = ()
+    checkpoint_patterns: tuple = ("ckpt_bcd[0-9]*.pt",)
+    step: str = "BCD iteration"
+
+    def keys_of(self, cfg) -> dict:
+        """``{API parameter name: config key}`` for ``cfg`` (a variant may name them otherwise);
+        default :attr:`config_keys`."""
+        return self.config_keys
+
+    def iteration_cap(self, cfg) -> tuple:
+        """``(config key, value)`` of ``cfg``'s outer iteration cap (a resume may raise it)."""
+        return "", None
+
+    def n_agents(self, cfg) -> int:
+        """The agents a run over ranks places on the ranks; raises ``ConfigError`` (one line) for a
+        config (or a task) with no run over ranks."""
+        from ...errors import ConfigError
+
+        raise ConfigError(f"task: task={self.name} has no run over ranks in this version; run it in one process")
+
+    def run_rank(self, cfg, out: Path, comm, logger, *, partition="rcm", assignment=None, share="all",
+                 resume: bool = False, callback=None):
+        """One rank of a run over ranks (:mod:`ppdnmf_torch.app.distributed`): inputs, fit and, on
+        rank 0, the outputs (returns the summary there, None elsewhere)."""
+        raise NotImplementedError(self.name)
 
     # -- config ---------------------------------------------------------------------------
 

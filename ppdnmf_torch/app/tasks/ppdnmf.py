@@ -17,6 +17,7 @@ Nothing here prints: the progress and the Paillier estimate go to the logger
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..._utils import resolve_device
+from ...errors import ConfigError
 from ...diagnostics import degenerate_reasons, x_sketch
 from ...exchange.spec import SPECS
 from ...checkpoint import checkpoint_iteration, latest_checkpoint
@@ -114,18 +116,70 @@ def _announce(cfg: RunConfig, inputs: RunInputs, resumed_at: int) -> None:
                  "(seconds per new problem shape; later runs of the same shape in this process reuse it)")
 
 
+#: the centralized baseline of a run, kept beside its checkpoints so that a resumed run need not
+#: fit it again (removed with them)
+BASELINE_NAME = "centralized.pt"
+#: the config keys that do not change the baseline (how the run reports and checkpoints)
+_NOT_BASELINE = ("progress", "progress_interval", "threads", "checkpoint_every", "keep_checkpoints", "resume",
+                 "logger", "name")
+
+
+def _baseline_key(cfg: RunConfig) -> str:
+    return json.dumps({k: v for k, v in to_dict(cfg).items() if k not in _NOT_BASELINE}, sort_keys=True, default=str)
+
+
+def _save_baseline(folder: Path, cfg: RunConfig, central: FitResult, seconds: float) -> None:
+    from ...checkpoint import write_atomically
+
+    body = {"key": _baseline_key(cfg), "X": central.X.detach().cpu(), "Y": [y.detach().cpu() for y in central.Y],
+            "U": central.U.detach().cpu(), "history": central.history, "columns": list(central.columns),
+            "n_iter": int(central.n_iter), "converged": bool(central.converged), "seconds": float(seconds)}
+    buf = io.BytesIO()
+    torch.save(body, buf)
+    write_atomically(str(folder / BASELINE_NAME), lambda fh: fh.write(buf.getvalue()))
+
+
+def _load_baseline(folder: Path, cfg: RunConfig, inputs: RunInputs):
+    """``(FitResult, seconds)`` of the baseline this run saved, or None (none, another config's,
+    or unreadable: then it is fitted again)."""
+    from ...graph import Graph
+
+    path = folder / BASELINE_NAME
+    if not path.is_file():
+        return None
+    try:
+        body = torch.load(path, map_location=inputs.device, weights_only=True)
+        if body.get("key") != _baseline_key(cfg):
+            return None
+        result = FitResult(X=body["X"], Y=list(body["Y"]), U=body["U"], history=body["history"], graph=Graph(1, []),
+                           columns=list(body["columns"]), n_iter=int(body["n_iter"]), converged=bool(body["converged"]))
+        return result, float(body["seconds"])
+    except Exception as exc:  # noqa: BLE001 - a damaged file costs a refit, never the run
+        log.warning("the saved centralized baseline %s is not readable (%s): fitting it again", path,
+                    type(exc).__name__)
+        return None
+
+
 def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, show: bool, callback=None,
             resume_from=None) -> RunFits:
     """Step 2: the centralized baseline (first, it is fast: its curve is in TensorBoard from the
-    start), then the distributed fit with checkpoints in ``out/checkpoints``."""
+    start; saved beside the checkpoints, and read back rather than fitted again when the run
+    resumes), then the distributed fit with checkpoints in ``out/checkpoints``."""
     s, e = cfg.solver, cfg.exchange
     common = _solver_kwargs(cfg, inputs)
     resumed_at = checkpoint_iteration(latest_checkpoint(resume_from)) if resume_from is not None else 0
     central, seconds = None, {}
     if cfg.centralized:
-        t0 = time.perf_counter()
-        central = _fit_centralized(cfg, inputs, common, show)
-        seconds["centralized"] = time.perf_counter() - t0
+        saved = _load_baseline(out / "checkpoints", cfg, inputs) if resume_from is not None else None
+        if saved is not None:
+            central, seconds["centralized"] = saved
+            log.info("centralized baseline: read from %s (not fitted again)", out / "checkpoints" / BASELINE_NAME)
+        else:
+            t0 = time.perf_counter()
+            central = _fit_centralized(cfg, inputs, common, show)
+            seconds["centralized"] = time.perf_counter() - t0
+            if cfg.checkpoint_every:
+                _save_baseline(out / "checkpoints", cfg, central, seconds["centralized"])
         logger.centralized(central.history)
     c_hist = central.history.get("nmse", []) if central is not None else []
     _announce(cfg, inputs, resumed_at)
@@ -224,7 +278,27 @@ def write_outputs(cfg: RunConfig, inputs: RunInputs, fits: RunFits, out: Path, l
         metrics["nmse_centralized"] = central.nmse
     logger.finished(result, central, hparams=_hparams(cfg, inputs.device), metrics=metrics, images=images,
                     config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
+    summary["figures"] = _figures(cfg, inputs, result, central, out, factors)
     return summary
+
+
+def _figures(cfg: RunConfig, inputs: RunInputs, result: FitResult, central, out: Path, factors: bool) -> list:
+    """``curves.png`` (NMSE, consensus, objective, the worst agent's NMSE; the centralized NMSE
+    beside the distributed one) and ``factors.png`` (the agents' mean ``X``: its columns as images
+    on image data, else a heat map)."""
+    from ..figures import columns_as_images, write_figures
+
+    h = {k: v for k, v in result.history.items() if k in ("nmse", "consensus", "objective", "nmse_worst")}
+    if central is not None and central.history.get("nmse"):
+        h["centralized_nmse"] = central.history["nmse"]
+    images = None
+    if factors:
+        X = result.X_mean.detach().cpu()
+        images = columns_as_images(X, inputs.image_shape) if inputs.image_shape is not None else X
+    return write_figures(out, h, title=f"PPDNMF on {dataset_name(cfg)} ({cfg.exchange.kind} exchange)",
+                         curves=(("NMSE", ("nmse", "centralized_nmse", "nmse_worst")), "consensus", "objective"),
+                         images=images,
+                         images_title="the agents' mean X" + (" (columns as images)" if inputs.image_shape else ""))
 
 
 # --------------------------------------------------------------------------------------
@@ -252,9 +326,8 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
     if e.kind == "paillier":
         graph = build_graph(cfg)
         L = load_data(cfg)[0].shape[0]
-        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters)
-        log.info(format_estimate(e, est).replace("paillier estimate", f"paillier estimate per trial ({cfg.trials} "
-                                                                       "trials run side by side)", 1))
+        est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters, trials=cfg.trials)
+        log.info(format_estimate(e, est))
     central: list = []  # the baseline's Progress, made at its first iteration (it runs second)
     with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
 
@@ -280,6 +353,10 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
                 c.close()
     write_trials(out, exp)
     summary = trials_summary(cfg, exp, out, device)
+    from ..figures import write_figures
+
+    summary["figures"] = write_figures(out, exp.history, title=f"PPDNMF, {cfg.trials} trials ({e.kind} exchange)",
+                                       curves=("nmse", "consensus", "objective"))
     metrics = {"nmse_distributed": summary["nmse"]["distributed"]["mean"],
                "consensus": summary["consensus"]["mean"], "wall_time": exp.seconds["distributed"],
                **_cost_metrics(exp.distributed.costs)}
@@ -289,6 +366,58 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
             logger.centralized({"nmse": exp.centralized.history["nmse"].mean(axis=1).tolist()})
     logger.finished(None, None, hparams=_hparams(cfg, device), metrics=metrics,
                     config_text="```\n" + json.dumps(to_dict(cfg), indent=2) + "\n```")
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# Over ranks
+# --------------------------------------------------------------------------------------
+
+
+def run_rank(cfg: RunConfig, out: Path, comm, logger: RunLogger, *, partition="rcm", assignment=None, share="all",
+             resume: bool = False, callback=None) -> dict | None:
+    """One rank of ``ppdnmf`` over ``comm``'s ranks
+    (:func:`~ppdnmf_torch.models.ppdnmf.distributed.engine.fit_rank`): the config's inputs and fit;
+    rank 0 writes the outputs (``factors.pt``, histories, TensorBoard through ``logger``) and
+    returns the summary with its ``distributed`` section (None elsewhere). ``share="sums"``: no
+    ``factors.pt`` of the whole run; every rank writes its own agents' factors to
+    ``<out>/rank<r>/factors.pt``."""
+    from ...models.ppdnmf.distributed.engine import distributed_summary, fit_rank, write_own_factors
+
+    inputs = build_inputs(cfg)
+    s = cfg.solver
+    if s.x_solver != "admm":
+        raise ConfigError(f"solver.x_solver: a distributed run takes the ADMM X-step (x_solver=admm) in this "
+                          f"version, got {s.x_solver!r}; run the incremental X-step in one process")
+    kw = _solver_kwargs(cfg, inputs)
+    kw.pop("device")
+    label = f"PPDNMF ({cfg.exchange.kind}, {comm.world_size} ranks)"
+    with Progress(cfg.progress and comm.rank == 0, s.bcd_iters, label, interval=cfg.progress_interval) as bar:
+
+        def cb(info):
+            if comm.rank == 0:
+                logger.iteration(info, s.x_iters)
+                bar.update(info.iteration, {k: info.metrics[k] for k in ("nmse", "consensus") if k in info.metrics})
+            return bool(callback(info)) if callback is not None else False
+
+        t0 = time.perf_counter()
+        fit_ = fit_rank(comm, inputs.Z, inputs.graph, s.rank, columns=inputs.counts, g_max=s.g_max,
+                        exchange=cfg.exchange, callback=cb, checkpoint_dir=out / "checkpoints",
+                        checkpoint_every=cfg.checkpoint_every, resume=resume, partition=partition,
+                        assignment=assignment, share=share, **kw)
+    seconds = {"distributed": time.perf_counter() - t0}
+    if share != "all":
+        write_own_factors(out / f"rank{comm.rank:03d}" / "factors.pt", fit_, comm.rank, inputs.scale)
+    if comm.rank != 0:
+        return None
+    central = None
+    if cfg.centralized:
+        t0 = time.perf_counter()
+        central = _fit_centralized(cfg, inputs, _solver_kwargs(cfg, inputs), False)
+        seconds["centralized"] = time.perf_counter() - t0
+        logger.centralized(central.history)
+    summary = write_outputs(cfg, inputs, RunFits(fit_.result, central, seconds), out, logger, factors=share == "all")
+    summary["distributed"] = distributed_summary(comm, fit_)
     return summary
 
 
@@ -305,6 +434,31 @@ class PPDNMFTask(Task):
     name = "ppdnmf"
     config_keys = CONFIG_KEYS
     resume_safe_keys = ("solver.bcd_iters",)
+    checkpoint_patterns = ("ckpt_bcd[0-9]*.pt", BASELINE_NAME)
+
+    def iteration_cap(self, cfg: RunConfig) -> tuple:
+        return "solver.bcd_iters", cfg.solver.bcd_iters
+
+    def n_agents(self, cfg: RunConfig) -> int:
+        return cfg.n_agents
+
+    def resume_point(self, resume_from) -> int:
+        """The BCD iterations a checkpoint file or folder has completed; a run over ranks' folder
+        (``rank<r>/`` inside): the newest iteration every rank has a checkpoint of (0: none)."""
+        from ...checkpoint import checkpoint_files
+
+        path = Path(resume_from)
+        ranks = sorted(p for p in path.glob("rank*") if p.is_dir()) if path.is_dir() else []
+        if ranks:
+            done = [{checkpoint_iteration(f) for f in checkpoint_files(r)} for r in ranks]
+            common = set.intersection(*done)
+            return max(common) if common else 0
+        return checkpoint_iteration(latest_checkpoint(resume_from))
+
+    def run_rank(self, cfg: RunConfig, out: Path, comm, logger, *, partition="rcm", assignment=None, share="all",
+                 resume: bool = False, callback=None) -> dict | None:
+        return run_rank(cfg, out, comm, logger, partition=partition, assignment=assignment, share=share,
+                        resume=resume, callback=callback)
 
     def config_from_dict(self, d: dict) -> RunConfig:
         return from_dict(d)

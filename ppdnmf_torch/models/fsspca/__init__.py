@@ -10,12 +10,13 @@ batched over trials and workers (docs/FSSPCA.md; specification docs/SPARSE_PCA.m
 True
 """
 from .admm import FSSPCAProblem, adjusted_variance, soft_threshold
-from .fit import DEFAULTS, as_blocks, fit_fsspca
+from .config import SPEC, FSSPCASpec
+from .fit import as_blocks, fit_fsspca
 from .manifold import qf, retract, riemannian_gradient
 from .result import FSSPCAResult, IterationInfo
 from .smoothing import DEFAULT_SMOOTHING, SMOOTHINGS, get_smoothing
 
-__all__ = ["FederatedSparsePCA", "fit_fsspca", "as_blocks", "DEFAULTS", "FSSPCAResult", "IterationInfo", "FSSPCAProblem",
+__all__ = ["FederatedSparsePCA", "fit_fsspca", "as_blocks", "SPEC", "FSSPCASpec", "FSSPCAResult", "IterationInfo", "FSSPCAProblem",
            "adjusted_variance", "soft_threshold", "qf", "retract", "riemannian_gradient", "SMOOTHINGS",
            "DEFAULT_SMOOTHING", "get_smoothing"]
 

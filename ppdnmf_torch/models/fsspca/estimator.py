@@ -14,8 +14,8 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from ...driver import seed_of
 from ...errors import ConfigError
 from .data import split_iid
-from .fit import DEFAULTS, fit_fsspca
-from .smoothing import DEFAULT_SMOOTHING
+from .config import ESTIMATOR, SPEC, EstimatorSpec, FSSPCASpec
+from .fit import fit_fsspca
 
 __all__ = ["FederatedSparsePCA"]
 
@@ -71,11 +71,11 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     result_ : FSSPCAResult
     """
 
-    def __init__(self, n_components=None, *, alpha=1.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
-                 mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], line_search=DEFAULTS["line_search"],
-                 inner_steps=DEFAULTS["inner_steps"], aggregation="plain", n_workers=1,
-                 max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], random_state=None, device="cpu",
-                 dtype="float64"):
+    def __init__(self, n_components=ESTIMATOR.n_components, *, alpha=ESTIMATOR.alpha, lambda_2=SPEC.lambda_2,
+                 smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho, line_search=SPEC.line_search,
+                 inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, n_workers=ESTIMATOR.n_workers,
+                 max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None, device=ESTIMATOR.device,
+                 dtype=ESTIMATOR.dtype):
         self.n_components = n_components
         self.alpha = alpha
         self.lambda_2 = lambda_2
@@ -95,6 +95,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def fit(self, X, y=None, groups=None, callback=None):
         """Fit on ``X (n, d)`` with ``groups (n,)`` (each row's worker), or on a list of the
         workers' row blocks ``[(n_i, d), ...]``; ``y`` is ignored."""
+        self._check_params()
         seed = seed_of(self.random_state)
         if _is_blocks(X):
             if groups is not None:
@@ -131,6 +132,16 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.n_workers_ = len(blocks)
         self.result_ = res
         return self
+
+    def _check_params(self):
+        """Every parameter through its spec: a wrong type or value is one ``ConfigError`` naming it
+        (an aggregator object is checked by the fit)."""
+        dtype = str(self.dtype).removeprefix("torch.") if isinstance(self.dtype, torch.dtype) else self.dtype
+        EstimatorSpec(n_components=self.n_components, alpha=self.alpha, n_workers=self.n_workers, device=self.device,
+                      dtype=dtype)
+        FSSPCASpec(lambda_2=self.lambda_2, smoothing=self.smoothing, mu=self.mu, rho=self.rho,
+                   line_search=self.line_search, inner_steps=self.inner_steps, max_iter=self.max_iter, tol=self.tol,
+                   aggregation=self.aggregation if isinstance(self.aggregation, str) else SPEC.aggregation)
 
     def transform(self, X):
         """Scores ``(n, r)``: least squares of ``X - mean_`` on ``components_`` (``SparsePCA``'s

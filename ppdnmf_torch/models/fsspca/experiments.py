@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, ConvergenceWarning
+from .config import RUN, SPEC, TASK
 from .data import load_dataset, spiked_covariance, split_rows
 from .deflation import fit_sequential
 from .fit import fit_fsspca
@@ -20,7 +21,7 @@ from .smoothing import SMOOTHINGS
 __all__ = ["principal_sines", "fluctuation", "support_scores", "exp_pca_limit", "exp_fluctuation",
            "exp_smoothing", "exp_support", "exp_real_data", "exp_workers", "exp_workers_settings", "exp_deflation",
            "EXPERIMENTS",
-           "run_task"]
+           "run_task", "run_serverless"]
 
 
 def _quiet(fn, *a, **k):
@@ -286,9 +287,11 @@ EXPERIMENTS = {"pca_limit": exp_pca_limit, "fluctuation": exp_fluctuation, "smoo
                "deflation": exp_deflation}
 
 
-def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0.0, trials=1, seed=0,
-             concentration=0.5, callback=None, **fit_options):
-    """What ``ppdnmf task=fsspca`` runs: load ``data``, split its rows over ``n_workers``, fit.
+def run_task(*, data="spiked", n_workers=TASK.n_workers, split=TASK.split, n_components=TASK.n_components,
+             alpha=TASK.alpha, trials=RUN.trials, seed=RUN.seed, concentration=TASK.concentration, callback=None,
+             graph=None, **fit_options):
+    """What ``ppdnmf task=fsspca`` runs: load ``data``, split its rows over ``n_workers``, fit (with a
+    server, or with ``graph`` without one: :func:`run_serverless`).
 
     Parameters
     ----------
@@ -297,7 +300,10 @@ def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0
     alpha : float or list (one per trial)
     callback : callable, optional
         ``callback(IterationInfo)``: the app logs its ``values`` (TensorBoard scalars) from it.
-    fit_options : passed to :func:`.fit.fit_fsspca` (``rho``, ``smoothing``, ``aggregation``, ...)
+    graph : Graph, optional
+        The workers' communication graph: the serverless variant (:func:`.serverless.fit_serverless`).
+    fit_options : passed to :func:`.fit.fit_fsspca` (``rho``, ``smoothing``, ``aggregation``, ...), or to
+        :func:`.serverless.fit_serverless` with ``graph`` (``consensus``, ``inner_iters``, ``exchange``, ...)
 
     Returns
     -------
@@ -317,6 +323,9 @@ def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0
     else:
         raise ConfigError(f"data: unknown data {data!r}; use spiked, digits, breast_cancer, wine or a .npy/.csv path")
     groups = split_rows(split, n_workers, y=y, n=len(X), seed=seed, concentration=concentration)
+    if graph is not None:
+        return run_serverless(X, groups, n_components, graph, alpha=alpha, trials=trials, seed=seed, callback=callback,
+                              **fit_options)
     res = fit_fsspca(X, n_components, groups=groups, alpha=alpha, trials=trials, seed=seed, callback=callback,
                      **fit_options)
     z = res.z.cpu().numpy()
@@ -327,4 +336,46 @@ def run_task(*, data="spiked", n_workers=4, split="iid", n_components=2, alpha=0
                    settings=res.settings)
     arrays = dict(z=z, components=res.components.cpu().numpy(), loadings_image=img / max(img.max(), 1e-300),
                   **{f"history_{k}": v.cpu().numpy() for k, v in res.history.items()})
+    return summary, arrays
+
+
+def run_serverless(X, groups, n_components, graph, *, callback=None, **fit_options):
+    """:func:`run_task` without a server: :func:`.serverless.fit_serverless` of the rows ``X`` dealt
+    by ``groups``, then ``(summary, arrays)`` as :func:`run_task`'s.
+
+    The callback gets an :class:`~.result.IterationInfo` per ADMM iteration whose ``values`` are
+    ``disagreement`` (``max_i ||z_i - mean z||``) and ``consensus`` (``max_i ||w_i - z_i||``), ``(T,)``.
+    The summary's ``explained_variance`` and ``sparsity`` are those of the workers' mean ``z``
+    (evaluation only: no worker computes it) against the pooled, centred data; ``disagreement``,
+    ``bytes``, ``exchange_calls``, ``costs`` and ``mean_error`` say what the agreement cost and
+    reached. The arrays are :func:`run_task`'s for that mean, and ``z_workers (K, d, r)`` of trial 0.
+    """
+    from .admm import adjusted_variance
+    from .fit import as_blocks, prepare_problem
+    from .result import IterationInfo
+    from .serverless import fit_serverless
+
+    def cb(k, values):
+        if callback is None:
+            return False
+        return bool(callback(IterationInfo(k, {"disagreement": values["disagreement"],
+                                               "consensus": values["consensus"]}, None)))
+
+    blocks = as_blocks(X, groups, device=fit_options.get("device"), dtype=fit_options.get("dtype"))
+    res = fit_serverless(blocks, n_components, graph, callback=cb, **fit_options)
+    pooled = prepare_problem(blocks, 1, center=bool(res.settings.get("center", True)))[0].pooled_gram()[0]
+    zm = res.z_mean
+    variance = adjusted_variance(pooled, zm)
+    sparsity = (res.z == 0).to(zm.dtype).mean(dim=(-2, -1)).mean(dim=1)
+    z = zm.cpu().numpy()
+    img = np.abs(z[0])
+    summary = dict(n_iter=res.n_iter.tolist(), converged=res.converged.tolist(),
+                   explained_variance=variance.tolist(), sparsity=sparsity.tolist(),
+                   disagreement=res.disagreement[-1].tolist(), bytes=float(res.bytes),
+                   exchange_calls=int(res.exchange_calls), costs=res.costs,
+                   mean_error=None if res.mean_error is None else res.mean_error.tolist(),
+                   n_workers=len(blocks), n_rows=int(len(X)), n_features=int(X.shape[1]), settings=res.settings)
+    arrays = dict(z=z, components=res.components.cpu().numpy(), z_workers=res.z[0].cpu().numpy(),
+                  loadings_image=img / max(img.max(), 1e-300),
+                  history_disagreement=res.disagreement.cpu().numpy(), history_consensus=res.consensus.cpu().numpy())
     return summary, arrays

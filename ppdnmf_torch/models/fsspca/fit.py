@@ -16,20 +16,15 @@ from ...errors import ConfigError, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
+from .config import RHO_RULES, RUN, SPEC, TASK
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult
 from .server_run import ServerRun
-from .smoothing import DEFAULT_SMOOTHING, get_smoothing
+from .smoothing import get_smoothing
 
-__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS", "RHO_RULES"]
+__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho"]
 
-#: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
-#: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean
-#: ``lambda_max(C_i)`` (:func:`_auto_rho`); ``"worker"`` each worker ``rho_scale lambda_max(C_i)``
-#: (:func:`worker_rho`)
-RHO_RULES = ("auto", "worker")
-DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
-                tol=1e-6)
+# the defaults (docs/FSSPCA.md says how each was chosen) and ``rho``'s rules: .config (FSSPCASpec)
 
 
 def as_blocks(data, groups=None, *, device=None, dtype=None):
@@ -151,12 +146,12 @@ def worker_rho(problem, scale):
     return scale * torch.linalg.eigvalsh(problem.gram).amax(dim=-1)
 
 
-def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
-               mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"],
-               line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"], aggregation="plain",
-               aggregation_options=None, center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
-               device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50, resume=False,
-               projector=None) -> FSSPCAResult:
+def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing,
+               mu=SPEC.mu, rho=SPEC.rho, rho_scale=SPEC.rho_scale, line_search=SPEC.line_search,
+               inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, aggregation_options=None,
+               center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=RUN.trials, seed=RUN.seed,
+               init=SPEC.init, device=None, dtype=None, callback=None, checkpoint_dir=None,
+               checkpoint_every=RUN.checkpoint_every, resume=False, projector=None) -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
 
     Parameters

@@ -63,16 +63,15 @@ from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
-from .fit import DEFAULTS, _auto_rho, _initial_z, _per_trial, as_blocks, prepare_problem
+from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
+from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, prepare_problem
 from .manifold import qf
 from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
-from .smoothing import DEFAULT_SMOOTHING, get_smoothing
+from .smoothing import get_smoothing
 
-__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "CONSENSUS_METHODS", "SERVERLESS_DEFAULTS"]
+__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "CONSENSUS_METHODS"]
 
-CONSENSUS_METHODS = ("admm", "laplacian")
-#: the defaults of :func:`fit_serverless` beyond :func:`.fit.fit_fsspca`'s (docs/FSSPCA.md)
-SERVERLESS_DEFAULTS = dict(consensus="laplacian", inner_iters=3, g_cap=0.7, penalty_mode="random")
+# the defaults of fit_serverless beyond fit_fsspca's, and the consensus methods: .config (ServerlessSpec)
 
 
 @dataclass
@@ -134,14 +133,14 @@ def _check_exchange_graph(exch, graph, g_cap, value_scale):
     warn_degree_one(exch, [graph], who="workers", value="z_j")
 
 
-def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEFAULTS["consensus"],
-                   inner_iters=SERVERLESS_DEFAULTS["inner_iters"], exchange="plain", exchange_options=None,
-                   g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
-                   groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=DEFAULTS["mu"],
-                   rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"], line_search=DEFAULTS["line_search"],
-                   inner_steps=DEFAULTS["inner_steps"], center=True, center_iters=100, max_iter=DEFAULTS["max_iter"],
-                   tol=DEFAULTS["tol"], trials=1, seed=0, init=None, device=None, dtype=None,
-                   callback=None, checkpoint_dir=None, checkpoint_every=50, resume=False) -> ServerlessResult:
+def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.consensus,
+                   inner_iters=SERVERLESS.inner_iters, exchange=SERVERLESS.exchange, exchange_options=None,
+                   g_cap=SERVERLESS.g_cap, penalty_mode=SERVERLESS.penalty_mode, groups=None, alpha=TASK.alpha,
+                   lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho,
+                   rho_scale=SPEC.rho_scale, line_search=SPEC.line_search, inner_steps=SPEC.inner_steps,
+                   center=SPEC.center, center_iters=SERVERLESS.center_iters, max_iter=SPEC.max_iter, tol=SPEC.tol,
+                   trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None, callback=None,
+                   checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
 
     Arguments not listed are :func:`.fit.fit_fsspca`'s.

@@ -39,7 +39,8 @@ from ...audit.neighbour import neighbour_audit
 from ...audit.recording import _as_recording, make_recording_exchange
 from ...audit.sums import public_x_max, sums_audit
 from ...errors import DegreeOneWarning
-from .serverless import SERVERLESS_DEFAULTS, fit_serverless
+from .config import SERVERLESS
+from .serverless import fit_serverless
 
 __all__ = ["record_serverless", "v_recovery", "audit_serverless", "paillier_scan"]
 
@@ -129,7 +130,7 @@ def audit_serverless(data, n_components, graph, *, n_max=1e6, g_bits=16, key_bit
     neighbour audit's summary, the sums attacks' exact counts, ``v`` recovery from the masked
     estimates, the collusion audit's summary), and the run's settings.
     """
-    g_cap = float(fit_kwargs.get("g_cap", SERVERLESS_DEFAULTS["g_cap"]))
+    g_cap = float(fit_kwargs.get("g_cap", SERVERLESS.g_cap))
     prec, pv, pres = record_serverless(data, n_components, graph, kind="plain", **fit_kwargs)
     eav = eavesdropper_plain(prec)
     plain_msgs = {"message": prec.U[:, prec.dst]}

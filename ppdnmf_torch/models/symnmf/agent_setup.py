@@ -16,26 +16,12 @@ from ...exchange.aggregation import AGGREGATION_KINDS, Aggregator, make_aggregat
 from ...graph import Graph, random_connected
 from ...penalties import PENALTY_MODES
 from .agent_steps import AgentsState, gather_rows
+from .config import AGENTS_SCHEDULES, AGENTS_STARTS
 
-__all__ = ["ADAPTIVE_LAMBDA0", "AGENTS_SCHEDULES", "AGENTS_STARTS", "check_settings", "agent_graphs", "agent_caps",
-           "node_parts", "partition_nodes", "common_start", "private_start", "start_seeds", "initial_state",
-           "lambda_aggregator", "arithmetic"]
+__all__ = ["check_settings", "agent_graphs", "agent_caps", "node_parts", "partition_nodes", "common_start",
+           "private_start", "start_seeds", "initial_state", "lambda_aggregator", "arithmetic"]
 
-#: ``lambda_0`` of the adaptive rule (20) across agents. Not the paper's 1e-5: with a near-zero
-#: ``lambda`` nothing fixes the gauge ``U -> U A``, ``V -> V A^-T`` of ``X ~ U V^T``, and the agents'
-#: copies drift apart in it (measured on digits, 600 points, N = 10: E blows up to 1e6 from
-#: 1e-5 and 1e-2, converges from 0.1; docs/RESULTS.md, "Symmetric NMF")
-ADAPTIVE_LAMBDA0 = 0.1
-
-#: the consensus penalties' schedules across agents: one common draw per ADMM iteration on every
-#: edge (``agreed``, :class:`~ppdnmf_torch.penalties.PenaltySampler` with ``shared=True``), or
-#: every directed edge its own monotone draw under its agent's cap (``paper``)
-AGENTS_SCHEDULES = ("agreed", "paper")
-
-#: the starts of the agents' ``V_i``: drawn from each agent's own stream (``private``,
-#: :func:`private_start`), or the rows of the common start ``U_0[S_i]`` (``common``: public, so the
-#: first message inverts to the agent's columns; kept for the audit's before/after)
-AGENTS_STARTS = ("private", "common")
+# the settings' defaults and choices (ADAPTIVE_LAMBDA0, AGENTS_SCHEDULES, AGENTS_STARTS): .config
 
 
 def check_settings(*, mu, tol, penalty, penalty_schedule, penalty_mode, start="private", **counts):

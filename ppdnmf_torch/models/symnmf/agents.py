@@ -102,10 +102,11 @@ from ...errors import DataError
 from ...graph import Topology, check_min_degree
 from ...penalties import PenaltySampler, check_shared_caps
 from .agent_columns import agent_columns
-from .agent_setup import (ADAPTIVE_LAMBDA0, agent_caps, agent_graphs, arithmetic, check_settings, common_start,
-                          initial_state, lambda_aggregator, node_parts)
+from .agent_setup import (agent_caps, agent_graphs, arithmetic, check_settings, common_start, initial_state,
+                          lambda_aggregator, node_parts)
 from .agent_steps import scatter_rows
 from .agents_run import HISTORY_KEYS, AgentsRun, AgentsSetup
+from .config import AGENTS, RUN
 from .operator import as_similarity
 
 __all__ = ["AgentsResult", "fit_symnmf_agents", "agents_result", "agents_costs", "settings_of"]
@@ -156,14 +157,17 @@ class AgentsResult:
     converged: bool = False
 
 
-def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
-                      exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                      mu="auto", g_cap=0.3, penalty_mode: str = "random", x_iters: int = 10,
-                      y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, trials: int = 1,
-                      seed: int = 0, device="auto", dtype=None, min_degree: int | None = None,
-                      callback=None, penalty_schedule: str = "agreed", aggregation=None,
-                      aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                      resume: bool = False, start: str = "private", start_seed: int | None = None) -> AgentsResult:
+def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=None, parts=None,
+                      exchange=AGENTS.exchange, exchange_options: dict | None = None, penalty=AGENTS.penalty,
+                      lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
+                      penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
+                      y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
+                      trials: int = RUN.trials, seed: int = RUN.seed, device="auto", dtype=None,
+                      min_degree: int | None = AGENTS.min_degree, callback=None,
+                      penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
+                      aggregation_options: dict | None = None, checkpoint_dir=None,
+                      checkpoint_every: int = RUN.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                      start_seed: int | None = AGENTS.start_seed) -> AgentsResult:
     """Symmetric NMF of ``X`` with its columns held by ``n_agents`` agents (see the module).
 
     Parameters
@@ -183,7 +187,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = 10, graph=None, parts=Non
         ``exchange_options``: ``protocol``, ``n_max``, ``key_bits``, ``cost_model``); made here and
         closed at the end, or handed in and left open.
     penalty : "adaptive" or float
-        ``lambda``: eq. (20) from ``lam0`` (default :data:`~.agent_setup.ADAPTIVE_LAMBDA0`), or fixed.
+        ``lambda``: eq. (20) from ``lam0`` (default :data:`~.config.ADAPTIVE_LAMBDA0`), or fixed.
     mu : "auto" or float
         The X-step's ADMM penalty of ``X_i = U_i`` (eq. 8); ``"auto"``: :func:`~.agent_steps.auto_mu`.
     g_cap : float, or sequence (N,) or (T, N)

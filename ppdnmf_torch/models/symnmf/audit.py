@@ -49,8 +49,9 @@ import torch
 from ...audit.recording import Recording, _as_recording, make_recording_exchange
 from ...audit.sums import attack_degree2
 from ...errors import ConfigError, DegreeOneWarning
-from .agent_setup import ADAPTIVE_LAMBDA0, private_start
+from .agent_setup import private_start
 from .agents import AgentsResult, fit_symnmf_agents
+from .config import ADAPTIVE_LAMBDA0
 
 __all__ = ["SETTINGS", "EQUAL_WEIGHT_SETTINGS", "record_symnmf_agents", "column_errors", "first_call_errors",
            "eavesdropper_first_call", "first_call_sum_errors", "private_start_gram", "first_call_gram_errors",

@@ -14,9 +14,9 @@ from ...audit.neighbour import neighbour_audit
 from ...audit.recording import Recording
 from ...audit.sums import public_x_max, schedule_audit, sums_audit, unequal_weights
 from ...errors import ConfigError
-from .agent_setup import ADAPTIVE_LAMBDA0
 from .audit import (EQUAL_WEIGHT_SETTINGS, SETTINGS, column_errors, degree2_recoveries, eavesdropper_first_call,
                     first_call_errors, first_call_sum_errors, gram_audit, median_of, record_symnmf_agents, true_starts)
+from .config import ADAPTIVE_LAMBDA0
 
 __all__ = ["reconstruction_audit", "paillier_scan", "run_symnmf_audit", "FIRST_EXACT", "RECONSTRUCTION_KEYS"]
 

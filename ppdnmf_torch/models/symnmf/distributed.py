@@ -87,19 +87,18 @@ from ...graph import check_min_degree
 from ...penalties import check_shared_caps
 from ...threads import with_threads
 from .agent_columns import agent_columns, local_t_product
-from .agent_setup import (ADAPTIVE_LAMBDA0, agent_caps, agent_graphs, check_settings, common_start, node_parts,
-                          private_start, start_seeds)
+from .agent_setup import (agent_caps, agent_graphs, check_settings, common_start, node_parts, private_start,
+                          start_seeds)
 from .agent_steps import STATE_NAMES, AgentsState, gather_rows, lambda_from_sums, lambda_terms
 from .agents import AgentsResult, agents_costs, agents_result, settings_of
 from .agents_run import AgentsRun, AgentsSetup
+from .config import AGENTS, RANKS, RUN, SHARE_MODES
 from .operator import as_similarity
 
 __all__ = ["SHARE_MODES", "SymRankResult", "fit_symnmf_rank", "fit_symnmf_distributed", "rank_lambda",
            "initial_rank_state", "RankAgentsRun"]
 
-#: what crosses ranks for the adaptive penalty (:func:`rank_lambda`)
-SHARE_MODES = ("all", "sums")
-
+# SHARE_MODES, what crosses ranks for the adaptive penalty (:func:`rank_lambda`): .config
 _FLAT = ("protocol", "n_max", "key_bits", "g_bits")
 
 
@@ -298,15 +297,17 @@ def initial_rank_state(U0: torch.Tensor, idx_loc: torch.Tensor, layout: RankLayo
 
 
 @with_threads
-def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = 10, graph=None, parts=None, exchange="plain",
-                    exchange_options: dict | None = None, penalty="adaptive", lam0: float = ADAPTIVE_LAMBDA0,
-                    mu="auto", g_cap=0.3, penalty_mode: str = "random", x_iters: int = 10,
-                    y_iters: int = 1, max_iter: int = 300, tol: float = 0.0, U0=None, seed: int = 0, dtype=None,
-                    min_degree: int | None = None, penalty_schedule: str = "agreed", aggregation=None,
-                    aggregation_options: dict | None = None, checkpoint_dir=None, checkpoint_every: int = 0,
-                    resume: bool = False, start: str = "private", start_seed: int | None = None,
-                    partition="rcm", assignment=None,
-                    share: str = "all", callback=None, threads=None) -> SymRankResult:
+def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=None, parts=None,
+                    exchange=AGENTS.exchange, exchange_options: dict | None = None, penalty=AGENTS.penalty,
+                    lam0: float = AGENTS.lam0, mu=AGENTS.mu, g_cap=AGENTS.g_cap,
+                    penalty_mode: str = AGENTS.penalty_mode, x_iters: int = AGENTS.x_iters,
+                    y_iters: int = AGENTS.y_iters, max_iter: int = AGENTS.max_iter, tol: float = AGENTS.tol, U0=None,
+                    seed: int = RUN.seed, dtype=None, min_degree: int | None = AGENTS.min_degree,
+                    penalty_schedule: str = AGENTS.penalty_schedule, aggregation=AGENTS.aggregation,
+                    aggregation_options: dict | None = None, checkpoint_dir=None,
+                    checkpoint_every: int = RUN.checkpoint_every, resume: bool = False, start: str = AGENTS.start,
+                    start_seed: int | None = AGENTS.start_seed, partition=RANKS.partition, assignment=None,
+                    share: str = RANKS.share, callback=None, threads=None) -> SymRankResult:
     """:func:`~.agents.fit_symnmf_agents` (one trial) on this rank's agents; every rank of ``comm``
     calls it with the same arguments (checked: ranks that disagree stop with a
     :class:`~ppdnmf_torch.distributed.DistributedError`).

@@ -29,14 +29,13 @@ from ..._utils import sparse_csr
 from ...driver import seed_of
 from ...errors import ConfigError, DataError
 from .clustering import cluster_labels
+from .config import CLUSTERING, SPEC, ClusteringSpec, SymNMFSpec
 from .data import initial_factor
 from .fit import fit_symnmf
 from .similarity import similarity_matrix
 
-__all__ = ["SymmetricNMF", "scaled_start", "AFFINITIES", "INITS"]
+__all__ = ["SymmetricNMF", "scaled_start"]
 
-AFFINITIES = ("knn", "precomputed")
-INITS = ("scaled", "uniform")
 
 
 def scaled_start(S: torch.Tensor, rank: int, trials: int, seed: int, kind: str = "scaled") -> torch.Tensor:
@@ -110,8 +109,10 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
     n_features_in_ : int
     """
 
-    def __init__(self, n_components=2, *, affinity="knn", n_neighbors=None, method="symhals", penalty=None,
-                 init="scaled", n_init=1, max_iter=500, tol=1e-4, random_state=None, device="auto", dtype=None):
+    def __init__(self, n_components=CLUSTERING.n_components, *, affinity=CLUSTERING.affinity,
+                 n_neighbors=CLUSTERING.n_neighbors, method=SPEC.method, penalty=SPEC.penalty, init=SPEC.init,
+                 n_init=CLUSTERING.n_init, max_iter=SPEC.max_iter, tol=CLUSTERING.tol, random_state=None,
+                 device=CLUSTERING.device, dtype=CLUSTERING.dtype):
         self.n_components = n_components
         self.affinity = affinity
         self.n_neighbors = n_neighbors
@@ -133,16 +134,11 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
         return tags
 
     def _check_params(self):
-        if self.affinity not in AFFINITIES:
-            raise ConfigError(f"affinity: expected one of {AFFINITIES}, got {self.affinity!r}")
-        if self.init not in INITS:
-            raise ConfigError(f"init: expected one of {INITS}, got {self.init!r}")
-        for key in ("n_components", "n_init", "max_iter"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ConfigError(f"{key}: expected an integer >= 1, got {v!r}")
-        if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
-            raise ConfigError(f"tol: expected a number >= 0, got {self.tol!r}")
+        """Every parameter through its spec: a wrong type or value is one ``ConfigError`` naming it."""
+        dtype = str(self.dtype).removeprefix("torch.") if isinstance(self.dtype, torch.dtype) else self.dtype
+        ClusteringSpec(n_components=self.n_components, affinity=self.affinity, n_neighbors=self.n_neighbors,
+                       n_init=self.n_init, tol=self.tol, device=self.device, dtype=dtype)
+        SymNMFSpec(method=self.method, penalty=self.penalty, init=self.init, max_iter=self.max_iter)
 
     def _similarity(self, X):
         dtype = torch.float32 if self.dtype in ("float32", torch.float32) else torch.float64

@@ -9,6 +9,7 @@ import torch
 from ...checkpoint import digest
 from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
+from .config import METHODS, RUN, SPEC
 from .data import initial_factor
 from .objective import inner, metrics
 from .operator import as_similarity
@@ -18,8 +19,6 @@ from .symhals import SymHALS
 
 __all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY", "CentralRun"]
 
-#: every method name; ``kuang`` is SymANLS under Kuang et al.'s 1.01 schedule
-METHODS = ("symhals", "a_symhals", "symanls", "kuang", "pgd", "admm", "beta", "tsvd")
 #: each method's penalty when none is given
 DEFAULT_PENALTY = {"symhals": "adaptive", "a_symhals": "adaptive", "symanls": "adaptive", "kuang": "kuang",
                    "admm": "bound", "pgd": None, "beta": None, "tsvd": None}
@@ -70,9 +69,10 @@ def _check_int(name, v, low):
     return int(v)
 
 
-def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, trials=1, seed=0, max_iter=500,
-               tol=1e-6, device="auto", dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=0,
-               resume=False, method_options=None) -> SymNMFResult:
+def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=RUN.trials,
+               seed=RUN.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
+               checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False,
+               method_options=None) -> SymNMFResult:
     """Symmetric NMF ``X ~ U U^T`` by the splitting (3) or a baseline, batched over trials.
 
     Parameters

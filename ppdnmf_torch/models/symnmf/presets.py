@@ -22,10 +22,11 @@ import torch
 
 from ...errors import ConfigError, DataError
 from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
+from .config import RUN, SPEC
 from .data import synthetic_similarity
-from .estimator import scaled_start
 from .datasets import load_digits_samples, load_orl
-from .run import run_symnmf
+from .estimator import scaled_start
+from .run import run_symnmf, run_symnmf_agents
 from .similarity import similarity_matrix
 
 __all__ = ["PRESETS", "load_preset", "run_preset", "cluster_means"]
@@ -94,8 +95,8 @@ def cluster_means(samples: np.ndarray, labels: np.ndarray, rank: int) -> np.ndar
 
 
 def run_preset(preset: str, rank: int | None = None, *, path=None, labels_path=None, n: int = 300,
-               sigma: float = 0.1, n_neighbors: int | None = None, init: str = "scaled", seed: int = 0,
-               trials: int = 1, log_scalars=None, device="auto", **fit_kwargs):
+               sigma: float = 0.1, n_neighbors: int | None = None, init: str = SPEC.init, seed: int = RUN.seed,
+               trials: int = RUN.trials, log_scalars=None, device="auto", agents: bool = False, fit=None, **fit_kwargs):
     """Load ``preset``, fit, and return ``(summary, arrays)`` as :func:`~.run.run_symnmf` does.
 
     ``rank`` defaults to the number of classes (or 20 for ``synthetic``). With labels,
@@ -103,7 +104,10 @@ def run_preset(preset: str, rank: int | None = None, *, path=None, labels_path=N
     (one value per trial), and the summary ``accuracy`` and ``nmi`` (lists over trials).
     Arrays added: ``cluster_means (r, p)`` and, for image presets, ``cluster_mean_images
     (r, h, w)``. ``fit_kwargs`` go to :func:`~.fit.fit_symnmf` (``method``, ``penalty``,
-    ``max_iter``, ``tol``, ``checkpoint_dir``, ...).
+    ``max_iter``, ``tol``, ``checkpoint_dir``, ...), or with ``agents`` to
+    :func:`~.agents.fit_symnmf_agents` (``n_agents``, ``graph``, ``exchange``, ...) through
+    :func:`~.run.run_symnmf_agents` (``fit``: another fit across agents, such as a rank's
+    ``functools.partial(fit_symnmf_rank, comm)``; then None on the ranks other than 0).
     """
     data = load_preset(preset, path=path, labels_path=labels_path, n=n, rank=rank or 20, sigma=sigma, seed=seed)
     r = int(rank or data["rank"])
@@ -124,6 +128,9 @@ def run_preset(preset: str, rank: int | None = None, *, path=None, labels_path=N
                                  "symnmf/nmi": np.atleast_1d(normalized_mutual_info(y, labels)).tolist()})
         return bool(user_cb(info)) if user_cb is not None else False
 
+    def agents_cb(k, metrics):  # the copies' mean is not handed out: the labels are scored at the end
+        return bool(user_cb(k, metrics)) if user_cb is not None else False
+
     score = None
     if y is not None:
         def score(labels):
@@ -132,8 +139,16 @@ def run_preset(preset: str, rank: int | None = None, *, path=None, labels_path=N
     U0 = fit_kwargs.pop("U0", None)
     if U0 is None:
         U0 = scaled_start(S, r, trials, seed, init)
-    summary, arrays = run_symnmf(S, r, log_scalars=log_scalars, score=score, callback=cb, U0=U0, trials=trials,
-                                 seed=seed, device=device, **fit_kwargs)
+    if agents:
+        out = run_symnmf_agents(S, r, log_scalars=log_scalars, score=score, callback=agents_cb, U0=U0[0] if trials == 1
+                                else U0, seed=seed, fit=fit, **({"trials": trials} if fit is None else {}),
+                                **({"device": device} if fit is None else {}), **fit_kwargs)
+        if out is None:
+            return None
+        summary, arrays = out
+    else:
+        summary, arrays = run_symnmf(S, r, log_scalars=log_scalars, score=score, callback=cb, U0=U0, trials=trials,
+                                     seed=seed, device=device, **fit_kwargs)
     summary.update({"preset": preset, "rank": r, "n": int(S.shape[0])})
     if data["samples"] is not None:
         means = cluster_means(data["samples"], arrays["labels"].numpy(), r)

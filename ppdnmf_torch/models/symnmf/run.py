@@ -4,12 +4,14 @@ owns its loggers and turns its config into these arguments).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .fit import fit_symnmf
 from .operator import as_similarity
 
-__all__ = ["run_symnmf", "reorder_by_labels", "SCALAR_TAGS", "IMAGE_MAX_N"]
+__all__ = ["run_symnmf", "run_symnmf_agents", "reorder_by_labels", "SCALAR_TAGS", "AGENTS_SCALAR_TAGS", "IMAGE_MAX_N"]
 
 #: the scalar tags handed to ``log_scalars`` each iteration (one value per trial)
 SCALAR_TAGS = {"E": "symnmf/E", "objective": "symnmf/objective", "rel_gap": "symnmf/rel_gap_UV",
@@ -84,4 +86,62 @@ def run_symnmf(X, rank, *, log_scalars=None, score=None, trial: int | None = Non
     if n <= IMAGE_MAX_N:
         Xt = X[t] if (isinstance(X, torch.Tensor) and X.dim() == 3) else X
         arrays["reordered_similarity"] = reorder_by_labels(Xt, labels[t])
+    return summary, arrays
+
+
+#: the scalar tags of a fit across agents (one value per trial)
+AGENTS_SCALAR_TAGS = {"E": "symnmf/E", "objective": "symnmf/objective", "uv_dist": "symnmf/gap_UV",
+                      "consensus": "symnmf/consensus", "lambda": "symnmf/lambda", "bytes": "symnmf/bytes"}
+
+
+def run_symnmf_agents(X, rank, *, log_scalars=None, score=None, trial: int | None = None, fit=None, **fit_kwargs):
+    """:func:`run_symnmf` for the fit across agents: fit (``fit``, default
+    :func:`~.agents.fit_symnmf_agents`; a run over ranks passes ``functools.partial(fit_symnmf_rank,
+    comm)``), streaming scalars, and return ``(summary, arrays)`` (None on a rank other than 0).
+
+    ``log_scalars(k, {tag: list of T floats})`` gets :data:`AGENTS_SCALAR_TAGS` every outer
+    iteration. The summary holds per-trial lists as :func:`run_symnmf`'s (``E``, ``objective``,
+    ``rel_gap`` (``||U - V||_F / ||V||_F``), ``consensus``, ``lam``, ``n_iter``, ``converged``),
+    the exchange's ``costs`` and ``n_agents``; the arrays those of :func:`run_symnmf` and
+    ``U_agents`` ``(N, n, r)`` of the chosen trial.
+    """
+    if fit is None:
+        from .agents import fit_symnmf_agents as fit
+    user_cb = fit_kwargs.pop("callback", None)
+
+    def cb(k, metrics):
+        if log_scalars is not None:
+            log_scalars(k, {tag: [float(x) for x in torch.as_tensor(metrics[key]).reshape(-1).tolist()]
+                            for key, tag in AGENTS_SCALAR_TAGS.items() if key in metrics})
+        return bool(user_cb(k, metrics)) if user_cb is not None else False
+
+    t0 = time.perf_counter()
+    out = fit(X, rank, callback=cb, **fit_kwargs)
+    res = getattr(out, "result", out)  # a run over ranks: its result (None on ranks other than 0)
+    if res is None:
+        return None
+    seconds = time.perf_counter() - t0
+    T = int(res.U.shape[0])
+    labels = res.U.argmax(dim=-1).cpu()
+    hist = {k: torch.as_tensor([list(map(float, torch.as_tensor(v).reshape(-1).tolist())) for v in vals],
+                               dtype=torch.float64).reshape(len(vals), -1)
+            for k, vals in res.history.items()}
+    last = {k: v[-1].tolist() if len(v) else [] for k, v in hist.items()}
+    v_norm = torch.linalg.matrix_norm(res.V.double()).cpu().clamp_min(torch.finfo(torch.float64).tiny)
+    summary = {"method": "agents", "penalty": str(fit_kwargs.get("penalty", "adaptive")), "trials": T,
+               "n_iter": [int(res.n_iter)] * T, "converged": [bool(res.converged)] * T, "E": last["E"],
+               "objective": last["objective"], "rel_gap": (torch.as_tensor(last["uv_dist"]) / v_norm).tolist(),
+               "consensus": last["consensus"], "lam": res.lam.detach().cpu().reshape(-1).tolist(),
+               "n_agents": int(res.U_agents.shape[1]), "costs": dict(res.costs), "wall_time": seconds}
+    if score is not None:
+        scores = [score(labels[t]) for t in range(T)]
+        for name in scores[0]:
+            summary[name] = [float(s[name]) for s in scores]
+    t = int(torch.as_tensor(summary["E"]).argmin()) if trial is None else int(trial)
+    summary["reported_trial"] = t
+    arrays = {"U": res.U[t].cpu(), "V": res.V[t].cpu(), "labels": labels[t], "U_agents": res.U_agents[t].cpu(),
+              "cluster_sizes": torch.bincount(labels[t], minlength=rank)}
+    arrays.update({f"history/{k}": v for k, v in hist.items()})
+    if int(res.U.shape[1]) <= IMAGE_MAX_N:
+        arrays["reordered_similarity"] = reorder_by_labels(X, labels[t])
     return summary, arrays
