@@ -47,6 +47,8 @@ REGISTRY = GENERATED / "blocks.yaml"
 OUTPUTS = ROOT / "outputs" / "reproduce"
 BLOCK = re.compile(r"<!-- generated: (?P<name>[a-z0-9_]+) -->\n(?P<body>.*?)<!-- /generated -->", re.S)
 MISSING = "-"
+#: what a column's expression may call besides the row's keys
+SAFE = {"min": min, "max": max, "len": len, "sum": sum, "abs": abs, "round": round}
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,9 +113,35 @@ def stamp_line(name: str, rec: dict) -> str:
             f"{s['seconds']:.0f} s at load average {s['load']}. It ran {cmds}.*")
 
 
+INDEX = "index"  #: the block that lists every block (docs/RESULTS.md), rendered from the registry
+
+
+def _where() -> dict:
+    """Block name -> the pages that hold it."""
+    out: dict = {}
+    for page in pages():
+        for m in blocks_in(page.read_text(encoding="utf-8")):
+            out.setdefault(m.group("name"), []).append(page)
+    return out
+
+
+def render_index(page: Path) -> str:
+    """Every block: the pages it is on, its state, and how long its commands take."""
+    rows, where = [], _where()
+    for name, e in registry().items():
+        rec = load_record(name)
+        on = ", ".join(f"[{p.name}]({_rel(page, p)})" for p in where.get(name, []))
+        state = (f"{rec['stamp']['date']}, commit {rec['stamp']['commit']}, {rec['stamp']['seconds']:.0f} s"
+                 if rec else f"**not generated** (about {e['minutes']} min)")
+        rows.append([f"`{name}`", on, state])
+    return "\n".join(_table({"header": ["block", "on", "generated"], "rows": rows}))
+
+
 def render(name: str, page: Path, entry: dict | None = None, rec: dict | None = None) -> str:
     """The Markdown of block ``name`` on ``page``: the record's tables, lines and figures and its
     stamp, or, without a record, what would write it."""
+    if name == INDEX:
+        return render_index(page)
     entry = entry if entry is not None else registry()[name]
     rec = rec if rec is not None else load_record(name)
     if rec is None:
@@ -143,9 +171,9 @@ def fill(only: set | None = None) -> list[Path]:
 
         def sub(m):
             name = m.group("name")
-            if name not in reg or (only and name not in only):
+            if name != INDEX and (name not in reg or (only and name not in only)):
                 return m.group(0)
-            return f"<!-- generated: {name} -->\n{render(name, page, reg[name])}<!-- /generated -->"
+            return f"<!-- generated: {name} -->\n{render(name, page, reg.get(name))}<!-- /generated -->"
 
         new = BLOCK.sub(sub, text)
         if new != text:
@@ -162,9 +190,9 @@ def check() -> list[str]:
             name = m.group("name")
             used.add(name)
             where = f"{page.relative_to(ROOT)}: block {name!r}"
-            if name not in reg:
+            if name not in reg and name != INDEX:
                 problems.append(f"{where} is not in {REGISTRY.relative_to(ROOT)}")
-            elif m.group("body") != render(name, page, reg[name]):
+            elif m.group("body") != render(name, page, reg.get(name)):
                 problems.append(f"{where} differs from its record (edited by hand, or not filled: "
                                 f"python scripts/reproduce.py --fill)")
     problems += [f"{n}: in the registry, on no page" for n in reg if n not in used]
@@ -308,17 +336,22 @@ def _cell(column: list, row: dict) -> str:
     formats the value of a Python expression of them (the registry is the project's own file)."""
     try:
         if len(column) > 2:
-            return column[1].format(eval(column[2], {"__builtins__": {}}, dict(row)))  # noqa: S307
+            return column[1].format(eval(column[2], {"__builtins__": SAFE}, dict(row)))  # noqa: S307
         return column[1].format(**row)
-    except (TypeError, ValueError):  # a value that is absent by design (None): no number to print
+    except (TypeError, ValueError, KeyError, IndexError):  # absent by design (None, a row without it)
         return MISSING
 
 
-def _keep(row, where: dict) -> bool:
-    for k, want in (where or {}).items():
-        v = _dig(row, k)
-        if v not in (want if isinstance(want, list) else [want]):
-            return False
+def _keep(row, where: dict | None, has: list | None = None) -> bool:
+    """Whether a row has every key of ``has`` and the values ``where`` asks for."""
+    try:
+        for k in has or []:
+            _dig(row, k)
+        for k, want in (where or {}).items():
+            if _dig(row, k) not in (want if isinstance(want, list) else [want]):
+                return False
+    except (KeyError, IndexError, TypeError):
+        return False
     return True
 
 
@@ -330,7 +363,7 @@ def collect_table(spec: dict, out: Path) -> dict:
             idx = [t["header"].index(c) for c in spec["columns"]]
             t = {"header": [t["header"][i] for i in idx], "rows": [[r[i] for i in idx] for r in t["rows"]]}
     else:
-        rows = [r for r in rows if _keep(r, spec.get("where"))]
+        rows = [r for r in rows if _keep(r, spec.get("where"), spec.get("has"))]
         t = {"header": [c[0] for c in spec["columns"]],
              "rows": [[_cell(c, r) for c in spec["columns"]] for r in rows]}
     if not t["rows"]:
@@ -346,7 +379,7 @@ def collect(name: str, entry: dict, out: Path) -> dict:
            "tables": [collect_table(spec, out) for spec in entry.get("tables", [])]}
     lines = []
     for spec in entry.get("lines", []):
-        rows = [r for r in _source_rows(spec, out) if _keep(r, spec.get("where"))]
+        rows = [r for r in _source_rows(spec, out) if _keep(r, spec.get("where"), spec.get("has"))]
         lines += [_cell([None, spec["template"]], r) for r in rows]
     if lines:
         rec["lines"] = lines
@@ -397,30 +430,28 @@ def run(name: str, entry: dict, args) -> dict | None:
                 tail = (out / "stderr.txt").read_text(encoding="utf-8")[-2000:]
                 raise RuntimeError(f"{name}: `{cmd}` exited with {r.returncode}:\n{tail}")
     seconds = time.perf_counter() - t0
-    rec = collect(name, entry, out)
-    rec["stamp"] = {**machine_stamp(threads), "seconds": round(seconds, 1), "load": load}
-    record_path(name).write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"[{name}] {seconds:.0f} s; wrote {record_path(name).relative_to(ROOT)}", flush=True)
-    return rec
+    stamp = {**machine_stamp(threads), "seconds": round(seconds, 1), "load": load}
+    (out / "stamp.json").write_text(json.dumps(stamp), encoding="utf-8")  # for --collect
+    print(f"[{name}] {seconds:.0f} s", flush=True)
+    return recollect(name, entry)
 
 
 def recollect(name: str, entry: dict) -> dict:
-    """Read a block's last outputs again (after a change of its table spec), keeping its stamp."""
-    old = load_record(name)
-    if old is None or not (OUTPUTS / name).exists():
-        raise SystemExit(f"{name}: no earlier run to collect from (outputs/reproduce/{name}, its record)")
-    rec = collect(name, entry, OUTPUTS / name)
-    rec["stamp"] = old["stamp"]
+    """Read a block's outputs into its record, with the stamp of the run that wrote them (again
+    after a change of its table spec: ``--collect``)."""
+    out = OUTPUTS / name
+    if not (out / "stamp.json").exists():
+        raise SystemExit(f"{name}: no finished run to collect from in outputs/reproduce/{name}")
+    rec = collect(name, entry, out)
+    rec["stamp"] = json.loads((out / "stamp.json").read_text(encoding="utf-8"))
     record_path(name).write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"[{name}] wrote {record_path(name).relative_to(ROOT)}", flush=True)
     return rec
 
 
 def list_blocks() -> None:
     reg = registry()
-    where: dict = {}
-    for page in pages():
-        for m in blocks_in(page.read_text(encoding="utf-8")):
-            where.setdefault(m.group("name"), []).append(str(page.relative_to(ROOT)))
+    where = {n: [str(p.relative_to(ROOT)) for p in ps] for n, ps in _where().items()}
     total = 0.0
     for name, e in reg.items():
         rec = load_record(name)
