@@ -172,6 +172,19 @@ def test_the_registry_names_runnable_commands():
                 assert isinstance(col, str) or len(col) in (2, 3), f"{name}: column {col}"
 
 
+def test_the_registrys_inline_commands_import_what_exists():
+    """A block's `python -c` command names library functions (study code among them, which may move
+    to scripts/studies/): each `from M import a, b` of it must resolve today."""
+    import importlib
+
+    for name, entry in _reproduce().registry().items():
+        for cmd in entry["commands"]:
+            for mod, names in re.findall(r"from ([\w.]+) import ([\w, ]+?)(?:;|$)", cmd):
+                module = importlib.import_module(mod)
+                for attr in (n.split(" as ")[0].strip() for n in names.split(",")):
+                    assert hasattr(module, attr), f"{name}: {mod}.{attr}"
+
+
 def test_a_record_renders_its_tables_lines_figures_and_stamp(tmp_path):
     rp = _reproduce()
     rec = {"commands": ["python scripts/x.py"], "tables": [{"title": "T", "header": ["a", "b"], "rows": [["1", "2"]]}],
