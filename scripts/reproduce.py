@@ -494,13 +494,11 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in reg]
     if unknown:
         ap.error(f"unknown blocks {unknown}; --list names them")
-    done = set()
-    for name in names:
+    for name in names:  # each block into the docs as soon as it is done: a long --all stays consistent
         rec = recollect(name, reg[name]) if args.collect else run(name, reg[name], args)
         if rec is not None:
-            done.add(name)
-    for p in fill(done):
-        print(f"filled {p.relative_to(ROOT)}")
+            for p in fill({name}):
+                print(f"filled {p.relative_to(ROOT)}")
     return 0
 
 
