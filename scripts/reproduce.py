@@ -421,7 +421,7 @@ def run(name: str, entry: dict, args) -> dict | None:
     threads = int(entry.get("threads", 1))
     env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), OUT=str(out))
-    load, t0 = _load(), time.perf_counter()
+    load, stamp, t0 = _load(), machine_stamp(threads), time.perf_counter()  # the checkout as the run starts
     with open(out / "stdout.txt", "w", encoding="utf-8") as so, open(out / "stderr.txt", "w", encoding="utf-8") as se:
         for cmd in entry["commands"]:
             print(f"[{name}] {cmd}", flush=True)
@@ -430,7 +430,7 @@ def run(name: str, entry: dict, args) -> dict | None:
                 tail = (out / "stderr.txt").read_text(encoding="utf-8")[-2000:]
                 raise RuntimeError(f"{name}: `{cmd}` exited with {r.returncode}:\n{tail}")
     seconds = time.perf_counter() - t0
-    stamp = {**machine_stamp(threads), "seconds": round(seconds, 1), "load": load}
+    stamp.update(seconds=round(seconds, 1), load=load)
     (out / "stamp.json").write_text(json.dumps(stamp), encoding="utf-8")  # for --collect
     print(f"[{name}] {seconds:.0f} s", flush=True)
     return recollect(name, entry)
