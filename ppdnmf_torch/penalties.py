@@ -132,8 +132,8 @@ class PenaltySampler:
         return out.to(self.cap_e.device)
 
     # -- checkpoint support: the generators' states. No key material, but they fix every
-    # later penalty draw: a simulation's seeded draws (see docs/EXCHANGE_NOTES.md, "Privacy"),
-    # which a deployment would take from each agent's own CSPRNG -------------------------
+    # later penalty draw: a simulation's seeded draws (docs/SECURE_EXCHANGE.md, "The penalty
+    # draws are a simulation's"), which a deployment would take from each agent's own CSPRNG ---
     def state_dict(self) -> dict:
         return {"generators": [gen.get_state() for gen in self.generators]}
 
