@@ -164,14 +164,16 @@ def _cfg(name, **kw):
     return task.config_from_dict(base)
 
 
+@pytest.mark.parametrize("every", [5, 0])
 @pytest.mark.parametrize("name, extra", [
     ("fsspca", {"solver.tol": 0.0}),
     ("symnmf", {"data.n": 40, "rank": 3, "solver.tol": 0.0}),
 ])
-def test_a_run_continues_from_its_checkpoint(tmp_path, name, extra):
+def test_a_run_continues_from_its_checkpoint(tmp_path, name, extra, every):
     """A run stopped after 10 of its 20 iterations and resumed from its checkpoint ends with the
-    uninterrupted run's arrays."""
-    extra = {**extra, "solver.max_iter": 20, "checkpoint_every": 5}
+    uninterrupted run's arrays; with checkpoint_every=0 from the one checkpoint written as it
+    stopped (as PPDNMF's: at the end and on Ctrl-C)."""
+    extra = {**extra, "solver.max_iter": 20, "checkpoint_every": every}
     whole = run(_cfg(name, **extra), tmp_path / "whole")
     part = tmp_path / "part"
 
@@ -179,7 +181,7 @@ def test_a_run_continues_from_its_checkpoint(tmp_path, name, extra):
         return getattr(info, "iteration", getattr(info, "k", 0)) >= 10
 
     run(_cfg(name, **extra, keep_checkpoints=True), part, callback=stop)
-    assert (part / "checkpoints").is_dir()
+    assert get_task(name).resume_point(part / "checkpoints") == 10
     (part / "summary.json").unlink()
     again = run(_cfg(name, **extra), part, resume_from=part / "checkpoints")
     assert max(again["n_iter"]) == max(whole["n_iter"]) == 20

@@ -144,8 +144,8 @@ class FSSPCATask(ModelTask):
 
     def _fit_kwargs(self, cfg: FSSPCARunConfig, inputs: DeviceInputs, out: Path, resume: bool) -> dict:
         s = {**asdict(cfg.solver), "alpha": cfg.alpha}
-        ckpt = {} if cfg.checkpoint_every == 0 else {"checkpoint_dir": out / "checkpoints",
-                                                     "checkpoint_every": cfg.checkpoint_every, "resume": resume}
+        # checkpoint_every=0: the model's checkpoints at the end and on Ctrl-C only (as PPDNMF's)
+        ckpt = {"checkpoint_dir": out / "checkpoints", "checkpoint_every": cfg.checkpoint_every, "resume": resume}
         if cfg.variant == "serverless":
             s.pop("aggregation")
             sl = {k: v for k, v in asdict(cfg.serverless).items() if k != "exchange"}

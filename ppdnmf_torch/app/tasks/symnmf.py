@@ -155,8 +155,8 @@ class SymNMFTask(ModelTask):
         return inputs
 
     def _fit_kwargs(self, cfg: SymNMFRunConfig, inputs: DeviceInputs, out: Path, resume: bool) -> dict:
-        ckpt = {"checkpoint_dir": out / "checkpoints" if cfg.checkpoint_every else None,
-                "checkpoint_every": cfg.checkpoint_every, "resume": resume}
+        # checkpoint_every=0: the model's checkpoints at the end and on Ctrl-C only (as PPDNMF's)
+        ckpt = {"checkpoint_dir": out / "checkpoints", "checkpoint_every": cfg.checkpoint_every, "resume": resume}
         if cfg.variant == "agents":
             a = {k: v for k, v in asdict(cfg.agents).items() if k not in ("exchange", "min_degree")}
             return {**a, **ckpt, "exchange": cfg.exchange, "min_degree": cfg.graph.min_degree,
