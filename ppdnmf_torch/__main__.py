@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 __all__ = ["main", "wants_ranks", "resumed_ranks", "check_launcher_env", "EXIT_USER_ERROR", "EXIT_INTERRUPTED"]
@@ -100,7 +101,9 @@ def main() -> None:
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
     except KeyboardInterrupt:
-        # before the app's own handler (the imports, Hydra's composition): nothing was written yet
+        # before the app's own handler (the imports, Hydra's composition): nothing was written yet;
+        # an interrupt that comes after this one changes nothing (the one line, exit code 130)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("ppdnmf: interrupted", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
 

@@ -30,6 +30,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import warnings
@@ -465,6 +466,7 @@ def _app(cfg: DictConfig):
     except OSError as exc:  # a full disk, a read-only folder
         return _fail(_io_text(exc, out_dir), out_dir)
     except KeyboardInterrupt as exc:  # includes the solver's RunInterrupted (checkpoint written)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second interrupt changes nothing now: one line, 130
         text = _interrupted_text(exc, out_dir, task)
         print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
         _to_log_files(text, level=logging.WARNING)

@@ -1,4 +1,4 @@
-"""Ctrl-C in the app: never in the middle of a file write.
+"""Ctrl-C in the app: never in the middle of a file write, nor of the import of torch.
 
 Python raises ``KeyboardInterrupt`` at the next bytecode after SIGINT, wherever that is. Inside
 ``torch.save`` that can be between the archive writer's creation and its end-of-file record:
@@ -14,6 +14,12 @@ the ``KeyboardInterrupt`` the solver turns into a checkpoint.
 (:func:`~ppdnmf_torch.checkpoint.write_atomically`, which writes checkpoints and the run's
 files, or ``torch.serialization``): then the interrupt is delivered again a moment later,
 until the write has finished, so the file is whole and the solver's handler runs as usual.
+
+The same holds while the main thread imports torch, numpy or scipy (the first seconds of a run):
+an interrupt inside their initialization either aborts the process from C++ (``SIGABRT``, a
+stack dump instead of one line) or leaves a module half imported, whose next import fails with
+an unrelated error (numpy's ``RecursionError``). Delivered once the import is done, it is the
+usual ``KeyboardInterrupt`` and its one ``ppdnmf: interrupted`` line.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import _thread
 import signal
 import threading
 
-__all__ = ["install", "in_write", "RETRY_SECONDS"]
+__all__ = ["install", "in_write", "in_import", "RETRY_SECONDS"]
 
 #: seconds between two deliveries of a deferred Ctrl-C
 RETRY_SECONDS = 0.02
@@ -41,6 +47,22 @@ def in_write(frame) -> bool:
     return False
 
 
+#: the packages whose import an interrupt must not land in (their C extensions' initialization)
+_IMPORTS = ("torch", "numpy", "scipy")
+
+
+def in_import(frame) -> bool:
+    """Whether ``frame`` or a frame below it runs the module code of :data:`_IMPORTS` (an import
+    of one of them is in progress)."""
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            module = str(frame.f_globals.get("__name__", ""))
+            if module.split(".", 1)[0] in _IMPORTS:
+                return True
+        frame = frame.f_back
+    return False
+
+
 def _deliver_later() -> None:
     timer = threading.Timer(RETRY_SECONDS, _thread.interrupt_main, args=(signal.SIGINT,))
     timer.daemon = True
@@ -48,7 +70,7 @@ def _deliver_later() -> None:
 
 
 def _handler(signum, frame):
-    if in_write(frame):
+    if in_write(frame) or in_import(frame):
         _deliver_later()
         return
     raise KeyboardInterrupt
