@@ -7,7 +7,9 @@
 """
 from . import consensus, data, graph, metrics
 from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
-from .models.ppdnmf.api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .models.ppdnmf.api import fit, fit_centralized, fit_trials
+from .models.ppdnmf.config import PAPER_SETTINGS
+from .models.ppdnmf.result import FitResult, TrialsResult
 from .models.ppdnmf.estimator import PPDNMF
 from .models.ppdnmf.experiments import ExperimentResult, run_experiment
 from .errors import DegreeOneWarning, SumLeakWarning

@@ -2,7 +2,7 @@
 
 Layers, lowest first (docs/ARCHITECTURE.md):
 
-* the **engine**, shared by every model: errors and helpers -> data, graph, penalties, metrics,
+* the **engine**, shared by every model: errors, helpers and validated settings (``specs``) -> data, graph, penalties, metrics,
   diagnostics -> checkpoint, exchange -> consensus, the model-free multi-process engine
   (``distributed``: transport, launcher, partition, costs, Paillier parties) and the privacy
   audit's recordings and attacks (``audit``);
@@ -26,7 +26,7 @@ PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
 
 #: the engine's units (shared by every model; never import a model or the app)
 ENGINE = {
-    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0,
+    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0, "specs": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "checkpoint": 2, "exchange": 2,
     "consensus": 3,

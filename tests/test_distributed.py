@@ -639,7 +639,7 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     """An exchange object (every rank builds its own) and the incremental X-step (a token that
     walks every agent: one process) stop with the reason; the solver settings of ``fit``
     (the adaptive schedule, HALS, the stopping rule) are all taken."""
-    from ppdnmf_torch.models.ppdnmf.config import RunConfig
+    from ppdnmf_torch.models.ppdnmf.config import RunConfig, SolverConfig
     from ppdnmf_torch.app.distributed import run_rank
     from ppdnmf_torch.models.ppdnmf.distributed.engine import _check_supported
     from ppdnmf_torch.exchange import make_exchange
@@ -648,8 +648,8 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     with pytest.raises(pp.ConfigError) as err:
         _check_supported(make_exchange(PlainSpec()))
     assert err.value.key == "exchange" and "every rank" in str(err.value)
-    cfg = RunConfig(centralized=False)
-    cfg.solver.x_solver, cfg.logger.kind = "i_admm", "none"
+    cfg = RunConfig(centralized=False, solver=SolverConfig(x_solver="i_admm"))
+    cfg.logger.kind = "none"
     with pytest.raises(pp.ConfigError) as err:
         run_rank(cfg, tmp_path, solo)
     assert err.value.key == "solver.x_solver" and "distributed" in str(err.value)

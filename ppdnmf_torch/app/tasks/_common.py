@@ -19,8 +19,8 @@ import torch
 from ..._utils import resolve_device
 from ...errors import ConfigError
 from .base import Task
-# the validating converter of PPDNMF's config is model-free: every task's config uses it
-from ...models.ppdnmf.config import DTYPES, LoggerConfig, _build, _check_dataclass, _spec as spec
+from ...models.ppdnmf.config import DTYPES, LoggerConfig
+from ...specs import build, check_dataclass, rule as spec
 
 __all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "spec", "config_from_dict", "config_to_dict", "check_run_keys", "trial_means",
            "write_arrays", "write_history_csv", "remove_files", "stat", "validate"]
@@ -62,7 +62,7 @@ def config_from_dict(cls, d: Mapping, cross=None):
     checks what spans fields."""
     if not isinstance(d, Mapping):
         raise ConfigError(f"config: must be a mapping of keys to values, got {type(d).__name__}")
-    cfg = _build(cls, {k: v for k, v in d.items() if k != "hydra"}, "")
+    cfg = build(cls, {k: v for k, v in d.items() if k != "hydra"})
     check_run_keys(cfg)
     if cross is not None:
         cross(cfg)
@@ -71,7 +71,7 @@ def config_from_dict(cls, d: Mapping, cross=None):
 
 def validate(cfg, cross=None):
     """Re-check an already built config (the runner's ``cfg.validate()``)."""
-    _check_dataclass(cfg, "")
+    check_dataclass(cfg)
     check_run_keys(cfg)
     if cross is not None:
         cross(cfg)

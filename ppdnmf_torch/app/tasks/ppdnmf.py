@@ -29,8 +29,9 @@ from ..._utils import resolve_device
 from ...diagnostics import degenerate_reasons, x_sketch
 from ...exchange.spec import SPECS
 from ...checkpoint import checkpoint_iteration, latest_checkpoint
-from ...models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
-from ...models.ppdnmf.config import RunConfig, SolverConfig, from_dict, to_dict
+from ...models.ppdnmf.api import fit, fit_centralized
+from ...models.ppdnmf.config import X_SOLVER_KEYS, RunConfig, SolverConfig, from_dict, to_dict
+from ...models.ppdnmf.result import FitResult
 from ...models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data
 from ...models.ppdnmf.solver import RunInterrupted
 from ..costs import format_estimate, paillier_estimate

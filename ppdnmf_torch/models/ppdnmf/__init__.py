@@ -15,7 +15,9 @@ The model's package, in the shape every model of :mod:`ppdnmf_torch.models` has:
 It imports the shared engine only (never another model, never the app); the app runs it
 through :mod:`ppdnmf_torch.app.tasks.ppdnmf`.
 """
-from .api import PAPER_SETTINGS, FitResult, TrialsResult, fit, fit_centralized, fit_trials
+from .api import fit, fit_centralized, fit_trials
+from .config import PAPER_SETTINGS
+from .result import FitResult, TrialsResult
 from .estimator import PPDNMF
 from .experiments import ExperimentResult, run_experiment
 

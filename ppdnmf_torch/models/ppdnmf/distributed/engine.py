@@ -32,21 +32,24 @@ from pathlib import Path
 
 import torch
 
-from ...._utils import ConfigError, resolve_dtype
-from ..api import (FitResult, _history_single, _init_seed, _lock_checkpoint_dir, _preflight, _warn_degree_one,
-                   warn_sum_leak)
+from ...._utils import resolve_dtype
+from ....errors import ConfigError
+from ....specs import check_value
+from ..config import OPTION_DEFAULTS as _O, SOLVER_DEFAULTS as _S, settings
+from ..result import FitResult, history_single
+from ..run import lock_checkpoint_dir, preflight, start_seed, warn_degree_one, warn_sum_leak
 from ....checkpoint import CheckpointError, Checkpointer, fingerprint, load_checkpoint, unpack_history, write_atomically
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
-from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..solver import STOPPING, SolverParams, init_state, restore_state, run_bcd
+from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank, check_run_size
+from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
 from .halo import HALO_KINDS, HaloExchange, RankSampler
 from .layout import RankLayout, rank_problem
-from ....distributed.partition import Partition, partition_agents
+from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
 from .reduce import RankReduction, RankSums, gather_agents
 from ....distributed.secure import SecureHalo
@@ -172,13 +175,28 @@ def _rank_fingerprint(problem, params, exch, part: Partition, rank: int) -> str:
     return h.hexdigest()
 
 
+def _check_rank_arguments(comm, partition, assignment, resume, share) -> None:
+    """``fit_rank``'s own arguments (the others are the spec's, :mod:`..config`)."""
+    if not isinstance(comm, Comm):
+        raise ConfigError(f"comm: must be a Comm (ppdnmf_torch.distributed.Comm), got {type(comm).__name__}")
+    if not isinstance(partition, Partition):
+        check_value("partition", partition, str, {"choices": PARTITION_METHODS})
+    if assignment is not None:
+        check_value("assignment", list(assignment) if isinstance(assignment, (list, tuple)) else assignment,
+                    list[int], {"ge": 0})
+    check_value("resume", resume, bool)
+    check_value("share", share, str, {"choices": SHARE_MODES})
+
+
 @with_threads
-def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100,
-             x_iters=30, y_iters=30, tol=0.0, admm_tol=STOPPING["admm_tol"], exchange="plain", protocol=None,
-             n_max=None, key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error",
-             seed=0, device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
-             checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
-             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm", share="all") -> RankResult:
+def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max, bcd_iters=100,
+             x_iters=_S.x_iters, y_iters=_S.y_iters, tol=0.0, admm_tol=_S.admm_tol, exchange=_O.exchange,
+             protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
+             consensus_form=_S.consensus_form, negative=_O.negative, seed=_O.seed, device=None, dtype=_O.dtype,
+             callback=_O.callback, exchange_options=_O.exchange_options, checkpoint_dir=_O.checkpoint_dir,
+             checkpoint_every=_O.checkpoint_every, resume=False, fuse=_S.fuse, partition="rcm", assignment=None,
+             threads=_O.threads, penalty_schedule="paper", init="ones", init_seed=_S.init_seed,
+             y_solver=_S.y_solver, share="all") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
     same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
 
@@ -196,8 +214,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
         As :func:`~ppdnmf_torch.fit`: the kinds :data:`~.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
-    device : torch.device, optional
-        Default: ``comm.device``.
+    device : str or torch.device, optional
+        Default (None): ``comm.device``.
     callback : callable, optional
         Called on every rank after every BCD iteration (``info.metrics`` as floats, the
         same on every rank); the run stops after an iteration where any rank's returns True.
@@ -243,8 +261,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     -------
     RankResult
     """
-    if share not in SHARE_MODES:
-        raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
+    _check_rank_arguments(comm, partition, assignment, resume, share)
+    solver, _ = settings(locals(), device="auto" if device is None else device)  # every keyword checked, once
     dtype = resolve_dtype(dtype)
     device = comm.device if device is None else torch.device(device)
     graph = as_graph(adjacency)
@@ -254,9 +272,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     check_shared_caps(caps, penalty_schedule)
     L = blocks[0].shape[0]
     check_rank(rank, L)
-    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters, y_iters=y_iters,
-                          tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form, fuse=bool(fuse),
-                          penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+    params = SolverParams.of(solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     _check_supported(spec)
@@ -267,13 +283,14 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     # paillier's public range bound holds for the largest caps the schedule can reach
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
-    _preflight(exch, blocks, caps, graph.degree, params)
-    _warn_degree_one(exch, [graph])
+    preflight(exch, blocks, caps, graph.degree, params)
+    warn_degree_one(exch, [graph])
     warn_sum_leak(exch, params, caps[None], [graph.degree])
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                            dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
-    problem.init_seeds = [_init_seed(init_seed, seed)]
+    problem.init_seeds = [start_seed(init_seed, seed)]
+    check_run_size(problem, params)
     counts = [b.shape[1] for b in blocks]
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
     sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
@@ -317,8 +334,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
 
     lock = None
     try:
-        if checkpointer is not None:  # as fit's: never another run's checkpoints (:func:`~..api._lock_checkpoint_dir`)
-            lock = _lock_checkpoint_dir(checkpointer.folder, payload["path"] if payload is not None else None)
+        if checkpointer is not None:  # as fit's: never another run's checkpoints (:func:`~..run.lock_checkpoint_dir`)
+            lock = lock_checkpoint_dir(checkpointer.folder, payload["path"] if payload is not None else None)
         state, history, info = run_bcd(problem, params, exch, state=state, sampler=sampler, callback=cb,
                                        history=history, checkpointer=checkpointer, fingerprint=fp, agents=agents)
         costs = exch.costs()
@@ -351,7 +368,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         if share == "all":
             X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
             Y = [Y[i, :, :c] for i, c in enumerate(counts)]
-        result = FitResult(X=X, Y=Y, U=U, history=_history_single(history), graph=graph, columns=counts,
+        result = FitResult(X=X, Y=Y, U=U, history=history_single(history), graph=graph, columns=counts,
                            n_iter=info["n_iter"], converged=info["converged"], costs=costs)
     return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters, own=own, share=share)
 
