@@ -42,10 +42,7 @@ NOT_TAKEN = {
                  "resume_from": "resume=True continues the newest iteration every rank has", "min_degree": "not yet"},
 }
 #: the entry point's own default, and why it differs from the spec's
-OWN_DEFAULT = {"fit_rank": {"device": (None, "the communicator's device"),
-                            # the paper's: fit's in the next commit (the one behaviour change)
-                            "bcd_iters": (100, ""), "tol": (0.0, ""), "penalty_schedule": ("paper", ""),
-                            "init": ("ones", "")}}
+OWN_DEFAULT = {"fit_rank": {"device": (None, "the communicator's device")}}
 
 
 @pytest.mark.parametrize("name,fn,own", [

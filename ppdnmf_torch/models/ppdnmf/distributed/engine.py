@@ -189,13 +189,13 @@ def _check_rank_arguments(comm, partition, assignment, resume, share) -> None:
 
 
 @with_threads
-def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max, bcd_iters=100,
-             x_iters=_S.x_iters, y_iters=_S.y_iters, tol=0.0, admm_tol=_S.admm_tol, exchange=_O.exchange,
+def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max,
+             bcd_iters=_S.bcd_iters, x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol, exchange=_O.exchange,
              protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
              consensus_form=_S.consensus_form, negative=_O.negative, seed=_O.seed, device=None, dtype=_O.dtype,
              callback=_O.callback, exchange_options=_O.exchange_options, checkpoint_dir=_O.checkpoint_dir,
              checkpoint_every=_O.checkpoint_every, resume=False, fuse=_S.fuse, partition="rcm", assignment=None,
-             threads=_O.threads, penalty_schedule="paper", init="ones", init_seed=_S.init_seed,
+             threads=_O.threads, penalty_schedule=_S.penalty_schedule, init=_S.init, init_seed=_S.init_seed,
              y_solver=_S.y_solver, share="all") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
     same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
@@ -204,7 +204,9 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     ----------
     comm : Comm
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
-        As :func:`~ppdnmf_torch.fit`. Every rank reads the whole ``Z`` and keeps its agents' blocks.
+        As :func:`~ppdnmf_torch.fit`, with its defaults (every default is the spec's,
+        :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig`). Every rank reads the whole
+        ``Z`` and keeps its agents' blocks.
     tol, admm_tol
         As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
         fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
@@ -232,8 +234,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     threads : int, optional
         As :func:`~ppdnmf_torch.fit`.
     penalty_schedule, init, init_seed, y_solver
-        As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
-        (:data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
+        As :func:`~ppdnmf_torch.fit` (the paper's settings are
+        :data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
         ``penalty_schedule="agreed"`` (every rank draws the common penalties from the shared
         stream; the cap's one bit per BCD iteration is counted over the ranks in one
         ``int64`` all-reduce, category ``flags``, :meth:`.topology.FlagHalo.counts`),
