@@ -210,3 +210,29 @@ def test_the_estimator_names_the_setting_that_takes_negative_data():
     with pytest.raises(pp.DataError, match=r"^X: Negative values in data passed to PPDNMF .* negative='clip' or 'shift' "
                                            r"\(or negative='allow' to factorize as is\)"):
         pp.PPDNMF(2, max_iter=2, device="cpu").fit(X)
+
+
+# ---------------------------------------------------------------------------- the spec passed as it is
+def test_the_cli_passes_the_solver_section_as_it_is():
+    """``solver.admm_tol: null`` means what fit's ``admm_tol=None`` means (the ADMM loops at ``tol``),
+    not fit's default; ``init_seed`` goes through."""
+    from types import SimpleNamespace
+
+    from ppdnmf_torch.app.tasks.ppdnmf import _solver_kwargs
+
+    cfg = from_dict({"solver": {"admm_tol": None, "init_seed": 7}})
+    kw = _solver_kwargs(cfg, SimpleNamespace(device=torch.device("cpu"), dtype=torch.float64))
+    assert kw["admm_tol"] is None and kw["init_seed"] == 7
+    assert set(kw) <= set(inspect.signature(pp.fit).parameters)
+
+
+def test_run_experiment_trials_take_the_start_seed():
+    """A trial of ``run_experiment(..., init_seed=s0)`` is the single run with that start seed (it
+    was a TypeError: fit_trials takes init_seeds)."""
+    from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
+
+    kw = dict(bcd_iters=2, x_iters=2, y_iters=2, init="random", init_seed=3)
+    r = pp.run_experiment("paper_synthetic", trials=2, seed=4, centralized=False, device="cpu", **kw)
+    blocks, g = make_trial(PAPER_EXPERIMENTS["paper_synthetic"], 5)
+    one = pp.fit(blocks, g, 5, seed=5, negative="allow", device="cpu", **dict(PAPER_SETTINGS, **kw))
+    assert torch.equal(r.distributed.X[1], one.X)

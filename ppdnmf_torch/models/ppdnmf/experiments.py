@@ -248,9 +248,11 @@ def run_experiment(name, trials: int = 1, seed: int = _O.seed, *, centralized: b
     Z_fixed = load_data(cfg)[0] if cfg.data.kind != "synthetic" else None
     pairs = [make_trial(cfg, s, Z_fixed) for s in seeds]
     block_lists, graphs = [p[0] for p in pairs], [p[1] for p in pairs]
-    solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if v is not None}
-    rank = solver.pop("rank")
-    common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, threads=threads, **solver)
+    solver = {f.name: getattr(cfg.solver, f.name) for f in dataclasses.fields(SolverConfig)}  # the spec as it is
+    rank, init_seed = solver.pop("rank"), solver.pop("init_seed")
+    # a CLI run with seed s + t and a given init_seed starts every trial from that seed
+    common = dict(seeds=seeds, init_seeds=None if init_seed is None else [init_seed] * trials,
+                  negative=cfg.data.negative, device=device, dtype=dtype, threads=threads, **solver)
     t0 = time.perf_counter()
     dist = fit_trials(block_lists, graphs, rank, exchange=cfg.exchange, callback=callback, **common)
     seconds = {"distributed": time.perf_counter() - t0}
