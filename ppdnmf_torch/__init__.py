@@ -6,15 +6,15 @@
 ...                 negative="allow", bcd_iters=5)
 """
 from . import consensus, data, graph, metrics
-from ._utils import ConfigError, DataError, GraphError, PPDNMFError, resolve_device, resolve_dtype
+from ._utils import resolve_device, resolve_dtype
 from .models.ppdnmf.api import fit, fit_centralized, fit_trials
 from .models.ppdnmf.config import PAPER_SETTINGS
 from .models.ppdnmf.result import FitResult, TrialsResult
 from .models.ppdnmf.estimator import PPDNMF
 from .models.ppdnmf.experiments import ExperimentResult, run_experiment
-from .errors import DegreeOneWarning, SumLeakWarning
+from .errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning, GraphError, PPDNMFError, SumLeakWarning
 from .exchange import CodecRangeError
-from .models.ppdnmf.solver import ConvergenceWarning, NumericalError
+from .models.ppdnmf.solver import NumericalError
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 import torch
 
-from ._utils import PPDNMFError
+from .errors import PPDNMFError
 
 __all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "fingerprint", "latest_checkpoint", "load_checkpoint",
            "save_checkpoint", "write_atomically", "good_point", "snapshot", "check_payload",

@@ -28,8 +28,7 @@ from dataclasses import MISSING, asdict, field, fields, is_dataclass
 
 from .errors import ConfigError, PPDNMFError
 
-__all__ = ["rule", "check_fields", "check_value", "build", "check_dataclass", "to_plain", "coerce", "describe",
-           "field_defaults"]
+__all__ = ["rule", "check_fields", "check_value", "build", "check_dataclass", "to_plain", "coerce", "describe"]
 
 
 def rule(default=MISSING, *, default_factory=MISSING, gt=None, ge=None, le=None, choices=None, check=None,
@@ -58,17 +57,6 @@ def rule(default=MISSING, *, default_factory=MISSING, gt=None, ge=None, le=None,
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def field_defaults(cls) -> dict:
-    """``{name: default}`` of every field of dataclass ``cls`` that has one."""
-    out = {}
-    for f in fields(cls):
-        if f.default is not MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not MISSING:
-            out[f.name] = f.default_factory()
-    return out
 
 
 def _hints(cls) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.models.ppdnmf.config import (
     DataConfig,
     GraphConfig,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ppdnmf_torch import PAPER_SETTINGS, fit
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange import CodecRangeError, IntegerCodec, PlainExchange, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS

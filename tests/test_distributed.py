@@ -20,7 +20,8 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch.distributed import Comm, free_port, launch_local, partition_agents
-from ppdnmf_torch.models.ppdnmf.distributed import RankLayout, alignment_period, fit_rank
+from ppdnmf_torch.distributed.layout import RankLayout, alignment_period
+from ppdnmf_torch.models.ppdnmf.distributed import fit_rank
 from ppdnmf_torch.distributed.costs import halo_bytes
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange.costmodel import PaillierOpCosts

@@ -437,28 +437,6 @@ def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
     assert len(rec.U) == 4
 
 
-class _OldStyleExchange(PlainExchange):
-    """An exchange written against the interface before ``out=`` and ``bind(fuse=)``."""
-
-    def bind(self, topology, *, dtype, device):
-        super().bind(topology, dtype=dtype, device=device)
-
-    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
-        return super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-
-
-@pytest.mark.parametrize("large", [False, True])
-@pytest.mark.parametrize("fuse", [False, True])
-def test_exchanges_written_against_the_older_interface_still_work(monkeypatch, large, fuse):
-    if large:
-        monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
-    blocks = small_problem(counts=(3, 5, 4, 6))
-    args = dict(bcd_iters=2, x_iters=5, y_iters=5, device="cpu", seed=2, fuse=fuse)
-    old = pp.fit(blocks, graph.ring(4), 3, exchange=_OldStyleExchange(), **args)
-    new = pp.fit(blocks, graph.ring(4), 3, **args)
-    assert torch.allclose(old.X, new.X, rtol=1e-10, atol=0)
-
-
 def test_fused_buffered_run_resumes_bit_identically(monkeypatch, tmp_path):
     """fuse=True with the buffered chains: the carried differences live within an X-step
     (Y-step); a checkpoint between BCD iterations holds the whole state."""

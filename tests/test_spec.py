@@ -4,6 +4,7 @@ section agree with it (by introspection), and every parameter of every entry poi
 value of the wrong type with one error naming it."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import warnings
 from pathlib import Path
@@ -17,9 +18,15 @@ import ppdnmf_torch as pp
 from ppdnmf_torch.models.ppdnmf.config import (PAPER_SETTINGS, X_SOLVER_KEYS, FitOptions, SolverConfig, from_dict,
                                                to_dict)
 from ppdnmf_torch.models.ppdnmf.distributed import fit_rank
-from ppdnmf_torch.specs import field_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def field_defaults(cls) -> dict:
+    """``{name: default}`` of the fields of spec ``cls`` (every field has one)."""
+    return {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}
+
+
 #: every default of the spec (``rank`` is an argument of the entry points, the CLI's ``solver.rank``)
 SPEC = {k: v for k, v in {**field_defaults(SolverConfig), **field_defaults(FitOptions)}.items() if k != "rank"}
 

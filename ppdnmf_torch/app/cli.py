@@ -42,8 +42,8 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .._utils import ConfigError, PPDNMFError
-from ..errors import ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning
+from ..errors import (ConfigError, ConvergenceWarning, DataScaleWarning, DegenerateResultWarning, DegreeOneWarning,
+                      PPDNMFError)
 from . import interrupts
 from .runner import run
 from ..models.ppdnmf.solver import RunInterrupted

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import DataError
+from ..errors import DataError
 from .losses import LocalLoss, take_agent
 
 __all__ = ["LeastSquares"]

@@ -9,8 +9,7 @@ import warnings
 
 import torch
 
-from .._utils import DataError
-from ..errors import ConvergenceWarning
+from ..errors import ConvergenceWarning, DataError
 from .least_squares import _batched, _same_lead
 from .losses import LocalLoss, take_agent
 

@@ -18,7 +18,7 @@ from ...checkpoint import (PREFIX, CheckpointError, Checkpointer, check_payload,
 from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
 from ...errors import ConfigError, DegenerateResultWarning, DegreeOneWarning, SumLeakWarning
 from ...exchange import exchange_spec, make_exchange
-from ...exchange.base import Exchange, accepts_keyword
+from ...exchange.base import Exchange
 from ...folderlock import FolderLock
 from ...penalties import cap_bounds, sum_leak_message
 from .config import FitOptions, SolverConfig
@@ -152,10 +152,7 @@ def run(problem, params: SolverParams, exch, options: FitOptions, *, single: boo
             if os.path.dirname(os.path.abspath(payload["path"])) == here:
                 adopt = [f for f in checkpoint_files(here) if checkpoint_iteration(f) <= payload["bcd_done"]]
         checkpointer = Checkpointer(str(checkpoint_dir), every=options.checkpoint_every, adopt=adopt)
-    if accepts_keyword(exch.bind, "fuse"):
-        exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
-    else:  # an exchange written against the older interface
-        exch.bind(problem.topology, dtype=dtype, device=device)
+    exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
     if resume_from is not None and hasattr(exch, "load_cost_state"):
         if "exchange_costs" not in payload and getattr(exch, "cost_state", dict)():
             warnings.warn(

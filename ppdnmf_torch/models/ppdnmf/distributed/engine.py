@@ -2,8 +2,8 @@
 rank's agents; a CLI run of it is :func:`ppdnmf_torch.app.distributed.run_rank`).
 
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
-edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
-neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose
+edges' penalties (:class:`~ppdnmf_torch.distributed.halo.RankSampler`), exchanges with the ranks of its agents'
+neighbours (:class:`~ppdnmf_torch.distributed.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose
 keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
 (every edge out of its agents; the stopping rule's flags and decisions across ranks) and
 reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
@@ -47,11 +47,12 @@ from ..solver import SolverParams, init_state, restore_state, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
-from .halo import HALO_KINDS, HaloExchange, RankSampler
-from .layout import RankLayout, rank_problem
+from ....distributed.halo import HALO_KINDS, HaloExchange, RankSampler
+from ....distributed.layout import RankLayout, gather_agents
+from .layout import rank_problem
 from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
-from .reduce import RankReduction, RankSums, gather_agents
+from .reduce import RankReduction, RankSums
 from ....distributed.secure import SecureHalo
 
 __all__ = ["RankResult", "fit_rank", "global_digest", "SHARE_MODES", "distributed_summary", "write_own_factors"]
@@ -73,7 +74,7 @@ class RankResult:
         :attr:`own`).
     partition : Partition
     ranks : list of dict
-        On rank 0: every rank's layout (:meth:`~.layout.RankLayout.summary`), bytes sent
+        On rank 0: every rank's layout (:meth:`~ppdnmf_torch.distributed.layout.RankLayout.summary`), bytes sent
         per category (``sent``) and the halo's model of them per ADMM iteration
         (``model_per_admm_iteration``); on other ranks, its own only.
     admm_iterations : int
@@ -214,7 +215,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
         iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
         sum over the ranks, per iteration of a tracked loop).
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
-        As :func:`~ppdnmf_torch.fit`: the kinds :data:`~.halo.HALO_KINDS` through the halo,
+        As :func:`~ppdnmf_torch.fit`: the kinds :data:`~ppdnmf_torch.distributed.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
     device : str or torch.device, optional
         Default (None): ``comm.device``.

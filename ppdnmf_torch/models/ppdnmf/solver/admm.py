@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ....exchange.base import Exchange, accepts_keyword
+from ....exchange.base import Exchange
 from ....penalties import PenaltySampler
 from ..problem import Problem
 from . import kernels
@@ -62,11 +62,11 @@ class _Step1:
         return self.g, rho, spectral_factors(self.f.lam, rho, self.f.mu)
 
 
-def _secure_sums(exchange: Exchange, v: XVars, g, ws: Workspace, pass_out: bool, *, bcd_iter: int, admm_iter: int):
+def _secure_sums(exchange: Exchange, v: XVars, g, ws: Workspace, *, bcd_iter: int, admm_iter: int):
     """Step 5 (eq. 11, lines 10-16): ``Q + S`` with ``S_i = sum_j rho_ij (U_j - U_i)`` from the exchange."""
     T, N, L, K = v.U.shape
     A = T * N
-    S_buf = ws.take("S", v.U, (v.Q, v.Q_prev)) if pass_out else None
+    S_buf = ws.take("S", v.U, (v.Q, v.Q_prev))  # None below the workspace's size
     kw = {} if S_buf is None else {"out": S_buf.view(A, L * K)}
     out = exchange.exchange(v.U.reshape(A, L * K), g, bcd_iter=bcd_iter, admm_iter=admm_iter, **kw)
     return out.S.view(T, N, L, K).to(v.U.dtype).add_(v.Q)
@@ -109,7 +109,6 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
                    dtype=state.U.dtype, bcd_iter=bcd_iter, ahead=not stop.track)
     if step1.D_block is not None:
         plan.prepare(step1.D_block)
-    pass_out = accepts_keyword(exchange.exchange, "out")
     v = XVars(state.X, state.U, state.P, state.Q, state.Q_prev)
     active = stop.active
     rho = None
@@ -125,7 +124,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             continue
         Q_new = it.Q_new
         if Q_new is None:  # 5. secure exchange (eq. 11)
-            Q_new = _secure_sums(exchange, v, g, ws, pass_out, bcd_iter=bcd_iter, admm_iter=m + 1)
+            Q_new = _secure_sums(exchange, v, g, ws, bcd_iter=bcd_iter, admm_iter=m + 1)
         v.Q_prev, v.Q = where_active(active, v.Q, v.Q_prev), where_active(active, Q_new, v.Q)  # 6.
         if stop.after(m, v.U, U_prev):
             break
