@@ -207,3 +207,45 @@ def test_units_of_the_layout():
     assert _unit("ppdnmf_torch.distributed.comm") == "distributed"
     assert _layer(_unit("ppdnmf_torch.distributed.__main__")) > _layer("app") > _layer("models.ppdnmf")
     assert max(ENGINE.values()) < _layer("models.ppdnmf")
+
+
+#: imports of another module's private name that must stay, and why
+PRIVATE_ALLOWED = {
+    ("ppdnmf_torch.distributed.parties", "_Agent"):
+        "the Paillier key holder (its private key and mask seeds never leave it) is private to "
+        "exchange.paillier by design; a rank's parties are the one other place that makes them",
+}
+#: private names still imported by modules that are being restructured (issue 37: the app over
+#: ranks by the app engineer; symmetric NMF's and FSSPCA's runs by the engine engineer): to empty
+PRIVATE_PENDING = {
+    "ppdnmf_torch.app.distributed": {"_own_inputs", "_resume_target", "_to_log_files", "_fit_centralized",
+                                     "_solver_kwargs", "_SHOWN", "_show_warning"},
+    "ppdnmf_torch.models.symnmf.distributed": {"_caps", "_check_settings", "_gather_rows", "_graphs",
+                                               "_history_lists", "_history_tensors", "_scatter_rows", "_State",
+                                               "_warn_degree_one", "_warn_sum_leak", "_start_seeds"},
+    "ppdnmf_torch.models.fsspca.serverless": {"_auto_rho", "_initial_z", "_per_trial"},
+}
+
+
+def _private_imports():
+    """``(module, name, line)`` of every ``from x import _name`` of a name (not a module: a
+    package's own private module, such as ``app/tasks/_common``, is its package's to share)."""
+    known = {m for _, m in _modules()}
+    for path, module in _modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        pkg = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{target}.{alias.name}" not in known:
+                    yield module, alias.name, node.lineno
+
+
+def test_no_module_imports_another_modules_private_name():
+    bad = [f"{m}:{line} imports {name}" for m, name, line in _private_imports()
+           if (m, name) not in PRIVATE_ALLOWED and name not in PRIVATE_PENDING.get(m, ())]
+    assert not bad, "\n".join(bad)

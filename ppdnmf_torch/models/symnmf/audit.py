@@ -49,7 +49,7 @@ import torch
 from ...audit.eavesdropper import eavesdropper_paillier, eavesdropper_plain
 from ...audit.masked import collusion_audit, record_seeds
 from ...audit.neighbour import neighbour_audit
-from ...audit.recording import Recording, _as_recording, make_recording_exchange
+from ...audit.recording import Recording, as_recording, make_recording_exchange
 from ...audit.sums import attack_degree2, public_x_max, schedule_audit, sums_audit, unequal_weights
 from ...errors import ConfigError, DegreeOneWarning
 from .agents import ADAPTIVE_LAMBDA0, AgentsResult, fit_symnmf_agents, private_start
@@ -115,7 +115,7 @@ def record_symnmf_agents(X, rank: int, graph, *, kind: str = "quantized", protoc
         costs = dict(res.costs, transcript=list(getattr(exch, "transcript", None) or []))
         summary = SimpleNamespace(costs=costs, nmse=float(res.history["E"][-1][0]),
                                   consensus=float(res.history["consensus"][-1][0]))
-        rec = _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
+        rec = as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
     finally:
         exch.close()
     return rec, res
