@@ -207,6 +207,13 @@ def test_iteration_counts_are_bounded_up_front(key, value, match):
         pp.fit(Z, RING, 2, **dict(QUICK, **{key: value}))
 
 
+def test_the_estimator_names_its_own_parameters():
+    X = np.random.default_rng(0).random((12, 6))
+    with pytest.raises(pp.ConfigError) as err:
+        pp.PPDNMF(2, max_iter=2**40, device="cpu").fit(X)
+    assert err.value.key == "max_iter" and str(err.value).startswith("max_iter: must be <= 2147483647")
+
+
 def test_the_cli_refuses_a_y_step_that_never_ends():
     with pytest.raises(pp.ConfigError, match=r"^solver\.y_iters: must be <= 2147483647, got 1000000000000000000"):
         from_dict({"solver": {"y_iters": 1e18}})

@@ -36,6 +36,10 @@ from .solver.admm import y_step
 
 __all__ = ["PPDNMF"]
 
+#: the estimator's parameters that :func:`~ppdnmf_torch.fit` knows by other names
+_FIT_NAMES = {"bcd_iters": "max_iter", "rank": "n_components", "adjacency": "graph", "seed": "random_state",
+              "init_seed": "random_state"}
+
 #: densified blocks of a ``scipy.sparse`` input above this many bytes are refused
 MAX_DENSE_BYTES = 2 << 30
 
@@ -321,7 +325,11 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Z, columns = _dense_columns(Xs.T.tocsc() if hasattr(Xs, "toarray") else Xs.T, self.columns, g.n_agents)
         seed = _seed_of(self.random_state)
         kw = self._fit_keywords(seed)
-        result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback, **kw)
+        try:
+            result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback,
+                         **kw)
+        except PPDNMFError as exc:  # fit's names of the estimator's parameters
+            raise exc.renamed(_FIT_NAMES) from None
         self._set_fitted(result, kw["y_solver"], as_tensor)
         return result
 
