@@ -12,7 +12,8 @@ from .models.ppdnmf.config import PAPER_SETTINGS
 from .models.ppdnmf.result import FitResult, TrialsResult
 from .models.ppdnmf.estimator import PPDNMF
 from .models.ppdnmf.experiments import ExperimentResult, run_experiment
-from .errors import ConfigError, ConvergenceWarning, DataError, DegreeOneWarning, GraphError, PPDNMFError, SumLeakWarning
+from .errors import (ConfigError, ConvergenceWarning, DataError, DegreeOneWarning, GraphError, PPDNMFError,
+                     SumLeakWarning)
 from .exchange import CodecRangeError
 from .models.ppdnmf.solver import NumericalError
 

@@ -2,8 +2,8 @@
 
 Layers, lowest first (docs/ARCHITECTURE.md):
 
-* the **engine**, shared by every model: errors, helpers and validated settings (``specs``) -> data, graph, penalties, metrics,
-  diagnostics -> checkpoint, exchange -> consensus, the model-free multi-process engine
+* the **engine**, shared by every model: errors, helpers and validated settings (``specs``) ->
+  data, graph, penalties, metrics, diagnostics -> checkpoint, exchange -> consensus, the model-free multi-process engine
   (``distributed``: transport, launcher, partition, costs, Paillier parties) and the privacy
   audit's recordings and attacks (``audit``);
 * the **models** (``models.<name>``, each with its solver, API, estimator, experiments, and

@@ -2,9 +2,10 @@
 rank's agents; a CLI run of it is :func:`ppdnmf_torch.app.distributed.run_rank`).
 
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
-edges' penalties (:class:`~ppdnmf_torch.distributed.halo.RankSampler`), exchanges with the ranks of its agents'
-neighbours (:class:`~ppdnmf_torch.distributed.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose
-keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
+edges' penalties (:class:`~ppdnmf_torch.distributed.halo.RankSampler`), exchanges with the
+ranks of its agents' neighbours (:class:`~ppdnmf_torch.distributed.halo.HaloExchange`;
+``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose keys and seeds never
+leave their rank), sees its graph through :class:`~.topology.RankTopology`
 (every edge out of its agents; the stopping rule's flags and decisions across ranks) and
 reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
 (:func:`ppdnmf_torch.models.ppdnmf.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
@@ -191,8 +192,8 @@ def _check_rank_arguments(comm, partition, assignment, resume, share) -> None:
 
 @with_threads
 def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max,
-             bcd_iters=_S.bcd_iters, x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol, exchange=_O.exchange,
-             protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
+             bcd_iters=_S.bcd_iters, x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol,
+             exchange=_O.exchange, protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
              consensus_form=_S.consensus_form, negative=_O.negative, seed=_O.seed, device=None, dtype=_O.dtype,
              callback=_O.callback, exchange_options=_O.exchange_options, checkpoint_dir=_O.checkpoint_dir,
              checkpoint_every=_O.checkpoint_every, resume=False, fuse=_S.fuse, partition="rcm", assignment=None,
