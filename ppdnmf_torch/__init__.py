@@ -41,7 +41,8 @@ __all__ = [
 #: (and every ``ppdnmf`` start, ``ppdnmf --help`` included) does not pay for torch and scikit-learn
 _LAZY = {
     "fit": "models.ppdnmf.api", "fit_centralized": "models.ppdnmf.api", "fit_trials": "models.ppdnmf.api",
-    "PAPER_SETTINGS": "models.ppdnmf.api", "FitResult": "models.ppdnmf.api", "TrialsResult": "models.ppdnmf.api",
+    "PAPER_SETTINGS": "models.ppdnmf.config", "FitResult": "models.ppdnmf.result",
+    "TrialsResult": "models.ppdnmf.result",
     "PPDNMF": "models.ppdnmf.estimator", "run_experiment": "models.ppdnmf.experiments",
     "ExperimentResult": "models.ppdnmf.experiments", "FederatedSparsePCA": "models.fsspca.estimator",
     "SymmetricNMF": "models.symnmf.estimator", "PPDNMFError": "errors", "ConfigError": "errors",

@@ -2,7 +2,7 @@
 
 Everything that turns a user's ``"auto" | "cpu" | "cuda"`` or dtype name into a
 torch object goes through this module, so the rules live in one place. The error
-types live in :mod:`ppdnmf_torch.errors` and are re-exported here.
+types live in :mod:`ppdnmf_torch.errors`.
 """
 from __future__ import annotations
 
@@ -14,14 +14,10 @@ import warnings
 
 import torch
 
-from .errors import ConfigError, DataError, GraphError, PPDNMFError
+from .errors import ConfigError
 
 __all__ = [
     "caller_stacklevel",
-    "PPDNMFError",
-    "ConfigError",
-    "DataError",
-    "GraphError",
     "resolve_device",
     "resolve_dtype",
     "derive_seed",

@@ -33,7 +33,8 @@ import tempfile
 
 import torch
 
-from ._utils import PPDNMFError, counted
+from ._utils import counted
+from .errors import PPDNMFError
 
 __all__ = ["CheckpointError", "Checkpointer", "HistoryPacker", "unpack_history", "latest_checkpoint", "load_checkpoint",
            "save_checkpoint", "write_atomically", "checkpoint_iteration", "checkpoint_files", "PREFIX", "run_payload",

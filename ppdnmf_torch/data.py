@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._utils import ConfigError, DataError, derive_seed, resolve_device, resolve_dtype
+from ._utils import derive_seed, resolve_device, resolve_dtype
+from .errors import ConfigError, DataError
 
 __all__ = [
     "SyntheticData",

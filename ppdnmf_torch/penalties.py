@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import ConfigError, derive_seed
+from ._utils import derive_seed
+from .errors import ConfigError
 
 __all__ = ["PenaltySampler", "PENALTY_MODES", "PENALTY_SCHEDULES", "MAX_CAP_RATIO", "cap_bounds", "check_shared_caps",
            "sum_leak_message"]

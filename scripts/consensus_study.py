@@ -3,7 +3,7 @@
 
 For each data set and graph, the same batched trials run twice, with the paper's
 settings (``penalty_schedule="paper"``, ``init="ones"``, ``y_solver="admm"``) and with the
-library's defaults (:data:`ppdnmf_torch.models.ppdnmf.solver.state.DEFAULTS`), each against its own
+library's defaults (:data:`ppdnmf_torch.models.ppdnmf.config.SOLVER_DEFAULTS`), each against its own
 centralized baseline (the same settings, one agent). Reported per row: the final NMSE
 (mean over trials), the centralized run's NMSE on the same blocks, the gap between the
 two means, the range of the per-trial gaps, the whole data's relative error of both,
@@ -41,8 +41,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import ppdnmf_torch as pp  # noqa: E402
-from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, PAPER_SETTINGS  # noqa: E402
+from ppdnmf_torch.models.ppdnmf.config import PAPER_SETTINGS, SOLVER_DEFAULTS  # noqa: E402
 
+#: the library's defaults of the keywords the paper sets
+DEFAULTS = {"penalty_schedule": SOLVER_DEFAULTS.penalty_schedule, "init": SOLVER_DEFAULTS.init,
+            "y_solver": SOLVER_DEFAULTS.y_solver}
 SETTINGS = {"paper": dict(PAPER_SETTINGS), "defaults": dict(DEFAULTS),
             # the earlier default: each agent's own cap (unequal weights; issue 32)
             "adaptive": dict(DEFAULTS, penalty_schedule="adaptive")}
@@ -183,7 +186,7 @@ def y_step_study(cbcl_path: str, iters=(1, 2, 5, 10, 30)) -> dict:
     (defaults): ``X`` of iteration 21's X-step, warm start from iteration 20's ``Y`` (HALS) or
     ``Y, V, R`` (ADMM, eqs. 12-14). The objective's excess over the optimum (HALS, 500 sweeps)
     after ``k`` iterations, relative, and the seconds they take."""
-    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, y_step
+    from ppdnmf_torch.models.ppdnmf.solver import solver_params, y_step
     from ppdnmf_torch.models.ppdnmf.solver.hals import hals_loop
 
     if not os.path.exists(cbcl_path):
@@ -214,7 +217,7 @@ def y_step_study(cbcl_path: str, iters=(1, 2, 5, 10, 30)) -> dict:
     for k in iters:
         for solver in ("admm", "hals"):
             st = SolverState(**{n: v.clone() for n, v in s0.items()})
-            params = SolverParams(rank=49, mu=2.0, eta=2.0, y_iters=k, y_solver=solver)
+            params = solver_params(49, mu=2.0, eta=2.0, y_iters=k, y_solver=solver)
             t0 = time.perf_counter()
             y_step(prob, st, params)
             sec = time.perf_counter() - t0

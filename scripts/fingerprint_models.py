@@ -180,7 +180,9 @@ def _sl(**kw):
 
 # ------------------------------------------------------------------------------ PPDNMF over ranks
 PAPER = dict(penalty_schedule="paper", init="ones", y_solver="admm")
-RANK_KW = dict(mu=0.1, eta=1.0, g_max=0.033, negative="allow", bcd_iters=5, x_iters=6, y_iters=6)
+# fit_rank's defaults when the reference was taken, pinned (its defaults are fit's since)
+RANK_KW = dict(mu=0.1, eta=1.0, g_max=0.033, negative="allow", bcd_iters=5, x_iters=6, y_iters=6, tol=0.0,
+               penalty_schedule="paper", init="ones")
 FIT_FIELDS = ("X", "Y", "U", "history", "n_iter")
 
 

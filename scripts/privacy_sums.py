@@ -62,10 +62,10 @@ def solver_settings(name: str, n_agents: int, seed: int):
     import torch
 
     from ppdnmf_torch import PAPER_SETTINGS
-    from ppdnmf_torch.models.ppdnmf.api import DEFAULTS
+    from ppdnmf_torch.models.ppdnmf.config import SOLVER_DEFAULTS
 
     if name == "defaults":
-        return {}, G_MAX, DEFAULTS["penalty_schedule"]
+        return {}, G_MAX, SOLVER_DEFAULTS.penalty_schedule
     if name == "adaptive":
         return {"penalty_schedule": "adaptive", "init": "random"}, G_MAX, "adaptive"
     if name == "paper":

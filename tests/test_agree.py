@@ -11,11 +11,12 @@ from ppdnmf_torch import graph
 from ppdnmf_torch.graph.topology import Topology
 from ppdnmf_torch.penalties import MAX_CAP_RATIO, PenaltySampler, cap_bounds
 from ppdnmf_torch.models.ppdnmf.problem import build_problem
-from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, run_bcd
+from ppdnmf_torch.models.ppdnmf.solver import init_state, run_bcd, solver_params
 from ppdnmf_torch.models.ppdnmf.solver import schedule
 from ppdnmf_torch.models.ppdnmf.solver.hals import hals_loop, hals_sweep, scaled_system
 from ppdnmf_torch.models.ppdnmf.solver.refit import REFIT_SWEEPS, worst_agent_nmse
-from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, PAPER_SETTINGS, initial_factor
+from ppdnmf_torch.models.ppdnmf.config import PAPER_SETTINGS, SOLVER_DEFAULTS, SolverConfig
+from ppdnmf_torch.models.ppdnmf.solver.state import initial_factor
 
 CPU = torch.device("cpu")
 PAPER = dict(PAPER_SETTINGS)
@@ -256,7 +257,7 @@ def test_init_seed_defaults_to_the_seed_and_drives_the_start():
 
 # ------------------------------------------------------------------ the paper's settings
 def test_paper_settings_are_the_solver_defaults_bit_for_bit():
-    """Explicit paper keywords run exactly the code path of SolverParams' defaults."""
+    """fit's explicit paper keywords run exactly the solver's code path with the same settings."""
     blocks = _synthetic()
     g = graph.random_connected(6, 3.0, seed=0)
     r = pp.fit(blocks, g, 3, negative="allow", seed=4, g_max=0.033, mu=0.1, eta=1.0, **PAPER, **SHORT)
@@ -265,7 +266,7 @@ def test_paper_settings_are_the_solver_defaults_bit_for_bit():
     ex = pp.exchange.make_exchange("plain")
     ex.bind(prob.topology, dtype=torch.float64, device=CPU)
     iters = {k: v for k, v in SHORT.items() if k != "device"}
-    st, hist, _ = run_bcd(prob, SolverParams(rank=3, mu=0.1, eta=1.0, **iters), ex)
+    st, hist, _ = run_bcd(prob, solver_params(3, mu=0.1, eta=1.0, **PAPER, **iters), ex)
     assert torch.equal(st.X[0], r.X) and st.caps is None and st.mu is None
     assert [float(v[0]) for v in hist["nmse"]] == r.history["nmse"]
     for name in ("paper_synthetic", "paper_cbcl"):
@@ -274,12 +275,8 @@ def test_paper_settings_are_the_solver_defaults_bit_for_bit():
 
 
 def test_library_defaults_differ_from_the_paper():
-    assert DEFAULTS["penalty_schedule"] == "agreed" and DEFAULTS["init"] == "random"
-    import inspect
-
-    for fn in (pp.fit, pp.fit_trials):
-        sig = inspect.signature(fn).parameters
-        assert {k: sig[k].default for k in DEFAULTS} == DEFAULTS
+    assert SOLVER_DEFAULTS.penalty_schedule == "agreed" and SOLVER_DEFAULTS.init == "random"
+    assert {k: getattr(SOLVER_DEFAULTS, k) for k in PAPER} != PAPER
 
 
 # ------------------------------------------------------------------ the worst-agent metric
@@ -360,7 +357,7 @@ def test_sparse_poisson_data():
 @pytest.mark.parametrize("key,value", [("penalty_schedule", "boyd"), ("init", "nndsvd"), ("y_solver", "bpp")])
 def test_bad_new_settings_are_refused(key, value):
     with pytest.raises(pp.ConfigError, match=key):
-        SolverParams(rank=2, **{key: value})
+        SolverConfig(rank=2, **{key: value})
     from ppdnmf_torch.models.ppdnmf.config import from_dict
 
     with pytest.raises(pp.ConfigError, match=f"solver.{key}"):

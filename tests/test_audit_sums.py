@@ -194,7 +194,7 @@ def test_the_default_agreed_schedule_leaves_nothing_to_the_sums_attacks(graph_na
     """After the fix (the library's default, penalty_schedule="agreed"): every receiver's weights
     are equal at every call, no receiver of degree >= 2 recovers any exact value, and rho's
     changes pin nothing to a neighbour."""
-    from ppdnmf_torch.models.ppdnmf.api import DEFAULTS
+    from ppdnmf_torch.models.ppdnmf.config import SOLVER_DEFAULTS
     from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
     from ppdnmf_torch.graph import ring
 
@@ -202,7 +202,7 @@ def test_the_default_agreed_schedule_leaves_nothing_to_the_sums_attacks(graph_na
     rec = _record(graph)
     w = rec.w
     assert (w == w[:, :1]).all()  # one weight per call on every edge
-    schedule = DEFAULTS["penalty_schedule"]
+    schedule = SOLVER_DEFAULTS.penalty_schedule
     x_max = public_x_max(0.033, 16, schedule)
     out = sums_audit(rec, x_max=x_max, max_calls=6)
     assert out["by_degree"]

@@ -243,7 +243,7 @@ def test_runner_csv_data_and_file_graph(tmp_path, one_thread):
 
 
 def test_runner_reports_split_errors_with_the_key(tmp_path):
-    from ppdnmf_torch._utils import ConfigError
+    from ppdnmf_torch.errors import ConfigError
 
     z = tmp_path / "z.npy"
     import numpy as np
@@ -357,7 +357,7 @@ def test_runner_errors_name_the_config_keys(tmp_path, overrides, match):
     # the API names its keywords (g_bits, negative='clip'); a config run names its keys
     import numpy as np
 
-    from ppdnmf_torch._utils import PPDNMFError
+    from ppdnmf_torch.errors import PPDNMFError
 
     Z = np.random.default_rng(0).random((6, 8))
     if overrides.pop("negative", False):

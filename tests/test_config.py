@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.models.ppdnmf.config import (
     DataConfig,
     GraphConfig,
@@ -266,8 +266,10 @@ def test_validate_hand_built_configs():
     cfg = RunConfig(data=DataConfig(kind="cbcl", path="faces.mat", split=SplitConfig(lo=224, hi=245)),
                     solver=SolverConfig(rank=49, mu=2.0, eta=2.0, g_max=0.05), graph=GraphConfig(kind="ring"))
     assert cfg.validate() is cfg
-    bad = RunConfig(solver=SolverConfig(mu=-1))
-    with pytest.raises(ConfigError, match=r"^solver\.mu: must be > 0, got -1"):
+    with pytest.raises(ConfigError, match=r"^mu: must be > 0, got -1"):  # the frozen spec checks on construction
+        SolverConfig(mu=-1)
+    bad = RunConfig(data=DataConfig(kind="bogus"))
+    with pytest.raises(ConfigError, match=r"^data\.kind: unknown value 'bogus'"):
         bad.validate()
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ppdnmf_torch import consensus as cs
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 
 
 def _run(method, N=10, rounds=30, rho=5.0, seed=0, **kw):

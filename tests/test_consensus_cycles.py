@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ppdnmf_torch._utils import ConfigError, GraphError
+from ppdnmf_torch.errors import ConfigError, GraphError
 from ppdnmf_torch.consensus import (hamiltonian_cycle, n_edges_for_ratio, random_hamiltonian_graph,
                                     validate_cycle)
 from ppdnmf_torch.graph import Graph, complete, grid_2d, ring, star

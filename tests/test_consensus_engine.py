@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppdnmf_torch._utils import ConfigError, DataError, GraphError
+from ppdnmf_torch.errors import ConfigError, DataError, GraphError
 from ppdnmf_torch import consensus as cs
 from ppdnmf_torch.graph import complete, ring
 

@@ -11,8 +11,8 @@ import pickle
 import pytest
 import torch
 
-from ppdnmf_torch import fit
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch import PAPER_SETTINGS, fit
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange import CodecRangeError, IntegerCodec, PlainExchange, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.costmodel import COUNT_KEYS, TIME_KEYS
@@ -24,7 +24,7 @@ from ppdnmf_torch.exchange.paillier import (
 )
 from ppdnmf_torch.exchange.paillier.calibration import calibrate
 from ppdnmf_torch.models.ppdnmf.problem import build_problem
-from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, run_bcd
+from ppdnmf_torch.models.ppdnmf.solver import init_state, run_bcd, solver_params
 
 from conftest import CYCLE4, FAKE_COSTS, PATH3, PATH4, PROTOCOLS, drive
 
@@ -120,7 +120,8 @@ def test_multiple_trials_and_frozen_agents(protocol, paillier_keypairs):
     graphs = [CYCLE4, PATH4]
     caps = torch.tensor([[0.3, 0.5, 0.4, 0.6], [0.2, 0.25, 0.3, 0.35]], dtype=torch.float64)
     problem = build_problem([_blocks(2), _blocks(3)], graphs, caps, [7, 8], dtype=torch.float64, device=CPU)
-    params = SolverParams(rank=2, mu=0.1, eta=1.0, bcd_iters=2, x_iters=3, y_iters=2)
+    params = solver_params(2, mu=0.1, eta=1.0, bcd_iters=2, x_iters=3, y_iters=2, admm_tol=None,
+                           **PAPER_SETTINGS)
     codec = IntegerCodec(n_max=1e6, g_bits=16, key_bits=128)
     states = []
     for ex in (QuantizedExchange(codec, protocol=protocol),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppdnmf_torch._utils import ConfigError, DataError
+from ppdnmf_torch.errors import ConfigError, DataError
 from ppdnmf_torch import data as D
 
 CBCL_MAT = "/work/shared/data/cbcl_faces_train.mat"

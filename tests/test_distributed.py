@@ -20,7 +20,8 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch.distributed import Comm, free_port, launch_local, partition_agents
-from ppdnmf_torch.models.ppdnmf.distributed import RankLayout, alignment_period, fit_rank
+from ppdnmf_torch.distributed.layout import RankLayout, alignment_period
+from ppdnmf_torch.models.ppdnmf.distributed import fit_rank
 from ppdnmf_torch.distributed.costs import halo_bytes
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange.costmodel import PaillierOpCosts
@@ -29,7 +30,8 @@ from ppdnmf_torch.graph import Graph, erdos_renyi, ring
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_COSTS = PaillierOpCosts(key_bits=128, keygen=1e-3, encryption=1e-4, decryption=2e-4,
                              homomorphic_addition=1e-6, scalar_multiplication=1e-5)
-SHORT = dict(bcd_iters=3, x_iters=4, y_iters=3)
+# the paper's settings (fit_rank's defaults when these tests were written; fit's since)
+SHORT = dict(pp.PAPER_SETTINGS, bcd_iters=3, x_iters=4, y_iters=3)
 
 
 def _data(N=9, L=8, K=3, seed=0, p=0.5, graph="er"):
@@ -639,7 +641,7 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     """An exchange object (every rank builds its own) and the incremental X-step (a token that
     walks every agent: one process) stop with the reason; the solver settings of ``fit``
     (the adaptive schedule, HALS, the stopping rule) are all taken."""
-    from ppdnmf_torch.models.ppdnmf.config import RunConfig
+    from ppdnmf_torch.models.ppdnmf.config import RunConfig, SolverConfig
     from ppdnmf_torch.app.distributed import run_rank
     from ppdnmf_torch.models.ppdnmf.distributed.engine import _check_supported
     from ppdnmf_torch.exchange import make_exchange
@@ -648,8 +650,8 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     with pytest.raises(pp.ConfigError) as err:
         _check_supported(make_exchange(PlainSpec()))
     assert err.value.key == "exchange" and "every rank" in str(err.value)
-    cfg = RunConfig(centralized=False)
-    cfg.solver.x_solver, cfg.logger.kind = "i_admm", "none"
+    cfg = RunConfig(centralized=False, solver=SolverConfig(x_solver="i_admm"))
+    cfg.logger.kind = "none"
     with pytest.raises(pp.ConfigError) as err:
         run_rank(cfg, tmp_path, solo)
     assert err.value.key == "solver.x_solver" and "distributed" in str(err.value)

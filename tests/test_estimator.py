@@ -96,15 +96,14 @@ def _hals_projection(X, Z, n_sweeps):
 @pytest.mark.parametrize("y_solver,other", [("admm", "hals"), ("hals", "admm"), (None, "hals")])
 def test_transform_uses_the_fits_y_solver(data, y_solver, other):
     _, Xs = data
-    kw = dict(FAST, y_iters=5)
-    m = pp.PPDNMF(n_components=5, random_state=0, y_solver=y_solver, transform_iters=15, transform_tol=0.0,
-                  **kw).fit(Xs)
+    kw = dict(FAST, y_iters=5, **({} if y_solver is None else {"y_solver": y_solver}))  # None: the default
+    m = pp.PPDNMF(n_components=5, random_state=0, transform_iters=15, transform_tol=0.0, **kw).fit(Xs)
     m.set_params(y_solver=other)  # transform follows the fit, not a later setting
     X = m.result_.X_mean
     new = pp.data.synthetic(seed=7).Z[:, :12].clamp(min=0)
     Y = m.transform(new.T).T
     refs = {"admm": _admm_projection(X, new, m.eta, 15), "hals": _hals_projection(X, new, 15)}
-    used = y_solver or pp.models.ppdnmf.solver.DEFAULTS["y_solver"]
+    used = y_solver or pp.models.ppdnmf.config.SOLVER_DEFAULTS.y_solver
     torch.testing.assert_close(Y, refs[used], rtol=1e-9, atol=1e-12)
     # 15 iterations are far from converged, so the two solvers' iterates differ
     assert float(torch.linalg.matrix_norm(refs["admm"] - refs["hals"])) > 1e-3 * float(torch.linalg.matrix_norm(Y))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ppdnmf_torch import fit
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange import EXCHANGE_KINDS, EXCHANGE_OPTIONS, PROTOCOLS, CodecRangeError, ExchangeSpec
 from ppdnmf_torch.exchange import IntegerCodec, PaillierSpec, PlainExchange, PlainSpec, QuantizedExchange
 from ppdnmf_torch.exchange import QuantizedSpec, exchange_spec, make_exchange

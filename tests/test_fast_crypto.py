@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ppdnmf_torch import fit
-from ppdnmf_torch._utils import ConfigError
+from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange import EXCHANGE_OPTIONS, CodecRangeError, IntegerCodec, QuantizedExchange, make_exchange
 from ppdnmf_torch.exchange.base import Topology
 from ppdnmf_torch.exchange.costmodel import COUNT_KEYS

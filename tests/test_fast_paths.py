@@ -27,6 +27,9 @@ from ppdnmf_torch.models.ppdnmf.solver.kernels import Workspace, bmm, eigh_psd
 
 from conftest import small_problem
 
+#: the solver parameters the solver-level tests here were written with (the paper's)
+PAPER_PARAMS = dict(penalty_schedule="paper", init="ones", bcd_iters=100)
+
 CPU = torch.device("cpu")
 
 
@@ -121,7 +124,7 @@ def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
     triggers) it runs the per-iteration path. Same bits, from a state where no agent is
     stationary (rank 3 and 9: torch's small-matrix kernel and the BLAS one)."""
     from ppdnmf_torch.models.ppdnmf.problem import build_problem
-    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, make_sampler, x_step
+    from ppdnmf_torch.models.ppdnmf.solver import init_state, make_sampler, solver_params, x_step
 
     blocks = small_problem(counts=(3, 5, 4, 6, 2))
     caps = torch.tensor([[0.01, 0.02, 0.03, 0.04, 0.05]], dtype=torch.float64)
@@ -129,7 +132,8 @@ def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
                          device=CPU, rank=rank)
     out = []
     for tol in (0.0, 1e-300):
-        params = SolverParams(rank=rank, x_iters=6, tol=tol, penalty=penalty, consensus_form=form)
+        params = solver_params(rank, x_iters=6, tol=tol, admm_tol=None, penalty=penalty, consensus_form=form,
+                               **PAPER_PARAMS)
         ex = make_exchange(kind, **({} if kind == "plain" else {"n_max": 1e5}))
         ex.bind(prob.topology, dtype=torch.float64, device=CPU)
         state = init_state(prob, rank)
@@ -148,7 +152,7 @@ def test_penalty_block_path_equals_the_tracked_path(kind, penalty, form, rank):
 def test_narrow_y_updates_equal_full_width_updates():
     """The eager Y-step updates only the real columns; the full-width iteration gives the same bits."""
     from ppdnmf_torch.models.ppdnmf.problem import build_problem
-    from ppdnmf_torch.models.ppdnmf.solver import SolverParams, init_state, y_step
+    from ppdnmf_torch.models.ppdnmf.solver import init_state, solver_params, y_step
 
     blocks = small_problem(L=6, counts=(2, 9, 4))
     caps = torch.full((1, 3), 0.03, dtype=torch.float64)
@@ -160,7 +164,7 @@ def test_narrow_y_updates_equal_full_width_updates():
     state.V = torch.randn(state.V.shape, generator=gen, dtype=torch.float64) * mask
     state.R = torch.randn(state.R.shape, generator=gen, dtype=torch.float64) * mask
     V, R, X = state.V.clone(), state.R.clone(), state.X
-    params = SolverParams(rank=3, eta=0.7, y_iters=5)
+    params = solver_params(3, eta=0.7, y_iters=5, **PAPER_PARAMS)
     y_step(prob, state, params)
     from ppdnmf_torch.models.ppdnmf.solver.kernels import spd_inverse
 
@@ -431,28 +435,6 @@ def test_a_recording_subclass_gets_every_exchange_call_under_fuse():
     blocks = small_problem(counts=(3, 5, 4, 6))
     rec = record_fit(blocks, graph.ring(4), 3, kind="plain", bcd_iters=1, x_iters=4, y_iters=2, fuse=True)
     assert len(rec.U) == 4
-
-
-class _OldStyleExchange(PlainExchange):
-    """An exchange written against the interface before ``out=`` and ``bind(fuse=)``."""
-
-    def bind(self, topology, *, dtype, device):
-        super().bind(topology, dtype=dtype, device=device)
-
-    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0):
-        return super().exchange(U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
-
-
-@pytest.mark.parametrize("large", [False, True])
-@pytest.mark.parametrize("fuse", [False, True])
-def test_exchanges_written_against_the_older_interface_still_work(monkeypatch, large, fuse):
-    if large:
-        monkeypatch.setattr(Workspace, "MIN_BYTES", 0)
-    blocks = small_problem(counts=(3, 5, 4, 6))
-    args = dict(bcd_iters=2, x_iters=5, y_iters=5, device="cpu", seed=2, fuse=fuse)
-    old = pp.fit(blocks, graph.ring(4), 3, exchange=_OldStyleExchange(), **args)
-    new = pp.fit(blocks, graph.ring(4), 3, **args)
-    assert torch.allclose(old.X, new.X, rtol=1e-10, atol=0)
 
 
 def test_fused_buffered_run_resumes_bit_identically(monkeypatch, tmp_path):

@@ -401,7 +401,7 @@ def test_graph_parameter_table_is_the_config_table():
     from ppdnmf_torch.models.ppdnmf import config
 
     assert config.GRAPH_PARAMS is G.GRAPH_PARAMS
-    assert config._GRAPH_REQUIRED is G.GRAPH_REQUIRED and config._GRAPH_ALIASES is G.GRAPH_ALIASES
+    assert config.GRAPH_REQUIRED is G.GRAPH_REQUIRED and config.GRAPH_ALIASES is G.GRAPH_ALIASES
     assert tuple(G.GRAPH_PARAMS) == G.GRAPH_KINDS
 
 

@@ -10,7 +10,8 @@ from ppdnmf_torch import graph
 from ppdnmf_torch.checkpoint import CheckpointError, load_checkpoint
 from ppdnmf_torch.exchange import exchange_spec, make_exchange
 from ppdnmf_torch.models.ppdnmf.problem import build_problem
-from ppdnmf_torch.models.ppdnmf.solver import SolverParams, incremental_x_step, init_state, make_sampler, x_step
+from ppdnmf_torch.models.ppdnmf.config import PAPER_SETTINGS
+from ppdnmf_torch.models.ppdnmf.solver import incremental_x_step, init_state, make_sampler, solver_params, x_step
 from ppdnmf_torch.models.ppdnmf.solver.incremental import trial_graphs, visiting_orders
 
 from conftest import small_problem
@@ -40,6 +41,10 @@ def _one_agent(L=8, M=20, K=3, seed=0):
     return prob, state, Z, Y
 
 
+#: the solver parameters these tests were written with (the paper's, ADMM loops at tol)
+PAPER = dict(PAPER_SETTINGS, admm_tol=None, bcd_iters=100)
+
+
 def _nnls(Z, Y):
     from scipy.optimize import nnls
 
@@ -54,7 +59,7 @@ def test_one_agent_with_gamma_one_equals_the_centralized_x_step(solver, extra):
     prob, state, Z, Y = _one_agent()
     ref = _nnls(Z, Y)
     assert (ref == 0).any()  # the constraint is active: the projection matters
-    p = SolverParams(rank=3, x_solver=solver, x_rho=1.0, x_rounds=250, x_start=(0.0, 0.0), **extra)
+    p = solver_params(3, **PAPER, x_solver=solver, x_rho=1.0, x_rounds=250, x_start=(0.0, 0.0), **extra)
     out = incremental_x_step(prob, state, p)
     scale = float(ref.abs().max())
     assert float((state.X[0, 0] - ref).abs().max()) < 1e-12 * scale
@@ -63,7 +68,7 @@ def test_one_agent_with_gamma_one_equals_the_centralized_x_step(solver, extra):
     assert float(out["history"]["x_vectors"][0]) == 0.0  # one agent sends nothing
     # the centralized X-step: the paper's ADMM X-step with one agent, run to convergence
     _, st2, _, _ = _one_agent()
-    q = SolverParams(rank=3, mu=1.0, x_iters=250)
+    q = solver_params(3, **PAPER, mu=1.0, x_iters=250)
     ex = make_exchange(exchange_spec("plain"))
     ex.bind(prob.topology, dtype=torch.float64, device=torch.device("cpu"))
     x_step(prob, st2, q, ex, make_sampler(prob, q))
@@ -75,7 +80,7 @@ def test_one_agent_partial_x_step_is_the_projected_iteration():
     (x = y = 0 offsets: x = 1, y = 0, z = 1), then y and z; to rounding."""
     prob, state, Z, Y = _one_agent()
     rho = 0.7
-    p = SolverParams(rank=3, x_solver="i_admm", x_rho=rho, x_rounds=1)
+    p = solver_params(3, **PAPER, x_solver="i_admm", x_rho=rho, x_rounds=1)
     incremental_x_step(prob, state, p)
     X0 = torch.ones((8, 3), dtype=torch.float64)
     x = (Z @ Y.T + rho * X0) @ torch.linalg.inv(Y @ Y.T + rho * torch.eye(3, dtype=torch.float64))
@@ -149,7 +154,7 @@ def _state_with_Y(prob, K=2, seed=0):
 def test_result_dict_and_invariant():
     prob = _problem(_blocks(), G5)
     state = _state_with_Y(prob)
-    p = SolverParams(rank=2, x_solver="pi_admm", x_rho=0.5, x_gamma_spread=0.2, x_rounds=7)
+    p = solver_params(2, **PAPER, x_solver="pi_admm", x_rho=0.5, x_gamma_spread=0.2, x_rounds=7)
     out = incremental_x_step(prob, state, p)
     assert out["iters"].tolist() == [[7] * 5]
     assert out["first_bad"].tolist() == [[0] * 5]
@@ -162,7 +167,7 @@ def test_result_dict_and_invariant():
     assert out["history"]["x_bytes"].tolist() == [35.0 * 8 * 2 * 8]  # L x K float64 entries each
     assert torch.equal(state.X, state.U.clamp_min(0))
     # more rounds: closer to consensus
-    out2 = incremental_x_step(prob, _state_with_Y(prob), SolverParams(rank=2, x_solver="pi_admm", x_rho=0.5,
+    out2 = incremental_x_step(prob, _state_with_Y(prob), solver_params(2, **PAPER, x_solver="pi_admm", x_rho=0.5,
                                                                       x_gamma_spread=0.2, x_rounds=60))
     assert float(out2["primal"][0]) < 1e-2 * float(out["primal"][0])
 
@@ -171,7 +176,7 @@ def test_first_bad_names_the_round():
     prob = _problem(_blocks(), G5)
     state = _state_with_Y(prob)
     state.Y[0, 3, 0, 0] = float("nan")
-    out = incremental_x_step(prob, state, SolverParams(rank=2, x_solver="i_admm", x_rounds=3))
+    out = incremental_x_step(prob, state, solver_params(2, **PAPER, x_solver="i_admm", x_rounds=3))
     fb = out["first_bad"][0].tolist()
     order = state.inc_cycle[0].tolist()
     # agent 3 goes bad at its first step; the agents after it on the cycle in that round too,
@@ -190,8 +195,8 @@ def test_warm_start_carries_the_state_across_x_steps():
     prob = _problem(_blocks(), G5)
     a, b = _state_with_Y(prob), _state_with_Y(prob)
     for _ in range(2):
-        incremental_x_step(prob, a, SolverParams(rank=2, x_solver="i_admm", x_rounds=4), bcd_iter=1)
-    incremental_x_step(prob, b, SolverParams(rank=2, x_solver="i_admm", x_rounds=8))
+        incremental_x_step(prob, a, solver_params(2, **PAPER, x_solver="i_admm", x_rounds=4), bcd_iter=1)
+    incremental_x_step(prob, b, solver_params(2, **PAPER, x_solver="i_admm", x_rounds=8))
     assert torch.equal(a.U, b.U) and torch.equal(a.inc_y, b.inc_y) and torch.equal(a.inc_z, b.inc_z)
 
 
@@ -275,16 +280,12 @@ def test_run_experiment_preset_batches_and_keeps_the_admm_baseline():
     assert not (inc.history["nmse"] == ref.history["nmse"]).all()
 
 
-def test_runner_error_names_the_config_key(tmp_path):
-    from ppdnmf_torch.models.ppdnmf.config import RunConfig, SolverConfig
-    from ppdnmf_torch.app.runner import run
+def test_config_error_names_the_config_key():
+    """The spec's rule across two settings names both by their config keys."""
+    from ppdnmf_torch.models.ppdnmf.config import from_dict
 
-    cfg = RunConfig(n_agents=5, centralized=False, progress=False,
-                    solver=SolverConfig(rank=2, bcd_iters=1, x_iters=2, y_iters=2, x_solver="pi_admm",
-                                        x_rho=0.1, x_gamma_spread=0.2))
-    cfg.logger.kind = "none"
     with pytest.raises(pp.ConfigError) as err:
-        run(cfg, tmp_path)
+        from_dict({"n_agents": 5, "solver": {"rank": 2, "x_solver": "pi_admm", "x_rho": 0.1, "x_gamma_spread": 0.2}})
     assert err.value.key == "solver.x_gamma_spread" and "solver.x_rho" in str(err.value)
 
 

@@ -16,7 +16,8 @@ from ppdnmf_torch.graph.topology import Topology
 from ppdnmf_torch.penalties import MAX_CAP_RATIO, PenaltySampler
 from ppdnmf_torch.models.ppdnmf import config as ppdnmf_config, problem as ppdnmf_problem
 from ppdnmf_torch.models.ppdnmf.solver import schedule
-from ppdnmf_torch.models.ppdnmf.solver.state import DEFAULTS, SolverState
+from ppdnmf_torch.models.ppdnmf.config import SOLVER_DEFAULTS
+from ppdnmf_torch.models.ppdnmf.solver.state import SolverState
 
 SHORT = dict(bcd_iters=6, x_iters=4, y_iters=4, device="cpu", negative="allow")
 GRAPHS = {"ring": lambda n: graph.ring(n), "star": lambda n: graph.star(n),
@@ -61,13 +62,13 @@ def test_agreed_is_the_default():
     import inspect
     from pathlib import Path
 
-    assert DEFAULTS["penalty_schedule"] == "agreed"
+    assert SOLVER_DEFAULTS.penalty_schedule == "agreed"
     for fn in (pp.fit, pp.fit_trials):
         assert inspect.signature(fn).parameters["penalty_schedule"].default == "agreed"
     assert ppdnmf_config.SolverConfig().penalty_schedule == "agreed"
     yaml = (Path(__file__).resolve().parents[1] / "conf" / "solver" / "default.yaml").read_text()
     assert "\npenalty_schedule: agreed\n" in yaml
-    assert pp.PPDNMF(3).get_params()["penalty_schedule"] is None  # None: fit's default
+    assert pp.PPDNMF(3).get_params()["penalty_schedule"] == "agreed"
 
 
 @pytest.mark.parametrize("kind", sorted(GRAPHS))

@@ -12,7 +12,7 @@ import pytest
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.models.fsspca import config as fcfg
 from ppdnmf_torch.models.symnmf import config as scfg
-from ppdnmf_torch.specfields import build, defaults
+from ppdnmf_torch.specs import build, defaults
 
 
 def _defaults(fn) -> dict:
@@ -82,10 +82,10 @@ BAD = [
     (fcfg.FSSPCASpec, "center", 1, "center: must be true or false, got 1 (int)"),
     (fcfg.FSSPCASpec, "mu", float("nan"), "mu: must be a finite number"),
     (fcfg.ServerlessSpec, "consensus", "gossip", "consensus: unknown value 'gossip'"),
-    (fcfg.TaskSpec, "n_workers", None, "n_workers: is required (got null)"),
+    (fcfg.TaskSpec, "n_workers", None, "n_workers: is required, got None"),
     (scfg.RunSpec, "checkpoint_every", -1, "checkpoint_every: must be >= 0"),
     (fcfg.RunSpec, "trials", 1.5, "trials: must be an integer, got 1.5"),
-    (fcfg.EstimatorSpec, "n_components", "2", "n_components: must be an integer, got '2' (str)"),
+    (fcfg.EstimatorSpec, "n_components", "2", "n_components: must be an integer or None, got '2' (str)"),
     (fcfg.EstimatorSpec, "dtype", "float16", "dtype: unknown value 'float16'"),
 ]
 

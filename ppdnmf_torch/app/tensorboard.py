@@ -55,7 +55,7 @@ __all__ = [
     "LAYOUT",
 ]
 
-#: per-BCD-iteration history keys of :class:`~ppdnmf_torch.models.ppdnmf.api.FitResult` and their tags
+#: per-BCD-iteration history keys of :class:`~ppdnmf_torch.models.ppdnmf.result.FitResult` and their tags
 SCALAR_TAGS = {
     "nmse": "1_nmse/distributed",
     "nmse_worst": "1_nmse/worst_agent_refit",

@@ -22,6 +22,7 @@ __all__ = [
     "Recording",
     "Recorder",
     "make_recording_exchange",
+    "as_recording",
 ]
 
 
@@ -183,7 +184,9 @@ class Recording:
         return out
 
 
-def _as_recording(exch, graph, kind, protocol, n_max, g_bits, result) -> Recording:
+def as_recording(exch, graph, kind, protocol, n_max, g_bits, result) -> Recording:
+    """The :class:`Recording` of what a recording exchange (:func:`make_recording_exchange`)
+    saw during a run of any model, with the run's settings and ``result``."""
     recs = exch.records
     if not recs:
         raise ConfigError("the run made no exchange call (a single agent has nothing to exchange)")

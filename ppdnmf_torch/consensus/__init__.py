@@ -21,7 +21,7 @@ from .problems import SampleData, least_squares_data, logistic_data
 from .least_squares import LeastSquares
 from .logistic import Logistic
 from .losses import CallableLoss, LocalLoss
-from .methods import METHODS, Method, i_admm, make_method, paper_gamma_bounds, pi_admm1, pi_admm2, w_admm
+from .methods import METHODS, Method, i_admm, make_method, pi_admm1, pi_admm2, w_admm
 from .networks import n_edges_for_ratio, random_hamiltonian_graph
 from .result import IncrementalResult, IncrementalState, RoundInfo, Transcript
 
@@ -33,7 +33,7 @@ def project_nonnegative(z):
 
 __all__ = [
     "IncrementalADMM", "run_incremental", "COMPILE_MODES",
-    "Method", "METHODS", "i_admm", "pi_admm1", "pi_admm2", "w_admm", "make_method", "paper_gamma_bounds",
+    "Method", "METHODS", "i_admm", "pi_admm1", "pi_admm2", "w_admm", "make_method",
     "LocalLoss", "CallableLoss", "LeastSquares", "Logistic",
     "hamiltonian_cycle", "validate_cycle", "EXACT_MAX_NODES", "random_hamiltonian_graph", "n_edges_for_ratio",
     "IncrementalResult", "IncrementalState", "RoundInfo", "Transcript",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["eavesdrop_recursion", "eavesdrop_offsets", "lsqr_attack", "LsqrAttack"]
 

@@ -12,7 +12,7 @@ import random
 
 import numpy as np
 
-from .._utils import ConfigError, GraphError
+from ..errors import ConfigError, GraphError
 from ..graph import Graph
 
 __all__ = ["validate_cycle", "hamiltonian_cycle", "EXACT_MAX_NODES"]

@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .losses import LocalLoss
 from .methods import make_method
 from .params import (batch_size, check_tensor, length_of, per_trial, resolve_cycles,

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from .._utils import DataError
+from ..errors import DataError
 from .losses import LocalLoss, take_agent
 
-__all__ = ["LeastSquares"]
+__all__ = ["LeastSquares", "as_batched", "check_same_lead"]
 
 
-def _batched(t, ndim: int, name: str, check_finite: bool = True) -> torch.Tensor:
+def as_batched(t, ndim: int, name: str, check_finite: bool = True) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise DataError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -34,7 +34,7 @@ def _batched(t, ndim: int, name: str, check_finite: bool = True) -> torch.Tensor
     return t
 
 
-def _same_lead(a, b, na: str, nb: str, dims: int = 2):
+def check_same_lead(a, b, na: str, nb: str, dims: int = 2):
     if a.shape[1] != b.shape[1]:
         raise DataError(f"{nb}: has {b.shape[1]} agents but {na} has {a.shape[1]}")
     if a.shape[0] != b.shape[0] and 1 not in (a.shape[0], b.shape[0]):
@@ -62,10 +62,10 @@ class LeastSquares(LocalLoss):
     """
 
     def __init__(self, gram: torch.Tensor, cross: torch.Tensor, _eig=None, *, check_finite: bool = True):
-        H = _batched(gram, 4, "gram", check_finite)
+        H = as_batched(gram, 4, "gram", check_finite)
         vector = isinstance(cross, torch.Tensor) and cross.ndim in (2, 3) and cross.ndim == gram.ndim - 1
-        C = _batched(cross, 3 if vector else 4, "cross", check_finite)
-        _same_lead(H, C, "gram", "cross")
+        C = as_batched(cross, 3 if vector else 4, "cross", check_finite)
+        check_same_lead(H, C, "gram", "cross")
         K = H.shape[-1]
         if H.shape[-2] != K:
             raise DataError(f"gram: each H_i must be square, got {tuple(H.shape[-2:])}")
@@ -97,9 +97,9 @@ class LeastSquares(LocalLoss):
         targets : Tensor (Bd, N, b) or (N, b)
             ``t_ij``.
         """
-        O = _batched(inputs, 4, "inputs")
-        t = _batched(targets, 3, "targets")
-        _same_lead(O, t, "inputs", "targets")
+        O = as_batched(inputs, 4, "inputs")
+        t = as_batched(targets, 3, "targets")
+        check_same_lead(O, t, "inputs", "targets")
         if t.shape[2] != O.shape[2]:
             raise DataError(f"targets: {t.shape[2]} samples per agent, but inputs has {O.shape[2]}")
         H = O.transpose(-1, -2) @ O
@@ -116,9 +116,9 @@ class LeastSquares(LocalLoss):
         Y : Tensor (Bd, N, K, M) or (N, K, M)
             Zero-padded columns (``M = M_max``) are allowed: they add nothing.
         """
-        Zb = _batched(Z, 4, "Z")
-        Yb = _batched(Y, 4, "Y")
-        _same_lead(Zb, Yb, "Z", "Y")
+        Zb = as_batched(Z, 4, "Z")
+        Yb = as_batched(Y, 4, "Y")
+        check_same_lead(Zb, Yb, "Z", "Y")
         if Zb.shape[-1] != Yb.shape[-1]:
             raise DataError(f"Y: {Yb.shape[-1]} columns per agent, but Z has {Zb.shape[-1]}")
         Yt = Yb.transpose(-1, -2)

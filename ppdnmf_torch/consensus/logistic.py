@@ -9,9 +9,8 @@ import warnings
 
 import torch
 
-from .._utils import DataError
-from ..errors import ConvergenceWarning
-from .least_squares import _batched, _same_lead
+from ..errors import ConvergenceWarning, DataError
+from .least_squares import as_batched, check_same_lead
 from .losses import LocalLoss, take_agent
 
 __all__ = ["Logistic"]
@@ -29,9 +28,9 @@ class Logistic(LocalLoss):
     """
 
     def __init__(self, inputs: torch.Tensor, labels: torch.Tensor):
-        O = _batched(inputs, 4, "inputs")
-        t = _batched(labels, 3, "labels").to(O.dtype)
-        _same_lead(O, t, "inputs", "labels")
+        O = as_batched(inputs, 4, "inputs")
+        t = as_batched(labels, 3, "labels").to(O.dtype)
+        check_same_lead(O, t, "inputs", "labels")
         if t.shape[2] != O.shape[2]:
             raise DataError(f"labels: {t.shape[2]} samples per agent, but inputs has {O.shape[2]}")
         if not bool(((t == 1) | (t == -1)).all()):

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["LocalLoss", "CallableLoss", "take_agent"]
 

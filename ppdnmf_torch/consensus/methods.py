@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 
-__all__ = ["Method", "i_admm", "pi_admm1", "pi_admm2", "w_admm", "make_method", "METHODS",
-           "paper_gamma_bounds"]
+__all__ = ["Method", "i_admm", "pi_admm1", "pi_admm2", "w_admm", "make_method", "METHODS"]
 
 METHODS = ("i_admm", "pi_admm1", "pi_admm2", "w_admm")
 STEPS = ("exact", "linearized")
@@ -67,16 +66,6 @@ class Method:
                 raise ConfigError(f"{name}: expected a pair (low, high) or None, got {v!r}")
         if self.gamma is not None and self.gamma_spread is not None:
             raise ConfigError("gamma, gamma_spread: give at most one of them")
-
-    @property
-    def perturbs_step(self) -> bool:
-        """Whether ``gamma`` is drawn (Algorithm 3)."""
-        return self.gamma is not None or self.gamma_spread is not None
-
-
-def paper_gamma_bounds(rho, spread: float = 1.0):
-    """``(1 - spread / rho, 1 + spread / rho)``: Sec. V's ``P_i`` (spread 1 for least squares, 0.1 logistic)."""
-    return 1.0 - spread / rho, 1.0 + spread / rho
 
 
 def i_admm(step: str = "exact", start=None) -> Method:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 
-from .._utils import ConfigError, GraphError
+from ..errors import ConfigError, GraphError
 from ..graph import Graph
 from .cycles import hamiltonian_cycle
 

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .._utils import ConfigError, GraphError
+from ..errors import ConfigError, GraphError
 from ..graph import Graph
 from .cycles import hamiltonian_cycle, validate_cycle
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .randomness import stream_seed
 
 __all__ = ["SampleData", "least_squares_data", "logistic_data"]

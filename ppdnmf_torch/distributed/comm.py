@@ -34,14 +34,14 @@ import torch.distributed as dist
 
 from ..errors import PPDNMFError
 
-__all__ = ["DistributedError", "Comm", "Watchdog", "EXIT_PEER_FAILED", "BACKENDS"]
+__all__ = ["DistributedError", "Comm", "Watchdog", "EXIT_PEER_FAILED", "BACKENDS", "STORE_PREFIX"]
 
 #: exit status of a rank that stops because another rank failed or died
 EXIT_PEER_FAILED = 3
 #: ``auto`` picks ``nccl`` for CUDA tensors when every rank has a GPU of its own, else ``gloo``
 BACKENDS = ("auto", "gloo", "nccl")
 
-_PREFIX = "ppdnmf/"
+STORE_PREFIX = "ppdnmf/"
 #: set to "1" in the ranks :func:`.launch.launch_local` starts: their launcher reports for them
 LAUNCHED_ENV = "PPDNMF_LOCAL_LAUNCHER"
 
@@ -80,7 +80,7 @@ class Comm:
 
     def __init__(self, store, rank: int, world_size: int, *, backend: str, device, timeout: float = 300.0,
                  record: bool = False):
-        self.store = dist.PrefixStore(_PREFIX, store)
+        self.store = dist.PrefixStore(STORE_PREFIX, store)
         self.rank, self.world_size, self.backend = int(rank), int(world_size), backend
         self.device = torch.device(device)
         self.timeout = float(timeout)

@@ -32,7 +32,7 @@ import dataclasses
 import torch
 
 from ..exchange import make_exchange
-from ..exchange.base import Exchange, ExchangeOutput, accepts_keyword
+from ..exchange.base import Exchange, ExchangeOutput
 from ..exchange.codec import CodecRangeError
 from ..penalties import PenaltySampler
 from .comm import Comm
@@ -111,8 +111,7 @@ class HaloExchange(Exchange):
     def bind(self, topology, *, dtype, device, fuse=False):
         super().bind(topology, dtype=dtype, device=device, fuse=fuse)
         lay = self.layout
-        kw = {"fuse": fuse} if accepts_keyword(self.inner.bind, "fuse") else {}
-        self.inner.bind(lay.ext_topology, dtype=dtype, device=device, **kw)
+        self.inner.bind(lay.ext_topology, dtype=dtype, device=device, fuse=fuse)
         self._slots = lay.slots.to(device)
         self._ext_agents = lay.ext_of_agents.to(device)
         self._dummies = lay.dummy_slots.to(device)

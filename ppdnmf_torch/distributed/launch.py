@@ -120,7 +120,7 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
     # or dies takes nothing the others still need with it (its error report, the heartbeats)
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     port = store.port
-    from .comm import _PREFIX, LAUNCHED_ENV
+    from .comm import STORE_PREFIX, LAUNCHED_ENV
 
     env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True", **{LAUNCHED_ENV: "1"})
     procs = [ctx.Process(target=_child, args=(r, world_size, port, target, tuple(args), dict(kwargs or {}), queue,
@@ -146,8 +146,8 @@ def launch_local(world_size: int, target, args=(), kwargs=None, *, timeout: floa
     for r in range(world_size):  # why a rank's watchdog ended it (it printed nothing itself)
         if results.get(r, (None, None))[1] is None and procs[r].exitcode not in (None, 0):
             try:
-                if store.check([f"{_PREFIX}ended/{r}"]):
-                    results[r] = (None, store.get(f"{_PREFIX}ended/{r}").decode("utf-8", "replace"), None)
+                if store.check([f"{STORE_PREFIX}ended/{r}"]):
+                    results[r] = (None, store.get(f"{STORE_PREFIX}ended/{r}").decode("utf-8", "replace"), None)
             except Exception:  # noqa: BLE001 - best effort: the exit code still tells
                 pass
     del store

@@ -49,9 +49,9 @@ from ..exchange.codec import CodecRangeError
 from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, TIME_KEYS, add_estimates, ciphertext_nbytes,
                                   estimate_seconds, public_key_nbytes)
 from ..exchange.packing import derive_layout
-from ..exchange.paillier.exchange import _warn_if_insecure
+from ..exchange.paillier.exchange import warn_if_insecure
 from ..exchange.paillier.keys import EncryptedVector, check_key_bits
-from ..exchange.paillier.masked import _blocks, value_cores
+from ..exchange.paillier.masked import value_blocks, value_cores
 from ..exchange.paillier.rounds import packed_reply
 from ..exchange.paillier.obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .comm import Comm, DistributedError
@@ -90,7 +90,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         self.protocol = spec.protocol
         self.layout_rank, self.comm = layout, comm
         self.djn_bits = (spec.djn_exponent_bits or default_djn_exponent_bits(self.codec.key_bits)) if spec.djn else None
-        _warn_if_insecure(self.codec.key_bits, self.djn_bits)
+        warn_if_insecure(self.codec.key_bits, self.djn_bits)
         self.layout = derive_layout(self.codec, packing=spec.packing, slot_bits=spec.slot_bits)
         self._layout1 = derive_layout(self.codec, packing=False)
         self._graph, self._owner = graph, [int(o) for o in owner]
@@ -446,7 +446,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         for e in self.net.in_edges:
             if e not in bases:
                 bases[e] = [c[e]] + list(got.get(e, []))
-        blocks = {j: _blocks(qh[j], S) for j in self.net.agents}
+        blocks = {j: value_blocks(qh[j], S) for j in self.net.agents}
         rnd = plan.next_round()
         with led.timed("time_homomorphic"):
             replies = {}

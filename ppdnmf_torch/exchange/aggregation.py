@@ -50,7 +50,7 @@ import time
 import numpy as np
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .sealed import SEED_BYTES, SeedBox
 from .secure_sum import (
     AGGREGATION_KINDS,

@@ -17,14 +17,13 @@ All tensors here are flattened over trials and agents: ``A = T * N`` nodes,
 from __future__ import annotations
 
 import abc
-import inspect
 from dataclasses import dataclass
 
 import torch
 
 from ..graph.topology import Topology
 
-__all__ = ["Topology", "Exchange", "ExchangeOutput", "ell_gather_sum", "accepts_keyword"]
+__all__ = ["Topology", "Exchange", "ExchangeOutput", "ell_gather_sum"]
 
 
 @dataclass
@@ -162,17 +161,3 @@ def ell_gather_sum(U, nbr, wv):
     for k in range(1, nbr.shape[1]):
         acc = acc + wv[:, k:k + 1] * U[nbr[:, k]]
     return acc
-
-
-def accepts_keyword(fn, name: str) -> bool:
-    """Whether ``fn`` takes the keyword ``name`` (or ``**kwargs``).
-
-    The solver passes the newer optional arguments of the exchange interface (``out`` of
-    :meth:`Exchange.exchange`, ``fuse`` of :meth:`Exchange.bind`) only to exchanges that
-    take them, so that subclasses written against the older signatures keep working.
-    """
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

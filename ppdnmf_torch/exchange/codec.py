@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._utils import ConfigError, PPDNMFError
+from ..errors import ConfigError, PPDNMFError
 
 __all__ = ["CodecRangeError", "IntegerCodec", "INT64_LIMIT", "MAX_G_BITS", "check_codec_params",
            "first_sum_over"]

@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 __all__ = [
     "COUNT_KEYS",
@@ -319,9 +319,6 @@ class PaillierOpCosts:
     scalar_multiplication: float
     exponent_bits: int = 32
     repeats: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def estimate_seconds(counts: dict, op_costs: PaillierOpCosts) -> float:

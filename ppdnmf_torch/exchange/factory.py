@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .base import Exchange
 from .plain import PlainExchange
 from .quantized import QuantizedExchange

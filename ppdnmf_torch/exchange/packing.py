@@ -48,12 +48,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .codec import CodecRangeError, IntegerCodec, abs_max, first_sum_over
 
 __all__ = ["SlotLayout", "derive_layout", "PACKING_MARGIN_BITS", "SlotDecodeError",
            "check_slot_sums", "check_masked_sums", "first_reply_overflow", "natural_slot_bits",
-           "slot_summary", "decrypted_range_error", "check_protocol_range"]
+           "decrypted_range_error", "check_protocol_range"]
 
 #: bits kept free above the slots: ``2^(key_bits - 2) <= n / 2`` for any ``key_bits``-bit ``n``
 PACKING_MARGIN_BITS = 2
@@ -358,10 +358,3 @@ def check_protocol_range(codec: IntegerCodec, layout, topology, protocol: str, q
         "or lower n_max",
         trial=trial, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=value, limit=lim,
     )
-
-
-def slot_summary(layout: SlotLayout, lk: int) -> str:
-    """``"32 slots x 63 bits (5 ciphertexts for 150 values)"``."""
-    return (f"{layout.slots} slot{'s' if layout.slots != 1 else ''} x {layout.slot_bits} bits "
-            f"({layout.n_ciphertexts(lk)} ciphertext{'s' if layout.n_ciphertexts(lk) != 1 else ''} "
-            f"for {lk} values)")

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .._utils import ConfigError, DataError, PPDNMFError
+from ..errors import ConfigError, DataError, PPDNMFError
 from .codec import CodecRangeError, IntegerCodec
 from .costmodel import ciphertext_nbytes, public_key_nbytes, seed_chunks
 from .packing import derive_layout, natural_slot_bits

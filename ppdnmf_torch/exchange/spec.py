@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .._utils import ConfigError
+from ..errors import ConfigError
 from .base import Exchange
 from .codec import IntegerCodec, check_codec_params
 from .costmodel import PaillierOpCosts

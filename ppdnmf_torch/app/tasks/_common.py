@@ -1,6 +1,6 @@
 """What the tasks of the models other than PPDNMF share: the app's run keys as a dataclass
 (:class:`RunKeys`), the config's conversion and check (``key: reason`` errors, through
-:mod:`ppdnmf_torch.specfields`, so a section may be a model's frozen spec), the ``graph`` and
+:mod:`ppdnmf_torch.specs`, so a section may be a model's frozen spec), the ``graph`` and
 ``exchange`` sections of a variant across agents, the trial means the logger and the progress
 show, and :class:`ModelTask`, whose ``trials > 1`` are the model's own batch.
 """
@@ -20,7 +20,7 @@ from ..._utils import resolve_device
 from ...errors import ConfigError, PPDNMFError
 from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec
 from ...models.ppdnmf.config import DTYPES, GraphConfig, LoggerConfig, exchange_keys, exchange_to_dict
-from ...specfields import build, check_fields, check_value, rule
+from ...specs import build, check_dataclass, coerce, rule
 from .base import Task
 
 __all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "rule", "config_from_dict", "config_to_dict",
@@ -75,7 +75,7 @@ def build_exchange(data, key: str = "exchange") -> ExchangeSpec:
     for k, v in d.items():
         if k not in keys:
             raise ConfigError(f"{key}.{k}: does not apply to {key}.kind={kind} (its keys: {', '.join(keys) or 'none'})")
-        values[k] = check_value(f"{key}.{k}", v, hints[k], integral_floats=True)
+        values[k] = coerce(f"{key}.{k}", v, hints[k])
     try:
         return cls(**values)
     except PPDNMFError as exc:
@@ -126,7 +126,7 @@ def config_from_dict(cls, d: Mapping, cross=None):
 
 def validate(cfg, cross=None):
     """Re-check an already built config (the runner's ``cfg.validate()``)."""
-    check_fields(cfg, integral_floats=True)
+    check_dataclass(cfg)
     check_run_keys(cfg)
     if cross is not None:
         cross(cfg)

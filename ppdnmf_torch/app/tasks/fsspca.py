@@ -76,7 +76,7 @@ class FSSPCARunConfig(RunKeys):
     # variant=serverless: the consensus, the workers' graph and exchange
     serverless: ServerlessSpec | None = None
     graph: GraphConfig | None = None
-    exchange: ExchangeSpec | None = rule(None, build_with=build_exchange)
+    exchange: ExchangeSpec | None = rule(None, build=build_exchange)
 
     def validate(self) -> "FSSPCARunConfig":
         return common.validate(self, _cross)

@@ -31,8 +31,9 @@ from ...errors import ConfigError
 from ...diagnostics import degenerate_reasons, x_sketch
 from ...exchange.spec import SPECS
 from ...checkpoint import checkpoint_iteration, latest_checkpoint
-from ...models.ppdnmf.api import X_SOLVER_KEYS, FitResult, fit, fit_centralized
-from ...models.ppdnmf.config import RunConfig, SolverConfig, from_dict, to_dict
+from ...models.ppdnmf.api import fit, fit_centralized
+from ...models.ppdnmf.config import X_SOLVER_KEYS, RunConfig, SolverConfig, from_dict, to_dict
+from ...models.ppdnmf.result import FitResult
 from ...models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data
 from ...driver import RunInterrupted
 from ..costs import format_estimate, paillier_estimate
@@ -72,13 +73,13 @@ class RunFits:
 
 
 def _solver_kwargs(cfg: RunConfig, inputs: RunInputs) -> dict:
-    s = cfg.solver
-    kw = dict(mu=s.mu, eta=s.eta, bcd_iters=s.bcd_iters, x_iters=s.x_iters, y_iters=s.y_iters, tol=s.tol,
-              penalty=s.penalty, consensus_form=s.consensus_form, fuse=s.fuse, negative=cfg.data.negative,
-              seed=cfg.seed, device=inputs.device, dtype=inputs.dtype, threads=cfg.threads)
-    if s.admm_tol is not None:
-        kw["admm_tol"] = s.admm_tol
-    kw.update(penalty_schedule=s.penalty_schedule, init=s.init, init_seed=s.init_seed, y_solver=s.y_solver)
+    """The keywords of ``fit`` (and the centralized baseline's, and ``fit_rank``'s) from the
+    config: the solver section as it is (its spec is ``fit``'s), but ``rank``, ``g_max`` and the
+    incremental X-step's settings (:func:`_x_solver_kwargs`), and the run's keys."""
+    skip = ("rank", "g_max", *X_SOLVER_KEYS)
+    kw = {f.name: getattr(cfg.solver, f.name) for f in fields(SolverConfig) if f.name not in skip}
+    kw.update(negative=cfg.data.negative, seed=cfg.seed, device=inputs.device, dtype=inputs.dtype,
+              threads=cfg.threads)
     return kw
 
 

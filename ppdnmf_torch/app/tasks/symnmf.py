@@ -72,7 +72,7 @@ class SymNMFRunConfig(RunKeys):
     # variant=agents: the fit across agents, their graph and exchange
     agents: AgentsSpec | None = None
     graph: GraphConfig | None = None
-    exchange: ExchangeSpec | None = rule(None, build_with=build_exchange)
+    exchange: ExchangeSpec | None = rule(None, build=build_exchange)
 
     def validate(self) -> "SymNMFRunConfig":
         return common.validate(self, _cross)

@@ -88,7 +88,7 @@ from .obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .pool import resolve_workers
 from .rounds import FastRounds, NaiveRounds
 
-__all__ = ["PaillierExchange"]
+__all__ = ["PaillierExchange", "warn_if_insecure"]
 
 
 class PaillierExchange(HoldsPrivateKey, Exchange):
@@ -179,7 +179,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self.precompute = precompute
         self.djn = djn
         self.djn_exponent_bits = (djn_exponent_bits or default_djn_exponent_bits(kb)) if djn else None
-        _warn_if_insecure(kb, self.djn_exponent_bits)
+        warn_if_insecure(kb, self.djn_exponent_bits)
         #: the slot layout of the fast path (one slot per plaintext without packing)
         self.layout = derive_layout(codec, packing=self.packing, slot_bits=slot_bits) if fast else None
         self.workers = resolve_workers(workers, kb) if fast else 0
@@ -371,7 +371,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
                 f"{', closed' if self._closed else ''})")
 
 
-def _warn_if_insecure(key_bits: int, djn_exponent_bits) -> None:
+def warn_if_insecure(key_bits: int, djn_exponent_bits) -> None:
     """:class:`~.keys.InsecureKeyWarning` for keys shorter than :data:`~.keys.SECURE_KEY_BITS`,
     and for DJN exponents shorter than twice the key's security level."""
     if key_bits < SECURE_KEY_BITS:

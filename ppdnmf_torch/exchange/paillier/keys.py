@@ -23,7 +23,7 @@ import time
 import gmpy2
 import phe
 
-from ..._utils import ConfigError
+from ...errors import ConfigError
 from ..codec import CodecRangeError, IntegerCodec
 from ..costmodel import CostLedger, ciphertext_nbytes
 from ..packing import SlotDecodeError, SlotLayout, decrypted_range_error

@@ -36,7 +36,7 @@ from .keys import EncryptedVector
 from .multiexp import signed_multi_exps
 from .obfuscation import public_obfuscators
 
-__all__ = ["MaskPlan", "agree_seeds", "FastMasked", "NaiveMasked", "value_cores"]
+__all__ = ["MaskPlan", "agree_seeds", "FastMasked", "NaiveMasked", "value_cores", "value_blocks"]
 
 
 class MaskPlan:
@@ -117,7 +117,7 @@ def value_cores(bases, gamma_ji: int, blocks, nsq) -> list:
     return signed_multi_exps(scaled, blocks, nsq)
 
 
-def _blocks(values, slots: int) -> list:
+def value_blocks(values, slots: int) -> list:
     return [values[s:s + slots] for s in range(0, len(values), slots)]
 
 
@@ -230,7 +230,7 @@ class FastMasked(_Masked):
             fresh = r.supply.take({i: C for i in net.senders})
             r.supply.refill()
             led.add("encryptions", C * len(net.senders))
-        blocks = {j: _blocks(qh[j], S) for j in set(dst)}
+        blocks = {j: value_blocks(qh[j], S) for j in set(dst)}
         rnd = plan.next_round()
 
         def reply(e):  # j: per block, prod_t (B_t^{gamma_ji})^{q_t} = E_i(rho_ij M(q_j,b)), masked

@@ -14,7 +14,7 @@
 :data:`SPEC`, :data:`SERVERLESS`, :data:`TASK`, :data:`ESTIMATOR` and :data:`RUN` are the defaults the
 functions' keywords, the estimator and ``conf/fsspca/`` read (a test checks each against its
 spec). A spec refuses a value of the wrong type rather than converting it
-(:mod:`ppdnmf_torch.specfields`): ``FSSPCASpec(max_iter=2.5)``, ``EstimatorSpec(n_components="2")``
+(:mod:`ppdnmf_torch.specs`): ``FSSPCASpec(max_iter=2.5)``, ``EstimatorSpec(n_components="2")``
 are one :class:`~ppdnmf_torch.errors.ConfigError` each, naming the key.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ...exchange.aggregation import AGGREGATION_KINDS
 from ...exchange.spec import EXCHANGE_KINDS
 from ...penalties import PENALTY_MODES
-from ...specfields import check_fields, rule
+from ...specs import check_fields, rule
 from .admm import LINE_SEARCHES
 from .data import DATASETS, SPLITS
 from .smoothing import DEFAULT_SMOOTHING, SMOOTHINGS

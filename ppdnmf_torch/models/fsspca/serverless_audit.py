@@ -36,7 +36,7 @@ import torch
 from ...audit.eavesdropper import eavesdropper_paillier, eavesdropper_plain
 from ...audit.masked import collusion_audit, masked_attacks, record_seeds, tag_seeds
 from ...audit.neighbour import neighbour_audit
-from ...audit.recording import _as_recording, make_recording_exchange
+from ...audit.recording import as_recording, make_recording_exchange
 from ...audit.sums import public_x_max, sums_audit
 from ...errors import DegreeOneWarning
 from .config import SERVERLESS
@@ -75,7 +75,7 @@ def record_serverless(data, n_components, graph, *, kind="quantized", protocol="
     exch.records = [r for r in exch.records if r["bcd"] > 0]
     costs = dict(res.costs, transcript=getattr(exch, "transcript", None) or [])  # paillier: the wire
     summary = SimpleNamespace(costs=costs, nmse=math.nan, consensus=float(res.disagreement[-1, 0]))
-    return _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary), np.stack(vs), res
+    return as_recording(exch, graph, kind, protocol, n_max, g_bits, summary), np.stack(vs), res
 
 
 def v_recovery(rec, v, estimates: dict, *, exact_tol=None) -> dict:

@@ -1,277 +1,39 @@
-"""The public entry point :func:`fit` and its result object."""
-from __future__ import annotations
+"""The functional entry points of PPDNMF: :func:`fit`, :func:`fit_trials` and
+:func:`fit_centralized`.
 
-import os
-import warnings
-from dataclasses import dataclass, field
+Their keywords are scikit-learn-style and explicit (the users' API), and their defaults and
+rules are the spec's (:mod:`.config`): each call checks its keywords there once
+(:func:`~.config.settings`), validates its inputs (:mod:`.problem`) and hands the rest to
+:mod:`.run`.
+"""
+from __future__ import annotations
 
 import torch
 
-from ..._utils import ConfigError, resolve_device, resolve_dtype
-from ...exchange import exchange_spec, make_exchange
-from ...exchange.base import Exchange
-from ...exchange.base import accepts_keyword
-from ...graph import Graph, check_min_degree, complete
-from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
-                      check_rank, finite_positive)
-from ...diagnostics import degenerate_reasons, likely_cause, x_sketch
-from ...driver import Checkpoints, check_checkpoint_args, warn_degree_one
-from ...driver import warn_sum_leak as warn_sum_leak_of
-from ...errors import DegenerateResultWarning
-from ...penalties import cap_bounds, check_shared_caps
-from .solver import SolverParams, run_bcd
-from .solver.state import DEFAULTS, PAPER_SETTINGS, STOPPING
+from ..._utils import resolve_device, resolve_dtype
+from ...errors import ConfigError
+from ...graph import check_min_degree, complete
+from ...penalties import check_shared_caps
+from ...specs import check_value
 from ...threads import with_threads
+from .config import MAX_SEED, OPTION_DEFAULTS as _O, SOLVER_DEFAULTS as _S, settings
+from .problem import as_blocks, as_caps, as_graph, as_seed, build_problem, check_data
+from .result import FitResult, TrialsResult, history_batched, history_single
+from .run import prepare, preflight, run, start_seed, warn_degree_one, warn_sum_leak
 
-__all__ = ["FitResult", "TrialsResult", "fit", "fit_trials", "fit_centralized", "check_min_degree", "DEFAULTS",
-           "PAPER_SETTINGS"]
-
-
-@dataclass
-class FitResult:
-    """Result of :func:`fit`.
-
-    Attributes
-    ----------
-    X : Tensor (N, L, K)
-        Every agent's left factor ``X_i`` (nonnegative).
-    Y : list of N Tensors (K, M_i)
-        Every agent's right factor block.
-    U : Tensor (N, L, K)
-        The ADMM copies ``U_i`` of the last X-step.
-    history : dict of lists
-        One entry per BCD iteration: ``nmse``, ``consensus``, ``nmse_worst`` (the NMSE of
-        the whole data under the left factor of the agent farthest from the mean, right
-        factors refit: it cannot hide disagreement, :mod:`ppdnmf_torch.models.ppdnmf.solver.refit`),
-        ``objective``, ``x_primal``, ``x_dual``, ``y_primal``, ``y_dual`` (for
-        ``y_solver="hals"``: 0 and the last sweep's change), ``time_x``, ``time_y`` (floats) and
-        ``x_iters``, ``y_iters`` (per-agent ADMM iteration counts); for an exchange that
-        counts costs, also ``crypto_<counter>`` (the cumulative values of :attr:`costs`'
-        numbers after each BCD iteration; a resumed run continues them).
-    graph : Graph
-    columns : list of int
-        ``M_i`` per agent.
-    n_iter : int
-        BCD iterations run.
-    converged : bool
-        Whether the stopping rule stopped every agent (always False with ``tol=0``).
-    costs : dict
-        The exchange's cost counters (empty for ``plain``): flat numbers, plus
-        ``bytes_per_edge`` ({"i->j": bytes}) and, when recorded, ``transcript``.
-    """
-
-    X: torch.Tensor
-    Y: list
-    U: torch.Tensor
-    history: dict
-    graph: Graph
-    columns: list
-    n_iter: int
-    converged: bool
-    costs: dict = field(default_factory=dict)
-
-    @property
-    def X_mean(self) -> torch.Tensor:
-        """The agents' average left factor ``(L, K)``."""
-        return self.X.mean(dim=0)
-
-    def reconstruction(self, i: int | None = None) -> torch.Tensor:
-        """``X_i Y_i (L, M_i)`` of agent ``i``, or all blocks side by side ``(L, M)`` when ``i`` is None."""
-        if i is not None:
-            return self.X[i] @ self.Y[i]
-        return torch.cat([self.X[k] @ self.Y[k] for k in range(len(self.Y))], dim=1)
-
-    @property
-    def nmse(self) -> float:
-        return self.history["nmse"][-1]
-
-    @property
-    def consensus(self) -> float | None:
-        """The last consensus error; None when the run did not measure it (a distributed run
-        with ``share="sums"``, whose ranks keep their ``X_i``)."""
-        h = self.history.get("consensus")
-        return h[-1] if h else None
-
-
-def _history_single(history: dict) -> dict:
-    """Batched history (tensors over trials) -> plain lists for a single trial."""
-    out = {}
-    for k, vals in history.items():
-        if vals and isinstance(vals[0], torch.Tensor):
-            if vals[0].dim() == 1:
-                out[k] = [float(v[0]) for v in vals]
-            else:
-                out[k] = [v[0].tolist() for v in vals]
-        else:
-            out[k] = list(vals)
-    return out
-
-
-#: the incremental X-step's keywords of fit / fit_trials and their defaults (SolverParams' fields)
-X_SOLVER_KEYS = ("x_solver", "x_rho", "x_gamma_spread", "x_sigma", "x_rounds", "x_start", "x_walk")
-
-
-def _prepare(rank, L, *, n_max, mu, eta, bcd_iters, x_iters, y_iters, tol, admm_tol, penalty,
-             consensus_form, exchange, protocol, key_bits, g_bits, exchange_options, fuse=False,
-             penalty_schedule="paper", init="ones", y_solver="admm", x_solver=None):
-    """The solver's parameters and the run's exchange (made from its spec here; a given
-    :class:`~ppdnmf_torch.exchange.Exchange` is used as it is, its settings checked against
-    the flat keywords: nothing is dropped). ``x_solver``: the incremental X-step's keywords."""
-    check_rank(rank, L)
-    for name, value in (("mu", mu), ("eta", eta)):
-        finite_positive(name, value)  # refuses True and False too: they are not penalties
-    for name, value in (("tol", tol), ("admm_tol", admm_tol)):
-        if value is not None:
-            finite_positive(name, value, inclusive=True)
-    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters,
-                          y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                          consensus_form=consensus_form, fuse=bool(fuse), penalty_schedule=penalty_schedule,
-                          init=init, y_solver=y_solver, **(x_solver or {}))
-    spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
-                         options=exchange_options)
-    described = spec.spec if isinstance(spec, Exchange) else spec
-    if params.x_solver != "admm" and getattr(described, "kind", None) != "plain":
-        kind = getattr(described, "kind", None) or type(spec).__name__
-        if isinstance(spec, Exchange):
-            spec.close()  # fit owns the exchange
-        raise ConfigError(f"exchange: {{x_solver}}={params.x_solver!r} passes a token and sends no secure sums, "
-                          f"so the exchange {kind!r} would go unused; use exchange='plain'")
-    return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
-
-
-def _init_seed(init_seed, seed) -> int:
-    """The seed of the seeded start: ``init_seed``, or the run's ``seed`` when None."""
-    value = seed if init_seed is None else init_seed
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"init_seed: must be None or an integer, got {init_seed!r}")
-    return int(value)
-
-
-def warn_sum_leak(exch, params, caps, degrees) -> None:
-    """:class:`~ppdnmf_torch.errors.SumLeakWarning` (the driver's, once, at the user's line) when an
-    integer (secure) exchange runs the ADMM X-step under a schedule whose weights differ across a
-    receiver's neighbours (the incremental X-step sends no neighbour sums)."""
-    if params.x_solver == "admm":
-        warn_sum_leak_of(exch, params.penalty_schedule, caps, degrees)
-
-
-def _preflight(exch, blocks, caps, degree, params=None):
-    """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
-
-    With ``penalty_schedule="adaptive"`` or ``"agreed"`` the caps can grow during the run: the bound
-    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
-    """
-    codec = getattr(exch, "codec", None)
-    if codec is None:
-        return
-    zmax = max(float(b.abs().max()) for b in blocks)
-    caps = torch.as_tensor(caps, dtype=torch.float64)
-    linked = caps[torch.as_tensor(degree) > 0]
-    highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
-    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
-                    max_degree=int(degree.max()) if degree.numel() else 0,
-                    g_min=float(linked.min()) if linked.numel() else None)
-
-
-def _run(problem, params, exch, callback, *, single: bool, dtype, device, checkpoint_dir=None,
-         checkpoint_every=0, resume_from=None):
-    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume_key="resume_from")
-    check_iteration_buffers(problem, params.rank, params.x_iters)
-    plan = None
-    if checkpoint_dir is not None or resume_from is not None:  # the engine's checkpoints (ppdnmf_torch.driver)
-        here = None if checkpoint_dir is None else os.path.abspath(os.fspath(checkpoint_dir))
-        plan = Checkpoints(checkpoint_dir, every=checkpoint_every, resume=False if resume_from is None else resume_from,
-                           resume_key="resume_from", hint=f"resume_from={here!r}")
-    if accepts_keyword(exch.bind, "fuse"):
-        exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
-    else:  # an exchange written against the older interface
-        exch.bind(problem.topology, dtype=dtype, device=device)
-
-    first = {}  # X after the first BCD iteration, sketched, for the degenerate-result check
-
-    def cb(info):
-        if info.iteration == 1:
-            first["X"] = x_sketch(info.state.X[:, :problem.n_agents])
-        # crypto costs for loggers: info.costs (cumulative) comes from run_bcd; here the
-        # records of the ADMM iterations since the last call
-        info.iteration_costs = exch.pop_iteration_costs()
-        if callback is None:
-            return False
-        if single:
-            info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
-        return callback(info)
-
-    try:
-        try:
-            state, history, info = run_bcd(problem, params, exch, callback=cb, checkpoints=plan)
-        except Exception as exc:
-            if params.fuse and _no_compiler(exc):
-                raise ConfigError(
-                    "fuse=True: TorchInductor found no working C++ compiler to compile the solver's iterations "
-                    f"({_first_line(exc)}); install one (g++ or clang++, or point the CXX environment variable "
-                    "at it) or run with fuse=False"
-                ) from exc
-            raise
-        costs = exch.costs()
-        per_edge = exch.bytes_per_edge()
-        if per_edge:
-            costs = dict(costs, bytes_per_edge=per_edge)
-        if getattr(exch, "transcript", None) is not None:
-            costs = dict(costs, transcript=exch.transcript)
-    finally:
-        exch.close()
-    _warn_if_degenerate(problem, state, history, first.get("X"), info["n_iter"], params)
-    return state, history, info, costs
-
-
-def _warn_if_degenerate(problem, state, history, sketch_first, n_iter, params) -> None:
-    """A :class:`~ppdnmf_torch.errors.DegenerateResultWarning` naming what collapsed, in which
-    trials, the likely cause and what to try (:mod:`~ppdnmf_torch.diagnostics`)."""
-    if not history.get("nmse"):
-        return
-    n = problem.n_agents
-    X, nmse = state.X[:, :n], history["nmse"][-1]
-    found = {}
-    for t in range(X.shape[0]):
-        why = degenerate_reasons(X[t], float(nmse[t]), None if sketch_first is None else sketch_first[:, t], n_iter)
-        if why:
-            found[t] = why
-    if not found:
-        return
-    t0 = next(iter(found))
-    where = "" if X.shape[0] == 1 else f"trials {sorted(found)}: " + ("" if len(found) == 1 else f"(trial {t0}) ")
-    zmax = float(problem.Z.abs().amax())
-    warnings.warn(f"degenerate result: {where}{'; '.join(found[t0])}; {likely_cause(zmax, params.mu, params.eta)}",
-                  DegenerateResultWarning, stacklevel=5)  # the caller of fit (through with_threads)
-
-
-def _no_compiler(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is TorchInductor's missing C++ compiler."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc).__name__ == "InvalidCxxCompiler" or "InvalidCxxCompiler" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+__all__ = ["fit", "fit_trials", "fit_centralized"]
 
 
 @with_threads
-def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
-        bcd_iters=STOPPING["bcd_iters"], x_iters=30, y_iters=30, tol=STOPPING["tol"],
-        admm_tol=STOPPING["admm_tol"],
-        exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
-        penalty="random", consensus_form="derived", negative="error",
-        seed=0, device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-        checkpoint_dir=None, checkpoint_every=1, resume_from=None, fuse=False, threads=None,
-        penalty_schedule=DEFAULTS["penalty_schedule"], init=DEFAULTS["init"], init_seed=None,
-        y_solver=DEFAULTS["y_solver"], x_solver="admm", x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3,
-        x_rounds=None, x_start=None, x_walk="auto", min_degree=None) -> FitResult:
+def fit(Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max, bcd_iters=_S.bcd_iters,
+        x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol, exchange=_O.exchange,
+        protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
+        consensus_form=_S.consensus_form, negative=_O.negative, seed=_O.seed, device=_O.device, dtype=_O.dtype,
+        callback=_O.callback, exchange_options=_O.exchange_options, checkpoint_dir=_O.checkpoint_dir,
+        checkpoint_every=_O.checkpoint_every, resume_from=_O.resume_from, fuse=_S.fuse, threads=_O.threads,
+        penalty_schedule=_S.penalty_schedule, init=_S.init, init_seed=_S.init_seed, y_solver=_S.y_solver,
+        x_solver=_S.x_solver, x_rho=_S.x_rho, x_gamma_spread=_S.x_gamma_spread, x_sigma=_S.x_sigma,
+        x_rounds=_S.x_rounds, x_start=_S.x_start, x_walk=_S.x_walk, min_degree=_O.min_degree) -> FitResult:
     """Factorize ``Z ~ X Y`` with N agents on a graph (PPDNMF, Algorithm 1).
 
     Parameters
@@ -318,8 +80,8 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         What to do with negative entries of ``Z``.
     seed : int
         Seeds the penalty draws (and the seeded start, unless ``init_seed`` is given).
-    device : {"auto", "cpu", "cuda"} or torch.device
-    dtype : torch.float64 or torch.float32
+    device : {"auto", "cpu", "cuda", "cuda:<k>"} or torch.device
+    dtype : {"float64", "float32"} or torch.float64 or torch.float32
     callback : callable, optional
         ``callback(info)`` after each BCD iteration, ``info.metrics`` holding floats;
         return True to stop.
@@ -411,6 +173,10 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     (:data:`PAPER_SETTINGS`); ``experiment=paper_*`` and :func:`~ppdnmf_torch.run_experiment`'s
     presets use them.
 
+    Every keyword's default and rule is the spec's (:class:`~.config.SolverConfig`,
+    :class:`~.config.FitOptions`): a value of the wrong type is refused by name
+    (:class:`~ppdnmf_torch.ConfigError`), never converted.
+
     Returns
     -------
     FitResult
@@ -426,112 +192,69 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
         Up front, when an integer exchange runs under ``penalty_schedule="adaptive"``, or
         ``"paper"`` with unequal caps: a receiver's weights differ across its neighbours.
     """
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype)
+    solver, options = settings(locals())  # every keyword checked, once
+    device, dtype = resolve_device(options.device), resolve_dtype(options.dtype)
     graph = as_graph(adjacency)
-    check_min_degree(graph, min_degree)
-    N = graph.n_agents
-    blocks = check_data(as_blocks(Z, N, columns), negative)
-    caps = as_caps(g_max, N)
-    seed = as_seed(seed)
-    params, exch = _prepare(rank, blocks[0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
-                            x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                            consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
-                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
-                            x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
-                                          x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
+    check_min_degree(graph, options.min_degree)
+    blocks = check_data(as_blocks(Z, graph.n_agents, columns), options.negative)
+    caps = as_caps(solver.g_max, graph.n_agents)
+    params, exch = prepare(solver, options, blocks[0].shape[0])
     warn_degree_one(exch, [graph])
     warn_sum_leak(exch, params, caps[None], [graph.degree])
     try:
         check_shared_caps(caps, params.penalty_schedule)
-        _preflight(exch, blocks, caps, graph.degree, params)
-        problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
-                                init_seeds=[_init_seed(init_seed, seed)])
+        preflight(exch, blocks, caps, graph.degree, params)
+        problem = build_problem([blocks], [graph], caps[None], [options.seed], dtype=dtype, device=device,
+                                init_seeds=[start_seed(solver.init_seed, options.seed)])
     except BaseException:
         exch.close()  # fit owns the exchange, also when it fails before the run
         raise
-    state, history, info, costs = _run(problem, params, exch, callback, single=True, dtype=dtype, device=device,
-                                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                                       resume_from=resume_from)
+    state, history, info, costs = run(problem, params, exch, options, single=True)
     counts = [b.shape[1] for b in blocks]
-    return FitResult(
-        X=state.X[0],
-        Y=[state.Y[0, i, :, :c] for i, c in enumerate(counts)],
-        U=state.U[0],
-        history=_history_single(history),
-        graph=graph,
-        columns=counts,
-        n_iter=info["n_iter"],
-        converged=info["converged"],
-        costs=costs,
-    )
+    return FitResult(X=state.X[0], Y=[state.Y[0, i, :, :c] for i, c in enumerate(counts)], U=state.U[0],
+                     history=history_single(history), graph=graph, columns=counts, n_iter=info["n_iter"],
+                     converged=info["converged"], costs=costs)
 
 
-@dataclass
-class TrialsResult:
-    """Result of :func:`fit_trials`: ``T`` independent problems solved as one batch.
-
-    Attributes
-    ----------
-    X : Tensor (T, N, L, K)
-    Y : Tensor (T, N, K, M_max)
-        Zero-padded; agent ``i`` of trial ``t`` owns ``Y[t, i, :, :columns[t][i]]``.
-    U : Tensor (T, N, L, K)
-    columns : list (T) of list (N) of int
-    history : dict
-        Per BCD iteration, arrays of shape ``(n_iter, T)`` (``(n_iter, T, N)`` for the
-        per-agent ADMM counts, ``(n_iter,)`` for the batch's step times and its
-        ``crypto_<counter>`` costs).
-    graphs : list of Graph
-    seeds : list of int
-    n_iter : int
-    costs : dict
-    """
-
-    X: torch.Tensor
-    Y: torch.Tensor
-    U: torch.Tensor
-    columns: list
-    history: dict
-    graphs: list
-    seeds: list
-    n_iter: int
-    converged: bool
-    costs: dict = field(default_factory=dict)
-
-    @property
-    def n_trials(self) -> int:
-        return self.X.shape[0]
-
-    def trial_Y(self, t: int) -> list:
-        """Agent blocks ``Y_i (K, M_i)`` of trial ``t``."""
-        return [self.Y[t, i, :, :c] for i, c in enumerate(self.columns[t])]
+def _trial_caps(g_max, T: int, N: int) -> torch.Tensor:
+    """``(T, N)`` caps from one cap, ``N`` caps, or a ``(T, N)`` array."""
+    caps_t = torch.as_tensor(g_max, dtype=torch.float64)
+    if caps_t.dim() == 2:
+        if tuple(caps_t.shape) != (T, N):
+            raise ConfigError(f"g_max: a 2-D cap array must have shape ({T}, {N}), got {tuple(caps_t.shape)}")
+        return torch.stack([as_caps(row.tolist(), N) for row in caps_t])
+    return as_caps(g_max if caps_t.dim() == 0 else caps_t.tolist(), N).expand(T, N)
 
 
-def _history_batched(history: dict) -> dict:
-    import numpy as np  # results for users are numpy arrays; the solver stays torch
-
-    out = {}
-    for k, vals in history.items():
-        if vals and isinstance(vals[0], torch.Tensor):
-            out[k] = torch.stack(vals).numpy()
-        else:
-            out[k] = np.asarray(vals, dtype=np.float64)
-    return out
+def _check_trials(block_lists, graphs, seeds, init_seeds, align_trials) -> tuple[list, list]:
+    """``fit_trials``' own arguments: as many data sets, graphs and seeds (and start seeds);
+    returns the graphs and the seeds."""
+    for name, v in (("block_lists", block_lists), ("graphs", graphs), ("seeds", seeds)):
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{name}: must be a list (one entry per trial), got {type(v).__name__}")
+    check_value("align_trials", align_trials, bool)
+    T = len(block_lists)
+    if T < 1 or len(graphs) != T or len(seeds) != T:
+        raise ConfigError(
+            f"trials: got {T} data sets, {len(graphs)} graphs and {len(seeds)} seeds; need the same number >= 1"
+        )
+    if init_seeds is not None:
+        check_value("init_seeds", init_seeds, list[int], {"ge": 0, "le": MAX_SEED})
+        if len(init_seeds) != T:
+            raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
+    return [as_graph(g) for g in graphs], [as_seed(s, f"seeds[{t}]") for t, s in enumerate(seeds)]
 
 
 @with_threads
-def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0,
-               bcd_iters=STOPPING["bcd_iters"], x_iters=30, y_iters=30, tol=STOPPING["tol"],
-               admm_tol=STOPPING["admm_tol"],
-               exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
-               penalty="random", consensus_form="derived", negative="error",
-               device="auto", dtype=torch.float64, callback=None, exchange_options=None,
-               align_trials=True, fuse=False, threads=None, penalty_schedule=DEFAULTS["penalty_schedule"],
-               init=DEFAULTS["init"], init_seeds=None, y_solver=DEFAULTS["y_solver"], x_solver="admm",
-               x_rho=0.1, x_gamma_spread=0.05, x_sigma=1e-3, x_rounds=None, x_start=None,
-               x_walk="auto", min_degree=None) -> TrialsResult:
+def fit_trials(block_lists, graphs, rank, *, seeds, g_max=_S.g_max, mu=_S.mu, eta=_S.eta, bcd_iters=_S.bcd_iters,
+               x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol, exchange=_O.exchange,
+               protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
+               consensus_form=_S.consensus_form, negative=_O.negative, device=_O.device, dtype=_O.dtype,
+               callback=_O.callback, exchange_options=_O.exchange_options, align_trials=True, fuse=_S.fuse,
+               threads=_O.threads, penalty_schedule=_S.penalty_schedule, init=_S.init, init_seeds=None,
+               y_solver=_S.y_solver, x_solver=_S.x_solver, x_rho=_S.x_rho, x_gamma_spread=_S.x_gamma_spread,
+               x_sigma=_S.x_sigma, x_rounds=_S.x_rounds, x_start=_S.x_start, x_walk=_S.x_walk,
+               min_degree=_O.min_degree) -> TrialsResult:
     """Solve ``T`` independent PPDNMF problems as one batched computation.
 
     Trial ``t`` is exactly what :func:`fit` computes for ``block_lists[t]`` on
@@ -576,54 +299,35 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
     -------
     TrialsResult
     """
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype)
-    T = len(block_lists)
-    if T < 1 or len(graphs) != T or len(seeds) != T:
-        raise ConfigError(
-            f"trials: got {T} data sets, {len(graphs)} graphs and {len(seeds)} seeds; need the same number >= 1"
-        )
-    graphs = [as_graph(g) for g in graphs]
-    seeds = [as_seed(s, f"seeds[{t}]") for t, s in enumerate(seeds)]
+    solver, options = settings(locals())  # every keyword checked, once
+    device, dtype = resolve_device(options.device), resolve_dtype(options.dtype)
+    graphs, seeds = _check_trials(block_lists, graphs, seeds, init_seeds, align_trials)
+    T = len(graphs)
     for t, g in enumerate(graphs):
-        check_min_degree(g, min_degree, trial=t)
+        check_min_degree(g, options.min_degree, trial=t)
     N = graphs[0].n_agents
-    blocks = [check_data(as_blocks(b, N), negative) for b in block_lists]
-    caps_t = torch.as_tensor(g_max, dtype=torch.float64)
-    if caps_t.dim() == 2:
-        if tuple(caps_t.shape) != (T, N):
-            raise ConfigError(f"g_max: a 2-D cap array must have shape ({T}, {N}), got {tuple(caps_t.shape)}")
-        caps = torch.stack([as_caps(row.tolist(), N) for row in caps_t])
-    else:
-        caps = as_caps(g_max if caps_t.dim() == 0 else caps_t.tolist(), N).expand(T, N)
-    params, exch = _prepare(rank, blocks[0][0].shape[0], n_max=n_max, mu=mu, eta=eta, bcd_iters=bcd_iters,
-                            x_iters=x_iters, y_iters=y_iters, tol=tol, admm_tol=admm_tol, penalty=penalty,
-                            consensus_form=consensus_form, exchange=exchange, protocol=protocol,
-                            key_bits=key_bits, g_bits=g_bits, exchange_options=exchange_options, fuse=fuse,
-                            penalty_schedule=penalty_schedule, init=init, y_solver=y_solver,
-                            x_solver=dict(x_solver=x_solver, x_rho=x_rho, x_gamma_spread=x_gamma_spread,
-                                          x_sigma=x_sigma, x_rounds=x_rounds, x_start=x_start, x_walk=x_walk))
+    blocks = [check_data(as_blocks(b, N), options.negative) for b in block_lists]
+    caps = _trial_caps(solver.g_max, T, N)
+    params, exch = prepare(solver, options, blocks[0][0].shape[0])
     warn_degree_one(exch, graphs)
     warn_sum_leak(exch, params, caps, [g.degree for g in graphs])
     try:
         check_shared_caps(caps, params.penalty_schedule)
         for b, g, c in zip(blocks, graphs, caps):
-            _preflight(exch, b, c, g.degree, params)
-        if init_seeds is not None and len(init_seeds) != T:
-            raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
+            preflight(exch, b, c, g.degree, params)
         problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
-                                rank=rank if align_trials else None,
-                                init_seeds=[_init_seed(None if init_seeds is None else init_seeds[t], seeds[t])
+                                rank=solver.rank if align_trials else None,
+                                init_seeds=[start_seed(None if init_seeds is None else init_seeds[t], seeds[t])
                                             for t in range(T)])
     except BaseException:
         exch.close()  # fit_trials owns the exchange, also when it fails before the run
         raise
-    state, history, info, costs = _run(problem, params, exch, callback, single=False, dtype=dtype, device=device)
+    state, history, info, costs = run(problem, params, exch, options, single=False)
     N = problem.n_agents
     return TrialsResult(
         X=state.X[:, :N], Y=state.Y[:, :N], U=state.U[:, :N],
         columns=problem.counts[:, :N].cpu().tolist(),
-        history=_history_batched(history),
+        history=history_batched(history),
         graphs=graphs, seeds=[int(s) for s in seeds],
         n_iter=info["n_iter"], converged=info["converged"], costs=costs,
     )

@@ -1,44 +1,63 @@
-"""Typed run configuration: plain dataclasses and a validating converter.
+"""PPDNMF's spec: every setting of a fit and of a run, its default and its rule, written once.
 
-The Hydra app (:mod:`ppdnmf_torch.app.cli`) composes ``conf/`` into a nested dict and
-hands it to :func:`from_dict` once; scripts and tests can build a :class:`RunConfig`
-directly, or from a dict. Nothing here imports Hydra or OmegaConf.
+* :class:`SolverConfig` (frozen): Algorithm 1's settings. :func:`~.api.fit`,
+  :func:`~.api.fit_trials`, :func:`~.distributed.fit_rank`, :class:`~.estimator.PPDNMF` and
+  the CLI's ``solver`` section (``conf/solver/default.yaml``) take their defaults from it
+  (tests/test_spec.py checks by introspection), and its construction checks every value.
+* :class:`FitOptions` (frozen): the rest of ``fit``'s keywords (the exchange, the data's and
+  the graph's checks, seeds, placement, callback, checkpoints), the same way.
+* :class:`RunConfig`: one run of the app (the CLI's whole config), of sections
+  (:class:`DataConfig`, :class:`GraphConfig`, :class:`SolverConfig`, the exchange's spec,
+  :class:`LoggerConfig`), converted once from Hydra's dict by :func:`from_dict`.
 
-Every bad value raises :class:`~ppdnmf_torch._utils.ConfigError` with a message that
-starts with the dotted key, e.g. ``"solver.mu: must be > 0, got -1"``.
+The rules are the fields' (:func:`ppdnmf_torch.specs.rule`): a value of the wrong type is
+refused by name, never converted (``fit(fuse="no")``, ``fit(bcd_iters=2.0)``); a config's text
+values are converted first (:func:`ppdnmf_torch.specs.build`: ``1e3`` for an integer). Errors
+start with the (dotted) key: ``"solver.mu: must be > 0, got -1.0"``. Nothing here imports
+Hydra or OmegaConf.
 """
 from __future__ import annotations
 
-import math
+import numbers
+import os
 import re
-import types
 import typing
-from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
 
 from ...errors import ConfigError, PPDNMFError
 from ...data import CBCL_HINT, DATA_KINDS
+from ...exchange.base import Exchange
 from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
-from ...graph import GRAPH_KINDS, GRAPH_PARAMS
-from ...graph import GRAPH_ALIASES as _GRAPH_ALIASES, GRAPH_REQUIRED as _GRAPH_REQUIRED
-from ...penalties import PENALTY_MODES
-from .problem import NEGATIVE_MODES, check_rank
-from .solver import CONSENSUS_FORMS, X_SOLVERS, X_WALKS
-from ...penalties import PENALTY_SCHEDULES
+from ...graph import GRAPH_ALIASES, GRAPH_KINDS, GRAPH_PARAMS, GRAPH_REQUIRED
+from ...penalties import PENALTY_MODES, PENALTY_SCHEDULES
+from ...specs import build, check_dataclass, check_fields, coerce, rule, to_plain
 from ...threads import resolve_threads
-from .solver.state import DEFAULTS as _FIT_DEFAULTS, INITS, PAPER_SETTINGS as _PAPER_SETTINGS, Y_SOLVERS
+from .problem import MAX_SEED, NEGATIVE_MODES, as_seed, check_rank
 
 __all__ = [
+    "SolverConfig",
+    "FitOptions",
+    "settings",
     "RunConfig",
     "DataConfig",
     "SplitConfig",
     "GraphConfig",
-    "SolverConfig",
+    "LoggerConfig",
     "exchange_keys",
     "exchange_to_dict",
-    "LoggerConfig",
     "from_dict",
     "to_dict",
+    "PAPER_SETTINGS",
+    "CONSENSUS_FORMS",
+    "INITS",
+    "Y_SOLVERS",
+    "X_SOLVERS",
+    "X_WALKS",
+    "X_SOLVER_KEYS",
+    "MAX_ITERATIONS",
     "LOGGER_KINDS",
     "DTYPES",
     "GRAPH_PARAMS",
@@ -47,23 +66,157 @@ __all__ = [
 
 LOGGER_KINDS = ("tensorboard", "none")
 DTYPES = ("float64", "float32")
-
+#: the consensus term of step 3 (docs/ALGORITHM.md, "The consensus term in step 3")
+CONSENSUS_FORMS = ("derived", "paper_literal")
+#: starts of Algorithm 1: the paper's all-ones ``X_0``, or one drawn from a seed all agents share
+INITS = ("ones", "random")
+#: solvers of the Y-step's NNLS: the paper's ADMM (eqs. 12-14) or HALS (``solver/hals.py``)
+Y_SOLVERS = ("admm", "hals")
+#: the X-step's solvers: the paper's decentralized ADMM (eqs. 8-11), or the incremental
+#: consensus engine (``solver/incremental.py``): I-ADMM, PI-ADMM1 (perturbed step), PI-ADMM2 (noise)
+X_SOLVERS = ("admm", "i_admm", "pi_admm", "pi_admm2")
+#: the incremental X-step's walk: a Hamiltonian cycle when one is found, else a closed walk
+#: that relays the token ("auto"), or a Hamiltonian cycle only ("cycle")
+X_WALKS = ("auto", "cycle")
+#: the incremental X-step's settings (the centralized baseline keeps the ADMM X-step)
+X_SOLVER_KEYS = ("x_solver", "x_rho", "x_gamma_spread", "x_sigma", "x_rounds", "x_start", "x_walk")
+#: the paper's caps, start, Y-step and fixed iteration counts (``experiment=paper_*``,
+#: :func:`~.experiments.run_experiment`'s presets, the per-agent reference in tests/)
+PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "tol": 0.0}
+#: the most iterations a loop may be asked for: a count beyond it cannot end (an ADMM or
+#: HALS iteration takes microseconds at least), so it is refused up front, as a count whose
+#: history or buffers cannot fit in memory is (:func:`~.problem.check_run_size`)
+MAX_ITERATIONS = 2**31 - 1
 
 #: defaults of the synthetic data's parameters (the paper's Sec. IV)
 SYNTHETIC_DEFAULTS = {"L": 30, "M": 200, "K": 5, "x_mean": 0.033, "y_mean": 0.8, "noise_var": 3.6e-4}
 _FILE_KINDS = ("cbcl", "npy", "csv")
 
 
-def _spec(default=MISSING, *, default_factory=MISSING, gt=None, ge=None, le=None, choices=None, doc=""):
-    """A dataclass field carrying its range/choices for :func:`from_dict`."""
-    meta = {"gt": gt, "ge": ge, "le": le, "choices": choices, "doc": doc}
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+def _caps(key: str, v):
+    """``g_max``: one number > 0, or one per agent (a list, an array, a tensor; ``(T, N)`` for
+    :func:`~.api.fit_trials`), whose entries :func:`~.problem.as_caps` checks against the agents."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        if not (v > 0 and v < float("inf")):
+            raise ConfigError(f"{key}: must be a finite number > 0, got {v!r}")
+        return v
+    if isinstance(v, (bool, str, bytes, Mapping)) or not hasattr(v, "__len__"):
+        raise ConfigError(f"{key}: must be a number > 0 or a list of numbers (one per agent), got {v!r} "
+                          f"({type(v).__name__})")
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _seed(key: str, v) -> int:
+    """A seed: an integer from 0 to 2**63 - 1 (a float, a bool or None refused, never truncated)."""
+    return as_seed(v, key)
+
+
+def _folder(key: str, v):
+    """A folder or file path: a string or ``os.PathLike``, not empty (``""`` would be the
+    current directory)."""
+    if not isinstance(v, (str, os.PathLike)):
+        raise ConfigError(f"{key}: must be a path (a string or os.PathLike) or None, got {v!r} ({type(v).__name__})")
+    if not str(os.fspath(v)).strip():
+        raise ConfigError(f"{key}: is empty; give a folder (an empty path would be the current directory), "
+                          "or None")
+    return v
 
 
 # --------------------------------------------------------------------------------------
-# The dataclasses
+# The spec: Algorithm 1's settings, and the rest of fit's keywords
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """Algorithm 1's settings: the single source of their defaults and rules.
+
+    Every value is checked on construction (types refused, not converted). The meaning of each
+    is :func:`~ppdnmf_torch.fit`'s parameter of the same name; ``rank`` is the CLI's
+    ``solver.rank`` (``fit`` takes it as an argument, the estimator as ``n_components``).
+    """
+
+    rank: int = rule(5, ge=1, doc="the inner rank K")
+    mu: float = rule(0.1, gt=0, doc="the X-step's ADMM penalty (eqs. 8-11)")
+    eta: float = rule(1.0, gt=0, doc="the Y-step's ADMM penalty (eqs. 12-14)")
+    g_max: float | list[float] = rule(0.033, gt=0, check=_caps, doc="the penalty caps g_i")
+    bcd_iters: int = rule(1000, ge=1, le=MAX_ITERATIONS, doc="the cap on BCD iterations")
+    x_iters: int = rule(30, ge=1, le=MAX_ITERATIONS, doc="ADMM iterations per X-step")
+    y_iters: int = rule(30, ge=1, le=MAX_ITERATIONS, doc="ADMM iterations (HALS sweeps) per Y-step")
+    tol: float = rule(1e-4, ge=0, doc="the Sec. II-C stopping rule's tolerance (0: fixed counts)")
+    admm_tol: float | None = rule(0.0, ge=0, doc="the ADMM loops' tolerance (None: tol; 0: fixed counts)")
+    penalty: str = rule("random", choices=PENALTY_MODES, doc="random monotone draws or fixed g_i")
+    consensus_form: str = rule("derived", choices=CONSENSUS_FORMS, doc="step 3's consensus term")
+    fuse: bool = rule(False, doc="compile the ADMM iterations with TorchInductor")
+    penalty_schedule: str = rule("agreed", choices=PENALTY_SCHEDULES, doc="how the caps evolve")
+    init: str = rule("random", choices=INITS, doc="the start X_0 = U_0")
+    init_seed: int | None = rule(None, check=_seed, doc="seed of init='random' (None: the run's seed)")
+    y_solver: str = rule("admm", choices=Y_SOLVERS, doc="the Y-step's solver")
+    x_solver: str = rule("admm", choices=X_SOLVERS, doc="the X-step's solver")
+    x_rho: float = rule(0.1, gt=0, doc="the incremental methods' penalty rho")
+    x_gamma_spread: float = rule(0.05, ge=0, doc="pi_admm: gamma ~ U(1 - s / rho, 1 + s / rho)")
+    x_sigma: float = rule(1e-3, ge=0, doc="pi_admm2: the noise's standard deviation")
+    x_rounds: int | None = rule(None, ge=1, le=MAX_ITERATIONS, doc="token rounds per X-step (None: x_iters)")
+    x_start: list[float] | None = rule(None, doc="[low, high] of the private start offsets")
+    x_walk: str = rule("auto", choices=X_WALKS, doc="the token's walk")
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.x_start is not None and (len(self.x_start) != 2 or self.x_start[0] > self.x_start[1]):
+            raise ConfigError(f"x_start: expected a pair [low, high] with low <= high, or None, got {self.x_start!r}")
+        if self.x_solver == "pi_admm" and not self.x_gamma_spread < self.x_rho:
+            raise ConfigError(f"x_gamma_spread: gamma ~ U(1 - s / rho, 1 + s / rho) needs s < {{x_rho}} = "
+                              f"{self.x_rho} to keep gamma > 0, got {self.x_gamma_spread}")
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """The rest of :func:`~ppdnmf_torch.fit`'s keywords (its inputs ``Z``, ``adjacency``,
+    ``rank`` and ``columns`` aside): the single source of their defaults and types.
+
+    The exchange's own values are its spec's to check (:func:`~ppdnmf_torch.exchange.exchange_spec`);
+    the device's and dtype's names :func:`~ppdnmf_torch.resolve_device`'s and
+    :func:`~ppdnmf_torch.resolve_dtype`'s.
+    """
+
+    exchange: str | ExchangeSpec | Exchange = rule("plain", doc="the exchange kind, a spec or an exchange")
+    protocol: str | None = rule(None, doc="the integer kinds' protocol (None: the spec's default)")
+    n_max: float | None = rule(None, doc="the quantization scale N_max (None: the spec's default)")
+    key_bits: int | None = rule(None, doc="the Paillier key size (None: the spec's default)")
+    g_bits: int | None = rule(None, doc="the penalties' scale 2^g_bits (None: the spec's default)")
+    exchange_options: Mapping | None = rule(None, doc="further settings of the kind's spec")
+    negative: str = rule("error", choices=NEGATIVE_MODES, doc="what to do with negative entries of Z")
+    min_degree: int | None = rule(None, ge=1, doc="refuse graphs with an agent of fewer neighbours")
+    seed: int = rule(0, check=_seed, doc="seeds the penalty draws (and the seeded start)")
+    device: str | torch.device = rule("auto", doc="auto, cpu, cuda or cuda:<k>")
+    dtype: str | torch.dtype = rule("float64", doc="float64 or float32")
+    threads: int | None = rule(None, ge=1, doc="torch's intra-op threads for the call (None: the default)")
+    callback: Callable | None = rule(None, doc="called after each BCD iteration; True stops")
+    checkpoint_dir: str | os.PathLike | None = rule(None, check=_folder, doc="where checkpoints go")
+    checkpoint_every: int = rule(1, ge=0, doc="BCD iterations between checkpoints (0: on Ctrl-C only)")
+    resume_from: str | os.PathLike | None = rule(None, check=_folder, doc="a checkpoint, or its folder")
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def settings(namespace: Mapping, **given) -> tuple[SolverConfig, FitOptions]:
+    """The spec of an entry point's call: its parameters (``locals()`` at its first line)
+    that are fields of :class:`SolverConfig` or :class:`FitOptions`, and ``given``; the
+    others take the spec's defaults. Every value is checked here, once."""
+    values = {**namespace, **given}
+    solver = SolverConfig(**{f.name: values[f.name] for f in fields(SolverConfig) if f.name in values})
+    options = FitOptions(**{f.name: values[f.name] for f in fields(FitOptions) if f.name in values})
+    return solver, options
+
+
+#: the defaults: what an entry point's signature shows
+SOLVER_DEFAULTS = SolverConfig()
+OPTION_DEFAULTS = FitOptions()
+
+
+# --------------------------------------------------------------------------------------
+# The app's run: its sections
 # --------------------------------------------------------------------------------------
 
 
@@ -75,9 +228,9 @@ class SplitConfig:
     draws (:func:`ppdnmf_torch.data.split_counts`); all None splits equally.
     """
 
-    lo: int | None = _spec(None, ge=1)
-    hi: int | None = _spec(None, ge=1)
-    counts: list[int] | None = _spec(None, ge=1)
+    lo: int | None = rule(None, ge=1)
+    hi: int | None = rule(None, ge=1)
+    counts: list[int] | None = rule(None, ge=1)
 
 
 @dataclass
@@ -89,20 +242,20 @@ class DataConfig:
     kinds; ``delimiter`` to ``csv`` (None: ``","``).
     """
 
-    kind: str = _spec("synthetic", choices=DATA_KINDS)
+    kind: str = rule("synthetic", choices=DATA_KINDS)
     path: str | None = None
-    L: int | None = _spec(None, ge=1)
-    M: int | None = _spec(None, ge=1)
-    K: int | None = _spec(None, ge=1)
-    x_mean: float | None = _spec(None, gt=0)
-    y_mean: float | None = _spec(None, gt=0)
-    noise_var: float | None = _spec(None, ge=0)
+    L: int | None = rule(None, ge=1)
+    M: int | None = rule(None, ge=1)
+    K: int | None = rule(None, ge=1)
+    x_mean: float | None = rule(None, gt=0)
+    y_mean: float | None = rule(None, gt=0)
+    noise_var: float | None = rule(None, ge=0)
     delimiter: str | None = None
-    negative: str = _spec("error", choices=NEGATIVE_MODES)
+    negative: str = rule(OPTION_DEFAULTS.negative, choices=NEGATIVE_MODES)
     # divide Z by its largest absolute entry before the run (mu, eta and g_max are absolute:
     # data far from unit scale can leave the factors at zero or at their start)
     normalize: bool = False
-    image_shape: list[int] | None = _spec(None, ge=1)
+    image_shape: list[int] | None = rule(None, ge=1)
     split: SplitConfig = field(default_factory=SplitConfig)
 
     def synthetic_kwargs(self) -> dict:
@@ -119,55 +272,20 @@ class GraphConfig:
     neighbours (``2``: no agent whose exchange sums are a single neighbour's term).
     """
 
-    kind: str = _spec("random", choices=GRAPH_KINDS)
-    avg_degree: float | None = _spec(None, gt=0)
-    rows: int | None = _spec(None, ge=1)
-    cols: int | None = _spec(None, ge=1)
-    p: float | None = _spec(None, gt=0, le=1)
-    radius: float | None = _spec(None, gt=0)
-    max_tries: int | None = _spec(None, ge=1)
+    kind: str = rule("random", choices=GRAPH_KINDS)
+    avg_degree: float | None = rule(None, gt=0)
+    rows: int | None = rule(None, ge=1)
+    cols: int | None = rule(None, ge=1)
+    p: float | None = rule(None, gt=0, le=1)
+    radius: float | None = rule(None, gt=0)
+    max_tries: int | None = rule(None, ge=1)
     path: str | None = None
-    min_degree: int | None = _spec(None, ge=1)
+    min_degree: int | None = rule(OPTION_DEFAULTS.min_degree, ge=1)
 
     def params(self) -> dict:
         """The keyword arguments of ``make_graph`` for this kind (nulls left out)."""
         return {k: getattr(self, k) for k in GRAPH_PARAMS[self.kind] if getattr(self, k) is not None}
 
-
-@dataclass
-class SolverConfig:
-    """Algorithm 1's parameters (the arguments of :func:`ppdnmf_torch.fit`)."""
-
-    rank: int = _spec(5, ge=1)
-    mu: float = _spec(0.1, gt=0)
-    eta: float = _spec(1.0, gt=0)
-    g_max: float | list[float] = _spec(0.033, gt=0)
-    bcd_iters: int = _spec(1000, ge=1)
-    x_iters: int = _spec(30, ge=1)
-    y_iters: int = _spec(30, ge=1)
-    tol: float = _spec(1e-4, ge=0)
-    admm_tol: float | None = _spec(0.0, ge=0)
-    penalty: str = _spec("random", choices=PENALTY_MODES)
-    consensus_form: str = _spec("derived", choices=CONSENSUS_FORMS)
-    # compile the ADMM iterations with TorchInductor (faster for long runs; see fit)
-    fuse: bool = False
-    # the caps g_i: agreed (one cap for every edge, grown by a rule all agents agree on) |
-    # adaptive (each agent's consensus-seeking rule) | paper (fixed); see fit
-    penalty_schedule: str = _spec(_FIT_DEFAULTS["penalty_schedule"], choices=PENALTY_SCHEDULES)
-    # the start X_0: ones (the paper) | random (drawn from a seed every agent shares)
-    init: str = _spec(_FIT_DEFAULTS["init"], choices=INITS)
-    # seed of init=random (null: the run's seed)
-    init_seed: int | None = _spec(None, ge=0)
-    # the Y-step: admm (eqs. 12-14) | hals (y_iters HALS sweeps)
-    y_solver: str = _spec(_FIT_DEFAULTS["y_solver"], choices=Y_SOLVERS)
-    # the X-step's solver: the paper's ADMM, or the incremental consensus engine (see fit)
-    x_solver: str = _spec("admm", choices=X_SOLVERS)
-    x_rho: float = _spec(0.1, gt=0)
-    x_gamma_spread: float = _spec(0.05, ge=0)
-    x_sigma: float = _spec(1e-3, ge=0)
-    x_rounds: int | None = _spec(None, ge=1)
-    x_start: list[float] | None = None
-    x_walk: str = _spec("auto", choices=X_WALKS)
 
 
 #: exchange settings that only the Python API takes (pre-made keys, test hooks, transcripts)
@@ -197,13 +315,13 @@ def _build_exchange(data, prefix: str = "exchange") -> ExchangeSpec:
     if kind not in SPECS:
         raise ConfigError(f"{prefix}.kind: unknown value {kind!r}; use one of {', '.join(EXCHANGE_KINDS)}")
     cls, keys = SPECS[kind], exchange_keys(kind)
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     values = {}
     for k, v in d.items():
         if k not in keys:
             raise ConfigError(f"{prefix}.{k}: does not apply to {prefix}.kind={kind} "
                               f"(its keys: {', '.join(keys) if keys else 'none'})")
-        values[k] = _coerce(f"{prefix}.{k}", v, hints[k], {})
+        values[k] = coerce(f"{prefix}.{k}", v, hints[k])
     try:
         return cls(**values)
     except PPDNMFError as exc:
@@ -214,11 +332,12 @@ def _build_exchange(data, prefix: str = "exchange") -> ExchangeSpec:
 class LoggerConfig:
     """TensorBoard logging."""
 
-    kind: str = _spec("tensorboard", choices=LOGGER_KINDS)
+    kind: str = rule("tensorboard", choices=LOGGER_KINDS)
     images: bool = True
-    n_samples: int = _spec(2, ge=1)
-    image_scale: int = _spec(4, ge=1, le=32)
-    flush_secs: int = _spec(30, ge=1)
+    n_samples: int = rule(2, ge=1)
+    image_scale: int = rule(4, ge=1, le=32)
+    flush_secs: int = rule(30, ge=1)
+
 
 
 def _paper_synthetic_data() -> DataConfig:
@@ -228,7 +347,7 @@ def _paper_synthetic_data() -> DataConfig:
 def _paper_solver() -> SolverConfig:
     """The solver of the paper's experiments: the library's defaults but the paper's caps, start,
     Y-step and fixed 100 BCD iterations."""
-    return SolverConfig(bcd_iters=100, **_PAPER_SETTINGS)
+    return SolverConfig(bcd_iters=100, **PAPER_SETTINGS)
 
 
 @dataclass
@@ -237,22 +356,22 @@ class RunConfig:
     arguments, which composes ``experiment=paper_synthetic``)."""
 
     # the app's task that runs this config (conf/task/ppdnmf.yaml; ppdnmf_torch.app.tasks)
-    task: str = _spec("ppdnmf", choices=("ppdnmf",))
+    task: str = rule("ppdnmf", choices=("ppdnmf",))
     name: str = "custom"
-    seed: int = _spec(0, ge=0)
+    seed: int = rule(OPTION_DEFAULTS.seed, ge=0, le=MAX_SEED)
     device: str = "auto"
-    dtype: str = _spec("float64", choices=DTYPES)
+    dtype: str = rule("float64", choices=DTYPES)
     centralized: bool = True
-    n_agents: int = _spec(10, ge=1)
+    n_agents: int = rule(10, ge=1)
     progress: bool = True
     # off a terminal: seconds between two progress lines in the log
-    progress_interval: float = _spec(5.0, gt=0)
+    progress_interval: float = rule(5.0, gt=0)
     # CPU threads of torch's intra-op pool (None: the package's default, threads.default_threads)
-    threads: int | None = _spec(None, ge=1)
+    threads: int | None = rule(None, ge=1)
     # independent trials (seeds seed, seed + 1, ...) run as one batched computation
-    trials: int = _spec(1, ge=1)
+    trials: int = rule(1, ge=1)
     # crash-safe checkpoints in <run dir>/checkpoints every this many BCD iterations (0: only on Ctrl-C)
-    checkpoint_every: int = _spec(10, ge=0)
+    checkpoint_every: int = rule(10, ge=0)
     # keep the checkpoints of a run that finished (default: removed once the outputs are written)
     keep_checkpoints: bool = False
     # a previous run's folder: continue it from its newest checkpoint (its own config is used)
@@ -260,7 +379,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
     solver: SolverConfig = field(default_factory=_paper_solver)
-    exchange: ExchangeSpec = field(default_factory=PlainSpec)
+    exchange: ExchangeSpec = rule(default_factory=PlainSpec, build=_build_exchange)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def validate(self) -> "RunConfig":
@@ -271,147 +390,14 @@ class RunConfig:
         ConfigError
             Naming the dotted key of the first bad value.
         """
-        _check_dataclass(self, "")
+        check_dataclass(self, "")
         _check_cross(self)
         return self
 
 
 # --------------------------------------------------------------------------------------
-# Conversion and validation
+# Rules across a run's sections
 # --------------------------------------------------------------------------------------
-
-
-def _key(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _type_name(v) -> str:
-    return type(v).__name__
-
-
-def _hints(cls):
-    return typing.get_type_hints(cls)
-
-
-def _split_optional(tp):
-    """``(inner types, nullable)`` of an annotation such as ``int | None``."""
-    args = typing.get_args(tp)
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = tuple(a for a in args if a is not type(None))
-        return inner, len(inner) != len(args)
-    return (tp,), False
-
-
-def _check_range(key, v, meta):
-    gt, ge, le = meta.get("gt"), meta.get("ge"), meta.get("le")
-    if gt is not None and not v > gt:
-        raise ConfigError(f"{key}: must be > {gt:g}, got {v!r}")
-    if ge is not None and not v >= ge:
-        raise ConfigError(f"{key}: must be >= {ge:g}, got {v!r}")
-    if le is not None and not v <= le:
-        raise ConfigError(f"{key}: must be <= {le:g}, got {v!r}")
-
-
-def _coerce_scalar(key, v, tp, meta):
-    """Check ``v`` against one scalar type; returns the (possibly converted) value or raises."""
-    if tp is bool:
-        if not isinstance(v, bool):
-            raise ConfigError(f"{key}: must be true or false, got {v!r}")
-        return v
-    if tp is int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-                v = int(v)
-            else:
-                raise ConfigError(f"{key}: must be an integer, got {v!r} ({_type_name(v)})")
-        _check_range(key, v, meta)
-        return v
-    if tp is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{key}: must be a number, got {v!r} ({_type_name(v)})")
-        if not math.isfinite(v):
-            raise ConfigError(f"{key}: must be a finite number, got {v!r}")
-        _check_range(key, v, meta)
-        return float(v)
-    if tp is str:
-        if not isinstance(v, str):
-            raise ConfigError(f"{key}: must be a string, got {v!r} ({_type_name(v)})")
-        choices = meta.get("choices")
-        if choices is not None and v not in choices:
-            raise ConfigError(f"{key}: unknown value {v!r}; use one of {', '.join(choices)}")
-        return v
-    raise TypeError(f"unsupported config type {tp!r}")  # programming error, not user input
-
-
-def _coerce(key, v, tp, meta):
-    inner, nullable = _split_optional(tp)
-    if v is None:
-        if nullable:
-            return None
-        raise ConfigError(f"{key}: is required (got null)")
-    if isinstance(v, (list, tuple)):
-        list_types = [t for t in inner if typing.get_origin(t) is list]
-        if not list_types:
-            raise ConfigError(f"{key}: must be a single value, got a list {list(v)!r}")
-        (elem,) = typing.get_args(list_types[0])
-        if not v:
-            raise ConfigError(f"{key}: the list is empty")
-        return [_coerce_scalar(f"{key}[{i}]", x, elem, meta) for i, x in enumerate(v)]
-    if isinstance(v, Mapping):
-        raise ConfigError(f"{key}: must be a single value, got a mapping")
-    scalars = [t for t in inner if typing.get_origin(t) is not list]
-    if not scalars:
-        raise ConfigError(f"{key}: must be a list, got {v!r}")
-    return _coerce_scalar(key, v, scalars[0], meta)
-
-
-def _build(cls, data, prefix: str):
-    if is_dataclass(data) and isinstance(data, cls):
-        data = {f.name: getattr(data, f.name) for f in fields(data)}
-    if not isinstance(data, Mapping):
-        where = prefix or "config"
-        raise ConfigError(f"{where}: must be a mapping of keys to values, got {data!r}")
-    names = [f.name for f in fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        raise ConfigError(
-            f"{_key(prefix, str(unknown[0]))}: unknown key; known keys here: {', '.join(names)}"
-        )
-    hints = _hints(cls)
-    kwargs = {}
-    for f in fields(cls):
-        key = _key(prefix, f.name)
-        tp = hints[f.name]
-        if tp is ExchangeSpec:
-            if f.name in data and data[f.name] is not None:
-                kwargs[f.name] = _build_exchange(data[f.name], key)
-            continue
-        if isinstance(tp, type) and is_dataclass(tp):
-            if f.name in data and data[f.name] is not None:
-                kwargs[f.name] = _build(tp, data[f.name], key)
-            continue
-        if f.name in data:
-            kwargs[f.name] = _coerce(key, data[f.name], tp, f.metadata)
-    return cls(**kwargs)
-
-
-def _check_dataclass(obj, prefix: str):
-    """Re-check the values of an already built dataclass (types, ranges, choices)."""
-    hints = _hints(type(obj))
-    for f in fields(obj):
-        key = _key(prefix, f.name)
-        v = getattr(obj, f.name)
-        tp = hints[f.name]
-        if tp is ExchangeSpec:
-            setattr(obj, f.name, _build_exchange(v, key))
-            continue
-        if isinstance(tp, type) and is_dataclass(tp):
-            if not isinstance(v, tp):
-                raise ConfigError(f"{key}: must be a {tp.__name__}, got {_type_name(v)}")
-            _check_dataclass(v, key)
-        else:
-            setattr(obj, f.name, _coerce(key, v, tp, f.metadata))
 
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -486,8 +472,6 @@ def _check_cross(cfg: RunConfig):
             check_rank(cfg.solver.rank, L)  # the rule fit applies, before any data is loaded
         except ConfigError as exc:
             raise exc.within("solver") from None
-    if cfg.solver.x_start is not None and len(cfg.solver.x_start) != 2:
-        raise ConfigError(f"solver.x_start: expected [low, high] or null, got {cfg.solver.x_start!r}")
     if cfg.solver.x_solver != "admm" and cfg.exchange.kind != "plain":
         raise ConfigError(f"exchange.kind: solver.x_solver={cfg.solver.x_solver} passes a token and sends no "
                           f"secure sums; use exchange=plain (got {cfg.exchange.kind})")
@@ -502,7 +486,7 @@ def _check_cross(cfg: RunConfig):
                 f"graph.{k}: does not apply to graph.kind={g.kind} "
                 f"(its parameters: {', '.join(allowed) if allowed else 'none'})"
             )
-    for k in _GRAPH_REQUIRED.get(g.kind, ()):
+    for k in GRAPH_REQUIRED.get(g.kind, ()):
         if getattr(g, k) is None or (k == "path" and not str(g.path).strip()):
             raise ConfigError(f"graph.{k}: graph.kind={g.kind} needs {k}")
     if g.kind == "grid":
@@ -528,17 +512,18 @@ def from_dict(d: Mapping) -> RunConfig:
         Naming the dotted key, e.g. ``"solver.mu: must be > 0, got -1.0"``.
     """
     if not isinstance(d, Mapping):
-        raise ConfigError(f"config: must be a mapping of keys to values, got {_type_name(d)}")
+        raise ConfigError(f"config: must be a mapping of keys to values, got {type(d).__name__}")
     d = {k: v for k, v in d.items() if k != "hydra"}
-    if isinstance(d.get("graph"), Mapping) and d["graph"].get("kind") in _GRAPH_ALIASES:
-        d["graph"] = dict(d["graph"], kind=_GRAPH_ALIASES[d["graph"]["kind"]])
-    cfg = _build(RunConfig, d, "")
+    if isinstance(d.get("graph"), Mapping) and d["graph"].get("kind") in GRAPH_ALIASES:
+        d["graph"] = dict(d["graph"], kind=GRAPH_ALIASES[d["graph"]["kind"]])
+    cfg = build(RunConfig, d)
     _check_cross(cfg)
     return cfg
 
 
 def to_dict(cfg: RunConfig) -> dict:
     """Plain nested dict of a :class:`RunConfig` (YAML/JSON-serialisable)."""
-    d = asdict(cfg)
+    d = to_plain(cfg)
     d["exchange"] = exchange_to_dict(cfg.exchange)
     return d
+

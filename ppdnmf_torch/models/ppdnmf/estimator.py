@@ -18,23 +18,28 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils.validation import check_is_fitted, check_non_negative, validate_data
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ...driver import seed_of
-from ...errors import ConfigError, DataError
+from ...errors import ConfigError, DataError, PPDNMFError
 from ...graph import Graph, complete, ring
 from ...threads import using_threads
-from .api import FitResult, fit
+from .api import fit
+from .config import OPTION_DEFAULTS as _O, SOLVER_DEFAULTS as _S
 from .problem import as_graph, build_problem
-from .solver import DEFAULTS, STOPPING, SolverParams, init_state
+from .result import FitResult
+from .solver import init_state, solver_params
 from .solver.admm import y_step
 
 __all__ = ["PPDNMF"]
+
+#: the estimator's parameters that :func:`~ppdnmf_torch.fit` knows by other names
+_FIT_NAMES = {"bcd_iters": "max_iter", "rank": "n_components", "adjacency": "graph", "seed": "random_state",
+              "init_seed": "random_state"}
 
 #: densified blocks of a ``scipy.sparse`` input above this many bytes are refused
 MAX_DENSE_BYTES = 2 << 30
@@ -101,8 +106,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     mu, eta, g_max, x_iters, y_iters, admm_tol, exchange, protocol, n_max, key_bits, g_bits,
     penalty, penalty_schedule, y_solver, negative, min_degree, device, dtype, fuse, threads,
     exchange_options
-        As in :func:`ppdnmf_torch.fit` (None: its default). ``dtype`` is ``"float64"`` or
-        ``"float32"``.
+        As in :func:`ppdnmf_torch.fit`, with its defaults (its spec's,
+        :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig` and
+        :class:`~ppdnmf_torch.models.ppdnmf.config.FitOptions`) and its rules (checked by
+        :meth:`fit`). ``dtype`` is ``"float64"`` or ``"float32"``.
     transform_iters : int
         Cap on the Y-step iterations of :meth:`transform` (ADMM iterations or HALS sweeps,
         whichever ``y_solver`` the fit used), run in rounds of ``y_iters`` until the relative
@@ -139,12 +146,13 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     ((200, 5), (5, 30))
     """
 
-    def __init__(self, n_components=None, *, graph=None, n_agents=10, columns=None, init="random",
-                 random_state=None, max_iter=STOPPING["bcd_iters"], tol=STOPPING["tol"], mu=0.1, eta=1.0, g_max=0.033, x_iters=30, y_iters=30,
-                 admm_tol=None, exchange="plain", protocol=None, n_max=None, key_bits=None, g_bits=None,
-                 penalty="random", penalty_schedule=None, y_solver=None, negative="error", min_degree=None,
-                 device="auto", dtype="float64", fuse=False, threads=None, exchange_options=None,
-                 transform_iters=3000, transform_tol=1e-8):
+    def __init__(self, n_components=None, *, graph=None, n_agents=10, columns=None, init=_S.init,
+                 random_state=None, max_iter=_S.bcd_iters, tol=_S.tol, mu=_S.mu, eta=_S.eta, g_max=_S.g_max,
+                 x_iters=_S.x_iters, y_iters=_S.y_iters, admm_tol=_S.admm_tol, exchange=_O.exchange,
+                 protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
+                 penalty_schedule=_S.penalty_schedule, y_solver=_S.y_solver, negative=_O.negative,
+                 min_degree=_O.min_degree, device=_O.device, dtype=_O.dtype, fuse=_S.fuse, threads=_O.threads,
+                 exchange_options=_O.exchange_options, transform_iters=3000, transform_tol=1e-8):
         self.n_components = n_components
         self.graph = graph
         self.n_agents = n_agents
@@ -224,15 +232,24 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                 X = X.to(torch.float64)
             # scikit-learn's checks (finite values, sample and feature counts, feature names)
             validate_data(self, X.detach().cpu().numpy(), reset=reset, dtype=[np.float64, np.float32])
-            if self.negative != "allow" and bool((X < 0).any()):
-                check_non_negative(X.detach().cpu().numpy(), f"{type(self).__name__} (input X)")
+            self._check_negative(float(X.min()) if X.numel() else 0.0, reset)
             return X, True
         Xv = validate_data(self, X, reset=reset, accept_sparse=("csr", "csc"), dtype=[np.float64, np.float32])
-        if self.negative != "allow":
-            check_non_negative(Xv, f"{type(self).__name__} (input X)")
+        self._check_negative(float(Xv.min()) if Xv.shape[0] * Xv.shape[1] else 0.0, reset)
         if hasattr(Xv, "toarray"):
             return Xv, False
         return torch.as_tensor(np.ascontiguousarray(Xv), dtype=torch.float64), False
+
+    def _check_negative(self, low: float, fitting: bool) -> None:
+        """Negative entries: refused under ``negative="error"`` (and by ``transform`` unless
+        ``negative="allow"``), naming the settings that take them; ``fit`` hands the others
+        to :func:`ppdnmf_torch.fit`, which clips or shifts them."""
+        if low >= 0 or self.negative == "allow" or (fitting and self.negative != "error"):
+            return
+        raise DataError(f"X: Negative values in data passed to {type(self).__name__} (min {low:.4g}); NMF needs "
+                        "nonnegative data. Set "
+                        + ("{negative}='clip' or 'shift' (or {negative}='allow' to factorize as is)" if fitting
+                           else "{negative}='allow' to project them as they are"))
 
     def _graph(self, n_samples: int) -> Graph:
         if self.graph is None:
@@ -240,7 +257,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             # has no data to fit (its NMSE term is undefined)
             n = min(int(self.n_agents), max(1, n_samples // 2))
             return ring(n) if n >= 3 else complete(n)
-        g = as_graph(self.graph)
+        try:
+            g = as_graph(self.graph)
+        except PPDNMFError as exc:  # fit's name of the graph is adjacency
+            raise exc.renamed({"adjacency": "graph"}) from None
         if g.n_agents > n_samples:
             raise DataError(f"graph: {g.n_agents} agents but X has only {n_samples} samples; every agent needs one")
         return g
@@ -250,16 +270,13 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 
     # -- fitting ------------------------------------------------------------------------
     def _fit_keywords(self, seed: int) -> dict:
-        kw = dict(mu=self.mu, eta=self.eta, g_max=self.g_max, bcd_iters=int(self.max_iter), x_iters=int(self.x_iters),
-                  y_iters=int(self.y_iters), tol=float(self.tol), exchange=self.exchange, protocol=self.protocol,
-                  n_max=self.n_max, key_bits=self.key_bits, g_bits=self.g_bits, penalty=self.penalty,
-                  negative=self.negative, device=self.device, dtype=self._torch_dtype(), fuse=self.fuse,
-                  threads=self.threads, exchange_options=self.exchange_options, seed=seed, init=self.init,
-                  init_seed=seed, min_degree=self.min_degree)
-        for k in ("penalty_schedule", "y_solver", "admm_tol"):
-            if getattr(self, k) is not None:
-                kw[k] = getattr(self, k)
-        return kw
+        return dict(mu=self.mu, eta=self.eta, g_max=self.g_max, bcd_iters=int(self.max_iter),
+                    x_iters=int(self.x_iters), y_iters=int(self.y_iters), tol=float(self.tol), admm_tol=self.admm_tol,
+                    exchange=self.exchange, protocol=self.protocol, n_max=self.n_max, key_bits=self.key_bits,
+                    g_bits=self.g_bits, penalty=self.penalty, penalty_schedule=self.penalty_schedule,
+                    y_solver=self.y_solver, negative=self.negative, device=self.device, dtype=self._torch_dtype(),
+                    fuse=self.fuse, threads=self.threads, exchange_options=self.exchange_options, seed=seed,
+                    init=self.init, init_seed=seed, min_degree=self.min_degree)
 
     def fit(self, X, y=None, callback=None) -> "PPDNMF":
         """Fit the factorization of ``X (n_samples, n_features)``, its samples over the agents.
@@ -290,8 +307,12 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Z, columns = _dense_columns(Xs.T.tocsc() if hasattr(Xs, "toarray") else Xs.T, self.columns, g.n_agents)
         seed = seed_of(self.random_state)
         kw = self._fit_keywords(seed)
-        result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback, **kw)
-        self._set_fitted(result, kw.get("y_solver", DEFAULTS["y_solver"]), as_tensor)
+        try:
+            result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback,
+                         **kw)
+        except PPDNMFError as exc:  # fit's names of the estimator's parameters
+            raise exc.renamed(_FIT_NAMES) from None
+        self._set_fitted(result, kw["y_solver"], as_tensor)
         return result
 
     def _set_fitted(self, result: FitResult, y_solver: str, as_tensor: bool) -> None:
@@ -365,8 +386,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         problem = build_problem([[Zt]], [complete(1)], torch.ones((1, 1), dtype=torch.float64), [0], dtype=X.dtype,
                                 device=X.device)
         K = int(X.shape[1])
-        params = SolverParams(rank=K, mu=float(self.mu), eta=float(self.eta), bcd_iters=1, x_iters=1,
-                              y_iters=int(self.y_iters), y_solver=self._y_solver)
+        params = solver_params(K, mu=float(self.mu), eta=float(self.eta), bcd_iters=1, x_iters=1,
+                               y_iters=int(self.y_iters), y_solver=self._y_solver)
         state = init_state(problem, K)
         state.X = X[None, None].clone()
         M = Zt.shape[1]

@@ -15,20 +15,23 @@ import copy
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ... import data as data_mod
 from ..._utils import resolve_device, resolve_dtype
-from .api import X_SOLVER_KEYS, TrialsResult, fit_trials
-from .config import (DataConfig, GraphConfig, RunConfig, SolverConfig, SplitConfig, SYNTHETIC_DEFAULTS,
-                     from_dict, to_dict)
+from .api import fit_trials
+from .config import (OPTION_DEFAULTS as _O, PAPER_SETTINGS, SYNTHETIC_DEFAULTS, X_SOLVER_KEYS, DataConfig,
+                     FitOptions, GraphConfig, RunConfig, SolverConfig, SplitConfig, from_dict, to_dict)
 from ...errors import ConfigError
 from ...exchange import exchange_spec
 from ...graph import complete
 from .inputs import build_graph, load_data, make_split
-from .solver.state import PAPER_SETTINGS
+from .problem import MAX_SEED, as_seed
+from ...specs import check_value
+from .result import TrialsResult
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "CBCL_ENV", "default_cbcl_path"]
 
@@ -142,6 +145,7 @@ class ExperimentResult:
 def _resolve(experiment, overrides: dict) -> RunConfig:
     """The experiment's run config with ``overrides`` applied (the exchange's as its spec:
     switching ``exchange`` to another kind starts from that kind's defaults)."""
+    check_value("name", experiment, str | RunConfig)
     if isinstance(experiment, RunConfig):
         cfg = copy.deepcopy(experiment)
     elif experiment in PAPER_EXPERIMENTS:
@@ -149,11 +153,15 @@ def _resolve(experiment, overrides: dict) -> RunConfig:
     else:
         raise ConfigError(f"name: unknown experiment {experiment!r}; use one of {sorted(PAPER_EXPERIMENTS)} "
                           "or a RunConfig")
+    solver_keys = {k: v for k, v in overrides.items() if k in _SOLVER_KEYS}
+    if solver_keys:  # the spec's rules, strictly (a config's text values are converted; these are not)
+        cfg.solver = dataclasses.replace(cfg.solver, **solver_keys)
+    FitOptions(**{k: v for k, v in overrides.items() if k in _EXCHANGE_KEYS or k == "exchange_options"})
     d = to_dict(cfg)
     flat, options = {}, {}
     for key, value in overrides.items():
         if key in _SOLVER_KEYS:
-            d["solver"][key] = value
+            continue
         elif key in _EXCHANGE_KEYS:
             flat[key] = value
         elif key == "exchange_options":
@@ -183,9 +191,9 @@ def _resolve(experiment, overrides: dict) -> RunConfig:
     return resolved
 
 
-def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = True,
-                   device="auto", dtype=torch.float64, callback=None, threads=None, central_callback=None,
-                   **overrides) -> ExperimentResult:
+def run_experiment(name, trials: int = 1, seed: int = _O.seed, *, centralized: bool = True,
+                   device=_O.device, dtype=_O.dtype, callback=_O.callback, threads=_O.threads,
+                   central_callback=None, **overrides) -> ExperimentResult:
     """Run an experiment as ``trials`` batched independent trials.
 
     Parameters
@@ -226,18 +234,25 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
     -------
     ExperimentResult
     """
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise ConfigError(f"trials: must be an integer >= 1, got {trials!r}")
+    check_value("trials", trials, int, {"ge": 1})
+    seed = as_seed(seed)
+    check_value("centralized", centralized, bool)
+    for key, fn in (("callback", callback), ("central_callback", central_callback)):
+        check_value(key, fn, Callable | None)
     cfg = _resolve(name, overrides)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    seeds = [int(seed) + t for t in range(trials)]
+    seeds = [seed + t for t in range(trials)]
+    if seeds[-1] > MAX_SEED:
+        raise ConfigError(f"seed: trial seeds run from seed to seed + trials - 1 = {seeds[-1]}, above 2**63 - 1")
     # a file's matrix is the same in every trial: loaded (and normalized) once
     Z_fixed = load_data(cfg)[0] if cfg.data.kind != "synthetic" else None
     pairs = [make_trial(cfg, s, Z_fixed) for s in seeds]
     block_lists, graphs = [p[0] for p in pairs], [p[1] for p in pairs]
-    solver = {k: v for k, v in dataclasses.asdict(cfg.solver).items() if v is not None}
-    rank = solver.pop("rank")
-    common = dict(seeds=seeds, negative=cfg.data.negative, device=device, dtype=dtype, threads=threads, **solver)
+    solver = {f.name: getattr(cfg.solver, f.name) for f in dataclasses.fields(SolverConfig)}  # the spec as it is
+    rank, init_seed = solver.pop("rank"), solver.pop("init_seed")
+    # a CLI run with seed s + t and a given init_seed starts every trial from that seed
+    common = dict(seeds=seeds, init_seeds=None if init_seed is None else [init_seed] * trials,
+                  negative=cfg.data.negative, device=device, dtype=dtype, threads=threads, **solver)
     t0 = time.perf_counter()
     dist = fit_trials(block_lists, graphs, rank, exchange=cfg.exchange, callback=callback, **common)
     seconds = {"distributed": time.perf_counter() - t0}

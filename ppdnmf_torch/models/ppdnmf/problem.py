@@ -13,14 +13,15 @@ from typing import Sequence
 
 import torch
 
-from ..._utils import ConfigError, DataError, counted
+from ..._utils import caller_stacklevel, counted
+from ...errors import ConfigError, DataError
 from ...diagnostics import scale_warning
 from ...errors import DataScaleWarning
 from ...graph.topology import Topology
 from ...graph import Graph, from_adjacency
 
 __all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "as_seed", "check_data", "build_problem",
-           "padded_width", "check_iteration_buffers", "NEGATIVE_MODES"]
+           "padded_width", "check_run_size", "NEGATIVE_MODES", "MAX_SEED"]
 
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
 
@@ -247,7 +248,7 @@ def check_data(blocks: list[torch.Tensor], negative: str = "error") -> list[torc
     zmin = min(lows)
     text = scale_warning(max(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)))
     if text is not None:
-        warnings.warn(text, DataScaleWarning, stacklevel=4)  # the caller of fit (through with_threads)
+        warnings.warn(text, DataScaleWarning, stacklevel=caller_stacklevel())
     if zmin < 0:
         if negative == "error":
             i = next(k for k, lo in enumerate(lows) if lo < 0)
@@ -343,15 +344,6 @@ def check_rank(rank, L: int) -> int:
     return rank
 
 
-def finite_positive(name, value, *, minimum=0.0, inclusive=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= minimum if inclusive else value > minimum)
-    if not ok:
-        rel = ">=" if inclusive else ">"
-        raise ConfigError(f"{name}: must be a finite number {rel} {minimum:g}, got {value!r}")
-    return value
-
-
 #: the largest seed accepted (:func:`as_seed`)
 MAX_SEED = 2**63 - 1
 
@@ -377,22 +369,43 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def check_iteration_buffers(problem: Problem, rank: int, x_iters: int) -> None:
-    """Refuse an X-step whose per-ADMM-iteration buffers (the penalty draws of every directed
-    edge and the per-agent penalty sums and spectral factors, each ``x_iters`` long) would
-    not fit in this machine's memory, before they are allocated.
+#: what the history keeps per BCD iteration: about this many entries (metrics, step times, the
+#: ADMM counts; an exchange's cost counters come on top), each a small tensor of about
+#: :data:`HISTORY_ENTRY_BYTES` besides its values
+HISTORY_ENTRIES = 16
+HISTORY_ENTRY_BYTES = 256
+
+
+def check_run_size(problem: Problem, params) -> None:
+    """Refuse a run whose iteration counts ask for more memory than this machine has, before
+    anything is allocated: the X-step's per-ADMM-iteration buffers (the penalty draws of every
+    directed edge and the per-agent penalty sums and spectral factors, each ``x_iters`` long)
+    and the history (one entry per BCD iteration, up to ``bcd_iters``: the stopping rule may
+    end the run sooner, but a cap that could not be recorded is refused all the same).
 
     Raises
     ------
     ConfigError
-        Naming ``x_iters``, with the size asked for and the memory there is.
+        Naming ``x_iters`` or ``bcd_iters``, with the size asked for, what it needs and the
+        memory there is (half of it is the limit).
     """
+    have = _memory_bytes()
+    if have is None:
+        return
     T, N = problem.Z.shape[:2]
-    per_iter = 8 * (T * N * (int(rank) + 2) + 6 * int(problem.topology.n_directed_edges))
-    need, have = per_iter * int(x_iters), _memory_bytes()
-    if have is not None and need > have // 2:
+    per_iter = 8 * (T * N * (int(params.rank) + 2) + 6 * int(problem.topology.n_directed_edges))
+    need = per_iter * int(params.x_iters)
+    if need > have // 2:
         raise ConfigError(
-            f"x_iters: {x_iters} ADMM iterations per X-step need about {need / 2**30:.3g} GiB of per-iteration "
-            f"buffers (penalty draws and sums, {per_iter} bytes per iteration), more than half of this machine's "
-            f"{have / 2**30:.3g} GiB; use fewer iterations"
+            f"x_iters: {params.x_iters} ADMM iterations per X-step need about {need / 2**30:.3g} GiB of "
+            f"per-iteration buffers (penalty draws and sums, {per_iter} bytes per iteration), more than half of "
+            f"this machine's {have / 2**30:.3g} GiB; use fewer iterations"
+        )
+    per_bcd = HISTORY_ENTRIES * (HISTORY_ENTRY_BYTES + 8 * T * N)
+    need = per_bcd * int(params.bcd_iters)
+    if need > have // 2:
+        raise ConfigError(
+            f"bcd_iters: a history of {params.bcd_iters} BCD iterations needs about {need / 2**30:.3g} GiB "
+            f"({per_bcd} bytes per iteration), more than half of this machine's {have / 2**30:.3g} GiB; use "
+            "fewer iterations (run longer by resuming from a checkpoint with a higher bcd_iters)"
         )

@@ -46,7 +46,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ...audit.recording import Recording, _as_recording, make_recording_exchange
+from ...audit.recording import Recording, as_recording, make_recording_exchange
 from ...audit.sums import attack_degree2
 from ...errors import ConfigError, DegreeOneWarning
 from .agent_setup import private_start
@@ -114,7 +114,7 @@ def record_symnmf_agents(X, rank: int, graph, *, kind: str = "quantized", protoc
         costs = dict(res.costs, transcript=list(getattr(exch, "transcript", None) or []))
         summary = SimpleNamespace(costs=costs, nmse=float(res.history["E"][-1][0]),
                                   consensus=float(res.history["consensus"][-1][0]))
-        rec = _as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
+        rec = as_recording(exch, graph, kind, protocol, n_max, g_bits, summary)
     finally:
         exch.close()
     return rec, res

@@ -13,7 +13,7 @@
 :data:`SPEC`, :data:`AGENTS`, :data:`CLUSTERING`, :data:`RANKS` and :data:`RUN` are the defaults: the keyword
 defaults of the functions and the estimator read them (``max_iter=SPEC.max_iter``), and the app's
 ``conf/symnmf/`` configs hold the same values (a test checks each against its spec). A spec
-refuses a value of the wrong type rather than converting it (:mod:`ppdnmf_torch.specfields`):
+refuses a value of the wrong type rather than converting it (:mod:`ppdnmf_torch.specs`):
 ``SymNMFSpec(max_iter=2.5)``, ``ClusteringSpec(n_components="2")``, ``ClusteringSpec(dtype="float16")``
 are one :class:`~ppdnmf_torch.errors.ConfigError` each, naming the key.
 """
@@ -25,7 +25,7 @@ from ...distributed.partition import PARTITION_METHODS
 from ...exchange.aggregation import AGGREGATION_KINDS
 from ...exchange.spec import EXCHANGE_KINDS
 from ...penalties import PENALTY_MODES
-from ...specfields import check_fields, rule
+from ...specs import check_fields, rule
 
 __all__ = ["SymNMFSpec", "AgentsSpec", "ClusteringSpec", "RankSpec", "RunSpec", "SPEC", "AGENTS", "CLUSTERING",
            "RANKS", "RUN",

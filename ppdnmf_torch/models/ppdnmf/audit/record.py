@@ -2,7 +2,7 @@
 a recording exchange (:func:`ppdnmf_torch.audit.make_recording_exchange`)."""
 from __future__ import annotations
 
-from ....audit.recording import Recording, _as_recording, make_recording_exchange
+from ....audit.recording import Recording, as_recording, make_recording_exchange
 
 __all__ = ["record_fit"]
 
@@ -46,4 +46,4 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
         warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
         warnings.simplefilter("ignore", SumLeakWarning)  # and measures what the sums give away
         result = fit(blocks, graph, rank, exchange=exch, **fit_kwargs)
-    return _as_recording(exch, graph, kind, protocol, n_max, g_bits, result)
+    return as_recording(exch, graph, kind, protocol, n_max, g_bits, result)

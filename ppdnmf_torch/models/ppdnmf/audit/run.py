@@ -63,11 +63,11 @@ def fitting_n_max(blocks, graph, g_max, *, g_bits: int = 16, key_bits: int = 128
     schedule (the check ``fit`` makes before a run, with the caps' largest reachable values:
     ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does not fit every
     scenario that the paper's schedule fits)."""
-    from ..api import DEFAULTS
+    from ..config import SOLVER_DEFAULTS
     from ....exchange.codec import IntegerCodec
     from ....penalties import cap_bounds
 
-    schedule = penalty_schedule or DEFAULTS["penalty_schedule"]
+    schedule = penalty_schedule or SOLVER_DEFAULTS.penalty_schedule
     caps = torch.as_tensor(np.broadcast_to(np.asarray(g_max, dtype=np.float64), (graph.n_agents,)).copy())
     highest = cap_bounds(caps, schedule)
     zmax = max(float(torch.as_tensor(b).abs().max()) for b in blocks)
@@ -147,14 +147,14 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
                     masked_real=None, settings=None, sums=True, sums_max_calls=None) -> tuple[str, dict]:
     """``(name, entry)``: one scenario recorded on the integer protocol, every neighbour view
     audited, the sums attacked (``sums``) and (``plain``) the plain eavesdropper run on the same setup."""
-    from ..api import DEFAULTS
+    from ..config import SOLVER_DEFAULTS
 
     name, blocks, graph, g_max, solver, over = _resolve_scenario(sc, seed)
     rank = solver.pop("rank", None) or min(5, blocks[0].shape[0])
     fit_kw = dict(solver, g_max=g_max, **iters, negative="allow", seed=seed)
     fit_kw.update(over)
     fit_kw.update(settings or {})  # given settings over the scenario's (random_caps: paper with unequal caps)
-    schedule = fit_kw.get("penalty_schedule", DEFAULTS["penalty_schedule"])
+    schedule = fit_kw.get("penalty_schedule", SOLVER_DEFAULTS.penalty_schedule)
     codec = dict(codec)
     if codec["n_max"] is None:
         codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],

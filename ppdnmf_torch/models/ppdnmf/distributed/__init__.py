@@ -1,9 +1,9 @@
 """PPDNMF with its agents over ``torch.distributed`` ranks, with the bits of the single-process
 eager run, on the engine's transport, partition and Paillier parties (:mod:`ppdnmf_torch.distributed`).
 
-* :mod:`.layout`: a rank's slots (alignment-preserving), edges and halo lists, and its
-  local :class:`~ppdnmf_torch.models.ppdnmf.problem.Problem`;
-* :mod:`.halo`: the halo exchange around the run's exchange kind, and the rank's penalty draws;
+* :mod:`.layout`: a rank's local :class:`~ppdnmf_torch.models.ppdnmf.problem.Problem` on the
+  engine's layout (:mod:`ppdnmf_torch.distributed.layout`: slots, edges, halo lists; the halo
+  exchange and the rank's penalty draws are the engine's too, :mod:`ppdnmf_torch.distributed.halo`);
 * :mod:`.topology`: the rank's graph as the solver sees it (every edge out of its agents),
   the stopping rule's flags across ranks and its decisions over every rank's agents;
 * :mod:`.reduce`: the metrics across ranks, in the single-process order (or, ``share="sums"``,
@@ -13,8 +13,5 @@ eager run, on the engine's transport, partition and Paillier parties (:mod:`ppdn
 The CLI's run over ranks is :func:`ppdnmf_torch.app.distributed.run_rank`.
 """
 from .engine import SHARE_MODES, RankResult, fit_rank
-from .halo import HALO_KINDS, HaloExchange, RankSampler
-from .layout import RankLayout, alignment_period
 
-__all__ = ["fit_rank", "RankResult", "SHARE_MODES", "HaloExchange", "RankSampler", "HALO_KINDS", "RankLayout",
-           "alignment_period"]
+__all__ = ["fit_rank", "RankResult", "SHARE_MODES"]

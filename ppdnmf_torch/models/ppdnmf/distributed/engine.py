@@ -2,9 +2,10 @@
 rank's agents; a CLI run of it is :func:`ppdnmf_torch.app.distributed.run_rank`).
 
 Every rank holds its agents' data blocks and states only (:mod:`.layout`), draws its
-edges' penalties (:class:`~.halo.RankSampler`), exchanges with the ranks of its agents'
-neighbours (:class:`~.halo.HaloExchange`; ``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose
-keys and seeds never leave their rank), sees its graph through :class:`~.topology.RankTopology`
+edges' penalties (:class:`~ppdnmf_torch.distributed.halo.RankSampler`), exchanges with the
+ranks of its agents' neighbours (:class:`~ppdnmf_torch.distributed.halo.HaloExchange`;
+``paillier``: :class:`~ppdnmf_torch.distributed.secure.SecureHalo`, whose keys and seeds never
+leave their rank), sees its graph through :class:`~.topology.RankTopology`
 (every edge out of its agents; the stopping rule's flags and decisions across ranks) and
 reduces the metrics across ranks (:class:`~.reduce.RankReduction`); the BCD loop is the single-process one
 (:func:`ppdnmf_torch.models.ppdnmf.solver.run_bcd`). The result, gathered on rank 0, is bit-identical to
@@ -32,23 +33,28 @@ from pathlib import Path
 
 import torch
 
-from ...._utils import ConfigError, resolve_dtype
-from ..api import FitResult, _history_single, _init_seed, _preflight, warn_sum_leak
+from ...._utils import resolve_dtype
+from ....errors import ConfigError
+from ....specs import check_value
+from ..config import OPTION_DEFAULTS as _O, SOLVER_DEFAULTS as _S, settings
+from ..result import FitResult, history_single
+from ..run import preflight, start_seed, warn_sum_leak
 from ....checkpoint import write_atomically
 from ....driver import Checkpoints, RankCoordinator, check_checkpoint_args, warn_degree_one
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
-from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
-from ..solver import STOPPING, SolverParams, run_bcd
+from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank, check_run_size
+from ..solver import SolverParams, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
-from .halo import HALO_KINDS, HaloExchange, RankSampler
-from .layout import RankLayout, rank_problem
-from ....distributed.partition import Partition, partition_agents
+from ....distributed.halo import HALO_KINDS, HaloExchange, RankSampler
+from ....distributed.layout import RankLayout, gather_agents
+from .layout import rank_problem
+from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
-from .reduce import RankReduction, RankSums, gather_agents
+from .reduce import RankReduction, RankSums
 from ....distributed.secure import SecureHalo
 
 __all__ = ["RankResult", "fit_rank", "global_digest", "SHARE_MODES", "distributed_summary", "write_own_factors"]
@@ -70,7 +76,7 @@ class RankResult:
         :attr:`own`).
     partition : Partition
     ranks : list of dict
-        On rank 0: every rank's layout (:meth:`~.layout.RankLayout.summary`), bytes sent
+        On rank 0: every rank's layout (:meth:`~ppdnmf_torch.distributed.layout.RankLayout.summary`), bytes sent
         per category (``sent``) and the halo's model of them per ADMM iteration
         (``model_per_admm_iteration``); on other ranks, its own only.
     admm_iterations : int
@@ -147,25 +153,41 @@ def _rank_setup(comm: Comm, blocks, graph, caps, part: Partition, spec, params: 
     # paillier's public range bound holds for the largest caps the schedule can reach
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, params.penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
-    _preflight(exch, blocks, caps, graph.degree, params)
+    preflight(exch, blocks, caps, graph.degree, params)
     warn_degree_one(exch, [graph])
     warn_sum_leak(exch, params, caps[None], [graph.degree])
     width = max(b.shape[1] for b in blocks)
     problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                            dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
-    problem.init_seeds = [_init_seed(init_seed, seed)]
+    problem.init_seeds = [start_seed(init_seed, seed)]
+    check_run_size(problem, params)
     sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
                           params.penalty, params.x_iters, shared=params.penalty_schedule == "agreed")
     return exch, lay, problem, sampler
 
 
+def _check_rank_arguments(comm, partition, assignment, resume, share) -> None:
+    """``fit_rank``'s own arguments (the others are the spec's, :mod:`..config`)."""
+    if not isinstance(comm, Comm):
+        raise ConfigError(f"comm: must be a Comm (ppdnmf_torch.distributed.Comm), got {type(comm).__name__}")
+    if not isinstance(partition, Partition):
+        check_value("partition", partition, str, {"choices": PARTITION_METHODS})
+    if assignment is not None:
+        check_value("assignment", list(assignment) if isinstance(assignment, (list, tuple)) else assignment,
+                    list[int], {"ge": 0})
+    check_value("resume", resume, bool)
+    check_value("share", share, str, {"choices": SHARE_MODES})
+
+
 @with_threads
-def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=100,
-             x_iters=30, y_iters=30, tol=0.0, admm_tol=STOPPING["admm_tol"], exchange="plain", protocol=None,
-             n_max=None, key_bits=None, g_bits=None, penalty="random", consensus_form="derived", negative="error",
-             seed=0, device=None, dtype=torch.float64, callback=None, exchange_options=None, checkpoint_dir=None,
-             checkpoint_every=1, resume=False, fuse=False, partition="rcm", assignment=None, threads=None,
-             penalty_schedule="paper", init="ones", init_seed=None, y_solver="admm", share="all") -> RankResult:
+def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_max,
+             bcd_iters=_S.bcd_iters, x_iters=_S.x_iters, y_iters=_S.y_iters, tol=_S.tol, admm_tol=_S.admm_tol,
+             exchange=_O.exchange, protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits,
+             penalty=_S.penalty, consensus_form=_S.consensus_form, negative=_O.negative, seed=_O.seed, device=None, dtype=_O.dtype,
+             callback=_O.callback, exchange_options=_O.exchange_options, checkpoint_dir=_O.checkpoint_dir,
+             checkpoint_every=_O.checkpoint_every, resume=False, fuse=_S.fuse, partition="rcm", assignment=None,
+             threads=_O.threads, penalty_schedule=_S.penalty_schedule, init=_S.init, init_seed=_S.init_seed,
+             y_solver=_S.y_solver, share="all") -> RankResult:
     """:func:`ppdnmf_torch.fit` on this rank's agents; every rank of ``comm`` calls it with the
     same arguments (checked: ranks that disagree stop with a :class:`DistributedError`).
 
@@ -173,7 +195,9 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     ----------
     comm : Comm
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
-        As :func:`~ppdnmf_torch.fit`. Every rank reads the whole ``Z`` and keeps its agents' blocks.
+        As :func:`~ppdnmf_torch.fit`, with its defaults (every default is the spec's,
+        :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig`). Every rank reads the whole
+        ``Z`` and keeps its agents' blocks.
     tol, admm_tol
         As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
         fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
@@ -181,10 +205,10 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
         iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
         sum over the ranks, per iteration of a tracked loop).
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
-        As :func:`~ppdnmf_torch.fit`: the kinds :data:`~.halo.HALO_KINDS` through the halo,
+        As :func:`~ppdnmf_torch.fit`: the kinds :data:`~ppdnmf_torch.distributed.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
-    device : torch.device, optional
-        Default: ``comm.device``.
+    device : str or torch.device, optional
+        Default (None): ``comm.device``.
     callback : callable, optional
         Called on every rank after every BCD iteration (``info.metrics`` as floats, the
         same on every rank); the run stops after an iteration where any rank's returns True.
@@ -201,8 +225,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     threads : int, optional
         As :func:`~ppdnmf_torch.fit`.
     penalty_schedule, init, init_seed, y_solver
-        As :func:`~ppdnmf_torch.fit`, but the defaults are the paper's settings
-        (:data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
+        As :func:`~ppdnmf_torch.fit` (the paper's settings are
+        :data:`~ppdnmf_torch.PAPER_SETTINGS`). Every value gives the single-process bits:
         ``penalty_schedule="agreed"`` (every rank draws the common penalties from the shared
         stream; the cap's one bit per BCD iteration is counted over the ranks in one
         ``int64`` all-reduce, category ``flags``, :meth:`.topology.FlagHalo.counts`),
@@ -230,8 +254,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     -------
     RankResult
     """
-    if share not in SHARE_MODES:
-        raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
+    _check_rank_arguments(comm, partition, assignment, resume, share)
+    solver, _ = settings(locals(), device="auto" if device is None else device)  # every keyword checked, once
     dtype = resolve_dtype(dtype)
     device = comm.device if device is None else torch.device(device)
     graph = as_graph(adjacency)
@@ -241,9 +265,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g
     check_shared_caps(caps, penalty_schedule)
     L = blocks[0].shape[0]
     check_rank(rank, L)
-    params = SolverParams(rank=rank, mu=mu, eta=eta, bcd_iters=bcd_iters, x_iters=x_iters, y_iters=y_iters,
-                          tol=tol, admm_tol=admm_tol, penalty=penalty, consensus_form=consensus_form, fuse=bool(fuse),
-                          penalty_schedule=penalty_schedule, init=init, y_solver=y_solver)
+    params = SolverParams.of(solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
                          options=exchange_options)
     _check_supported(spec)
@@ -307,7 +329,7 @@ def _rank_result(comm: Comm, state, history, info, costs, part: Partition, lay: 
         if share == "all":
             X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
             Y = [Y[i, :, :c] for i, c in enumerate(counts)]
-        result = FitResult(X=X, Y=Y, U=U, history=_history_single(history), graph=graph, columns=counts,
+        result = FitResult(X=X, Y=Y, U=U, history=history_single(history), graph=graph, columns=counts,
                            n_iter=info["n_iter"], converged=info["converged"], costs=costs)
     return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters, own=own, share=share)
 

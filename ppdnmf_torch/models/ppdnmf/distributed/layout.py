@@ -1,6 +1,6 @@
 """A rank's local :class:`~ppdnmf_torch.models.ppdnmf.problem.Problem` (:func:`rank_problem`) on its
 :class:`~ppdnmf_torch.distributed.layout.RankLayout` (the engine's: where the rank's agents sit in its
-tensors, which edges it draws, whom it exchanges what with; re-exported here).
+tensors, which edges it draws, whom it exchanges what with).
 
 Same bits as one process: the layout keeps agent ``i`` in a slot ``s = i (mod p)``, ``p`` the
 :func:`~ppdnmf_torch.distributed.layout.alignment_period` of PPDNMF's ``(L, K)`` and ``(K, K)``
@@ -13,10 +13,10 @@ import torch
 
 from ....graph import Graph
 from ....graph.topology import Topology
-from ....distributed.layout import RankLayout, alignment_period
+from ....distributed.layout import RankLayout
 from ..problem import Problem, padded_width
 
-__all__ = ["alignment_period", "RankLayout", "rank_problem"]
+__all__ = ["rank_problem"]
 
 
 def rank_problem(layout: RankLayout, graph: Graph, blocks: dict, caps: torch.Tensor, seed: int, *, width: int,

@@ -1,5 +1,6 @@
 """Metrics across ranks: :class:`RankReduction`, the BCD loop's reduction over agents when each
-rank holds some of them; and :func:`gather_agents`, a rank's agents' tensors on rank 0.
+rank holds some of them (the agents' tensors gathered on rank 0 by the engine's
+:func:`~ppdnmf_torch.distributed.layout.gather_agents`).
 
 Every metric of one process reduces over the agent dimension (a mean, a sum, a maximum).
 To give the same bits, the ranks first bring the per-agent values together in the
@@ -26,7 +27,7 @@ from ..solver.refit import farthest_agent, refit_errors
 from ....distributed.comm import Comm
 from ....distributed.layout import RankLayout, gather_agents
 
-__all__ = ["RankReduction", "RankSums", "gather_agents", "SUMS_KEYS"]
+__all__ = ["RankReduction", "RankSums", "SUMS_KEYS"]
 
 #: the history keys of a ``share="sums"`` run (per BCD iteration, one value per trial)
 SUMS_KEYS = ("nmse", "objective", "x_primal", "x_dual", "y_primal", "y_dual", "x_iters_mean", "x_iters_max",

@@ -27,7 +27,7 @@ import torch
 from ....graph import Graph
 from ....graph.topology import Topology
 from ....distributed.comm import Comm
-from .layout import RankLayout
+from ....distributed.layout import RankLayout
 
 __all__ = ["FlagHalo", "RankTopology", "rank_topology", "TAG_FLAGS"]
 

@@ -27,11 +27,11 @@ from .admm import x_step, y_step
 from .incremental import incremental_x_step
 from .bcd import AgentReduction, ConvergenceWarning, NumericalError, RunInterrupted, run_bcd
 from .kernels import Workspace, column_gram
-from .state import (CONSENSUS_FORMS, DEFAULTS, INITS, PAPER_SETTINGS, STOPPING, X_SOLVERS, X_WALKS, Y_SOLVERS, IterationInfo,
-                    SolverParams, SolverState, init_state, make_sampler)
+from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler, solver_params
 
 __all__ = [
     "SolverParams",
+    "solver_params",
     "Problem",
     "SolverState",
     "IterationInfo",
@@ -40,15 +40,7 @@ __all__ = [
     "RunInterrupted",
     "AgentReduction",
     "make_sampler",
-    "CONSENSUS_FORMS",
-    "X_SOLVERS",
-    "X_WALKS",
     "incremental_x_step",
-    "INITS",
-    "Y_SOLVERS",
-    "PAPER_SETTINGS",
-    "DEFAULTS",
-    "STOPPING",
     "init_state",
     "run_bcd",
     "x_step",

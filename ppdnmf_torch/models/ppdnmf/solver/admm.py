@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ....consensus.xstep import neighbour_sums, penalty_sums
-from ....exchange.base import Exchange, accepts_keyword
+from ....exchange.base import Exchange
 from ....penalties import PenaltySampler
 from ..problem import Problem
 from . import kernels
@@ -63,10 +63,10 @@ class _Step1:
         return self.g, rho, spectral_factors(self.f.lam, rho, self.f.mu)
 
 
-def _secure_sums(exchange: Exchange, v: XVars, g, ws: Workspace, pass_out: bool, *, bcd_iter: int, admm_iter: int):
+def _secure_sums(exchange: Exchange, v: XVars, g, ws: Workspace, *, bcd_iter: int, admm_iter: int):
     """Step 5 (eq. 11, lines 10-16): ``Q + S`` with ``S_i = sum_j rho_ij (U_j - U_i)`` from the exchange
     (:func:`~ppdnmf_torch.consensus.xstep.neighbour_sums`), into a reused buffer where it can."""
-    S_buf = ws.take("S", v.U, (v.Q, v.Q_prev)) if pass_out else None
+    S_buf = ws.take("S", v.U, (v.Q, v.Q_prev))  # None below the workspace's size
     return neighbour_sums(exchange, v.U, g, bcd_iter=bcd_iter, admm_iter=admm_iter, out=S_buf).add_(v.Q)
 
 
@@ -107,7 +107,6 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
                    dtype=state.U.dtype, bcd_iter=bcd_iter, ahead=not stop.track)
     if step1.D_block is not None:
         plan.prepare(step1.D_block)
-    pass_out = accepts_keyword(exchange.exchange, "out")
     v = XVars(state.X, state.U, state.P, state.Q, state.Q_prev)
     active = stop.active
     rho = None
@@ -123,7 +122,7 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
             continue
         Q_new = it.Q_new
         if Q_new is None:  # 5. secure exchange (eq. 11)
-            Q_new = _secure_sums(exchange, v, g, ws, pass_out, bcd_iter=bcd_iter, admm_iter=m + 1)
+            Q_new = _secure_sums(exchange, v, g, ws, bcd_iter=bcd_iter, admm_iter=m + 1)
         v.Q_prev, v.Q = where_active(active, v.Q, v.Q_prev), where_active(active, Q_new, v.Q)  # 6.
         if stop.after(m, v.U, U_prev):
             break

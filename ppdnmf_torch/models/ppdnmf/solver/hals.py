@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import bmm, where_active
+from .kernels import where_active
 
-__all__ = ["scaled_system", "hals_sweep", "hals_loop", "gram_and_rhs"]
+__all__ = ["scaled_system", "hals_sweep", "hals_loop"]
 
 
 def scaled_system(G: torch.Tensor, C: torch.Tensor):
@@ -103,8 +103,3 @@ def _padded(Yw: torch.Tensor, M: int) -> torch.Tensor:
     if Yw.shape[-1] == M:
         return Yw
     return torch.nn.functional.pad(Yw, (0, M - Yw.shape[-1]))
-
-
-def gram_and_rhs(X: torch.Tensor, Z: torch.Tensor, out=None):
-    """``G = X^T X (..., K, K)`` and ``C = X^T Z (..., K, M)`` (``out``: a buffer for ``C``)."""
-    return bmm(X.mT, X), bmm(X.mT, Z, out=out)

@@ -9,49 +9,27 @@ All agents' variables are stacked, trial dimension first, agent dimension second
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 
 import torch
 
-from ...._utils import ConfigError, derive_seed
-from ....penalties import PENALTY_MODES, PENALTY_SCHEDULES, PenaltySampler
+from ...._utils import derive_seed
+from ....errors import ConfigError
+from ....penalties import PenaltySampler
+from ..config import INITS, SolverConfig
 from ..problem import Problem
 
-__all__ = ["CONSENSUS_FORMS", "X_SOLVERS", "X_WALKS", "INITS", "Y_SOLVERS", "PAPER_SETTINGS", "DEFAULTS", "SolverParams", "SolverState",
-           "IterationInfo", "init_state", "initial_factor", "make_sampler"]
-
-CONSENSUS_FORMS = ("derived", "paper_literal")
-#: starts of Algorithm 1: the paper's all-ones ``X_0``, or one drawn from a seed all agents share
-INITS = ("ones", "random")
-#: solvers of the Y-step's NNLS: the paper's ADMM (eqs. 12-14) or HALS (:mod:`.hals`)
-Y_SOLVERS = ("admm", "hals")
-#: the paper's caps, start and Y-step (``experiment=paper_*``, the per-agent reference in
-#: tests/, and :class:`SolverParams`' defaults)
-PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "tol": 0.0}
-#: the library's defaults of the same keywords (``fit``, ``fit_trials``, conf/solver/default.yaml):
-#: the schedule whose equal weights keep a receiver's sums from revealing any one neighbour
-#: (issue 32, docs/SECURE_EXCHANGE.md); it meets the agreement target on every data set
-#: tried, the NMSE target (within 2 % of centralized) on all but CBCL (docs/RESULTS.md)
-DEFAULTS = {"penalty_schedule": "agreed", "init": "random", "y_solver": "admm"}
-#: the public entry points' stopping defaults (``fit``, ``fit_trials``, the estimator, the CLI):
-#: stop on the Sec. II-C rule (stationary and agreeing) with ``bcd_iters`` as the cap, ADMM
-#: loops at their fixed counts (early-stopped ADMM loops slowed the agreement: docs/RESULTS.md,
-#: "Stopping by default"). The paper's presets run fixed counts (``tol=0`` in PAPER_SETTINGS).
-STOPPING = {"bcd_iters": 1000, "tol": 1e-4, "admm_tol": 0.0}
-#: the X-step's solvers: the paper's decentralized ADMM (eqs. 8-11), or the incremental
-#: consensus engine (:mod:`.incremental`): I-ADMM, PI-ADMM1 (perturbed step), PI-ADMM2 (noise)
-X_SOLVERS = ("admm", "i_admm", "pi_admm", "pi_admm2")
-#: the incremental X-step's walk: a Hamiltonian cycle when one is found, else a closed walk
-#: that relays the token ("auto"), or a Hamiltonian cycle only ("cycle")
-X_WALKS = ("auto", "cycle")
+__all__ = ["SolverParams", "SolverState", "IterationInfo", "init_state", "initial_factor", "make_sampler",
+           "solver_params"]
 
 
 @dataclass(frozen=True)
 class SolverParams:
-    """Algorithm parameters (validated on construction).
+    """Algorithm 1's parameters as the solver reads them: made from a checked
+    :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig` by :meth:`of` (its defaults and
+    rules are the spec's; nothing here is checked again).
 
-    Parameters
+    Attributes
     ----------
     rank : int
         ``K``.
@@ -63,99 +41,61 @@ class SolverParams:
         Relative-change tolerance of the stopping rule (Sec. II-C); ``0`` runs the
         fixed iteration counts.
     admm_tol : float or None
-        Tolerance of the two ADMM loops; ``None`` uses ``tol``. ``admm_tol=0`` with
-        ``tol > 0`` runs fixed ADMM counts inside a BCD loop that stops on convergence
-        (inner loops cut short too early can keep the outer loop from settling).
+        Tolerance of the two ADMM loops; ``None`` uses ``tol`` (:attr:`inner_tol`).
     penalty : {"random", "fixed"}
     consensus_form : {"derived", "paper_literal"}
     fuse : bool
-        Compile the ADMM iterations with TorchInductor (see :mod:`.fused`; a
-        compilation per new shape; rounding differs slightly). The HALS Y-step runs
-        eager either way.
+        Compile the ADMM iterations with TorchInductor (see :mod:`.fused`).
     penalty_schedule : {"paper", "adaptive", "agreed"}
-        The penalty caps: the paper's fixed ``g_i``, each agent's own consensus-seeking
-        rule, or one cap and one draw per ADMM iteration for every edge, grown by a rule all
-        agents agree on (:mod:`ppdnmf_torch.solver.schedule`, :mod:`ppdnmf_torch.penalties`).
+        The penalty caps (:mod:`.schedule`, :mod:`ppdnmf_torch.penalties`).
     init : {"ones", "random"}
-        The start ``X_0 = U_0``: all ones (the paper), or drawn from each trial's
-        ``init_seeds`` entry (:func:`initial_factor`).
+        The start ``X_0 = U_0`` (:func:`initial_factor`).
     y_solver : {"admm", "hals"}
-        The Y-step: ``y_iters`` ADMM iterations (eqs. 12-14) or ``y_iters`` HALS sweeps
-        (:mod:`.hals`).
     x_solver : {"admm", "i_admm", "pi_admm", "pi_admm2"}
-        The X-step: the paper's decentralized ADMM (default), or the incremental consensus
-        engine (:mod:`.incremental`, docs/INCREMENTAL.md): I-ADMM, PI-ADMM1 (``gamma``
-        drawn per activation), PI-ADMM2 (Gaussian noise on every new ``x_i``).
-    x_rho : float
-        The incremental methods' penalty ``rho`` (``mu`` is the ADMM X-step's).
-    x_gamma_spread : float
-        ``pi_admm``: ``gamma ~ U(1 - s / rho, 1 + s / rho)``; needs ``s < x_rho``.
-    x_sigma : float
-        ``pi_admm2``: the noise's standard deviation.
+        The X-step: the paper's decentralized ADMM, or the incremental consensus engine
+        (:mod:`.incremental`, docs/INCREMENTAL.md).
+    x_rho, x_gamma_spread, x_sigma : float
+        The incremental methods' penalty, PI-ADMM1's step spread, PI-ADMM2's noise.
     x_rounds : int or None
-        Rounds of the token per X-step (each agent solves once per round); None: ``x_iters``
-        (equal local work with the ADMM X-step).
+        Rounds of the token per X-step; None: ``x_iters``.
     x_start : (low, high) or None
-        Algorithm 2's private start around the solver's ``X^0``: ``x_i^0 = X^0 + v_i``,
-        ``v_i ~ U(low, high)``, ``y_i^0 = x_rho v_i``, ``z^0 = X^0``. None: ``(0, 0)`` for
-        ``i_admm`` (the public start), ``(-1, 1)`` for the PI-ADMMs.
+        Algorithm 2's private start offsets (:attr:`x_start_range`).
     x_walk : {"auto", "cycle"}
-        See :data:`X_WALKS`.
     """
 
     rank: int
-    mu: float = 0.1
-    eta: float = 1.0
-    bcd_iters: int = 100
-    x_iters: int = 30
-    y_iters: int = 30
-    tol: float = 0.0
-    penalty: str = "random"
-    consensus_form: str = "derived"
-    admm_tol: float | None = None
-    fuse: bool = False
-    penalty_schedule: str = "paper"
-    init: str = "ones"
-    y_solver: str = "admm"
-    x_solver: str = "admm"
-    x_rho: float = 0.1
-    x_gamma_spread: float = 0.05
-    x_sigma: float = 1e-3
-    x_rounds: int | None = None
-    x_start: tuple | None = None
-    x_walk: str = "auto"
+    mu: float
+    eta: float
+    bcd_iters: int
+    x_iters: int
+    y_iters: int
+    tol: float
+    penalty: str
+    consensus_form: str
+    admm_tol: float | None
+    fuse: bool
+    penalty_schedule: str
+    init: str
+    y_solver: str
+    x_solver: str
+    x_rho: float
+    x_gamma_spread: float
+    x_sigma: float
+    x_rounds: int | None
+    x_start: tuple | None
+    x_walk: str
+
+    @classmethod
+    def of(cls, config: SolverConfig) -> "SolverParams":
+        """The solver's parameters of a spec (``g_max`` and ``init_seed`` go to the problem)."""
+        values = {f.name: getattr(config, f.name) for f in fields(cls)}
+        if config.x_start is not None:
+            values["x_start"] = tuple(float(v) for v in config.x_start)
+        return cls(**values)
 
     @property
     def inner_tol(self) -> float:
         return self.tol if self.admm_tol is None else self.admm_tol
-
-    def __post_init__(self):
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise ConfigError(f"rank: must be an integer >= 1, got {self.rank!r}")
-        for name in ("mu", "eta"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"{name}: must be a finite number > 0, got {v!r}")
-        for name in ("bcd_iters", "x_iters", "y_iters"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol >= 0):
-            raise ConfigError(f"tol: must be a finite number >= 0, got {self.tol!r}")
-        if self.admm_tol is not None and not (
-            isinstance(self.admm_tol, (int, float)) and math.isfinite(self.admm_tol) and self.admm_tol >= 0
-        ):
-            raise ConfigError(f"admm_tol: must be None or a finite number >= 0, got {self.admm_tol!r}")
-        if self.penalty not in PENALTY_MODES:
-            raise ConfigError(f"penalty: unknown mode {self.penalty!r}; use one of {PENALTY_MODES}")
-        if self.consensus_form not in CONSENSUS_FORMS:
-            raise ConfigError(
-                f"consensus_form: unknown form {self.consensus_form!r}; use one of {CONSENSUS_FORMS}"
-            )
-        for name, choices in (("penalty_schedule", PENALTY_SCHEDULES), ("init", INITS), ("y_solver", Y_SOLVERS)):
-            if getattr(self, name) not in choices:
-                raise ConfigError(f"{name}: unknown value {getattr(self, name)!r}; use one of {choices}")
-        _check_x_solver(self)
 
     @property
     def x_start_range(self) -> tuple:
@@ -165,34 +105,10 @@ class SolverParams:
         return (0.0, 0.0) if self.x_solver == "i_admm" else (-1.0, 1.0)
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _check_x_solver(p: "SolverParams") -> None:
-    """The incremental X-step's parameters (checked whatever ``x_solver``: a bad value is a bad value)."""
-    if p.x_solver not in X_SOLVERS:
-        raise ConfigError(f"x_solver: unknown solver {p.x_solver!r}; use one of {X_SOLVERS}")
-    if p.x_walk not in X_WALKS:
-        raise ConfigError(f"x_walk: unknown walk {p.x_walk!r}; use one of {X_WALKS}")
-    for name, low in (("x_rho", None), ("x_gamma_spread", 0.0), ("x_sigma", 0.0)):
-        v = getattr(p, name)
-        if not _finite(v) or (v <= 0 if low is None else v < low):
-            raise ConfigError(f"{name}: must be a finite number {'> 0' if low is None else '>= 0'}, got {v!r}")
-    if p.x_solver == "pi_admm" and not p.x_gamma_spread < p.x_rho:
-        raise ConfigError(f"x_gamma_spread: gamma ~ U(1 - s / rho, 1 + s / rho) needs s < {{x_rho}} = {p.x_rho} "
-                          f"to keep gamma > 0, got {p.x_gamma_spread}")
-    if p.x_rounds is not None and (not isinstance(p.x_rounds, int) or isinstance(p.x_rounds, bool)
-                                   or p.x_rounds < 1):
-        raise ConfigError(f"x_rounds: must be None or an integer >= 1, got {p.x_rounds!r}")
-    if p.x_start is not None:
-        try:
-            lo, hi = p.x_start
-        except (TypeError, ValueError):
-            raise ConfigError(f"x_start: expected None or a pair (low, high), got {p.x_start!r}") from None
-        if not (_finite(lo) and _finite(hi) and lo <= hi):
-            raise ConfigError(f"x_start: expected finite low <= high, got {p.x_start!r}")
-        object.__setattr__(p, "x_start", (float(lo), float(hi)))
+def solver_params(rank: int, **settings) -> SolverParams:
+    """:class:`SolverParams` of ``SolverConfig(rank=rank, **settings)``: the spec's defaults
+    and rules (a bad value raises the spec's :class:`~ppdnmf_torch.ConfigError`)."""
+    return SolverParams.of(SolverConfig(rank=rank, **settings))
 
 
 @dataclass
