@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # BLAS splits its sums by thread 
 import scipy.sparse as sp  # noqa: E402
 import torch  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's package, not an installed one
+
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity  # noqa: E402
 from ppdnmf_torch.models.symnmf.fit import METHODS  # noqa: E402
 
