@@ -1,0 +1,237 @@
+"""The parties of a secure sum in one process, their seed agreement and their masked rounds.
+
+:class:`SecAggNetwork` holds one :class:`~.party.Party` per node of a :class:`~.plan.SecAggPlan`
+(the agents of an exchange; the workers and the server of an aggregation), the run's
+:class:`~.ledger.SecAggLedger` and, when recording, the transcript (:class:`WireMessage`: what an
+eavesdropper on every link sees).
+
+Setup (:meth:`SecAggNetwork.agree`, once per run; Bonawitz et al., CCS 2017, with the receiver of
+each group as its server):
+
+1. every party's identity key is published (the public-key infrastructure the protocol assumes);
+2. the two ends of every link send each other their signed ephemeral keys (:class:`~.party.SignedKey`);
+3. every receiver relays to each of its senders the signed keys of that sender's partners in its
+   group: the pair seeds of two senders are agreed *through* their receiver, who relays public
+   keys only and cannot compute the seeds (X25519's Diffie-Hellman problem), nor substitute a key
+   (every party checks every key it gets against its owner's identity key);
+4. every party derives its seeds (:meth:`~.party.Party.agree`) and drops its ephemeral key.
+
+Round ``t`` (:meth:`SecAggNetwork.masked_sums`): sender ``j``'s message to receiver ``r`` is
+``m = q_j + sum_k sigma_jk PRG(s^r_jk, t, r) + PRG(s_rj, t, r) mod 2^64``; ``r`` adds its messages and
+subtracts ``sum_j PRG(s_rj, t, r)``: the pair masks cancel, and what is left is ``sum_j q_j mod 2^64``,
+read as a signed integer (exact: the callers' range checks keep it below ``2^62`` in magnitude).
+Every party computes its own keystreams from its own seeds (:meth:`~.party.Party.fill`, the work a
+deployment does); the arithmetic runs in int64 tensors, whose additions wrap modulo ``2^64``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..._utils import PPDNMFError
+from .ledger import SecAggLedger
+from .party import SIGNED_KEY_BYTES, Party
+from .plan import SecAggPlan
+from .prg import as_words, counter_blocks, n_blocks, stream_rows
+
+__all__ = ["SecAggNetwork", "WireMessage", "DroppedNeighbourError", "RowPlan"]
+
+
+class DroppedNeighbourError(PPDNMFError):
+    """A sender did not answer in a round: its receivers' masked sums cannot be unmasked.
+
+    Attributes
+    ----------
+    senders, receivers : tuple of int
+    round : int
+    """
+
+    def __init__(self, message, *, senders=(), receivers=(), round_no=0):
+        super().__init__(message, key="secagg")
+        self.senders, self.receivers, self.round = tuple(senders), tuple(receivers), int(round_no)
+
+
+@dataclass(frozen=True)
+class WireMessage:
+    """One message on a link as an eavesdropper records it: a signed key (``payload``: its bytes)
+    or a masked message (``payload``: int64 ndarray ``(P,)``)."""
+
+    bcd_iter: int
+    admm_iter: int
+    round: int
+    sender: int
+    receiver: int
+    kind: str
+    payload: object
+
+
+class RowPlan:
+    """Where every keystream of a round goes: the rows of one buffer, senders' first (``+1`` rows,
+    then ``-1`` rows), then the receivers' edge rows; and who computes each.
+
+    Parameters
+    ----------
+    plan : SecAggPlan
+    messages : list of (receiver, sender)
+        The round's messages, in the order of the message tensor.
+    """
+
+    def __init__(self, plan: SecAggPlan, messages):
+        pos, neg, strip = [], [], []
+        for m, (r, j) in enumerate(messages):
+            for tag, sign in plan.sender_tags(r, j):
+                (pos if sign > 0 else neg).append((j, tag, r, m))
+        receivers = sorted(plan.groups)
+        self.receivers = receivers
+        slot = {r: k for k, r in enumerate(receivers)}
+        for r in receivers:
+            for tag, _ in plan.receiver_tags(r):
+                strip.append((r, tag, r, slot[r]))
+        rows = pos + neg + strip
+        self.n_rows, self.n_pos, self.n_send = len(rows), len(pos), len(pos) + len(neg)
+        self.jobs: dict = {}
+        for row, (owner, tag, r, _) in enumerate(rows):
+            self.jobs.setdefault(owner, []).append((row, tag, r))
+        self.pos_msg = torch.tensor([x[3] for x in pos], dtype=torch.int64)
+        self.neg_msg = torch.tensor([x[3] for x in neg], dtype=torch.int64)
+        self.strip_slot = torch.tensor([x[3] for x in strip], dtype=torch.int64)
+        self.msg_slot = torch.tensor([slot[r] for r, _ in messages], dtype=torch.int64)
+
+    def keystreams(self, parties: dict, round_no: int, count: int) -> torch.Tensor:
+        """Every party fills its rows: ``(n_rows, count)`` int64 (a view of the buffer)."""
+        rows = stream_rows(self.n_rows, count)
+        counters = {r: counter_blocks(round_no, r, count) for r in self.receivers}
+        for owner, jobs in self.jobs.items():
+            parties[owner].fill(jobs, counters, rows)
+        return torch.from_numpy(as_words(rows, count))
+
+    def messages(self, q_send: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """The masked messages ``(n_msgs, count)``: ``q_send`` (the senders' values, in message
+        order) plus each sender's signed keystreams, modulo ``2^64``."""
+        M = q_send.clone()
+        M.index_add_(0, self.pos_msg, W[:self.n_pos])
+        M.index_add_(0, self.neg_msg, W[self.n_pos:self.n_send], alpha=-1)
+        return M
+
+    def unmask(self, M: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """Every receiver's sum of its messages less its edge keystreams ``(n_receivers, count)``."""
+        out = torch.zeros((len(self.receivers), M.shape[1]), dtype=torch.int64)
+        out.index_add_(0, self.msg_slot, M)
+        out.index_add_(0, self.strip_slot, W[self.n_send:], alpha=-1)
+        return out
+
+
+class SecAggNetwork:
+    """The parties of one run and their rounds (module docstring).
+
+    Parameters
+    ----------
+    plan : SecAggPlan
+    messages : list of (receiver, sender)
+        The messages of a round, in the order of the values handed to :meth:`masked_sums`.
+    ledger : SecAggLedger
+    transcript : list or None
+        Receives every :class:`WireMessage` (None: nothing is recorded).
+    """
+
+    def __init__(self, plan: SecAggPlan, messages, ledger: SecAggLedger, transcript=None):
+        self.plan, self.ledger, self.transcript = plan, ledger, transcript
+        self.messages = [(int(r), int(j)) for r, j in messages]
+        nodes = set(plan.groups)
+        for snd in plan.groups.values():
+            nodes.update(snd)
+        self.parties = {n: Party(n) for n in sorted(nodes)}
+        self.rows = RowPlan(plan, self.messages)
+        self._iteration = (0, 0)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _record(self, sender, receiver, kind, payload, round_no=0) -> None:
+        if self.transcript is not None:
+            self.transcript.append(WireMessage(self._iteration[0], self._iteration[1], round_no, int(sender),
+                                               int(receiver), kind, payload))
+
+    def agree(self) -> None:
+        """The seed agreement (module docstring), counted in the ledger's ``setup_*`` keys."""
+        led, parties, plan = self.ledger, self.parties, self.plan
+        t0 = time.perf_counter()
+        pki = {n: p.identity_key for n, p in parties.items()}  # step 1: the identity keys are public
+        got: dict = {n: {} for n in parties}  # what each party received: {peer: [(signed key, via)]}
+        nbytes = 0
+        for lo, hi in plan.links():  # step 2: both ends of a link
+            for a, b in ((lo, hi), (hi, lo)):
+                sk = parties[a].signed_key
+                got[b].setdefault(a, []).append((sk, None))
+                self._record(a, b, "signed_key", sk.to_bytes())
+                nbytes += SIGNED_KEY_BYTES
+        for r, j, k in plan.relays():  # step 3: r relays k's key to j
+            sk = got[r][k][0][0]
+            got[j].setdefault(k, []).append((sk, r))
+            self._record(r, j, "relayed_key", sk.to_bytes())
+            nbytes += SIGNED_KEY_BYTES
+        for n, party in parties.items():  # step 4: check every key received, derive the seeds
+            for peer, tags in plan.seeds_of(n).items():
+                copies = got[n][peer]
+                for sk, via in copies:
+                    party.verify(sk, peer, pki[peer], via)
+                party.agree(copies[0][0], tags)
+            party.finish_setup()
+        for key in ("signatures", "verifications", "key_agreements"):
+            led.add(f"setup_{key}", sum(getattr(p, key) for p in parties.values()))
+        led.add("setup_bytes", nbytes)
+        led.add("time_setup", time.perf_counter() - t0)
+
+    # -- a round -------------------------------------------------------------------------------
+    def begin(self, bcd_iter: int, admm_iter: int) -> None:
+        self.ledger.begin(bcd_iter, admm_iter)
+        self._iteration = (int(bcd_iter), int(admm_iter))
+
+    def check_answers(self, dropped) -> None:
+        """Refuse a round in which some senders do not answer (``dropped``: node ids), naming them."""
+        if not dropped:
+            return
+        gone = sorted({int(d) for d in dropped})
+        hit = sorted({r for r, j in self.messages if j in gone})
+        rnd = self.plan.round + 1
+        who = ", ".join(str(d) for d in gone)
+        raise DroppedNeighbourError(
+            f"secagg: node{'s' if len(gone) > 1 else ''} {who} did not answer in round {rnd}; the masked sums of "
+            f"{', '.join(str(r) for r in hit) or 'no receiver'} cannot be unmasked without their messages (the "
+            "pair masks cancel only in full sums) and the round is refused; there is no seed recovery",
+            senders=gone, receivers=hit, round_no=rnd)
+
+    def masked_sums(self, q_send: torch.Tensor) -> torch.Tensor:
+        """One round: the senders' values ``q_send (n_msgs, P)`` int64 (the sender's value of every
+        message, in message order) -> every receiver's ``sum_j q_j`` ``(n_receivers, P)`` int64
+        (receivers in :attr:`RowPlan.receivers` order), through masked messages (module docstring)."""
+        led, rows = self.ledger, self.rows
+        P = int(q_send.shape[1])
+        rnd = self.plan.next_round()
+        t0 = time.perf_counter()
+        W = rows.keystreams(self.parties, rnd, P)
+        t1 = time.perf_counter()
+        M = rows.messages(q_send, W)
+        sums = rows.unmask(M, W)
+        t2 = time.perf_counter()
+        led.add("time_prg", t1 - t0)
+        led.add("time_mask", t2 - t0)
+        led.add("prg_bytes", rows.n_rows * 16 * n_blocks(P))
+        led.add("messages", len(self.messages))
+        for (r, j) in self.messages:
+            led.add_edge_bytes(j, r, 8 * P)
+        if self.transcript is not None:
+            Mh = M.numpy()
+            for k, (r, j) in enumerate(self.messages):
+                self._record(j, r, "masked", Mh[k].copy(), rnd)
+        return sums
+
+    def close(self) -> None:
+        for p in self.parties.values():
+            p.forget()
+        self.parties = {}
+
+    def __repr__(self) -> str:
+        return (f"SecAggNetwork({len(self.parties)} parties, {len(self.messages)} messages per round, "
+                f"{self.rows.n_rows} keystreams per round)")
