@@ -171,7 +171,11 @@ def warn_sum_leak(exch, params, caps, degrees) -> None:
     (secure) exchange runs the ADMM X-step under a schedule whose weights differ across a
     receiver's neighbours: ``adaptive``, or ``paper`` with unequal caps in a trial. ``caps (T, N)``,
     ``degrees``: one LongTensor ``(N,)`` per trial (receivers of degree >= 2 are at stake; degree 1
-    has its own warning, :class:`~ppdnmf_torch.errors.DegreeOneWarning`)."""
+    has its own warning, :class:`~ppdnmf_torch.errors.DegreeOneWarning`). First the exchange refuses a
+    schedule it cannot serve (:meth:`~ppdnmf_torch.exchange.Exchange.check_schedule`: ``secagg`` needs
+    ``agreed``)."""
+    if params.x_solver == "admm" and hasattr(exch, "check_schedule"):
+        exch.check_schedule(params.penalty_schedule, caps)
     if getattr(exch, "codec", None) is None or params.x_solver != "admm":
         return
     message = sum_leak_message(params.penalty_schedule, caps, degrees)

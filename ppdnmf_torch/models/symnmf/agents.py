@@ -430,6 +430,8 @@ def _caps(g_cap, T: int, N: int, dev) -> torch.Tensor:
 
 
 def _warn_sum_leak(exchange, schedule: str, caps: torch.Tensor, graphs) -> None:
+    if hasattr(exchange, "check_schedule"):  # a schedule the exchange cannot serve is refused (secagg)
+        exchange.check_schedule(schedule, caps)
     if getattr(exchange, "codec", None) is None:
         return
     message = sum_leak_message(schedule, caps, [g.degree for g in graphs])
