@@ -118,7 +118,9 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
             groups.setdefault(i, []).append(j)
         self._ledger = SecAggLedger(topo.n_agents)
         # message e carries q_{dst[e]} to src[e]: the CSR edge order
-        self._net = SecAggNetwork(SecAggPlan(groups), list(zip(src, dst)), self._ledger, self.transcript)
+        N = max(1, topo.n_agents)
+        self._net = SecAggNetwork(SecAggPlan(groups), list(zip(src, dst)), self._ledger, self.transcript,
+                                  name=lambda n: f"agent {n % N} (trial {n // N})")
         self._net.agree()
         self._senders = topo.dst.cpu()
         receivers = torch.tensor(self._net.rows.receivers, dtype=torch.int64)

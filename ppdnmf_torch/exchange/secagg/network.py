@@ -50,7 +50,7 @@ class DroppedNeighbourError(PPDNMFError):
     """
 
     def __init__(self, message, *, senders=(), receivers=(), round_no=0):
-        super().__init__(message, key="secagg")
+        super().__init__(message)
         self.senders, self.receivers, self.round = tuple(senders), tuple(receivers), int(round_no)
 
 
@@ -135,10 +135,13 @@ class SecAggNetwork:
     ledger : SecAggLedger
     transcript : list or None
         Receives every :class:`WireMessage` (None: nothing is recorded).
+    name : callable(int) -> str, optional
+        How an error names a node (default ``"party <id>"``).
     """
 
-    def __init__(self, plan: SecAggPlan, messages, ledger: SecAggLedger, transcript=None):
+    def __init__(self, plan: SecAggPlan, messages, ledger: SecAggLedger, transcript=None, name=None):
         self.plan, self.ledger, self.transcript = plan, ledger, transcript
+        self.name = name or (lambda n: f"party {n}")
         self.messages = [(int(r), int(j)) for r, j in messages]
         nodes = set(plan.groups)
         for snd in plan.groups.values():
@@ -195,12 +198,12 @@ class SecAggNetwork:
         gone = sorted({int(d) for d in dropped})
         hit = sorted({r for r, j in self.messages if j in gone})
         rnd = self.plan.round + 1
-        who = ", ".join(str(d) for d in gone)
+        who = ", ".join(self.name(d) for d in gone)
         raise DroppedNeighbourError(
-            f"secagg: node{'s' if len(gone) > 1 else ''} {who} did not answer in round {rnd}; the masked sums of "
-            f"{', '.join(str(r) for r in hit) or 'no receiver'} cannot be unmasked without their messages (the "
-            "pair masks cancel only in full sums) and the round is refused; there is no seed recovery",
-            senders=gone, receivers=hit, round_no=rnd)
+            f"secagg: {who} did not answer in round {rnd}; the masked sums of "
+            f"{', '.join(self.name(r) for r in hit) or 'no receiver'} cannot be unmasked without "
+            f"{'their' if len(gone) > 1 else 'its'} messages (the pair masks cancel only in full sums), so the "
+            "round is refused (there is no seed recovery)", senders=gone, receivers=hit, round_no=rnd)
 
     def masked_sums(self, q_send: torch.Tensor) -> torch.Tensor:
         """One round: the senders' values ``q_send (n_msgs, P)`` int64 (the sender's value of every

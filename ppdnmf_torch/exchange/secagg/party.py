@@ -42,9 +42,6 @@ SIGNED_KEY_BYTES = 4 + 32 + 64
 class KeyAgreementError(PPDNMFError):
     """A signed key that does not verify against its party's identity key (a relay changed it)."""
 
-    def __init__(self, message):
-        super().__init__(message, key="secagg")
-
 
 # the key material's sources; the key-hygiene test and the audit watch them (nothing else sees it)
 def _new_identity() -> Ed25519PrivateKey:
