@@ -76,15 +76,17 @@ class RowPlan:
     ----------
     plan : SecAggPlan
     messages : list of (receiver, sender)
-        The round's messages, in the order of the message tensor.
+        The round's messages that the parties here send, in the order of the message tensor.
+    receivers : list of int, optional
+        The receivers here, whose sums are unmasked here (default: every group of ``plan``).
     """
 
-    def __init__(self, plan: SecAggPlan, messages):
+    def __init__(self, plan: SecAggPlan, messages, receivers=None):
         pos, neg, strip = [], [], []
         for m, (r, j) in enumerate(messages):
             for tag, sign in plan.sender_tags(r, j):
                 (pos if sign > 0 else neg).append((j, tag, r, m))
-        receivers = sorted(plan.groups)
+        receivers = sorted(plan.groups) if receivers is None else sorted(int(r) for r in receivers)
         self.receivers = receivers
         slot = {r: k for k, r in enumerate(receivers)}
         for r in receivers:
@@ -98,12 +100,14 @@ class RowPlan:
         self.pos_msg = torch.tensor([x[3] for x in pos], dtype=torch.int64)
         self.neg_msg = torch.tensor([x[3] for x in neg], dtype=torch.int64)
         self.strip_slot = torch.tensor([x[3] for x in strip], dtype=torch.int64)
-        self.msg_slot = torch.tensor([slot[r] for r, _ in messages], dtype=torch.int64)
+        self.slot = slot
+        self.msg_slot = torch.tensor([slot.get(r, -1) for r, _ in messages], dtype=torch.int64)
+        self._counted = sorted({r for _, _, r, _ in rows})
 
     def keystreams(self, parties: dict, round_no: int, count: int) -> torch.Tensor:
         """Every party fills its rows: ``(n_rows, count)`` int64 (a view of the buffer)."""
         rows = stream_rows(self.n_rows, count)
-        counters = {r: counter_blocks(round_no, r, count) for r in self.receivers}
+        counters = {r: counter_blocks(round_no, r, count) for r in self._counted}
         for owner, jobs in self.jobs.items():
             parties[owner].fill(jobs, counters, rows)
         return torch.from_numpy(as_words(rows, count))
@@ -116,10 +120,12 @@ class RowPlan:
         M.index_add_(0, self.neg_msg, W[self.n_pos:self.n_send], alpha=-1)
         return M
 
-    def unmask(self, M: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        """Every receiver's sum of its messages less its edge keystreams ``(n_receivers, count)``."""
-        out = torch.zeros((len(self.receivers), M.shape[1]), dtype=torch.int64)
-        out.index_add_(0, self.msg_slot, M)
+    def unmask(self, M: torch.Tensor, W: torch.Tensor, slots=None) -> torch.Tensor:
+        """Every receiver's sum of its messages less its edge keystreams ``(n_receivers, count)``.
+        ``M``: the messages to the receivers here, ``slots`` their receivers' places in
+        :attr:`receivers` (default: ``M`` are this plan's own messages, :attr:`msg_slot`)."""
+        out = torch.zeros((len(self.receivers), W.shape[1]), dtype=torch.int64)
+        out.index_add_(0, self.msg_slot if slots is None else slots, M)
         out.index_add_(0, self.strip_slot, W[self.n_send:], alpha=-1)
         return out
 
