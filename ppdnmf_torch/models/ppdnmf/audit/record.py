@@ -16,9 +16,10 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
     blocks : list of N (L, M_i) blocks
     graph : Graph
     rank : int
-    kind : {"plain", "quantized", "paillier"}
+    kind : {"plain", "quantized", "paillier", "secagg"}
     protocol : {"masked", "aggregated", "paper"}
-        Message pattern (``paillier``: what goes on the wire; the integers are the same).
+        Message pattern (``paillier``: what goes on the wire; the integers are the same; ``secagg``
+        takes none).
     n_max, g_bits, key_bits
         The codec (``key_bits`` also sets the keys of ``paillier``; default 128 as in the paper).
     keypairs : optional
@@ -46,4 +47,5 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
         warnings.simplefilter("ignore", DegreeOneWarning)  # the audit flags these agents itself
         warnings.simplefilter("ignore", SumLeakWarning)  # and measures what the sums give away
         result = fit(blocks, graph, rank, exchange=exch, **fit_kwargs)
-    return _as_recording(exch, graph, kind, protocol, n_max, g_bits, result)
+    # secagg has no protocol to choose: its recording says so
+    return _as_recording(exch, graph, kind, "secagg" if kind == "secagg" else protocol, n_max, g_bits, result)
