@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -312,13 +313,13 @@ class SecAggHalo(HaloExchange):
         self._rows = RowPlan(net.plan, self._out, receivers)
         self._send_of = {p: [k for k, (x, _) in enumerate(self._out) if net.owner[x] == p] for p in self._peers}
         local = [k for k, (x, _) in enumerate(self._out) if x in net.own]
-        self._local_msgs = torch.tensor(local, dtype=torch.int64)
+        self._local_msgs = np.array(local, dtype=np.int64)
         slot = self._rows.slot
-        self._in_slots = torch.tensor([slot[self._out[k][0]] for k in local]
-                                      + [slot[x] for p in self._peers for _, x, _ in net._cut(False, p)],
-                                      dtype=torch.int64)
+        if receivers:  # the messages to this rank's receivers: its own agents', then each peer's
+            self._rows.incoming([slot[self._out[k][0]] for k in local]
+                                + [slot[x] for p in self._peers for _, x, _ in net._cut(False, p)])
         self._n_in = {p: len(net._cut(False, p)) for p in self._peers}
-        self._sender_rows = torch.tensor([self._row[y] for _, y in self._out], dtype=torch.int64)
+        self._sender_rows = np.array([self._row[y] for _, y in self._out], dtype=np.int64)
         self._recv_rows = torch.tensor([self._row[r] for r in receivers], dtype=torch.int64)
         self._own_src = torch.tensor([e for e, a in enumerate(lay.ext_topology.src.tolist())
                                       if int(lay.ext_nodes[a]) in net.own], dtype=torch.int64)
@@ -388,13 +389,15 @@ class SecAggHalo(HaloExchange):
         except CodecRangeError as exc:
             raise _rank_agent(exc, self.layout) from None
         self._check_range(q, w, bcd_iter, admm_iter)
-        sums = self._masked_sums(q, f"the masked messages of BCD iteration {bcd_iter}, ADMM iteration {admm_iter}")
+        sums = self._masked_sums(q.numpy(), f"the masked messages of BCD iteration {bcd_iter}, ADMM iteration "
+                                            f"{admm_iter}")
         t0 = time.perf_counter()
         ext = self._ext_agents.cpu()
         w_node = torch.zeros(self.layout.ext_topology.n_nodes, dtype=torch.int64)
         w_node[self.layout.ext_topology.src] = w.cpu()
         A = torch.zeros_like(q)
-        A[self._recv_rows] = sums
+        if sums is not None:
+            A[self._recv_rows] = torch.from_numpy(sums)
         S_int = w_node[ext][:, None] * A - rho_int.cpu()[ext][:, None] * q
         led.add("time_mask", time.perf_counter() - t0)
         S_loc, rho_loc = self._codec.decode(S_int.to(U.device), rho_int.to(U.device), dtype=U.dtype)
@@ -412,9 +415,9 @@ class SecAggHalo(HaloExchange):
         t0 = time.perf_counter()
         W = rows.keystreams(net.parties, rnd, P)
         t1 = time.perf_counter()
-        M = rows.messages(q[self._sender_rows], W)
+        M = rows.messages(q, self._sender_rows, W)
         t2 = time.perf_counter()
-        sends = {p: M[self._send_of[p]] for p in self._peers}
+        sends = {p: torch.from_numpy(M[self._send_of[p]]) for p in self._peers}
         shapes = {p: (self._n_in[p], P) for p in self._peers}
         try:
             got = self.comm.swap(sends, shapes, torch.int64, category="crypto", what=what, tag=TAG_MASKED) \
@@ -424,12 +427,12 @@ class SecAggHalo(HaloExchange):
                                    f"other ranks' agents did not all arrive, so this rank's sums cannot be unmasked "
                                    f"({exc})", failed_rank=exc.failed_rank) from None
         t3 = time.perf_counter()
-        M_in = torch.cat([M[self._local_msgs]] + [got[p].cpu() for p in self._peers])
-        sums = rows.unmask(M_in, W, self._in_slots)
+        M_in = np.concatenate([M[self._local_msgs]] + [got[p].cpu().numpy() for p in self._peers])
+        sums = rows.unmask(M_in, W) if rows.receivers else None
         t4 = time.perf_counter()
         led.add("time_prg", t1 - t0)
         led.add("time_mask", (t2 - t0) + (t4 - t3))
-        led.add("prg_bytes", rows.n_rows * 16 * ((P + 1) // 2))
+        led.add("prg_bytes", rows.n_streams * 16 * ((P + 1) // 2))
         led.add("messages", len(self._out))
         for r, j in self._out:
             led.add_edge_bytes(j, r, 8 * P)

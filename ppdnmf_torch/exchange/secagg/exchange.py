@@ -90,6 +90,7 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
         self._layout = derive_layout(codec, packing=False)
         self._ledger = SecAggLedger(0)
         self._net = None
+        self._bufs = None
         self._closed = False
         #: every message on the wire when recording (signed keys, masked messages)
         self.transcript: list | None = [] if record_transcript else None
@@ -122,9 +123,13 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
         self._net = SecAggNetwork(SecAggPlan(groups), list(zip(src, dst)), self._ledger, self.transcript,
                                   name=lambda n: f"agent {n % N} (trial {n // N})")
         self._net.agree()
-        self._senders = topo.dst.cpu()
-        receivers = torch.tensor(self._net.rows.receivers, dtype=torch.int64)
-        self._receivers = receivers
+        self._senders = topo.dst.cpu().numpy()
+        receivers = self._net.rows.receivers
+        self._receivers = None if receivers == list(range(topo.n_nodes)) else torch.tensor(receivers,
+                                                                                           dtype=torch.int64)
+        self._linked = topo.degree > 0
+        self._first = topo.crow[:-1].clamp(max=max(0, topo.src.numel() - 1))
+        self._bufs = None
 
     def close(self) -> None:
         """Drop every key and seed; the exchange cannot be used again."""
@@ -138,6 +143,19 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
             raise RuntimeError("SecAggExchange: closed (its keys and seeds are gone); make a new exchange")
         if self.topology is None:
             raise RuntimeError("SecAggExchange: call bind() before the first exchange")
+
+    def _buffers(self, U):
+        """``(float64, int64, int64)`` buffers of ``U``'s shape (the scaled values, ``q``, ``S_int``) from
+        quantized's size up (:attr:`~..quantized.QuantizedExchange.BUFFER_MIN_BYTES`), else None."""
+        from ..quantized import QuantizedExchange
+
+        if U.numel() * 8 < QuantizedExchange.BUFFER_MIN_BYTES:
+            return None
+        bufs = self._bufs
+        if bufs is None or bufs[0].shape != U.shape or bufs[0].device != U.device:
+            bufs = self._bufs = tuple(torch.empty(U.shape, dtype=dt, device=U.device)
+                                      for dt in (torch.float64, torch.int64, torch.int64))
+        return bufs
 
     # -- step 1 ------------------------------------------------------------------------
     def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
@@ -155,22 +173,26 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
         self._check_ready()
         topo, net = self.topology, self._net
         net.begin(bcd_iter, admm_iter)
-        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        bufs = self._buffers(U)
+        q, gamma, w = encode_inputs(self.codec, topo, U, g, bcd_iter=bcd_iter, admm_iter=admm_iter,
+                                    buffers=None if bufs is None else bufs[:2])
         check_equal_weights(w, topo, bcd_iter=bcd_iter, admm_iter=admm_iter)
         check_protocol_range(self.codec, self._layout, topo, "masked", q, gamma, w, bcd_iter=bcd_iter,
                              admm_iter=admm_iter)
         net.check_answers(dropped)
         rho_int = integer_penalty_sums(w, topo.src, topo.n_nodes)
-        qh = q.cpu()
-        sums = torch.zeros_like(qh)
-        if self._senders.numel():
-            sums[self._receivers] = net.masked_sums(qh[self._senders])
+        if self._senders.size:
+            A = torch.from_numpy(net.masked_sums(q.cpu().numpy(), self._senders))
+        t0 = time.perf_counter()
+        if not self._senders.size:
+            A = torch.zeros(tuple(q.shape), dtype=torch.int64)
+        elif self._receivers is not None:  # agents without neighbours: no sum
+            A = torch.zeros(tuple(q.shape), dtype=torch.int64).index_copy_(0, self._receivers, A)
         # w of each receiver (equal over its edges), then S_int_i = w sum_j q_j - rho_int_i q_i, exact:
         # |w sum_j q_j| <= sum_j w |q_j| < 2^62 and |S_int_i| < 2^62, both checked above
-        t0 = time.perf_counter()
-        w_node = torch.zeros(topo.n_nodes, dtype=torch.int64, device=q.device)
-        w_node[topo.src] = w
-        S_int = w_node[:, None] * sums.to(q.device) - rho_int[:, None] * q
+        w_node = torch.where(self._linked, w[self._first], 0)[:, None]
+        S_int = torch.mul(A.to(q.device), w_node, out=None if bufs is None else bufs[2])
+        S_int.addcmul_(rho_int[:, None], q, value=-1)
         self._ledger.add("time_mask", time.perf_counter() - t0)
         S, rho = self.codec.decode(S_int, rho_int, dtype=U.dtype, out=out)
         return ExchangeOutput(S, rho)

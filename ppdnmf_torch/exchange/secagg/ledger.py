@@ -2,9 +2,11 @@
 
 Per round (every ADMM iteration's step 5; every :meth:`~..secure_sum.Aggregator.total`):
 ``messages`` (masked messages sent, one per directed edge), ``message_bytes`` (8 bytes per masked
-integer on the wire), ``prg_bytes`` (keystream every party computed, each holder of a seed its own),
-``time_prg`` (seconds in the PRG) and ``time_mask`` (seconds of the whole masking stage: the PRG,
-the messages, the receivers' sums and the removal of their edge masks; ``time_prg`` included).
+integer on the wire), ``prg_bytes`` (keystream the parties of a deployment compute, each holder of
+a seed its own; one process computes each shared keystream once, half of it:
+:class:`~.network.RowPlan`), ``time_prg`` (seconds in the PRG) and ``time_mask`` (seconds of the
+whole masking stage: the PRG, the messages, the receivers' sums and the removal of their edge masks;
+``time_prg`` included).
 
 Once per run (the seed agreement, :mod:`.agreement`): ``setup_key_agreements`` (X25519
 operations), ``setup_signatures``, ``setup_verifications`` (Ed25519), ``setup_bytes`` (signed keys

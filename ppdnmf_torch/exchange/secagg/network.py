@@ -29,13 +29,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..._utils import PPDNMFError
 from .ledger import SecAggLedger
 from .party import SIGNED_KEY_BYTES, Party
 from .plan import SecAggPlan
-from .prg import as_words, counter_blocks, n_blocks, stream_rows
+from .prg import BLOCK_BYTES, MAX_ENTRIES, as_words, n_blocks, stream_rows
 
 __all__ = ["SecAggNetwork", "WireMessage", "DroppedNeighbourError", "RowPlan"]
 
@@ -69,64 +68,123 @@ class WireMessage:
 
 
 class RowPlan:
-    """Where every keystream of a round goes: the rows of one buffer, senders' first (``+1`` rows,
-    then ``-1`` rows), then the receivers' edge rows; and who computes each.
+    """Where every keystream of a round goes, and who computes it.
+
+    In a deployment each holder of a seed computes its keystream: sender ``j`` those of its pair
+    seeds and of its edge seed for each message, the receiver those of its edge seeds. In one process
+    the two holders' keystreams are the same bytes, so each is computed once, by one of its holders
+    that is here (a pair keystream by the first sender to need it, an edge keystream by its sender,
+    or by the receiver when the sender is elsewhere): one row per (seed, receiver) of the round, the
+    masks of a receiver in one pass over its rows. :attr:`n_streams` counts the keystreams of the
+    deployment (what the ledger's ``prg_bytes`` reports), :attr:`n_rows` those computed here.
+
+    The arithmetic is numpy int64 (its additions wrap modulo ``2^64``): a message is its sender's
+    value plus its ``+1`` rows less its ``-1`` rows; a receiver's sum is the sum of its messages less
+    its edge rows. The buffers are kept from round to round while the message length stays the same
+    (each party keeps its part of the work ready, :meth:`~.party.Party.prepare`).
 
     Parameters
     ----------
     plan : SecAggPlan
     messages : list of (receiver, sender)
-        The round's messages that the parties here send, in the order of the message tensor.
+        The round's messages that the parties here send, in the order of the message array.
     receivers : list of int, optional
         The receivers here, whose sums are unmasked here (default: every group of ``plan``).
     """
 
     def __init__(self, plan: SecAggPlan, messages, receivers=None):
-        pos, neg, strip = [], [], []
-        for m, (r, j) in enumerate(messages):
-            for tag, sign in plan.sender_tags(r, j):
-                (pos if sign > 0 else neg).append((j, tag, r, m))
+        index, rows = {}, []
+
+        def row(tag, r, owner) -> int:
+            if (tag, r) not in index:
+                index[(tag, r)] = len(rows)
+                rows.append((owner, tag, r))
+            return index[(tag, r)]
+
+        self.pos, self.neg = [], []
+        n_streams = 0
+        for r, j in messages:
+            tags = plan.sender_tags(r, j)
+            n_streams += len(tags)
+            self.pos.append([row(t, r, j) for t, sign in tags if sign > 0])
+            self.neg.append([row(t, r, j) for t, sign in tags if sign < 0])
         receivers = sorted(plan.groups) if receivers is None else sorted(int(r) for r in receivers)
         self.receivers = receivers
-        slot = {r: k for k, r in enumerate(receivers)}
+        self.slot = {r: k for k, r in enumerate(receivers)}
+        self.strip = []
         for r in receivers:
-            for tag, _ in plan.receiver_tags(r):
-                strip.append((r, tag, r, slot[r]))
-        rows = pos + neg + strip
-        self.n_rows, self.n_pos, self.n_send = len(rows), len(pos), len(pos) + len(neg)
+            tags = plan.receiver_tags(r)
+            n_streams += len(tags)
+            self.strip.append([row(t, r, r) for t, _ in tags])
+        self.n_rows, self.n_streams = len(rows), n_streams
         self.jobs: dict = {}
-        for row, (owner, tag, r, _) in enumerate(rows):
-            self.jobs.setdefault(owner, []).append((row, tag, r))
-        self.pos_msg = torch.tensor([x[3] for x in pos], dtype=torch.int64)
-        self.neg_msg = torch.tensor([x[3] for x in neg], dtype=torch.int64)
-        self.strip_slot = torch.tensor([x[3] for x in strip], dtype=torch.int64)
-        self.slot = slot
-        self.msg_slot = torch.tensor([slot.get(r, -1) for r, _ in messages], dtype=torch.int64)
-        self._counted = sorted({r for _, _, r, _ in rows})
+        for k, (owner, tag, r) in enumerate(rows):
+            self.jobs.setdefault(owner, []).append((k, tag, r))
+        self._counted = sorted({x[2] for x in rows})
+        self._count = None
+        self.msg_slot = [self.slot.get(r, -1) for r, _ in messages]
+        if all(k >= 0 for k in self.msg_slot):
+            self.incoming(self.msg_slot)
 
-    def keystreams(self, parties: dict, round_no: int, count: int) -> torch.Tensor:
-        """Every party fills its rows: ``(n_rows, count)`` int64 (a view of the buffer)."""
-        rows = stream_rows(self.n_rows, count)
-        counters = {r: counter_blocks(round_no, r, count) for r in self._counted}
+    def incoming(self, slots) -> None:
+        """The receivers (places in :attr:`receivers`) of the messages :meth:`unmask` will get, in
+        their order."""
+        self._incoming = [[] for _ in self.receivers]
+        for m, k in enumerate(slots):
+            self._incoming[int(k)].append(m)
+
+    def _prepare(self, parties: dict, count: int) -> None:
+        nb = n_blocks(count)
+        self._rows = stream_rows(self.n_rows, count)
+        self._M = np.empty((len(self.pos), count), dtype=np.int64)
+        self._sums = np.empty((len(self.receivers), count), dtype=np.int64)
+        ctr = np.empty((len(self._counted), nb, 2), dtype=">u8")
+        for k, r in enumerate(self._counted):
+            ctr[k, :, 1] = np.arange(nb, dtype=np.uint64) + np.uint64(int(r) << 32)
+        self._ctr = ctr
+        views = {r: ctr[k].view(np.uint8).reshape(nb, BLOCK_BYTES) for k, r in enumerate(self._counted)}
         for owner, jobs in self.jobs.items():
-            parties[owner].fill(jobs, counters, rows)
-        return torch.from_numpy(as_words(rows, count))
+            parties[owner].prepare(id(self), [(tag, views[r], self._rows[k]) for k, tag, r in jobs])
+        self._count = count
 
-    def messages(self, q_send: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        """The masked messages ``(n_msgs, count)``: ``q_send`` (the senders' values, in message
-        order) plus each sender's signed keystreams, modulo ``2^64``."""
-        M = q_send.clone()
-        M.index_add_(0, self.pos_msg, W[:self.n_pos])
-        M.index_add_(0, self.neg_msg, W[self.n_pos:self.n_send], alpha=-1)
+    def keystreams(self, parties: dict, round_no: int, count: int) -> np.ndarray:
+        """Every party here computes its rows: ``(n_rows, count)`` int64 (a view of the buffer, valid
+        until the next round)."""
+        if not 0 <= int(count) <= MAX_ENTRIES or not 0 <= int(round_no) < 2 ** 64:
+            raise ValueError(f"a round number below 2^64 and at most {MAX_ENTRIES} entries, got {round_no}, {count}")
+        if self._count != count:
+            self._prepare(parties, count)
+        self._ctr[:, :, 0] = int(round_no)
+        for owner in self.jobs:
+            parties[owner].run(id(self))
+        return as_words(self._rows, count)
+
+    def messages(self, q: np.ndarray, senders: np.ndarray, W: np.ndarray) -> np.ndarray:
+        """The masked messages ``(n_msgs, count)`` (a buffer, valid until the next round): the senders'
+        values (rows ``senders`` of ``q``, in message order) plus each sender's signed keystreams,
+        modulo ``2^64``."""
+        M = self._M
+        for m, (s, pos, neg) in enumerate(zip(senders.tolist(), self.pos, self.neg)):
+            out = M[m]
+            np.add(q[s], W[pos[0]], out=out)  # every message has its edge keystream, a +1 row
+            for k in pos[1:]:
+                np.add(out, W[k], out=out)
+            for k in neg:
+                np.subtract(out, W[k], out=out)
         return M
 
-    def unmask(self, M: torch.Tensor, W: torch.Tensor, slots=None) -> torch.Tensor:
-        """Every receiver's sum of its messages less its edge keystreams ``(n_receivers, count)``.
-        ``M``: the messages to the receivers here, ``slots`` their receivers' places in
-        :attr:`receivers` (default: ``M`` are this plan's own messages, :attr:`msg_slot`)."""
-        out = torch.zeros((len(self.receivers), W.shape[1]), dtype=torch.int64)
-        out.index_add_(0, self.msg_slot if slots is None else slots, M)
-        out.index_add_(0, self.strip_slot, W[self.n_send:], alpha=-1)
+    def unmask(self, M: np.ndarray, W: np.ndarray) -> np.ndarray:
+        """Every receiver's sum of its messages less its edge keystreams ``(n_receivers, count)`` (a
+        buffer, valid until the next round); ``M``: the messages to the receivers here, in the order
+        given to :meth:`incoming` (default: this plan's own messages)."""
+        out = self._sums
+        for k, (msgs, strip) in enumerate(zip(self._incoming, self.strip)):
+            acc = out[k]
+            np.copyto(acc, M[msgs[0]])
+            for m in msgs[1:]:
+                np.add(acc, M[m], out=acc)
+            for r in strip:
+                np.subtract(acc, W[r], out=acc)
         return out
 
 
@@ -211,29 +269,29 @@ class SecAggNetwork:
             f"{'their' if len(gone) > 1 else 'its'} messages (the pair masks cancel only in full sums), so the "
             "round is refused (there is no seed recovery)", senders=gone, receivers=hit, round_no=rnd)
 
-    def masked_sums(self, q_send: torch.Tensor) -> torch.Tensor:
-        """One round: the senders' values ``q_send (n_msgs, P)`` int64 (the sender's value of every
-        message, in message order) -> every receiver's ``sum_j q_j`` ``(n_receivers, P)`` int64
-        (receivers in :attr:`RowPlan.receivers` order), through masked messages (module docstring)."""
+    def masked_sums(self, q: np.ndarray, senders: np.ndarray) -> np.ndarray:
+        """One round: ``q (n, P)`` int64 and the row of every message's sender (``senders``, in message
+        order) -> every receiver's ``sum_j q_j`` ``(n_receivers, P)`` int64 (receivers in
+        :attr:`RowPlan.receivers` order; a buffer, valid until the next round), through masked
+        messages (module docstring)."""
         led, rows = self.ledger, self.rows
-        P = int(q_send.shape[1])
+        P = int(q.shape[1])
         rnd = self.plan.next_round()
         t0 = time.perf_counter()
         W = rows.keystreams(self.parties, rnd, P)
         t1 = time.perf_counter()
-        M = rows.messages(q_send, W)
+        M = rows.messages(q, senders, W)
         sums = rows.unmask(M, W)
         t2 = time.perf_counter()
         led.add("time_prg", t1 - t0)
         led.add("time_mask", t2 - t0)
-        led.add("prg_bytes", rows.n_rows * 16 * n_blocks(P))
+        led.add("prg_bytes", rows.n_streams * 16 * n_blocks(P))
         led.add("messages", len(self.messages))
         for (r, j) in self.messages:
             led.add_edge_bytes(j, r, 8 * P)
         if self.transcript is not None:
-            Mh = M.numpy()
             for k, (r, j) in enumerate(self.messages):
-                self._record(j, r, "masked", Mh[k].copy(), rnd)
+                self._record(j, r, "masked", M[k].copy(), rnd)
         return sums
 
     def close(self) -> None:

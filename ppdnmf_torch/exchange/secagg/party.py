@@ -89,7 +89,7 @@ class Party(HoldsPrivateKey):
     checked), ``signatures`` (made).
     """
 
-    __slots__ = ("node", "identity_key", "signed_key", "_identity", "_ephemeral", "_ctx", "key_agreements",
+    __slots__ = ("node", "identity_key", "signed_key", "_identity", "_ephemeral", "_ctx", "_work", "key_agreements",
                  "verifications", "signatures")
 
     def __init__(self, node: int):
@@ -101,6 +101,7 @@ class Party(HoldsPrivateKey):
         epk = self._ephemeral.public_key().public_bytes_raw()
         self.signed_key = SignedKey(self.node, epk, self._identity.sign(_signed_message(self.node, epk)))
         self._ctx = {}
+        self._work = {}
         self.key_agreements = self.verifications = 0
         self.signatures = 1
 
@@ -150,10 +151,21 @@ class Party(HoldsPrivateKey):
         for row, tag, receiver in jobs:
             ctx[tag].update_into(counters[receiver], rows[row])
 
+    def prepare(self, key, jobs) -> None:
+        """Keep ready the work ``key`` of every round: ``jobs`` is ``[(tag, counter blocks, out), ...]``,
+        buffers the caller rewrites each round (the counters) and reads (the keystreams)."""
+        self._work[key] = [(self._ctx[tag], counters, out) for tag, counters, out in jobs]
+
+    def run(self, key) -> None:
+        """The keystreams of the work ``key`` (:meth:`prepare`) for the counters now in its buffers."""
+        for ctx, counters, out in self._work[key]:
+            ctx.update_into(counters, out)
+
     def forget(self) -> None:
         """Drop every key and seed (the exchange closed)."""
         self._identity = self._ephemeral = None
         self._ctx = {}
+        self._work = {}
 
     def __len__(self) -> int:
         return len(self._ctx)
