@@ -300,3 +300,18 @@ def test_keys_and_seeds_stay_in_their_objects():
     assert len(party) == 0 and party._ephemeral is None and party._identity is None
     with pytest.raises(RuntimeError, match="closed"):
         ex.exchange(torch.zeros((4, 2), dtype=torch.float64), torch.zeros(8, dtype=torch.float64))
+
+
+def test_follows_the_input_device(device):
+    # the masking runs on the host (as Paillier's stage does); S and rho come back on U's device, the
+    # same bits as quantized there
+    topo = _topo([G5, graph.ring(5)])
+    exs = [make_exchange(k) for k in ("quantized", "secagg")]
+    for ex in exs:
+        ex.bind(topo, dtype=torch.float64, device=device)
+    gen = torch.Generator().manual_seed(2)
+    U = torch.rand((10, 40), generator=gen, dtype=torch.float64).to(device)
+    g = torch.full((topo.n_directed_edges,), 0.4, dtype=torch.float64, device=device)
+    a, b = (ex.exchange(U, g, bcd_iter=1, admm_iter=1) for ex in exs)
+    assert b.S.device == U.device and b.rho.device == U.device
+    assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
