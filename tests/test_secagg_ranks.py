@@ -81,6 +81,7 @@ def test_per_edge_schedules_are_refused_over_ranks(solo):
                  **SHORT)
 
 
+@pytest.mark.slow  # two spawned ranks: about 20 s, beyond this topic's share of the default run
 def test_two_ranks_same_bits_and_no_value_or_secret_crosses():
     """2 gloo ranks on a graph with cut edges: the single-process bits and counters; the masked
     messages cross as 8 bytes per value and cut edge (category crypto), the common penalties as
