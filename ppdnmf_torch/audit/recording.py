@@ -49,13 +49,14 @@ class Recorder:
 
 
 def make_recording_exchange(kind="quantized", *, protocol="aggregated", n_max=1e6, g_bits=16, key_bits=128,
-                            keypairs=None, paillier_options=None) -> Exchange:
+                            keypairs=None, paillier_options=None, transcript=True) -> Exchange:
     """A recording exchange of ``kind`` in {"plain", "quantized", "paillier", "secagg"}, made by
     the exchange factory with the :class:`Recorder` mixin (a Paillier or secagg one always keeps
-    its transcript; ``secagg`` takes no ``protocol`` and no ``key_bits``).
+    its transcript by default; ``secagg`` takes no ``protocol`` and no ``key_bits``).
 
     ``paillier_options``: further settings of :class:`~ppdnmf_torch.exchange.PaillierSpec`
-    (e.g. ``workers``, ``packing``).
+    (e.g. ``workers``, ``packing``). ``transcript=False``: a ``secagg`` exchange keeps no transcript
+    (long runs whose sums only are attacked).
     """
     if kind == "plain":
         return make_exchange(PlainSpec(), mixin=Recorder)
@@ -72,8 +73,9 @@ def make_recording_exchange(kind="quantized", *, protocol="aggregated", n_max=1e
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureKeyWarning)  # small keys are the audit's point
             return make_exchange(spec, mixin=Recorder)
-    if kind == "secagg":  # always keeps its transcript (signed keys, masked messages)
-        return make_exchange(SecAggSpec(n_max=n_max, g_bits=g_bits, record_transcript=True), mixin=Recorder)
+    if kind == "secagg":  # keeps its transcript (signed keys, masked messages) unless told not to
+        return make_exchange(SecAggSpec(n_max=n_max, g_bits=g_bits, record_transcript=bool(transcript)),
+                             mixin=Recorder)
     raise ConfigError(f"kind: unknown exchange kind {kind!r}; use 'plain', 'quantized', 'paillier' or 'secagg'")
 
 

@@ -8,7 +8,7 @@ __all__ = ["record_fit"]
 
 
 def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", n_max=1e6, g_bits=16,
-               key_bits=128, keypairs=None, paillier_options=None, **fit_kwargs) -> Recording:
+               key_bits=128, keypairs=None, paillier_options=None, transcript=True, **fit_kwargs) -> Recording:
     """Run :func:`ppdnmf_torch.fit` through a recording exchange and return the :class:`Recording`.
 
     Parameters
@@ -26,6 +26,8 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
         Pre-made Paillier key pairs (tests).
     paillier_options : dict, optional
         Further options of the Paillier exchange (``workers``, ``packing``, ...).
+    transcript : bool
+        ``secagg``: keep its transcript (default; False for long runs whose sums only are attacked).
     **fit_kwargs
         Any other keyword of :func:`~ppdnmf_torch.fit` (``bcd_iters``, ``g_max``, ...).
     """
@@ -37,7 +39,7 @@ def record_fit(blocks, graph, rank, *, kind="quantized", protocol="aggregated", 
 
         graph = as_graph(graph)
     exch = make_recording_exchange(kind, protocol=protocol, n_max=n_max, g_bits=g_bits, key_bits=key_bits,
-                                   keypairs=keypairs, paillier_options=paillier_options)
+                                   keypairs=keypairs, paillier_options=paillier_options, transcript=transcript)
     fit_kwargs.setdefault("device", "cpu")
     import warnings
 
