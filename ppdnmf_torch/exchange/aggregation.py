@@ -16,7 +16,7 @@ interface (:func:`make_aggregator`):
   so the server decrypts only the sum (docs/SECURE_AGGREGATION.md).
 * ``secagg`` (:mod:`.secagg.aggregation`; imports :mod:`cryptography`): the pairwise masks agreed by
   the parties themselves (X25519 keys signed with Ed25519 identity keys, through the server, which
-  relays public keys only) and drawn from AES-256-CTR, plus an edge mask per worker that only the
+  relays public keys only) and drawn from AES-128-CTR, plus an edge mask per worker that only the
   server removes: the server learns the sum, an eavesdropper not even that; no Paillier key.
 
 ``quantized``, ``paillier`` and ``secagg`` return the same bits: each computes the exact integer sum

@@ -3,7 +3,7 @@ penalty schedule, in one process (:class:`SecAggExchange`) and as a server's sec
 (:class:`SecAggAggregator`, ``make_aggregator("secagg", K)``).
 
 Layout: :mod:`.plan` (who masks against whom), :mod:`.party` (a party's keys and seeds),
-:mod:`.prg` (AES-256-CTR masks), :mod:`.network` (the seed agreement and the masked rounds in one
+:mod:`.prg` (AES-128-CTR masks), :mod:`.network` (the seed agreement and the masked rounds in one
 process), :mod:`.ledger` (the costs), :mod:`.exchange`, :mod:`.aggregation`. This package imports
 :mod:`cryptography`; the factories import it lazily.
 """

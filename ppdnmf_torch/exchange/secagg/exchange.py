@@ -25,7 +25,7 @@ each receiver's weights are equal.
 Seeds: agreed in :meth:`~SecAggExchange.bind` (X25519 keys signed with Ed25519 identity keys, HKDF;
 the pair seeds of two neighbours of ``i`` through ``i``, which relays public keys only), afresh in
 every bound run (a resumed run agrees new seeds; its numbers do not depend on them). Masks:
-AES-256-CTR keystreams (:mod:`.prg`) keyed per (seed, round, receiver). Costs: :mod:`.ledger`.
+AES-128-CTR keystreams (:mod:`.prg`) keyed per (seed, round, receiver). Costs: :mod:`.ledger`.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Every party (an agent, a worker, the server) holds
   dropped once the seeds are agreed (:meth:`Party.finish_setup`);
 * its **seeds**, each agreed with one peer (RFC 7748 X25519, then HKDF-SHA256, RFC 5869, over
   the shared secret, with the seed's tag and both ephemeral keys as context), kept only as
-  the AES-256 contexts of the mask PRG (:mod:`.prg`).
+  the AES-128 contexts of the mask PRG (:mod:`.prg`).
 
 Nothing here returns a private key or a seed: :meth:`Party.fill` writes the keystreams the protocol
 asks for (the masks) into a buffer, which is all the protocol needs. Like every holder of key
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..._utils import PPDNMFError
 from ..sealed import HoldsPrivateKey
-from .prg import aes_context
+from .prg import SEED_BYTES, aes_context
 
 __all__ = ["Party", "SignedKey", "KeyAgreementError", "SIGNED_KEY_BYTES", "DOMAIN"]
 
@@ -53,7 +53,7 @@ def _new_ephemeral() -> X25519PrivateKey:
 
 
 def _derive_seed(shared: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+    return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None, info=info).derive(shared)
 
 
 def _signed_message(node: int, key: bytes) -> bytes:
