@@ -13,6 +13,8 @@ from ppdnmf_torch.audit.server import run_server_audit
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange.aggregation import AGGREGATION_KINDS, DroppedWorkerError, make_aggregator
 
+from test_secagg_audit import fixed_keys  # noqa: F401 (a fixture: the statistical tests' masks fixed)
+
 
 @pytest.mark.parametrize("K, h, bits", [(2, None, None), (3, None, None), (7, 1, None), (4, None, 40)])
 def test_same_bits_as_quantized(K, h, bits):
@@ -45,7 +47,7 @@ def test_refuses_the_range_where_quantized_does():
 
 
 @pytest.mark.parametrize("K", [2, 3, 5])
-def test_a_curious_server_learns_only_the_sum(K):
+def test_a_curious_server_learns_only_the_sum(K, fixed_keys):
     rep = run_server_audit("secagg", K, rounds=6, n_values=48)
     assert rep["sums_exact"] and rep["verdict"]["server"] == "only the sum"
     if K == 2:  # a colluder and the sum give the other upload: inherent, flagged
