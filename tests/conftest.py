@@ -71,17 +71,20 @@ def _fake_costs():
 FAKE_COSTS = _fake_costs()
 
 
-def drive(exchanges, topo, lk, n_iter, seed, scale=1.0, skip_step1=()):
+def drive(exchanges, topo, lk, n_iter, seed, scale=1.0, skip_step1=(), agreed=False):
     """ADMM-like iterations with monotone random penalties, the same inputs for every
     exchange; iterations in ``skip_step1`` go without the penalty round of step 1.
+    ``agreed``: one draw per trial for all its edges (``penalty_schedule="agreed"``).
 
     Returns, per exchange, a list of ``(rho from step 1 or None, S, rho from step 5, U, g)``.
     """
     gen = torch.Generator().manual_seed(seed)
     g = torch.zeros(topo.n_directed_edges, dtype=torch.float64)
+    trial_of_edge = topo.src // max(1, topo.n_agents)
     outs = [[] for _ in exchanges]
     for m in range(n_iter):
-        g = g + (1.0 - g) * torch.rand(g.shape, generator=gen, dtype=torch.float64)
+        step = torch.rand(g.shape if not agreed else (topo.n_trials,), generator=gen, dtype=torch.float64)
+        g = g + (1.0 - g) * (step[trial_of_edge] if agreed else step)
         U = scale * (2 * torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64) - 0.5)
         for ex, out in zip(exchanges, outs):
             rho = None if m in skip_step1 else ex.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)

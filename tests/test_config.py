@@ -57,7 +57,7 @@ def test_config_tree_is_complete():
     assert opts["data"] == {"synthetic", "cbcl", "npy", "csv"}
     assert opts["graph"] == {"random", "ring", "star", "complete", "grid", "erdos_renyi", "random_geometric", "file"}
     assert opts["solver"] == {"default"}
-    assert opts["exchange"] == {"plain", "quantized", "paillier"}
+    assert opts["exchange"] == {"plain", "quantized", "paillier", "secagg"}
     assert opts["logger"] == {"tensorboard", "none"}
     assert opts["consensus"] == {"admm", "i_admm", "pi_admm", "pi_admm2"}
     assert opts["experiment"] == {"paper_synthetic", "paper_cbcl", "incremental_synthetic", "incremental_cbcl"}

@@ -11,7 +11,7 @@ from ppdnmf_torch import fit
 from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.exchange import EXCHANGE_KINDS, EXCHANGE_OPTIONS, PROTOCOLS, CodecRangeError, ExchangeSpec
 from ppdnmf_torch.exchange import IntegerCodec, PaillierSpec, PlainExchange, PlainSpec, QuantizedExchange
-from ppdnmf_torch.exchange import QuantizedSpec, exchange_spec, make_exchange
+from ppdnmf_torch.exchange import QuantizedSpec, SecAggSpec, exchange_spec, make_exchange
 from ppdnmf_torch.exchange.base import Exchange, Topology
 from ppdnmf_torch.exchange.codec import INT64_LIMIT
 from ppdnmf_torch.exchange.costmodel import (
@@ -308,7 +308,7 @@ def test_make_exchange_options():
         QuantizedExchange(IntegerCodec(), protocol="nope")
     with pytest.raises(ConfigError, match="cost_model"):
         QuantizedExchange(IntegerCodec(), cost_model="yes")
-    assert set(EXCHANGE_OPTIONS) == {"plain", "quantized", "paillier"}
+    assert set(EXCHANGE_OPTIONS) == {"plain", "quantized", "paillier", "secagg"}
 
 
 def test_edge_bytes_and_sizes():
@@ -445,6 +445,7 @@ SPEC_CASES = [
     PaillierSpec(protocol="paper", n_max=1e5, key_bits=2048, g_bits=10, cost_model=True, fast=True, packing=False,
                  slot_bits=50, precompute=False, djn=True, djn_exponent_bits=256, workers=0,
                  record_transcript=True),
+    SecAggSpec(n_max=1e5, g_bits=10, record_transcript=True),
 ]
 
 
@@ -468,7 +469,8 @@ def test_spec_kinds_and_options_are_the_specs_fields():
     assert EXCHANGE_OPTIONS == {"plain": (), "quantized": ("cost_model", "packing", "slot_bits"),
                                 "paillier": ("cost_model", "fast", "packing", "slot_bits", "precompute", "djn",
                                              "djn_exponent_bits", "workers", "record_transcript", "keypairs",
-                                             "pool_audit")}
+                                             "pool_audit"),
+                                "secagg": ("record_transcript",)}
     from ppdnmf_torch.models.ppdnmf import config
     from ppdnmf_torch.exchange import spec
 

@@ -142,3 +142,69 @@ def test_malformed_ciphertext_leaves_no_secret_in_traceback_locals(bad):
             except (TypeError, ValueError):
                 pass
         tb = tb.tb_next
+
+
+@pytest.fixture
+def recorded_secagg(monkeypatch):
+    """Every private key (identity and ephemeral, raw bytes) and every seed that an
+    exchange="secagg" run makes, recorded on the side (they never leave their parties)."""
+    from ppdnmf_torch.exchange.secagg import party
+
+    made = {"keys": [], "seeds": []}
+    real_id, real_eph, real_seed = party._new_identity, party._new_ephemeral, party._derive_seed
+
+    def ident():
+        k = real_id()
+        made["keys"].append(k.private_bytes_raw())
+        return k
+
+    def eph():
+        k = real_eph()
+        made["keys"].append(k.private_bytes_raw())
+        return k
+
+    def seed(shared, info):
+        s = real_seed(shared, info)
+        made["seeds"].append(s)
+        made["keys"].append(shared)  # the Diffie-Hellman secret, too
+        return s
+
+    monkeypatch.setattr(party, "_new_identity", ident)
+    monkeypatch.setattr(party, "_new_ephemeral", eph)
+    monkeypatch.setattr(party, "_derive_seed", seed)
+    return made
+
+
+def test_secagg_run_outputs_hold_no_key_or_seed(tmp_path, recorded_secagg):
+    # a checkpointed, resumed-from-nothing CLI run with TensorBoard: no private key, Diffie-Hellman
+    # secret or seed in any file; the masked protocol's costs are in TensorBoard as Paillier's are
+    from tensorboard.backend.event_processing import event_accumulator
+
+    cfg = from_dict({
+        "n_agents": 4, "progress": False, "checkpoint_every": 1, "keep_checkpoints": True,
+        "data": {"kind": "synthetic", "negative": "allow", "L": 6, "M": 16, "K": 2},
+        "graph": {"kind": "ring"},
+        "solver": {"rank": 2, "bcd_iters": 2, "x_iters": 2, "y_iters": 2},
+        "exchange": {"kind": "secagg", "n_max": 1e3},
+        "logger": {"kind": "tensorboard"},
+    })
+    summary = run(cfg, tmp_path / "run")
+    assert len(recorded_secagg["keys"]) > 8 and len(recorded_secagg["seeds"]) == 16  # 4 pair + 4 edge, twice
+    secrets = set()
+    for s in recorded_secagg["keys"] + recorded_secagg["seeds"]:
+        secrets |= {s, s[::-1], s.hex().encode()} | _patterns(int.from_bytes(s, "big"))
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert any(p.parent.name == "checkpoints" for p in files) and any("tfevents" in p.name for p in files)
+    for f in files:
+        data = f.read_bytes()
+        for s in secrets:
+            assert s not in data, f"{f} holds secagg key material"
+    # one Diffie-Hellman per party and peer: its two neighbours and the agent opposite on the ring
+    assert summary["costs"]["messages"] > 0 and summary["costs"]["setup_key_agreements"] == 12
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"crypto/messages", "crypto/message_bytes", "crypto/prg_bytes", "crypto/time_mask",
+            "crypto/setup_key_agreements", "crypto/setup_bytes", "crypto/time_setup",
+            "crypto_admm/messages", "crypto_admm/time_mask"} <= tags
+    assert not any(t.startswith("crypto_admm/setup") for t in tags)

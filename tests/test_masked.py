@@ -141,11 +141,11 @@ def test_each_reply_decrypts_to_a_uniform_value_unrelated_to_any_plaintext(maske
 def test_the_uniformity_and_independence_checks_can_fail(masked_run):
     # the same statistics on values that are not masked: the checks are not vacuous
     rec, *_ = masked_run
-    from ppdnmf_torch.audit.masked import _corr, _uniformity
+    from ppdnmf_torch.audit.masked import independence_test, uniformity_test
 
     terms = (rec.w[:, :, None] * rec.q[:, rec.dst]).ravel().astype(np.float64)
-    assert _uniformity(np.abs(terms) / np.abs(terms).max())["uniform"] is False
-    assert _corr(terms, rec.q[:, rec.dst].ravel())["independent"] is False
+    assert uniformity_test(np.abs(terms) / np.abs(terms).max())["uniform"] is False
+    assert independence_test(terms, rec.q[:, rec.dst].ravel())["independent"] is False
 
 
 @pytest.mark.crypto

@@ -216,11 +216,8 @@ def format_costs(costs: dict) -> str:
              | {"ciphertext_bytes", "setup_ciphertext_bytes"})
     other = [f"{k.replace('_', ' ')} {v:.4g}" for k, v in costs.items()
              if k not in known and isinstance(v, (int, float)) and not isinstance(v, bool)]
-    text = ", ".join(parts)
-    if setup:
-        text += "; seed agreement before the rounds: " + ", ".join(setup)
-    if times:
-        text += "; time: " + ", ".join(times)
-    if other:
-        text += "; other: " + ", ".join(other)
-    return text
+    sections = [", ".join(parts)] if parts else []  # a kind without the Paillier counters (secagg) has none
+    for title, items in (("seed agreement before the rounds: ", setup), ("time: ", times), ("other: ", other)):
+        if items:
+            sections.append(title + ", ".join(items))
+    return "; ".join(sections)

@@ -109,15 +109,28 @@ reveal of the neighbours' penalties.
 colluding worker, against each worker's single upload to
 :func:`~ppdnmf_torch.exchange.aggregation.make_aggregator` (:func:`run_server_audit`).
 
+**(e) ``exchange="secagg"``** (:mod:`.secagg`): every masked message of a recorded run against an
+eavesdropper (uniformity, correlation, plaintexts, the sum of a receiver's messages), the receiver
+that removes its edge mask, a neighbour listening on a link with its pair seed, and colluders
+(:func:`secagg_message_audit`, the seeds watched by :func:`record_secagg_seeds`); the attacks of (b)
+and (c) run on its recording as on the others.
+
+**(f) Across calls** (:mod:`.across_calls`): a receiver that differences its sums from one call to
+the next reads a neighbour's exact increment whenever that neighbour is the only one of its
+neighbours whose value changed (the others frozen by the stopping rule, or constant):
+:func:`difference_attack` counts them.
+
 Entry point: :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` (``scripts/privacy_audit.py`` is its command line).
 
-Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`),
+Modules: :mod:`.recording` (the recording exchanges, :class:`Recording`), :mod:`.secagg` (e),
+:mod:`.across_calls` (f),
 :mod:`.eavesdropper` (a), :mod:`.neighbour` (b), :mod:`.masked` (the masked protocol: its
 attacks, collusion, real ciphertexts, seeds), :mod:`.report` (thresholds, verdicts, flags,
 Markdown), :mod:`.sums` (c), :mod:`.server` (d). Recording a PPDNMF run (:func:`~ppdnmf_torch.models.ppdnmf.audit.record_fit`), the
 named scenarios (:func:`~ppdnmf_torch.models.ppdnmf.audit.run_audit`) and the incremental
 X-step's audit are PPDNMF's: :mod:`ppdnmf_torch.models.ppdnmf.audit`.
 """
+from .across_calls import across_calls_flags, difference_attack, md_across_calls, neighbour_sums
 from .eavesdropper import (
     SIGNIFICANT,
     eavesdrop_plain,
@@ -160,6 +173,7 @@ from .sums import (
     schedule_audit,
     sums_audit,
 )
+from .secagg import md_secagg, record_secagg_seeds, secagg_flags, secagg_message_audit
 from .server import format_server_audit, run_server_audit, server_views
 
 __all__ = [
@@ -201,4 +215,12 @@ __all__ = [
     "server_views",
     "run_server_audit",
     "format_server_audit",
+    "difference_attack",
+    "neighbour_sums",
+    "across_calls_flags",
+    "md_across_calls",
+    "record_secagg_seeds",
+    "secagg_message_audit",
+    "secagg_flags",
+    "md_secagg",
 ]

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from .recording import Recording
 
 __all__ = ["masked_attacks", "collusion_audit", "masked_ciphertext_audit", "record_seeds", "tag_seeds",
-           "CONFIDENCE_Z", "MASKED_ATTACKS"]
+           "CONFIDENCE_Z", "MASKED_ATTACKS", "independence_test", "uniformity_test"]
 
 #: the attacks on the masked protocol's sums (``baseline`` first)
 MASKED_ATTACKS = ("baseline", "nbr_mean", "trajectory")
@@ -195,7 +195,9 @@ def _signed(r: int, n: int) -> int:
     return r - n if r > n // 2 else r
 
 
-def _corr(a, b) -> dict:
+def independence_test(a, b) -> dict:
+    """Pearson's ``r`` of ``a`` and ``b`` against the bound ``CONFIDENCE_Z / sqrt(n)`` (independent
+    when below it)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n = int(a.size)
     if n < 3 or a.std() == 0 or b.std() == 0:
@@ -205,7 +207,7 @@ def _corr(a, b) -> dict:
     return {"n": n, "r": r, "bound": bound, "independent": abs(r) < bound}
 
 
-def _uniformity(u: np.ndarray) -> dict:
+def uniformity_test(u: np.ndarray) -> dict:
     """Kolmogorov-Smirnov against U(0, 1) and a 16-bin chi-square of ``u = x / n``."""
     from scipy import stats
 
@@ -361,9 +363,10 @@ def masked_ciphertext_audit(rec: Recording, private_keys, seeds: dict, plan, *, 
         b["pairs_exact"] += int(inf > 0 and ex >= 0.5 * inf)
     return {
         "replies": {"messages": n_msgs, "ciphertexts": n_ct},
-        "uniformity": _uniformity(np.asarray(u_all)),
-        "independence": {"slot_value": _corr(val_u, slot0), "unmasked_term": _corr(val_u, term_u),
-                         "penalty": _corr(pen_u, pen_rho)},
+        "uniformity": uniformity_test(np.asarray(u_all)),
+        "independence": {"slot_value": independence_test(val_u, slot0),
+                         "unmasked_term": independence_test(val_u, term_u),
+                         "penalty": independence_test(pen_u, pen_rho)},
         "plaintext_matches": matches,
         "plaintexts_checked": len(known),
         "decrypt_each": dict(sorted(by_degree.items(), key=lambda kv: int(kv[0]))),

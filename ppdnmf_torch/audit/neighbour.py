@@ -33,6 +33,9 @@ ATTACKS = {
     # what the receiver can do with its sums; that each reply decrypted on its own carries
     # nothing is measured on real ciphertexts (audit.masked.masked_ciphertext_audit)
     "masked": MASKED_ATTACKS,
+    # secagg's receiver obtains sum_j q_j (= A_i / w under the agreed schedule): the same attacks;
+    # its messages are measured on the wire (audit.secagg.secagg_message_audit)
+    "secagg": MASKED_ATTACKS,
 }
 #: the attacks open to an agent that decrypts only what the protocol tells it to (under
 #: ``aggregated``: the two sums); reported as the pair's ``"sums_only"`` view
@@ -424,7 +427,8 @@ def neighbour_audit(rec: Recording, protocol: str) -> dict:
     if protocol not in ATTACKS:
         raise ConfigError(f"protocol: unknown protocol {protocol!r}; use one of {tuple(ATTACKS)}")
     rec.need_ints()
-    est = {"paper": paper_attacks, "aggregated": aggregated_attacks, "masked": masked_attacks}[protocol](rec)
+    est = {"paper": paper_attacks, "aggregated": aggregated_attacks, "masked": masked_attacks,
+           "secagg": masked_attacks}[protocol](rec)
     sums_only = list(SUMS_ONLY_ATTACKS.get(protocol, ()))
     diff_q = rec.q[:, rec.dst] - rec.q[:, rec.src]
     info_all = (diff_q != 0).any(-1)  # (T, 2E)

@@ -1,8 +1,8 @@
 """Recording what goes through the exchange: the recording exchanges and :class:`Recording`
 (a PPDNMF run is recorded by :func:`ppdnmf_torch.models.ppdnmf.audit.record_fit`).
 
-A recording exchange is an ordinary exchange kind (``plain``, ``quantized`` or
-``paillier``) that keeps a copy of step 5's inputs at every call (``U``, ``g`` and, for
+A recording exchange is an ordinary exchange kind (``plain``, ``quantized``, ``paillier`` or
+``secagg``) that keeps a copy of step 5's inputs at every call (``U``, ``g`` and, for
 the integer kinds, ``q`` and ``gamma``). :func:`make_recording_exchange` is the one place
 that builds them.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..exchange import PaillierSpec, PlainSpec, QuantizedSpec, make_exchange
+from ..exchange import PaillierSpec, PlainSpec, QuantizedSpec, SecAggSpec, make_exchange
 from ..exchange.base import Exchange
 from ..exchange.integer import encode_inputs
 
@@ -50,13 +50,14 @@ class Recorder:
 
 
 def make_recording_exchange(kind="quantized", *, protocol="aggregated", n_max=1e6, g_bits=16, key_bits=128,
-                            keypairs=None, paillier_options=None) -> Exchange:
-    """A recording exchange of ``kind`` in {"plain", "quantized", "paillier"}, made by the
-    exchange factory with the :class:`Recorder` mixin (a Paillier one always keeps its
-    transcript).
+                            keypairs=None, paillier_options=None, transcript=True) -> Exchange:
+    """A recording exchange of ``kind`` in {"plain", "quantized", "paillier", "secagg"}, made by
+    the exchange factory with the :class:`Recorder` mixin (a Paillier or secagg one always keeps
+    its transcript by default; ``secagg`` takes no ``protocol`` and no ``key_bits``).
 
     ``paillier_options``: further settings of :class:`~ppdnmf_torch.exchange.PaillierSpec`
-    (e.g. ``workers``, ``packing``).
+    (e.g. ``workers``, ``packing``). ``transcript=False``: a ``secagg`` exchange keeps no transcript
+    (long runs whose sums only are attacked).
     """
     if kind == "plain":
         return make_exchange(PlainSpec(), mixin=Recorder)
@@ -73,7 +74,10 @@ def make_recording_exchange(kind="quantized", *, protocol="aggregated", n_max=1e
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureKeyWarning)  # small keys are the audit's point
             return make_exchange(spec, mixin=Recorder)
-    raise ConfigError(f"kind: unknown exchange kind {kind!r}; use 'plain', 'quantized' or 'paillier'")
+    if kind == "secagg":  # keeps its transcript (signed keys, masked messages) unless told not to
+        return make_exchange(SecAggSpec(n_max=n_max, g_bits=g_bits, record_transcript=bool(transcript)),
+                             mixin=Recorder)
+    raise ConfigError(f"kind: unknown exchange kind {kind!r}; use 'plain', 'quantized', 'paillier' or 'secagg'")
 
 
 @dataclass
@@ -100,7 +104,8 @@ class Recording:
     moduli : list of int
         The agents' public moduli (``paillier`` only).
     transcript : list
-        Wire messages (``paillier``: :class:`~ppdnmf_torch.exchange.paillier.WireMessage`).
+        Wire messages (``paillier``: :class:`~ppdnmf_torch.exchange.paillier.WireMessage`; ``secagg``:
+        :class:`~ppdnmf_torch.exchange.secagg.WireMessage`).
     layout : optional
         The Paillier exchange's slot layout when it packs several values per plaintext.
     nmse, consensus : float

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+from .across_calls import across_calls_flags, md_across_calls
+from .secagg import md_secagg, secagg_flags
+
 __all__ = [
     "judge",
     "exposure",
@@ -149,6 +152,11 @@ def collect_flags(report: dict) -> list:
         if sc.get("masked_ciphertexts"):
             flags += _masked_flags(sname, sc["masked_ciphertexts"])
         flags += _sums_flags(sname, sc)
+        flags += across_calls_flags(sname, sc.get("across_calls"))
+        sec = sc.get("secagg") or {}
+        if "messages" in sec:
+            flags += secagg_flags(sname, sec["messages"])
+            flags += across_calls_flags(sname, sec["across_calls"], "secagg")
         ev = sc.get("eavesdropper_plain")
         if ev and ev["all_recovered_exactly"]:
             flags.append({"scenario": sname, "protocol": "plain", "agent": None, "view": "eavesdropper",
@@ -423,4 +431,6 @@ def format_markdown(report: dict) -> str:
         lines += _md_collusion(sc)
         if sc.get("masked_ciphertexts"):
             lines += _md_masked_ciphertexts(sc["masked_ciphertexts"], sname)
+        lines += md_across_calls(sc.get("across_calls"), "every protocol that gives the sums")
+        lines += md_secagg(sc.get("secagg"), sname)
     return "\n".join(lines) + "\n"

@@ -7,9 +7,10 @@ Adversaries, per target worker ``i`` and every round of a recorded run
 * ``server``: the honest-but-curious server. It holds every upload and (``paillier``) its private
   key, so its best reading of upload ``i`` is the upload itself: ``y_i`` read as a signed integer
   (``quantized``), or the ciphertext decrypted under its key and read slot by slot, without the
-  validity checks of the decoding (``paillier``).
+  validity checks of the decoding (``paillier``), or the upload less the edge mask the server shares
+  with worker ``i``, read as a signed 64-bit integer (``secagg``).
 * ``server+worker k`` (every ``k != i``): worker ``k`` hands the server its seeds' outputs, so the
-  pair mask ``PRG(s_ik)`` (``quantized``) or the pair unit ``mu(s_ik)`` (``paillier``) is stripped from
+  pair mask ``PRG(s_ik)`` (``quantized``, ``secagg``) or the pair unit ``mu(s_ik)`` (``paillier``) is stripped from
   ``i``'s upload before reading it; and ``k``'s own upload is known, so ``(sum - q_k) / (K - 1)``
   is a second guess.
 
@@ -90,16 +91,33 @@ def _paillier_reading(agg, rec, i: int, colluder):
     return torch.tensor(_read_slots(residues, agg.layout, int(n), P), dtype=torch.float64)
 
 
+def _secagg_reading(agg, rec, i: int, colluder):
+    """The server removes its edge mask of worker ``i`` (it holds that seed), the colluder its pair
+    mask with ``i``: what is left, as a signed 64-bit integer (int64 arithmetic wraps mod ``2^64``)."""
+    y = rec["uploads"][i].clone()
+    P = y.numel()
+    y -= agg.edge_stream(i, rec["round"], P)
+    if colluder is not None:
+        sign = 1 if i < colluder else -1  # i added sign * PRG(s_ik): remove it
+        y -= sign * agg.mask_stream(colluder, i, rec["round"], P)
+    return y.to(torch.float64)
+
+
 def _reading(agg, rec, i, colluder):
     if colluder is not None and (min(i, colluder), max(i, colluder)) not in agg.pairs:
         colluder = None  # no seed shared with i (a sparse mask graph): nothing of i's to strip
     if agg.kind == "paillier":
         return _paillier_reading(agg, rec, i, colluder)
+    if agg.kind == "secagg":
+        return _secagg_reading(agg, rec, i, colluder)
     return _quantized_reading(agg, rec, i, colluder)
 
 
 def _ring_half(agg) -> float:
-    """Half the width of a reading's range: ``2^62`` (the ring) or the slot limit (paillier)."""
+    """Half the width of a reading's range: ``2^62`` (the ring), ``2^63`` (secagg's int64) or the slot
+    limit (paillier)."""
+    if agg.kind == "secagg":
+        return float(2 ** 63)
     return float(agg.layout.limit) if agg.kind == "paillier" else float(1 << (RING_BITS - 1))
 
 
@@ -128,7 +146,7 @@ def server_views(agg) -> list:
 
     Parameters
     ----------
-    agg : QuantizedAggregator or PaillierAggregator
+    agg : QuantizedAggregator, PaillierAggregator or SecAggAggregator
         Built with ``record=True``, after some rounds, not closed (the colluder's seeds are used).
 
     Returns
@@ -138,8 +156,8 @@ def server_views(agg) -> list:
         ``ks``, ``ks_bound``, ``rel_err_median``, ``baseline_rel_err_median``,
         ``baseline_exact_fraction``, ``inherent``, ``learns_beyond_sum``.
     """
-    if agg.kind not in ("quantized", "paillier") or not agg.record or not agg.transcript:
-        raise ValueError("server_views: needs a quantized or paillier aggregator with record=True that ran")
+    if agg.kind not in ("quantized", "paillier", "secagg") or not agg.record or not agg.transcript:
+        raise ValueError("server_views: needs a quantized, paillier or secagg aggregator with record=True that ran")
     K, n_max, half = agg.n_workers, agg.n_max, _ring_half(agg)
     recs = agg.transcript
     Q = np.stack([r["q"].numpy() for r in recs])  # (R, K, P) int64

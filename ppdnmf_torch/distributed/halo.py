@@ -28,22 +28,29 @@ penalties from its own generator instead.
 from __future__ import annotations
 
 import dataclasses
+import time
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..exchange import make_exchange
 from ..exchange.base import Exchange, ExchangeOutput
 from ..exchange.codec import CodecRangeError
+from ..errors import ConfigError
 from ..penalties import PenaltySampler
-from .comm import Comm
+from .comm import Comm, DistributedError
 from .costs import RankLedger
 from .layout import RankLayout
 
-__all__ = ["HaloExchange", "RankSampler", "HALO_KINDS", "TAG_U", "TAG_G"]
+__all__ = ["HaloExchange", "SecAggHalo", "RankSampler", "HALO_KINDS", "TAG_U", "TAG_G", "TAG_MASKED"]
 
-#: the exchange kinds whose halo carries tensors (``paillier``: :mod:`.secure`)
-HALO_KINDS = ("plain", "quantized")
+#: the exchange kinds made by :class:`HaloExchange` (``paillier``: :mod:`.secure`; ``secagg``: its
+#: masked messages cross instead of the values, :class:`SecAggHalo`)
+HALO_KINDS = ("plain", "quantized", "secagg")
 TAG_U, TAG_G = 11, 12
+#: the tag of exchange="secagg"'s masked messages
+TAG_MASKED = 13
 
 
 class RankSampler(PenaltySampler):
@@ -88,6 +95,13 @@ class HaloExchange(Exchange):
     layout : RankLayout
     comm : Comm
     """
+
+    def __new__(cls, spec=None, *args, **kwargs):
+        # exchange="secagg" sends masked messages instead of the values: its own class, made here so
+        # that every caller of HaloExchange gets it for that kind
+        if cls is HaloExchange and getattr(spec, "kind", None) == "secagg":
+            cls = SecAggHalo
+        return super().__new__(cls)
 
     def __init__(self, spec, layout: RankLayout, comm: Comm):
         super().__init__()
@@ -214,6 +228,251 @@ class HaloExchange(Exchange):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class SecAggHalo(HaloExchange):
+    """``exchange="secagg"`` across ranks (:class:`HaloExchange` makes one for that kind).
+
+    The penalties of the cut edges cross as in the ``quantized`` halo (under the agreed schedule they
+    are the trial's common draw, public to every agent); the values do not: each rank's agents send
+    their neighbours on other ranks masked messages (:mod:`ppdnmf_torch.exchange.secagg.network`),
+    one ``(P,)`` int64 row per cut edge, and each rank unmasks its own agents' sums. The seeds are
+    agreed across the cut in :meth:`bind` (:class:`~.parties.SecAggRankParties`: the pair seeds of two
+    neighbours of ``i`` through ``i``'s rank, which relays public keys only).
+
+    Range: one process checks every receiver's sums against its neighbours' values before anything
+    is masked; no rank sees its ghosts' values, so each checks its own agents against the public
+    bound ``2 max|q_j| w d_max < limit`` (``w`` the common weight, ``d_max`` the graph's largest
+    degree), which implies every check of one process; a value past it stops the run on that rank,
+    naming the agent (the other ranks stop with a :class:`~.comm.DistributedError`).
+
+    Costs: every rank counts its parties' messages and operations; :meth:`costs` sums them over the
+    ranks (the single-process counters, the times summed too).
+    """
+
+    def __init__(self, spec, layout: RankLayout, comm: Comm):
+        Exchange.__init__(self)
+        if spec.record_transcript:
+            raise ConfigError("exchange: record_transcript is a single-process tool (the privacy audit); a "
+                              "distributed run's traffic is recorded per rank by Comm(record=True)")
+        from ..exchange.secagg.ledger import SecAggLedger
+
+        self._spec = spec
+        self.name = "secagg"
+        self.layout, self.comm = layout, comm
+        self._codec = spec.codec()
+        self._led = SecAggLedger(layout.n_agents)
+        self.net = None
+        self._block = self._last = None
+        self._closed = False
+
+    @property
+    def codec(self):
+        return self._codec
+
+    @property
+    def _ledger(self):
+        return self._led
+
+    def check_schedule(self, schedule: str, caps=None) -> None:
+        from ..exchange.secagg.exchange import unequal_weights_message
+
+        if schedule != "agreed":
+            raise ConfigError(unequal_weights_message(f"penalty_schedule={schedule!r} draws a weight per edge"))
+
+    def bind(self, topology, *, dtype, device, fuse=False):
+        """The rank's parties and their seeds, agreed with the other ranks (new ones on every bind)."""
+        if self._closed:
+            raise RuntimeError("SecAggHalo: closed (its keys and seeds are gone); make a new exchange")
+        from ..exchange.secagg.network import RowPlan
+        from .parties import SecAggRankParties
+
+        Exchange.bind(self, topology, dtype=dtype, device=device, fuse=fuse)
+        lay = self.layout
+        self._slots, self._ext_agents = lay.slots.to(device), lay.ext_of_agents.to(device)
+        self._dummies, self._ext_edges = lay.dummy_slots.to(device), lay.ext_of_edges.to(device)
+        self._peers = list(lay.peers)
+        self._send_edges = {s: t.to(device) for s, t in lay.send_edges.items()}
+        self._recv_edges = torch.cat([lay.recv_edges[s] for s in self._peers]).to(device) if self._peers else None
+        self._block = self._last = None
+        if self.net is not None:
+            self.net.close()
+        self.net = SecAggRankParties(lay, self.comm, self._led)
+        self.net.agree()
+        net = self.net
+        agents = lay.agents.tolist()
+        self._row = {a: k for k, a in enumerate(agents)}
+        d_own = torch.tensor([max((len(net.nbrs[a]) for a in agents), default=0)], dtype=torch.int64)
+        self._d_max = int(self.comm.all_reduce(d_own, category="setup", op=dist.ReduceOp.MAX,
+                                               what="the largest degree (the public range bound)")[0])
+        # the messages this rank's agents send (receiver, sender), increasing edge id; the cut's
+        # ones go to the receiver's rank in that order, which is the order it expects them in
+        self._out = [(x, y) for _, x, y in net.edges if y in net.own]
+        receivers = [a for a in agents if net.nbrs[a]]
+        self._rows = RowPlan(net.plan, self._out, receivers)
+        self._send_of = {p: [k for k, (x, _) in enumerate(self._out) if net.owner[x] == p] for p in self._peers}
+        local = [k for k, (x, _) in enumerate(self._out) if x in net.own]
+        self._local_msgs = np.array(local, dtype=np.int64)
+        slot = self._rows.slot
+        if receivers:  # the messages to this rank's receivers: its own agents', then each peer's
+            self._rows.incoming([slot[self._out[k][0]] for k in local]
+                                + [slot[x] for p in self._peers for _, x, _ in net._cut(False, p)])
+        self._n_in = {p: len(net._cut(False, p)) for p in self._peers}
+        self._sender_rows = np.array([self._row[y] for _, y in self._out], dtype=np.int64)
+        self._recv_rows = torch.tensor([self._row[r] for r in receivers], dtype=torch.int64)
+        self._own_src = torch.tensor([e for e, a in enumerate(lay.ext_topology.src.tolist())
+                                      if int(lay.ext_nodes[a]) in net.own], dtype=torch.int64)
+
+    def close(self) -> None:
+        if self.net is not None:
+            self.net.close()
+        self.net = None
+        self._closed = True
+
+    # -- step 1: the weights, from the penalty halo ------------------------------------------------
+    def penalty_block(self, G, *, bcd_iter=0):
+        return None
+
+    def _weights(self, g_ext, bcd_iter, admm_iter):
+        """``(w (D_ext,), rho_int (n_ext,))`` of the extended edges, the rank's receivers' weights checked equal."""
+        from ..exchange.integer import encode_penalties, integer_penalty_sums
+        from ..exchange.secagg.exchange import unequal_weights_message
+
+        topo = self.layout.ext_topology
+        _, w = self._call(encode_penalties, self._codec, topo, g_ext, bcd_iter=bcd_iter, admm_iter=admm_iter)
+        dev = w.device
+        own = self._own_src.to(dev)
+        bad = w[own] != w[topo.crow.to(dev)[topo.src.to(dev)]][own]
+        if bool(bad.any()):
+            agent = int(self.layout.ext_nodes[topo.src[int(self._own_src[int(torch.nonzero(bad)[0, 0])])]])
+            raise ConfigError(unequal_weights_message(
+                f"agent {agent} (trial 0) at BCD iteration {bcd_iter}, ADMM iteration {admm_iter} has unequal "
+                "weights gamma_ij gamma_ji across its neighbours"))
+        return w, integer_penalty_sums(w, topo.src.to(dev), topo.n_nodes)
+
+    def penalty_sums(self, g, *, bcd_iter=0, admm_iter=0):
+        g_ext = self._penalties_ext(g, f"the penalty halo of BCD iteration {bcd_iter}, ADMM iteration {admm_iter}")
+        self._last = (g, g_ext)
+        _, rho_int = self._weights(g_ext, bcd_iter, admm_iter)
+        return self._local(self._codec.decode_rho(rho_int))
+
+    # -- step 5 ----------------------------------------------------------------------------------
+    def _check_range(self, q, w, bcd_iter, admm_iter) -> None:
+        """The public bound (class docstring) on this rank's agents' values."""
+        lim = self._codec.limit
+        if not q.numel() or not w.numel():
+            return
+        mags = q.abs().amax(dim=1)
+        bound = 2.0 * float(mags.max()) * float(w.max()) * self._d_max
+        if bound < lim * (1 - 1e-9):
+            return
+        k = int(mags.argmax())
+        agent = int(self.layout.agents[k])
+        raise CodecRangeError(
+            f"codec range: agent {agent} (trial 0) at BCD iteration {bcd_iter}, ADMM iteration {admm_iter}: across "
+            f"ranks the masked sums are checked against the public bound 2 max|q_j| w d_max = {bound:.6g}, which "
+            f"does not fit the limit {lim} (2^{lim.bit_length() - 1}); lower n_max or g_bits",
+            trial=0, agent=agent, bcd_iter=bcd_iter, admm_iter=admm_iter, value=int(mags[k]), limit=lim)
+
+    def exchange(self, U, g, *, bcd_iter=0, admm_iter=0, out=None):
+        if self.net is None:
+            raise RuntimeError("SecAggHalo: call bind() before the first exchange" if not self._closed
+                               else "SecAggHalo: closed (its keys and seeds are gone); make a new exchange")
+        led = self._led
+        led.begin(bcd_iter, admm_iter)
+        g_ext = self._penalties_of(g, bcd_iter, admm_iter)
+        w, rho_int = self._weights(g_ext, bcd_iter, admm_iter)
+        try:
+            q = self._codec.encode_values(U.index_select(0, self._slots), n_agents=max(1, self.layout.n_own),
+                                          bcd_iter=bcd_iter, admm_iter=admm_iter).cpu()
+        except CodecRangeError as exc:
+            raise _rank_agent(exc, self.layout) from None
+        self._check_range(q, w, bcd_iter, admm_iter)
+        sums = self._masked_sums(q.numpy(), f"the masked messages of BCD iteration {bcd_iter}, ADMM iteration "
+                                            f"{admm_iter}")
+        t0 = time.perf_counter()
+        ext = self._ext_agents.cpu()
+        w_node = torch.zeros(self.layout.ext_topology.n_nodes, dtype=torch.int64)
+        w_node[self.layout.ext_topology.src] = w.cpu()
+        A = torch.zeros_like(q)
+        if sums is not None:
+            A[self._recv_rows] = torch.from_numpy(sums)
+        S_int = w_node[ext][:, None] * A - rho_int.cpu()[ext][:, None] * q
+        led.add("time_mask", time.perf_counter() - t0)
+        S_loc, rho_loc = self._codec.decode(S_int.to(U.device), rho_int.to(U.device), dtype=U.dtype)
+        S = out if out is not None else torch.empty_like(U)
+        S.index_copy_(0, self._slots, S_loc.to(S.dtype))
+        if self._dummies.numel():
+            S.index_fill_(0, self._dummies, 0.0)
+        return ExchangeOutput(S, self._local(rho_loc))
+
+    def _masked_sums(self, q, what: str):
+        """One round: this rank's agents' messages, the cut's across it, its receivers' sums."""
+        led, rows, net = self._led, self._rows, self.net
+        P = int(q.shape[1])
+        rnd = net.plan.next_round()
+        t0 = time.perf_counter()
+        W = rows.keystreams(net.parties, rnd, P)
+        t1 = time.perf_counter()
+        M = rows.messages(q, self._sender_rows, W)
+        t2 = time.perf_counter()
+        sends = {p: torch.from_numpy(M[self._send_of[p]]) for p in self._peers}
+        shapes = {p: (self._n_in[p], P) for p in self._peers}
+        try:
+            got = self.comm.swap(sends, shapes, torch.int64, category="crypto", what=what, tag=TAG_MASKED) \
+                if self._peers else {}
+        except DistributedError as exc:
+            raise DistributedError(f"rank {self.comm.rank}: secagg round {rnd}: the masked messages of the "
+                                   f"other ranks' agents did not all arrive, so this rank's sums cannot be unmasked "
+                                   f"({exc})", failed_rank=exc.failed_rank) from None
+        t3 = time.perf_counter()
+        M_in = np.concatenate([M[self._local_msgs]] + [got[p].cpu().numpy() for p in self._peers])
+        sums = rows.unmask(M_in, W) if rows.receivers else None
+        t4 = time.perf_counter()
+        led.add("time_prg", t1 - t0)
+        led.add("time_mask", (t2 - t0) + (t4 - t3))
+        led.add("prg_bytes", rows.n_streams * 16 * ((P + 1) // 2))
+        led.add("messages", len(self._out))
+        for r, j in self._out:
+            led.add_edge_bytes(j, r, 8 * P)
+        return sums
+
+    # -- costs: counted per rank, summed across ranks ----------------------------------------------
+    def _sum(self, rows: list, keys) -> list:
+        t = torch.tensor([[float(r.get(k, 0)) for k in keys] for r in rows], dtype=torch.float64).reshape(-1, len(keys))
+        t = self.comm.all_reduce(t, category="metrics", what="the sum of the cost counters").cpu()
+        return [{k: (v if k.startswith("time_") else int(v)) for k, v in zip(keys, row.tolist())} for row in t]
+
+    def costs(self) -> dict:
+        keys = tuple(self._led.total)
+        return self._sum([self._led.total], keys)[0]
+
+    def pop_iteration_costs(self) -> list:
+        records = self._led.pop()
+        keys = tuple(k for k in self._led.keys if k not in self._led.ONCE)
+        summed = self._sum(records, keys) if records else []
+        return [dict(rec, **{k: v for k, v in s.items() if k in rec}) for rec, s in zip(records, summed)]
+
+    def bytes_per_edge(self) -> dict:
+        merged = {}
+        for part in self.comm.all_gather_object(dict(self._led.edges), what="the per-edge byte counts"):
+            for k, v in part.items():
+                merged[k] = merged.get(k, 0) + v
+        return merged
+
+    def __repr__(self) -> str:
+        return (f"SecAggHalo(rank={self.comm.rank}, agents={self.layout.n_own}"
+                f"{', closed' if self._closed else ''})")
+
+
+def _rank_agent(exc: CodecRangeError, layout: RankLayout) -> CodecRangeError:
+    """A range error of the rank's ``k``-th agent (in :attr:`RankLayout.agents` order), with its global id."""
+    if not 0 <= exc.agent < layout.n_own:
+        return exc
+    agent = int(layout.agents[exc.agent])
+    text = str(exc).replace(f"agent {exc.agent} (trial {exc.trial})", f"agent {agent} (trial 0)", 1)
+    return CodecRangeError(text, trial=0, agent=agent, bcd_iter=exc.bcd_iter, admm_iter=exc.admm_iter,
+                           value=exc.value, limit=exc.limit)
 
 
 def _global_agent(exc: CodecRangeError, layout: RankLayout) -> CodecRangeError:

@@ -33,12 +33,16 @@ from ..exchange.paillier.keys import EncryptedVector, RawPaillier, _Agent, check
 from ..exchange.paillier.masked import MaskPlan
 from ..exchange.paillier.obfuscation import HoldsPrivateKey, public_obfuscators
 from ..exchange.paillier.pool import ObfuscatorSupply, WorkerPool, resolve_workers
+from ..exchange.secagg.party import SIGNED_KEY_BYTES, Party, SignedKey
+from ..exchange.secagg.plan import SecAggPlan
 from .comm import Comm, DistributedError
 
-__all__ = ["RankParties", "TAG_CRYPTO"]
+__all__ = ["RankParties", "SecAggRankParties", "TAG_CRYPTO", "TAG_SECAGG"]
 
 #: the tags of the protocol's byte messages (lengths, payload), apart from every other message's
 TAG_CRYPTO = 31
+#: the tags of exchange="secagg"'s setup messages (lengths, payload)
+TAG_SECAGG = 33
 
 
 class _PublicKey:
@@ -391,3 +395,134 @@ class RankParties(HoldsPrivateKey):
     def __repr__(self) -> str:
         ghosts = len(self.parties) - len(self.agents)
         return f"RankParties(rank={self.comm.rank}, agents={len(self.agents)}, ghosts={ghosts})"
+
+
+class SecAggRankParties(HoldsPrivateKey):
+    """``exchange="secagg"`` across ranks: one rank's parties of the pairwise-masked secure sum.
+
+    The rank's agents are :class:`~ppdnmf_torch.exchange.secagg.party.Party` objects made here (their
+    identity, ephemeral keys and seeds never leave this process); of the other ranks' agents it
+    knows the public identity keys and the signed ephemeral keys it receives. The seed agreement
+    of :class:`~ppdnmf_torch.exchange.secagg.network.SecAggNetwork` runs across the cut
+    (:meth:`agree`): the public identity keys of every agent (the public-key infrastructure, one
+    all-gather); the two ends of every edge send each other their signed keys; every receiver ``i``
+    relays to each neighbour ``j`` the signed keys of ``N_i \\ {j}`` (on the rank of ``i``: the pair
+    seeds of ``j`` and ``k`` are agreed through it, and it holds public keys only), so that ``j``
+    learns ``i``'s group from it; every party checks every key against its owner's identity key
+    and derives its seeds. Byte messages per peer rank, the cut edges in increasing global edge
+    id (both ends know them): no message carries an index. Counted in the ledger as one process
+    counts them (every rank the messages of its parties and their operations).
+
+    Parameters
+    ----------
+    layout : RankLayout
+    comm : Comm
+    ledger : SecAggLedger
+    """
+
+    def __init__(self, layout, comm: Comm, ledger):
+        self.layout, self.comm, self.ledger = layout, comm, ledger
+        ext = layout.ext_nodes.tolist()
+        topo = layout.ext_topology
+        #: ``(global edge id, src, dst)`` of every edge with an end among the rank's agents, increasing ids
+        self.edges = [(int(e), ext[a], ext[b]) for e, a, b in zip(layout.ext_edge_ids.tolist(), topo.src.tolist(),
+                                                                  topo.dst.tolist())]
+        self.own = set(layout.agents.tolist())
+        self.owner = {n: comm.rank for n in self.own}
+        for peer in layout.peers:
+            for k in layout.recv_nodes[peer].tolist():
+                self.owner[ext[k]] = peer
+        self.peers = list(layout.peers)
+        self.nbrs = {i: sorted(b for _, a, b in self.edges if a == i) for i in sorted(self.own)}
+        self.parties = {a: Party(a) for a in sorted(self.own)}
+        self.plan = None
+
+    def _cut(self, into_here: bool, peer: int) -> list:
+        """The edges ``(e, x, y)`` from ``peer``'s agents to this rank's (``into_here``) or back."""
+        if into_here:
+            return [(e, x, y) for e, x, y in self.edges if self.owner[x] == peer and y in self.own]
+        return [(e, x, y) for e, x, y in self.edges if x in self.own and self.owner[y] == peer]
+
+    def _swap(self, sends: dict, what: str) -> dict:
+        return self.comm.swap_bytes({s: b"".join(sends.get(s, [])) for s in self.peers}, self.peers,
+                                    category="setup", what=f"the secagg seed agreement ({what})", tag=TAG_SECAGG)
+
+    def agree(self) -> None:
+        """The seed agreement across ranks (class docstring)."""
+        import time
+
+        led, parties, own = self.ledger, self.parties, self.own
+        t0 = time.perf_counter()
+        pki = {}
+        for part in self.comm.all_gather_object({a: p.identity_key for a, p in parties.items()}, category="setup",
+                                                what="the identity keys (the public-key infrastructure)"):
+            pki.update(part)
+        got = {a: {} for a in own}
+        nbytes = 0
+        sends: dict = {}
+        for _, x, y in self.edges:  # every agent's signed key to each neighbour
+            if x in own:
+                sk = parties[x].signed_key
+                nbytes += SIGNED_KEY_BYTES
+                if y in own:
+                    got[y].setdefault(x, []).append((sk, None))
+                else:
+                    sends.setdefault(self.owner[y], []).append(sk.to_bytes())
+        for peer, raw in self._swap(sends, "signed keys").items():
+            raw = raw.numpy().tobytes()
+            cut = self._cut(True, peer)
+            if len(raw) != SIGNED_KEY_BYTES * len(cut):
+                raise DistributedError(f"rank {self.comm.rank}: the secagg seed agreement: rank {peer} sent "
+                                       f"{len(raw)} bytes of signed keys, the protocol expects {SIGNED_KEY_BYTES * len(cut)}")
+            for k, (_, x, y) in enumerate(cut):
+                got[y].setdefault(x, []).append((SignedKey.from_bytes(raw[k * SIGNED_KEY_BYTES:(k + 1) * SIGNED_KEY_BYTES]),
+                                                 None))
+        groups = {i: nb for i, nb in self.nbrs.items() if nb}
+        sends = {}
+        for _, x, y in self.edges:  # receiver x relays to neighbour y the keys of its other neighbours
+            if x not in own:
+                continue
+            keys = [got[x][k][0][0] for k in self.nbrs[x] if k != y]
+            nbytes += SIGNED_KEY_BYTES * len(keys)
+            if y in own:
+                for sk in keys:
+                    got[y].setdefault(sk.node, []).append((sk, x))
+            else:
+                sends.setdefault(self.owner[y], []).append(len(keys).to_bytes(4, "big")
+                                                           + b"".join(sk.to_bytes() for sk in keys))
+        for peer, raw in self._swap(sends, "relayed keys").items():
+            raw, at = raw.numpy().tobytes(), 0
+            for _, x, y in self._cut(True, peer):  # x (there) relays N_x \ {y} to y (here)
+                count = int.from_bytes(raw[at:at + 4], "big")
+                at += 4
+                group = [y]
+                for _ in range(count):
+                    sk = SignedKey.from_bytes(raw[at:at + SIGNED_KEY_BYTES])
+                    at += SIGNED_KEY_BYTES
+                    got[y].setdefault(sk.node, []).append((sk, x))
+                    group.append(sk.node)
+                groups.setdefault(x, sorted(group))
+            if at != len(raw):
+                raise DistributedError(f"rank {self.comm.rank}: the secagg seed agreement: rank {peer} sent "
+                                       f"{len(raw) - at} bytes of relayed keys beyond the protocol's")
+        self.plan = SecAggPlan(groups)
+        for n, party in parties.items():  # every key checked, then the seeds
+            for peer, tags in self.plan.seeds_of(n).items():
+                copies = got[n][peer]
+                for sk, via in copies:
+                    party.verify(sk, peer, pki[peer], via)
+                party.agree(copies[0][0], tags)
+            party.finish_setup()
+        for key in ("signatures", "verifications", "key_agreements"):
+            led.add(f"setup_{key}", sum(getattr(p, key) for p in parties.values()))
+        led.add("setup_bytes", nbytes)
+        led.add("time_setup", time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Drop every key and seed of the rank's parties."""
+        for p in self.parties.values():
+            p.forget()
+        self.parties = {}
+
+    def __repr__(self) -> str:
+        return f"SecAggRankParties(rank={self.comm.rank}, agents={len(self.own)}, peers={self.peers})"

@@ -37,7 +37,18 @@ def warn_sum_leak(exchange, schedule: str, caps, degrees) -> None:
     """:class:`~ppdnmf_torch.errors.SumLeakWarning` when a secure exchange runs under a penalty
     schedule whose weights differ across a receiver's neighbours
     (:func:`~ppdnmf_torch.penalties.sum_leak_message`; ``caps (T, N)``, ``degrees`` one ``(N,)``
-    per trial)."""
+    per trial). First the exchange refuses, up front, a schedule it cannot serve
+    (:meth:`~ppdnmf_torch.exchange.Exchange.check_schedule`: ``secagg`` sums only under
+    ``agreed``), so that every model refuses it before any work.
+
+    Raises
+    ------
+    ConfigError
+        From the exchange's ``check_schedule``, naming ``penalty_schedule``.
+    """
+    check = getattr(exchange, "check_schedule", None)
+    if check is not None:
+        check(schedule, caps)
     if not is_secure(exchange):
         return
     message = sum_leak_message(schedule, caps, degrees)

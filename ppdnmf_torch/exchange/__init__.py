@@ -1,10 +1,12 @@
-"""Step 5 of the X-step behind one small interface, in three kinds.
+"""Step 5 of the X-step behind one small interface, in four kinds.
 
 * ``plain``: float arithmetic (:class:`PlainExchange`).
 * ``quantized``: the integer codec, emulated exactly on the device (:class:`QuantizedExchange`).
 * ``paillier``: the real protocol on the host with :mod:`phe` (:mod:`.paillier`,
   :class:`~.paillier.PaillierExchange`), imported lazily so that the numerical core never
   imports ``phe``.
+* ``secagg``: the pairwise-masked secure sum of the agreed schedule (:mod:`.secagg`,
+  :class:`~.secagg.SecAggExchange`; keys and PRG from :mod:`cryptography`), imported lazily too.
 
 Layout: :mod:`.base` (the interface), :mod:`.spec` (one typed spec per kind, its rules, and
 :func:`exchange_spec`), :mod:`.factory` (:func:`make_exchange`), :mod:`.codec` (the integer
@@ -30,6 +32,7 @@ from .spec import (
     PaillierSpec,
     PlainSpec,
     QuantizedSpec,
+    SecAggSpec,
     exchange_spec,
 )
 
@@ -47,6 +50,7 @@ __all__ = [
     "PlainSpec",
     "QuantizedSpec",
     "PaillierSpec",
+    "SecAggSpec",
     "EXCHANGE_KINDS",
     "PROTOCOLS",
     "EXCHANGE_OPTIONS",

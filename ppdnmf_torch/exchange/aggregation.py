@@ -14,8 +14,12 @@ interface (:func:`make_aggregator`):
   cryptography: seeds agreed under the workers' Paillier keys, every upload packed and
   encrypted under the server's key and multiplied by mask units that cancel in the product,
   so the server decrypts only the sum (docs/SECURE_AGGREGATION.md).
+* ``secagg`` (:mod:`.secagg.aggregation`; imports :mod:`cryptography`): the pairwise masks agreed by
+  the parties themselves (X25519 keys signed with Ed25519 identity keys, through the server, which
+  relays public keys only) and drawn from AES-128-CTR, plus an edge mask per worker that only the
+  server removes: the server learns the sum, an eavesdropper not even that; no Paillier key.
 
-``quantized`` and ``paillier`` return the same bits: both compute the exact integer sum
+``quantized``, ``paillier`` and ``secagg`` return the same bits: each computes the exact integer sum
 ``sum_i q_i`` and decode it through one function (:meth:`.secure_sum.IntegerAggregator._decode`).
 
 Masks (``quantized``). For every pair ``a < b`` of workers, a 256-bit seed ``s_ab`` drawn from
@@ -249,7 +253,7 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
 
     Parameters
     ----------
-    kind : {"plain", "quantized", "paillier"}
+    kind : {"plain", "quantized", "paillier", "secagg"}
     n_workers : int
     n_max : float
         Quantization scale of the integer kinds (default ``2^32``; values are ``round(n_max v) / n_max``
@@ -262,7 +266,7 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
     seed : int, optional
         ``quantized``: derive the mask seeds from it, for a reproducible transcript (tests; default:
         the OS CSPRNG). ``plain`` and ``paillier`` ignore it (``paillier``'s keys and seeds always come
-        from the OS); no kind's sums depend on it.
+        from the OS, ``secagg``'s are agreed by its parties); no kind's sums depend on it.
     record : bool
         Keep :attr:`Aggregator.transcript` (audit, tests).
     mask_neighbours : int, optional
@@ -295,5 +299,13 @@ def make_aggregator(kind: str = "plain", n_workers: int = 2, *, n_max=DEFAULT_N_
         # seed: not used; paillier's keys and seeds always come from the OS, and no sum depends on them
         return PaillierAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
                                   mask_neighbours=mask_neighbours, **options)
+    if kind == "secagg":
+        from .secagg.aggregation import SecAggAggregator  # imports cryptography: here and only here
+
+        if options:
+            raise ConfigError(f"{sorted(options)[0]}: not an option of kind='secagg'")
+        # seed: not used; secagg's seeds are agreed by its parties, and no sum depends on them
+        return SecAggAggregator(n_workers, n_max=n_max, bits=bits, key_bits=key_bits, record=record,
+                                mask_neighbours=mask_neighbours)
     raise ConfigError(f"kind: unknown aggregation kind {kind!r}; use one of {', '.join(AGGREGATION_KINDS)}")
 

@@ -68,6 +68,11 @@ class Exchange(abc.ABC):
         self.device = device
         self.fuse = bool(fuse)
 
+    def check_schedule(self, schedule: str, caps=None) -> None:
+        """Refuse, before a run starts, a penalty schedule this kind cannot serve (a
+        :class:`~ppdnmf_torch.errors.ConfigError`); every schedule is fine by default. ``caps``:
+        the agents' penalty caps, ``(T, N)`` or ``(N,)``, when the caller has them."""
+
     @abc.abstractmethod
     def penalty_sums(self, g: torch.Tensor, *, bcd_iter: int = 0, admm_iter: int = 0) -> torch.Tensor:
         """``rho_i = sum_j g_{i->j} g_{j->i}`` as agent ``i`` obtains it, shape ``(A,)``."""

@@ -12,7 +12,8 @@ from .spec import FLAT_KEYS, exchange_spec
 __all__ = ["make_exchange", "exchange_class"]
 
 def exchange_class(kind: str) -> type:
-    """The exchange class of ``kind`` (``paillier`` imports :mod:`phe`, here and only here)."""
+    """The exchange class of ``kind`` (``paillier`` imports :mod:`phe`, ``secagg`` :mod:`cryptography`,
+    here and only here)."""
     if kind == "plain":
         return PlainExchange
     if kind == "quantized":
@@ -21,6 +22,10 @@ def exchange_class(kind: str) -> type:
         from .paillier import PaillierExchange
 
         return PaillierExchange
+    if kind == "secagg":
+        from .secagg import SecAggExchange  # imports cryptography: here and only here
+
+        return SecAggExchange
     raise ConfigError(f"exchange: unknown kind {kind!r}")
 
 
@@ -35,8 +40,9 @@ def make_exchange(kind_or_spec="plain", *, mixin=None, **kw) -> Exchange:
     Parameters
     ----------
     kind_or_spec : str, ExchangeSpec or Exchange
-        ``"plain"``, ``"quantized"`` or ``"paillier"``, or a spec
-        (:class:`~.spec.PlainSpec`, :class:`~.spec.QuantizedSpec`, :class:`~.spec.PaillierSpec`).
+        ``"plain"``, ``"quantized"``, ``"paillier"`` or ``"secagg"``, or a spec
+        (:class:`~.spec.PlainSpec`, :class:`~.spec.QuantizedSpec`, :class:`~.spec.PaillierSpec`,
+        :class:`~.spec.SecAggSpec`).
         An :class:`~.base.Exchange` is returned as it is (its settings must agree with ``kw``).
     mixin : type, optional
         A class put before the kind's class: the exchange is an instance of

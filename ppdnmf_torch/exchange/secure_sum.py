@@ -4,7 +4,8 @@
 (the codec, the range checks, the slot layout, the decoding of the exact integer sum),
 :class:`DroppedWorkerError`, the mask graph (:func:`mask_pairs`) and the ``paillier`` kind's cost model
 (:func:`round_counts`, :func:`setup_counts`). The kinds and :func:`~.aggregation.make_aggregator` are in
-:mod:`.aggregation` (``plain``, ``quantized``) and :mod:`.paillier.aggregation` (docs/SECURE_AGGREGATION.md).
+:mod:`.aggregation` (``plain``, ``quantized``), :mod:`.paillier.aggregation` and :mod:`.secagg.aggregation`
+(docs/SECURE_AGGREGATION.md).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ __all__ = ["AGGREGATION_KINDS", "DEFAULT_N_MAX", "RING_BITS", "Aggregator", "Int
            "DroppedWorkerError", "round_counts", "setup_counts", "mask_pairs", "check_mask_neighbours",
            "OBFUSCATORS", "check_obfuscators"]
 
-AGGREGATION_KINDS = ("plain", "quantized", "paillier")
+AGGREGATION_KINDS = ("plain", "quantized", "paillier", "secagg")
 #: the default quantization scale ``2^32``: a power of two, so decoding divides exactly
 DEFAULT_N_MAX = float(2**32)
 #: the emulated plaintext ring is ``Z_{2^63}`` (int64 arithmetic, in two limbs for sums)

@@ -33,12 +33,13 @@ __all__ = [
     "IntegerSpec",
     "QuantizedSpec",
     "PaillierSpec",
+    "SecAggSpec",
     "SPECS",
     "exchange_spec",
 ]
 
 #: the exchange kinds, by the name configs and :func:`~.factory.make_exchange` use
-EXCHANGE_KINDS = ("plain", "quantized", "paillier")
+EXCHANGE_KINDS = ("plain", "quantized", "paillier", "secagg")
 #: the message patterns of the integer protocol (docs/SECURE_EXCHANGE.md); the numbers are the same.
 #: ``masked`` hides every neighbour's term from the receiver; ``aggregated`` and ``paper`` are the
 #: printed protocols, kept for comparison
@@ -171,8 +172,32 @@ class PaillierSpec(IntegerSpec):
             derive_layout(self.codec(), packing=self.packing, slot_bits=self.slot_bits)
 
 
+@dataclass(frozen=True)
+class SecAggSpec(ExchangeSpec):
+    """``exchange="secagg"`` (:class:`~.secagg.SecAggExchange`): the pairwise-masked secure sum
+    of the agreed schedule. The codec's ``n_max`` and ``g_bits`` as ``quantized`` takes them; its
+    range is the int64 emulation's (``2^62``, the range of ``quantized`` at its default 2048-bit
+    ``key_bits``), so it has no ``key_bits`` and no ``protocol``. ``record_transcript`` (the audit)
+    is left out of the config."""
+
+    kind: ClassVar[str] = "secagg"
+    n_max: float = 1e6
+    g_bits: int = 16
+    record_transcript: bool = False
+
+    def __post_init__(self):
+        check_codec_params(self.n_max, self.g_bits, SECURE_KEY_BITS)
+        check_flag("record_transcript", self.record_transcript)
+
+    def codec(self) -> IntegerCodec:
+        return IntegerCodec(n_max=self.n_max, g_bits=self.g_bits, key_bits=SECURE_KEY_BITS)
+
+    def arguments(self) -> tuple:
+        return (self.codec(),), {"record_transcript": self.record_transcript}
+
+
 #: the spec of every kind, by name
-SPECS = {cls.kind: cls for cls in (PlainSpec, QuantizedSpec, PaillierSpec)}
+SPECS = {cls.kind: cls for cls in (PlainSpec, QuantizedSpec, PaillierSpec, SecAggSpec)}
 
 #: the options of each kind beyond the flat shorthand (:data:`FLAT_KEYS`), as
 #: ``make_exchange(kind, **options)`` and ``fit(exchange_options=...)`` take them

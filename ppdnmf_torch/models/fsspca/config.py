@@ -63,7 +63,7 @@ class FSSPCASpec:
     line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
-    aggregation : {"plain", "quantized", "paillier"}
+    aggregation : {"plain", "quantized", "paillier", "secagg"}
         How the server gets the sums.
     center : bool
         Centre the pooled data with the (secure) global mean.
@@ -102,7 +102,7 @@ class ServerlessSpec:
         The decentralized method of step 2.
     inner_iters : int
         Consensus iterations (exchange calls) per ADMM iteration.
-    exchange : {"plain", "quantized", "paillier"}
+    exchange : {"plain", "quantized", "paillier", "secagg"}
         How neighbours exchange (its settings: the function's ``exchange_options``).
     g_cap : float
         The agreed cap of the penalties.

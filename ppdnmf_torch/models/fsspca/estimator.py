@@ -44,7 +44,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
-    aggregation : {"plain", "quantized", "paillier"} or an aggregator
+    aggregation : {"plain", "quantized", "paillier", "secagg"} or an aggregator
         How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
     n_workers : int
         Workers of an IID split when ``fit`` gets one array without ``groups``.

@@ -179,7 +179,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     line_search : {"armijo", "wolfe"}
     inner_steps : int
         Riemannian line-search steps per worker per ADMM iteration.
-    aggregation : {"plain", "quantized", "paillier"} or an aggregator
+    aggregation : {"plain", "quantized", "paillier", "secagg"} or an aggregator
         How the server gets the sum of the workers' uploads (``sum_i (w_i + u_i/rho)``, or
         with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
         upload, or a secure sum (:func:`ppdnmf_torch.exchange.aggregation.make_aggregator`, made

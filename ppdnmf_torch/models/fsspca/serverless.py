@@ -154,7 +154,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     inner_iters : int
         Consensus iterations (exchange calls) per ADMM iteration.
     exchange : str, ExchangeSpec or Exchange
-        ``"plain"``, ``"quantized"``, ``"paillier"`` with ``exchange_options`` (``protocol``,
+        ``"plain"``, ``"quantized"``, ``"paillier"``, ``"secagg"`` with ``exchange_options`` (``protocol``,
         default ``"masked"``; ``n_max``, ``key_bits``, ``g_bits``, ``cost_model``, ``keypairs``),
         as PPDNMF has them; made here and closed at the end, or an Exchange used as it is.
     g_cap : float

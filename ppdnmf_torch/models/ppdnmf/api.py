@@ -59,7 +59,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_ma
         start); the ADMM loops check ``U_i`` and ``V_i``.
     admm_tol : float, optional
         Tolerance of the ADMM loops alone (default: ``tol``); ``0`` keeps fixed ADMM counts.
-    exchange : {"plain", "quantized", "paillier"}, ExchangeSpec or Exchange
+    exchange : {"plain", "quantized", "paillier", "secagg"}, ExchangeSpec or Exchange
         The exchange kind, a typed spec (:class:`~ppdnmf_torch.exchange.QuantizedSpec`,
         :class:`~ppdnmf_torch.exchange.PaillierSpec`, ...) or an exchange object. ``fit``
         owns the exchange: it closes it at the end (a Paillier exchange's keys go with it).
@@ -199,9 +199,9 @@ def fit(Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_ma
     blocks = check_data(as_blocks(Z, graph.n_agents, columns), options.negative)
     caps = as_caps(solver.g_max, graph.n_agents)
     params, exch = prepare(solver, options, blocks[0].shape[0])
-    warn_degree_one(exch, [graph])
-    warn_sum_leak(exch, params, caps[None], [graph.degree])
     try:
+        warn_degree_one(exch, [graph])
+        warn_sum_leak(exch, params, caps[None], [graph.degree])  # secagg refuses a per-edge schedule here
         check_shared_caps(caps, params.penalty_schedule)
         preflight(exch, blocks, caps, graph.degree, params)
         problem = build_problem([blocks], [graph], caps[None], [options.seed], dtype=dtype, device=device,
@@ -309,9 +309,9 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=_S.g_max, mu=_S.mu, et
     blocks = [check_data(as_blocks(b, N), options.negative) for b in block_lists]
     caps = _trial_caps(solver.g_max, T, N)
     params, exch = prepare(solver, options, blocks[0][0].shape[0])
-    warn_degree_one(exch, graphs)
-    warn_sum_leak(exch, params, caps, [g.degree for g in graphs])
     try:
+        warn_degree_one(exch, graphs)
+        warn_sum_leak(exch, params, caps, [g.degree for g in graphs])
         check_shared_caps(caps, params.penalty_schedule)
         for b, g, c in zip(blocks, graphs, caps):
             preflight(exch, b, c, g.degree, params)

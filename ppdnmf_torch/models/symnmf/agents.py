@@ -183,7 +183,8 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=No
     parts : LongTensor (N, m) or (T, N, m), optional
         ``S_i`` padded with ``n`` (default :func:`~.agent_setup.partition_nodes`: random, balanced).
     exchange : str, ExchangeSpec or Exchange
-        ``plain``, ``quantized``, ``paillier`` (:func:`~ppdnmf_torch.exchange.make_exchange` with
+        ``plain``, ``quantized``, ``paillier``, ``secagg`` (under ``penalty_schedule="agreed"``;
+        :func:`~ppdnmf_torch.exchange.make_exchange` with
         ``exchange_options``: ``protocol``, ``n_max``, ``key_bits``, ``cost_model``); made here and
         closed at the end, or handed in and left open.
     penalty : "adaptive" or float
@@ -200,7 +201,7 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=No
         (a receiver's sums reveal ``rho_i = d_i g^2`` and ``sum_j q_j`` only;
         docs/SECURE_EXCHANGE.md); ``"paper"``: each directed edge its own draw under its agent's
         cap (unequal caps on a secure exchange warn :class:`~ppdnmf_torch.errors.SumLeakWarning`).
-    aggregation : {"plain", "quantized", "paillier"}, Aggregator or None
+    aggregation : {"plain", "quantized", "paillier", "secagg"}, Aggregator or None
         How the adaptive rule's three network-wide sums are added
         (:func:`~ppdnmf_torch.exchange.aggregation.make_aggregator` with ``aggregation_options``,
         made here and closed at the end; one handed in is left open). None: the exchange's kind

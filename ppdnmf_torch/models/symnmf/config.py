@@ -100,7 +100,7 @@ class AgentsSpec:
     ----------
     n_agents : int
         ``N``, each holding the columns ``X[:, S_i]``.
-    exchange : {"plain", "quantized", "paillier"}
+    exchange : {"plain", "quantized", "paillier", "secagg"}
         How neighbours exchange (the kind's settings: the functions' ``exchange_options``).
     penalty : "adaptive" or float
         ``lambda``: eq. (20) from ``lam0``, or fixed.
@@ -120,7 +120,7 @@ class AgentsSpec:
         Stop when every trial's ``||U_k - U_{k-1}||_F / ||U_k||_F`` falls below it (0: never).
     min_degree : int or None
         Refuse a graph with an agent of fewer neighbours.
-    aggregation : {"plain", "quantized", "paillier"} or None
+    aggregation : {"plain", "quantized", "paillier", "secagg"} or None
         How the adaptive rule's three sums are added (None: the exchange's kind).
     start : {"private", "common"}
         The agents' ``V_i`` at the start.

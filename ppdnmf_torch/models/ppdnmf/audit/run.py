@@ -11,7 +11,9 @@ import torch
 
 from ....errors import ConfigError
 from ....audit.eavesdropper import SIGNIFICANT, eavesdropper_paillier, eavesdropper_plain
+from ....audit.across_calls import difference_attack
 from ....audit.masked import CONFIDENCE_Z, collusion_audit, masked_ciphertext_audit, record_seeds, tag_seeds
+from ....audit.secagg import record_secagg_seeds, secagg_message_audit
 from ....audit.neighbour import decrypt_each_check, neighbour_audit
 from .record import record_fit
 from ....audit.report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, collect_flags
@@ -143,8 +145,37 @@ def _masked_real(name, blocks, graph, rank, fit_kw, codec, bcd_iters: int, say) 
     return out
 
 
+def _secagg_real(name, blocks, graph, rank, fit_kw, codec, schedule, sums, sums_max_calls, say) -> dict:
+    """A run of the scenario under ``exchange="secagg"`` (the audit watches the seeds being derived), and
+    the library's attacks on its recording: the curious receiver (``neighbour_audit``), the integer and
+    lattice attacks on its sums, two colluding neighbours, the messages on the wire
+    (:func:`~ppdnmf_torch.audit.secagg.secagg_message_audit`) and the adversary across calls
+    (:func:`~ppdnmf_torch.audit.across_calls.difference_attack`). A schedule with per-edge weights is
+    refused by the kind: the entry says so."""
+    from ....exchange.secagg.exchange import unequal_weights_message
+
+    if schedule != "agreed":
+        return {"refused": str(ConfigError(unequal_weights_message(f"penalty_schedule={schedule!r} draws a weight "
+                                                                   "per edge")))}
+    say(f"[{name}] secagg run ({fit_kw['bcd_iters']} BCD x {fit_kw['x_iters']} ADMM iterations), its messages "
+        "and sums attacked")
+    t0 = time.perf_counter()
+    with record_secagg_seeds() as seeds:
+        rec = record_fit(blocks, graph, rank, kind="secagg", n_max=codec["n_max"], g_bits=codec["g_bits"], **fit_kw)
+    out = {"neighbour": neighbour_audit(rec, "secagg")["summary"], "collusion": collusion_audit(rec)["summary"],
+           "messages": secagg_message_audit(rec, seeds), "across_calls": difference_attack(rec)["summary"],
+           "fit": {"nmse": rec.nmse, "consensus": rec.consensus}, "calls": rec.n_calls}
+    del seeds
+    if sums:
+        x_max = public_x_max(fit_kw["g_max"], codec["g_bits"], schedule)
+        out["sums"] = sums_audit(rec, x_max=x_max, max_calls=sums_max_calls)["by_degree"]
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
 def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: bool, say,
-                    masked_real=None, settings=None, sums=True, sums_max_calls=None) -> tuple[str, dict]:
+                    masked_real=None, settings=None, sums=True, sums_max_calls=None,
+                    secagg=True) -> tuple[str, dict]:
     """``(name, entry)``: one scenario recorded on the integer protocol, every neighbour view
     audited, the sums attacked (``sums``) and (``plain``) the plain eavesdropper run on the same setup."""
     from ..config import SOLVER_DEFAULTS
@@ -181,6 +212,10 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
         entry["collusion"] = collusion_audit(rec)
         if masked_real is not None:
             entry["masked_ciphertexts"] = _masked_real(name, blocks, graph, rank, fit_kw, codec, masked_real, say)
+    say(f"[{name}] a receiver that differences its sums across calls")
+    entry["across_calls"] = difference_attack(rec)["summary"]
+    if secagg:
+        entry["secagg"] = _secagg_real(name, blocks, graph, rank, fit_kw, codec, schedule, sums, sums_max_calls, say)
     if plain:
         say(f"[{name}] plain run for the eavesdropper")
         prec = record_fit(blocks, graph, rank, kind="plain", **fit_kw)
@@ -226,7 +261,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
               y_iters=30, n_max=None, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
               paillier=True, paillier_bcd_iters=2, paillier_x_iters=3, paillier_y_iters=30,
               paillier_scenario="paper_synthetic", masked_bcd_iters=2, plain=True, settings=None, sums=True,
-              sums_max_calls=20, progress=None) -> dict:
+              sums_max_calls=20, secagg=True, progress=None) -> dict:
     """Run the privacy audit and return the report (a JSON-ready dict).
 
     Parameters
@@ -275,6 +310,12 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         :func:`~.sums.schedule_audit` (what the changes of ``rho_int_i`` reveal).
     sums_max_calls : int, optional
         Informative calls attacked per receiver, evenly spread (None: all).
+    secagg : bool
+        Also run each scenario under ``exchange="secagg"`` (same settings; refused, and reported so,
+        under a schedule with per-edge weights) and attack its recording: the curious receiver, the
+        sums, colluders, every masked message on the wire, and the adversary across calls
+        (``entry["secagg"]``). Every scenario's integer recording gets the adversary across calls
+        too (``entry["across_calls"]``, :func:`~ppdnmf_torch.audit.across_calls.difference_attack`).
     progress : callable(str), optional
     """
     say = progress or (lambda s: None)
@@ -286,7 +327,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
             "python": platform.python_version(), "torch": torch.__version__,
             "settings": {"seed": seed, "bcd_iters": bcd_iters, "x_iters": x_iters, "y_iters": y_iters,
                          **codec, "protocols": list(protocols), "solver": dict(settings or {}),
-                         "sums_max_calls": sums_max_calls},
+                         "sums_max_calls": sums_max_calls, "secagg": bool(secagg)},
             "thresholds": {"exact_fraction": EXACT_FRACTION, "beats_baseline_ratio": BEATS_BASELINE_RATIO,
                            "direction_corr": DIRECTION_CORR, "significant": SIGNIFICANT,
                            "correlation_z": CONFIDENCE_Z},
@@ -300,7 +341,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
     for sc in scenarios:
         name, entry = _audit_scenario(sc, seed=seed, iters=iters, codec=codec, protocols=protocols, plain=plain,
                                       say=say, masked_real=masked_real, settings=settings, sums=sums,
-                                      sums_max_calls=sums_max_calls)
+                                      sums_max_calls=sums_max_calls, secagg=secagg)
         report["scenarios"][name] = entry
     if paillier:
         p_iters = {"bcd_iters": paillier_bcd_iters, "x_iters": paillier_x_iters, "y_iters": paillier_y_iters}

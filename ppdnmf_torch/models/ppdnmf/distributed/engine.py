@@ -153,14 +153,18 @@ def _rank_setup(comm: Comm, blocks, graph, caps, part: Partition, spec, params: 
     # paillier's public range bound holds for the largest caps the schedule can reach
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, params.penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
-    preflight(exch, blocks, caps, graph.degree, params)
-    warn_degree_one(exch, [graph])
-    warn_sum_leak(exch, params, caps[None], [graph.degree])
-    width = max(b.shape[1] for b in blocks)
-    problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
-                           dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
-    problem.init_seeds = [start_seed(init_seed, seed)]
-    check_run_size(problem, params)
+    try:  # the exchange is this run's: closed when its setup fails
+        preflight(exch, blocks, caps, graph.degree, params)
+        warn_degree_one(exch, [graph])
+        warn_sum_leak(exch, params, caps[None], [graph.degree])  # secagg refuses a per-edge schedule here
+        width = max(b.shape[1] for b in blocks)
+        problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
+                               dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
+        problem.init_seeds = [start_seed(init_seed, seed)]
+        check_run_size(problem, params)
+    except BaseException:
+        exch.close()
+        raise
     sampler = RankSampler(problem.caps.reshape(-1), problem.topology.src, lay.edge_ids, graph.src.numel(), seed,
                           params.penalty, params.x_iters, shared=params.penalty_schedule == "agreed")
     return exch, lay, problem, sampler
