@@ -639,3 +639,48 @@ def test_many_tiny_workers_reach_the_answer_of_two():
     assert _matched_difference(many.z[0].numpy(), two.z[0].numpy()) < 1e-4
     f2, f100 = two.history["objective"][-1, 0], many.history["objective"][-1, 0]
     assert abs(float(f100 - f2)) < 1e-5 * abs(float(f2))
+
+
+# -- the per-iteration values ---------------------------------------------------------------------
+@pytest.mark.parametrize("per_worker", [False, True])
+def test_iteration_values_equal_the_separate_functions_bit_for_bit(per_worker):
+    """admm.iteration_values shares the objective and the gaps between the history's values;
+    every value is the separate function's to the bit."""
+    psi, mu = get_smoothing("sqrt"), 1e-3
+    problem, state, lam, rho, _ = _setup(T=2, K=3, d=9, r=3)
+    if per_worker:
+        rho = rho[:, None] * torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    w, u = state.w, state.u
+    z_old = state.z + 0.01
+    z = state.z.clone()
+    z[0, :, 1] = 0.0  # a zero loading: the adjusted variance's pinv path of a zero entry
+    lam1 = torch.tensor([1.5, 0.5], dtype=torch.float64)
+    pooled = problem.pooled_gram()
+    values, change = admm.iteration_values(problem, pooled, w, z, z_old, u, lam1, lam, rho, psi, mu)
+    primal, dual, consensus = admm.residuals(w, z, z_old, rho)
+    expect = dict(objective=admm.objective(problem, w, z, lam1, lam, psi, mu),
+                  lagrangian=admm.augmented_lagrangian(problem, w, z, u, lam1, lam, rho, psi, mu),
+                  explained_variance=admm.adjusted_variance(pooled, z),
+                  sparsity=(z == 0).to(w.dtype).mean(dim=(-2, -1)), consensus=consensus, primal_residual=primal,
+                  dual_residual=dual)
+    assert values.keys() == expect.keys()
+    for k, v in expect.items():
+        assert torch.equal(values[k], v), k
+    assert torch.equal(change, torch.linalg.matrix_norm(z - z_old) / math.sqrt(3))
+
+
+def test_adjusted_variance_second_loading_is_the_pinv_formula_bit_for_bit():
+    """The second loading's 1 x 1 pseudo-inverse is taken as 1 / x (0 at 0): the numbers of
+    torch.linalg.pinv exactly, on random loadings and on a zero first loading."""
+    gen = torch.Generator().manual_seed(3)
+    A = torch.randn((4, 30, 7), generator=gen, dtype=torch.float64)
+    gram = A.mT @ A
+    V = torch.randn((4, 7, 3), generator=gen, dtype=torch.float64)
+    V[1, :, 0] = 0.0
+    got = admm.adjusted_variance_components(gram, V)
+    norms = torch.linalg.vector_norm(V, dim=-2, keepdim=True)
+    Vn = torch.where(norms > 0, V / norms.clamp_min(torch.finfo(V.dtype).tiny), torch.zeros_like(V))
+    M = Vn.transpose(-2, -1) @ gram @ Vn
+    b = M[..., :1, 1]
+    want = M[..., 1, 1] - (b * (torch.linalg.pinv(M[..., :1, :1], hermitian=True) @ b.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    assert torch.equal(got[..., 1], want.clamp_min(0))

@@ -345,13 +345,8 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
         total = aggregate(aggregation, admm.upload(w, state.u, rho_t, rho_bar), 2)
         z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_bar), state.z)
         u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)
-        primal, dual, consensus = admm.residuals(w, z_new, state.z, rho_t)
-        change = torch.linalg.matrix_norm(z_new - state.z) / math.sqrt(r)
-        values = dict(objective=admm.objective(problem, w, z_new, lam1, lam2, psi, mu),
-                      lagrangian=admm.augmented_lagrangian(problem, w, z_new, u_new, lam1, lam2, rho_t, psi, mu),
-                      explained_variance=admm.adjusted_variance(pooled, z_new),
-                      sparsity=(z_new == 0).to(like.dtype).mean(dim=(-2, -1)),
-                      consensus=consensus, primal_residual=primal, dual_residual=dual)
+        values, change = admm.iteration_values(problem, pooled, w, z_new, state.z, u_new, lam1, lam2, rho_t, psi, mu)
+        primal = values["primal_residual"]
         for k in HISTORY_KEYS:  # a stopped trial repeats its last values
             prev = history[k][-1] if history[k] else values[k]
             history[k].append(torch.where(active, values[k], prev))
