@@ -18,11 +18,12 @@ import torch
 
 from ...errors import ConfigError
 from . import manifold
+from .polar import CURVATURE, LOCAL_SOLVERS, polar_steps
 from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
            "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES",
-           "iteration_values"]
+           "LOCAL_SOLVERS", "iteration_values"]
 
 LINE_SEARCHES = ("armijo", "wolfe")
 
@@ -136,19 +137,29 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
 
 
 def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="armijo", inner_steps=1,
-               active=None):
-    """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` Riemannian steepest-descent steps of
-    every worker from its current ``w_i``, each with its own line search and step size.
+               active=None, solver="riemannian"):
+    """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` steps of every worker from its current
+    ``w_i`` on its subproblem.
+
+    ``solver="riemannian"``: the paper's Riemannian steepest-descent steps, each with its own line
+    search and step size. ``solver="polar"``: majorize-minimize polar steps
+    (:func:`.polar.polar_steps`; no line search, ``state.theta`` and the counters unchanged).
 
     Parameters
     ----------
     active : Tensor (T,) bool, optional
         Trials still running; the others are left as they are.
+    solver : {"riemannian", "polar"}
 
     Returns
     -------
     Tensor (T, K, d, r): the new ``w``; ``state.theta`` and the line-search counters are updated.
     """
+    if solver == "polar":
+        target = _rho4(rho) * _per_worker(state.z, state.w) - state.u
+        w = polar_steps(problem.gram, state.w, target, lambda_2, smoothing, mu, inner_steps,
+                        projector=problem.projector)
+        return w if active is None else torch.where(active[:, None, None, None], w, state.w)
     search = {"armijo": manifold.armijo, "wolfe": manifold.strong_wolfe}[line_search]
     z, u = state.z, state.u
 
@@ -316,8 +327,14 @@ def adjusted_variance(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return adjusted_variance_components(gram, V).sum(-1) / torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
 
 
-def check_settings(line_search, inner_steps, mu):
-    """Reject unknown line searches, a non-positive step count or ``mu``."""
+def check_settings(line_search, inner_steps, mu, solver="riemannian", smoothing=None):
+    """Reject unknown line searches or local solvers, a non-positive step count or ``mu``, and
+    a smoothing the polar step has no curvature bound for."""
+    if solver not in LOCAL_SOLVERS:
+        raise ConfigError(f"local_solver: unknown local solver {solver!r}; use one of {list(LOCAL_SOLVERS)}")
+    if solver == "polar" and smoothing is not None and smoothing.name not in CURVATURE:
+        raise ConfigError(f"smoothing: the polar step needs the curvature bound of {smoothing.name!r}; "
+                          f"use one of {sorted(CURVATURE)} or local_solver='riemannian'")
     if line_search not in LINE_SEARCHES:
         raise ConfigError(f"line_search: unknown line search {line_search!r}; use one of {list(LINE_SEARCHES)}")
     if int(inner_steps) < 1:

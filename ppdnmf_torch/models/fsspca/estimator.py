@@ -42,8 +42,12 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         One penalty (``"auto"``: from the workers' mean largest eigenvalue) or each worker its
         own (``"worker"``); :func:`.fit.fit_fsspca`.
     line_search : {"armijo", "wolfe"}
+        The Riemannian local solver's line search.
     inner_steps : int
-        Riemannian steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
+        Local steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
+    local_solver : {"polar", "riemannian"}
+        A worker's step: majorize-minimize polar steps or the paper's Riemannian steps
+        (:func:`.fit.fit_fsspca`; docs/FSSPCA.md, "The polar step").
     aggregation : {"plain", "quantized", "paillier"} or an aggregator
         How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
     n_workers : int
@@ -72,7 +76,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __init__(self, n_components=None, *, alpha=1.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
                  mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], line_search=DEFAULTS["line_search"],
-                 inner_steps=DEFAULTS["inner_steps"], aggregation="plain", n_workers=1,
+                 inner_steps=DEFAULTS["inner_steps"], local_solver=DEFAULTS["local_solver"], aggregation="plain",
+                 n_workers=1,
                  max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], random_state=None, device="cpu",
                  dtype="float64"):
         self.n_components = n_components
@@ -83,6 +88,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.rho = rho
         self.line_search = line_search
         self.inner_steps = inner_steps
+        self.local_solver = local_solver
         self.aggregation = aggregation
         self.n_workers = n_workers
         self.max_iter = max_iter
@@ -116,6 +122,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         with torch.no_grad():
             res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
                              mu=self.mu, rho=self.rho, line_search=self.line_search, inner_steps=self.inner_steps,
+                             local_solver=self.local_solver,
                              aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
                              device=self.device, dtype=self.dtype, callback=callback)
         n = sum(b.shape[0] for b in blocks)

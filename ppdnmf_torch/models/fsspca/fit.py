@@ -32,7 +32,7 @@ __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS
 #: (:func:`worker_rho`)
 RHO_RULES = ("auto", "worker")
 DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
-                tol=1e-6)
+                tol=1e-6, local_solver="riemannian")
 CHECKPOINT_NAME = "fsspca_state.pt"
 
 
@@ -170,7 +170,8 @@ def _save(path: Path, payload):
 
 def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING,
                mu=DEFAULTS["mu"], rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"],
-               line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"], aggregation="plain",
+               line_search=DEFAULTS["line_search"], inner_steps=DEFAULTS["inner_steps"],
+               local_solver=DEFAULTS["local_solver"], aggregation="plain",
                aggregation_options=None, center=True, max_iter=DEFAULTS["max_iter"], tol=DEFAULTS["tol"], trials=1, seed=0, init=None,
                device=None, dtype=None, callback=None, checkpoint_dir=None, checkpoint_every=50,
                projector=None) -> FSSPCAResult:
@@ -199,8 +200,12 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         the z-step weighs the uploads by ``rho_i``, their mean one secure sum at the start).
         docs/FSSPCA.md, "rho".
     line_search : {"armijo", "wolfe"}
+        The Riemannian solver's line search.
     inner_steps : int
-        Riemannian line-search steps per worker per ADMM iteration.
+        Local steps per worker per ADMM iteration.
+    local_solver : {"riemannian", "polar"}
+        A worker's step (14): the paper's Riemannian steepest descent with ``line_search``, or
+        majorize-minimize polar steps (:mod:`.polar`; docs/FSSPCA.md, "The polar step").
     aggregation : {"plain", "quantized", "paillier"} or an aggregator
         How the server gets the sum of the workers' uploads (``sum_i (w_i + u_i/rho)``, or
         with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
@@ -250,8 +255,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
-    admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
+    admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
     if projector is not None:
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
@@ -260,14 +265,15 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         aggregation = make_aggregator(aggregation, K, **(aggregation_options or {}))
     try:
         return _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale,
-                    line_search, inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every)
+                    line_search, inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every,
+                    local_solver)
     finally:
         if owned:
             aggregation.close()
 
 
 def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu, rho, rho_scale, line_search,
-         inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every):
+         inner_steps, max_iter, tol, seed, init, callback, checkpoint_dir, checkpoint_every, local_solver):
     K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
     init_kind = init if isinstance(init, str) else (None if init is None else "given")
     problem, mean = prepare_problem(blocks, T, center=center, aggregation=aggregation, projector=projector)
@@ -288,6 +294,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
     settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=psi.name, mu=mu,
                     rho=rho if isinstance(rho, str) else rho_t.tolist(), rho_scale=rho_scale,
                     rho_mean=rho_bar.tolist(), line_search=line_search, inner_steps=int(inner_steps), center=center,
+                    local_solver=local_solver,
                     max_iter=int(max_iter), tol=tol, trials=T, seed=seed, n_workers=K,
                     aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
 
@@ -341,7 +348,7 @@ def _fit(blocks, r, T, aggregation, projector, center, alpha, lambda_2, psi, mu,
         state.iteration += 1
         a4 = active[:, None, None, None]
         w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
-                            active=active)
+                            active=active, solver=local_solver)
         total = aggregate(aggregation, admm.upload(w, state.u, rho_t, rho_bar), 2)
         z_new = torch.where(active[:, None, None], admm.z_step(total, K, lam1, rho_bar), state.z)
         u_new = torch.where(a4, admm.dual_step(state.u, w, z_new, rho_t), state.u)

@@ -173,7 +173,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
                    g_cap=SERVERLESS_DEFAULTS["g_cap"], penalty_mode=SERVERLESS_DEFAULTS["penalty_mode"],
                    groups=None, alpha=0.0, lambda_2=None, smoothing=DEFAULT_SMOOTHING, mu=DEFAULTS["mu"],
                    rho=DEFAULTS["rho"], rho_scale=DEFAULTS["rho_scale"], line_search=DEFAULTS["line_search"],
-                   inner_steps=DEFAULTS["inner_steps"], center=True, center_iters=100, max_iter=DEFAULTS["max_iter"],
+                   inner_steps=DEFAULTS["inner_steps"], local_solver=DEFAULTS["local_solver"], center=True,
+                   center_iters=100, max_iter=DEFAULTS["max_iter"],
                    tol=DEFAULTS["tol"], trials=1, seed=0, init=None, device=None, dtype=None,
                    callback=None) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
@@ -232,8 +233,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
     r, T, M = int(n_components), int(trials), int(inner_iters)
     if not 1 <= r <= d:
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
-    admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
+    admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
     for name, v in (("center_iters", center_iters), ("max_iter", max_iter), ("trials", trials)):
         if isinstance(v, bool) or int(v) != v or int(v) < 1:
             raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
@@ -267,7 +268,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS_DEF
                         exchange=exch.name, n_workers=K, rho=rho_t.tolist(), alpha=lam1.tolist(),
                         lambda_2=lam2.tolist(), center=bool(center), center_iters=int(center_iters), seed=seed)
         return _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, consensus, M, float(g_cap),
-                    line_search, inner_steps, max_iter, tol, callback, settings, start)
+                    (line_search, inner_steps, local_solver), max_iter, tol, callback, settings, start)
     finally:
         if owned:
             exch.close()
@@ -315,8 +316,9 @@ def agreed_centring(blocks, exch, graph, T, g_cap, iters):
     return admm.FSSPCAProblem(C, q, n.expand(T, K)), start
 
 
-def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, M, g_cap, line_search,
-         inner_steps, max_iter, tol, callback, settings, start) -> ServerlessResult:
+def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, M, g_cap, local,
+         max_iter, tol, callback, settings, start) -> ServerlessResult:
+    line_search, inner_steps, local_solver = local
     T, K, d, _ = problem.gram.shape
     r = z0.shape[-1]
     A, P, like = T * K, d * r, z0
@@ -337,7 +339,7 @@ def _run(problem, exch, sampler, graph, z0, lam1, lam2, rho_t, psi, mu, method, 
         state.iteration += 1
         k = state.iteration
         w = admm.local_step(problem, state, lam2, rho_t, psi, mu, line_search=line_search, inner_steps=inner_steps,
-                            active=active)  # step 1, eq. (14)
+                            active=active, solver=local_solver)  # step 1, eq. (14)
         v = w + state.u / rho_t[:, None, None, None]
         sampler.begin_bcd_iteration()
         if method == "laplacian":
