@@ -175,8 +175,8 @@ def test_polar_and_riemannian_fits_reach_the_same_answer(K, lambda_2):
     assert pol.line_search == dict(evals=0, failures=0)
 
 
-def test_the_default_local_solver_and_unknown_ones_are_refused():
-    assert DEFAULTS["local_solver"] == "riemannian"
+def test_the_default_local_solver_is_polar_and_unknown_ones_are_refused():
+    assert DEFAULTS["local_solver"] == "polar"
     blocks = [np.random.default_rng(0).standard_normal((10, 4))]
     with pytest.raises(ConfigError, match="local_solver"):
         fit_fsspca(blocks, 2, local_solver="newton")

@@ -29,10 +29,11 @@ __all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "DEFAULTS
 #: the defaults of :func:`fit_fsspca` (docs/FSSPCA.md says how each was chosen)
 #: ``rho`` by rule: ``"auto"`` one penalty, ``rho_scale`` times the workers' mean
 #: ``lambda_max(C_i)`` (:func:`_auto_rho`); ``"worker"`` each worker ``rho_scale lambda_max(C_i)``
-#: (:func:`worker_rho`)
+#: (:func:`worker_rho`); ``local_solver`` ``"polar"``: at equal answers (support, objective) the
+#: fastest at every size measured (docs/PERFORMANCE.md, "Federated sparse PCA")
 RHO_RULES = ("auto", "worker")
 DEFAULTS = dict(mu=1e-3, rho="auto", rho_scale=2.0, line_search="armijo", inner_steps=4, max_iter=500,
-                tol=1e-6, local_solver="riemannian")
+                tol=1e-6, local_solver="polar")
 CHECKPOINT_NAME = "fsspca_state.pt"
 
 
