@@ -77,10 +77,11 @@ def smooth_weight(smoothing: Smoothing, mu: float) -> float:
 
 
 class _Layout:
-    """The batched products' layout of ``(T, K, d, r)`` points: ``(T K, d, r)``, or, where the
-    trials share their Gram matrices (an expanded view, stride 0 over trials), ``(K, d, T r)``:
-    the ``T`` trials' points of a worker are then the columns of one right-hand side, so the
-    ``(d, d)`` matrices are neither copied nor read once per trial."""
+    """The steps' layout of ``(T, K, d, r)`` points: transposed, ``(T K, r, d)``, so that ``C_i x``
+    is computed as ``x^T C_i`` (``C_i`` symmetric), the faster product shape for a skinny
+    ``x``; and where the trials share their Gram matrices (an expanded view, stride 0 over
+    trials) ``(K, T r, d)``: the ``T`` trials' points of a worker are the rows of one left-hand
+    side, so the ``(d, d)`` matrices are neither copied nor read once per trial."""
 
     def __init__(self, gram, shape):
         self.T, self.K, self.d, self.r = shape
@@ -88,24 +89,38 @@ class _Layout:
         self.C = gram[0] if self.shared else gram.reshape(self.T * self.K, self.d, self.d)
 
     def put(self, x):
-        """``(T, K, d, r) -> `` the layout."""
+        """``(T, K, d, r) ->`` the layout."""
         T, K, d, r = self.T, self.K, self.d, self.r
         if self.shared:
-            return x.permute(1, 2, 0, 3).reshape(K, d, T * r)
-        return x.reshape(T * K, d, r)
+            return x.permute(1, 0, 3, 2).reshape(K, T * r, d)
+        return x.transpose(-2, -1).reshape(T * K, r, d)
 
     def get(self, y):
         """The layout ``-> (T, K, d, r)`` (a view)."""
         T, K, d, r = self.T, self.K, self.d, self.r
         if self.shared:
-            return y.view(K, d, T, r).permute(2, 0, 1, 3)
-        return y.view(T, K, d, r)
+            return y.view(K, T, r, d).permute(1, 0, 3, 2)
+        return y.view(T, K, r, d).transpose(-2, -1)
+
+    def polar(self, M):
+        """``polar`` of every point given in the layout, returned in the layout."""
+        if self.shared:
+            K, T, r, d = self.K, self.T, self.r, self.d
+            return _polar_rows(M.view(K, T, r, d)).reshape(K, T * r, d)
+        return _polar_rows(M)
 
     def per_trial(self, x):
         """A per-trial ``(T,)`` as a factor broadcasting against the layout."""
         if self.shared:
-            return x.repeat_interleave(self.r)[None, None, :]
+            return x.repeat_interleave(self.r)[None, :, None]
         return x.repeat_interleave(self.K)[:, None, None]
+
+
+def _polar_rows(Mt):
+    """``polar(M)^T`` from ``M^T (..., r, d)``: the thin SVD of the tall view ``M (..., d, r)`` (the
+    column-major layout LAPACK reads), returned as the transposed view ``(..., r, d)``."""
+    U, _, Vh = torch.linalg.svd(Mt.transpose(-2, -1), full_matrices=False)
+    return (U @ Vh).transpose(-2, -1)
 
 
 def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, projector=None):
@@ -138,11 +153,11 @@ def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, p
         lam_L = lam * smooth_weight(smoothing, mu)
     G = None if projector is None else projector[:, None]
     for _ in range(int(steps)):
-        M = torch.baddbmm(b, lay.C, x, alpha=2.0)
+        M = torch.baddbmm(b, x, lay.C, alpha=2.0)  # (C x)^T = x^T C: C is symmetric
         if smooth:
             M = M.addcmul_(lam_L, x).addcmul_(lam, smoothing.grad(x, mu), value=-1.0)
-        M = lay.get(M)
-        if G is not None:
-            M = G @ M
-        x = lay.put(polar(M))
+        if G is None:
+            x = lay.polar(M)
+        else:
+            x = lay.put(polar(G @ lay.get(M)))
     return lay.get(x)
