@@ -63,7 +63,7 @@ timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$n
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
 # 5. FSSPCA: the batched workers on the device against the NumPy loop over workers (K = 10 to 1000)
-timeout 35 "$py" scripts/bench_fsspca.py --device "$dev" --Ks 10,100,1000 --iters 5 --repeats 1 --skip-sklearn \
+timeout 35 "$py" scripts/bench_fsspca.py --device "$dev" --part loop --Ks 10,100,1000 --iters 5 --repeats 1 --skip-sklearn \
     --json "$out/bench_fsspca.json" 2>&1 | tee "$out/bench_fsspca.txt"
 # 6. symmetric NMF: the sparse path at n = 50,000 (SymHALS, 50 iterations), then the batched SymHALS and
 # SymANLS on the device at n up to 5000, r = 20, 40, one and 20 trials (against numpy on the host at n = 300)
