@@ -28,7 +28,6 @@ def _solve_masked(G, C, P, cols):
     indices ``(t, j)``): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``."""
     t_idx, j_idx = cols[:, 0], cols[:, 1]
     r = G.shape[-1]
-    eye = torch.eye(r, dtype=G.dtype, device=G.device)
     xs, ys = [], []
     step = max(1, CHUNK_ENTRIES // (r * r))
     for s in range(0, t_idx.numel(), step):  # memory chunks of one batched solve
@@ -42,6 +41,17 @@ def _solve_masked(G, C, P, cols):
         xs.append(x)
         ys.append((Gk @ x[..., None])[..., 0] - ck)
     return torch.cat(xs), torch.cat(ys)
+
+
+def _flush(x, floor):
+    """``x`` with the entries below ``floor`` in magnitude set to 0 (a scalar 0: no zeros tensor)."""
+    return torch.where(x.abs() < floor, 0.0, x)
+
+
+def _flush_relative(x, tiny):
+    """``x`` with the entries below ``tiny`` times their column's largest magnitude set to 0."""
+    ax = x.abs()
+    return torch.where(ax < tiny * ax.amax(dim=1, keepdim=True), 0.0, x)
 
 
 def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None, max_iter: int | None = None):
@@ -82,8 +92,8 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         X[cols[:, 0], :, cols[:, 1]] = x
         Y = torch.empty_like(C)
         Y[cols[:, 0], :, cols[:, 1]] = y
-    X = torch.where(X.abs() < tiny * X.abs().amax(dim=1, keepdim=True), torch.zeros_like(X), X)
-    Y = torch.where(Y.abs() < tiny * scale_c, torch.zeros_like(Y), Y)
+    X = _flush_relative(X, tiny)
+    Y = _flush(Y, tiny * scale_c)
     nonopt = (Y < 0) & ~P
     infea = (X < 0) & P
     notgood = nonopt.sum(1) + infea.sum(1)
@@ -107,8 +117,8 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         P = P ^ ((rows == last[:, None, :]) & cols3[:, None, :])
         cols = notopt.nonzero()
         x, y = _solve_masked(G, C, P, cols)
-        x = torch.where(x.abs() < tiny * x.abs().amax(dim=1, keepdim=True), torch.zeros_like(x), x)
-        y = torch.where(y.abs() < tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None], torch.zeros_like(y), y)
+        x = _flush_relative(x, tiny)
+        y = _flush(y, tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None])
         X[cols[:, 0], :, cols[:, 1]] = x
         Y[cols[:, 0], :, cols[:, 1]] = y
         mask = notopt[:, None, :]
