@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -139,3 +140,19 @@ def test_bench_loop_max_n_times_the_batched_solver_only_above_it(monkeypatch):
     bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
     bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
     assert looped == [3, 3] and times == {("tiny", 3): 1.0}
+
+
+def test_numpy_loop_equals_the_per_agent_reference():
+    """bench_solver's per-agent NumPy loop (issue 41's baseline) computes tests/reference.py's
+    iterates: the same draws and equations, NumPy's solves and sums rounding their own way."""
+    from reference import reference_fit
+
+    bench = _bench_solver()
+    blocks, g = bench.problem(5, 6, 3, 4, seed=1)
+    edges = list(g.edges)
+    kw = dict(bcd_iters=2, x_iters=4, y_iters=3, mu=1.0, eta=1.0, g_max=0.05)
+    ref = reference_fit(blocks, edges, 3, **kw)
+    X, Y = bench.numpy_loop([b.numpy() for b in blocks], edges, 3, **kw)
+    for i in range(5):
+        np.testing.assert_allclose(X[i], ref["X"][i].numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(Y[i], ref["Y"][i].numpy(), rtol=0, atol=1e-10)
