@@ -179,8 +179,6 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
     repetitions; once only where a pair took over ``repeat_below`` seconds), the others run once."""
     import warnings
 
-    from sklearn.decomposition import PCA, SparsePCA
-
     out = []
     for n, d, K in sizes:
         sp = spiked_covariance(n=n, d=d, r=r, support=5, seed=0)
@@ -220,8 +218,10 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
                            / abs(f_np))
         X = sp.X
         _, row["pca_eigh_s"] = _timed(lambda: np.linalg.eigh((X - X.mean(0)).T @ (X - X.mean(0))))
-        _, row["sklearn_pca_s"] = _timed(lambda: PCA(r, random_state=0).fit(X))
-        if n * d <= sklearn_max_nd:
+        if n * d <= sklearn_max_nd:  # scikit-learn only where asked (its import alone takes seconds)
+            from sklearn.decomposition import PCA, SparsePCA
+
+            _, row["sklearn_pca_s"] = _timed(lambda: PCA(r, random_state=0).fit(X))
             skl, row["sklearn_sparsepca_s"] = _timed(lambda: SparsePCA(r, random_state=0).fit(X))
             V = skl.components_.T
             row.update(sklearn_sparsepca_true_support=support_key(V) == support_key(sp.V),

@@ -26,8 +26,9 @@ def test_gpu_check_is_valid_bash():
 
 def test_gpu_check_steps_fit_one_device_call():
     limits = [int(s) for s in re.findall(r"\btimeout (\d+)\b", GPU_CHECK.read_text())]
-    # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca, bench_symnmf: each bounded
-    assert len(limits) == 6
+    # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca, bench_symnmf, and issue 41's
+    # FSSPCA grid and one-trial symmetric NMF: each bounded
+    assert len(limits) == 8
     assert sum(limits) <= GPU_CHECK_SECONDS
 
 
@@ -40,6 +41,9 @@ def test_gpu_check_passes_flags_the_benchmarks_take(script):
         if script in line or (script == "bench_solver.py" and "solver_extra=" in line) or (
                 script == "bench_crypto.py" and "crypto=(" in line) or (
                 script == "bench_symnmf.py" and "symnmf=(" in line):
+            used.update(re.findall(r"(--[a-z][a-z-]*)", line))
+        if (script == "bench_fsspca.py" and "fsspca_grid=(" in line) or (
+                script == "bench_symnmf.py" and "one_trial=(" in line):
             used.update(re.findall(r"(--[a-z][a-z-]*)", line))
     used.discard("--json")  # checked below with the rest, listed here for clarity
     help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"], capture_output=True,
