@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 
-from ppdnmf_torch.models.fsspca import fit_fsspca, manifold
-from ppdnmf_torch.models.fsspca.admm import adjusted_variance
-from ppdnmf_torch.models.fsspca.data import spiked_covariance, split_iid
-from ppdnmf_torch.models.fsspca.fit import DEFAULTS
+# this checkout's package, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ppdnmf_torch.models.fsspca import fit_fsspca, manifold  # noqa: E402
+from ppdnmf_torch.models.fsspca.admm import adjusted_variance  # noqa: E402
+from ppdnmf_torch.models.fsspca.data import spiked_covariance, split_iid  # noqa: E402
+from ppdnmf_torch.models.fsspca.fit import DEFAULTS  # noqa: E402
 
 
 def _qf(Y):
