@@ -306,17 +306,18 @@ def _batched_modes(blocks, g, K, iters, device, modes, **kw):
 
 
 def bench_loop_vs_batched(device, Ns, quick, modes, loop_max_n=None, rows=None, on_row=None, loop_times=None,
-                          sizes=tuple(SIZES), numpy=False):
+                          sizes=None, numpy=False):
     """Loop vs batched rows on ``device``, appended to ``rows``; ``on_row()`` after each.
 
     Above ``loop_max_n`` agents only the batched solver is timed (the loop's time is NaN):
     at N = 10,000 with CBCL sizes the loop alone would take minutes. ``loop_times`` (a dict)
     keeps the loop's times, which run on the CPU whatever the device, for the next device.
-    ``numpy``: the per-agent NumPy loop (:func:`numpy_loop`) too, with each mode's ratio to it.
+    ``sizes``: the names of :data:`SIZES` to run (default all); ``numpy``: the per-agent NumPy
+    loop (:func:`numpy_loop`) too, with each mode's ratio to it.
     """
     rows = [] if rows is None else rows
     loop_times = {} if loop_times is None else loop_times
-    for name, sz in ((k, SIZES[k]) for k in sizes):
+    for name, sz in ((k, SIZES[k]) for k in (SIZES if sizes is None else sizes)):
         for N in Ns:
             blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
             iters_b = 5 if name == "cbcl" else 50
