@@ -1,16 +1,24 @@
 """FSSPCA speed, side by side in one process (docs/PERFORMANCE.md, "Federated sparse PCA").
 
-1. The batched workers (``fit_fsspca``: every worker's line search as one tensor operation)
-   against a NumPy loop over the workers running the same algorithm (Huber smoothing, Armijo,
-   the same step-size rule and constants), K = 10, 100, 1000, a fixed number of iterations;
-   the two agree to rounding (printed).
-2. Time to a target (adjusted explained variance and sparsity) against scikit-learn's
-   ``SparsePCA`` on the pooled rows.
+1. ``--part grid`` (issue 41): time to the same support, every side to its own convergence
+   (RMS consensus gap and change of ``z`` per column both <= ``--tol``), on spiked data over a
+   grid of ``n`` rows, ``d`` features and ``K`` workers: ``fit_fsspca`` with its default local
+   solver (the polar MM step) against an independent NumPy ADMM with the same MM polar step
+   (:func:`numpy_admm`, one worker at a time), optionally the paper's Riemannian steps
+   (``--riemannian-max-k``), scikit-learn's ``SparsePCA`` on the pooled rows
+   (``--sklearn-max-nd``) and plain PCA (``eigh`` of the pooled Gram matrix, and scikit-learn's
+   ``PCA``). Each row reports the seconds, iterations, whether the support (columns matched up
+   to order and sign) equals the NumPy ADMM's, and the relative objective difference.
+2. ``--part loop``: the batched Riemannian workers (``local_solver="riemannian"``) against a
+   NumPy loop over the workers running the same algorithm (Huber smoothing, Armijo, the same
+   step-size rule and constants), K = 10, 100, 1000, a fixed number of iterations; the two
+   agree to rounding (printed).
+3. ``--part sklearn``: time to a target (adjusted explained variance and sparsity) against
+   scikit-learn's ``SparsePCA`` on the pooled rows.
+4. ``--part aggregation``: the server's round: plain, quantized and 2048-bit paillier.
 
-3. The server's round: plain, quantized and 2048-bit paillier (``--aggregation``).
-
-    python scripts/bench_fsspca.py [--Ks 10,100,1000] [--iters 20] [--repeats 3] [--skip-loop]
-                                   [--skip-sklearn] [--aggregation] [--device cuda]
+    python scripts/bench_fsspca.py --part grid [--grid small|full] [--repeats 3] [--json out.json]
+    python scripts/bench_fsspca.py --part loop sklearn [--Ks 10,100,1000] [--iters 20] [--device cuda]
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this tree's package
+# this checkout's package, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppdnmf_torch.models.fsspca import fit_fsspca, manifold  # noqa: E402
 from ppdnmf_torch.models.fsspca.admm import adjusted_variance  # noqa: E402
@@ -87,6 +96,148 @@ def numpy_loop(blocks, r, z0, alpha, iters, mu=1e-3, inner=2, rho_scale=2.0):
     return z
 
 
+# ------------------------------------------------------------------ the grid (issue 41)
+def _polar(M):
+    U, _, Vt = np.linalg.svd(M, full_matrices=False)
+    return U @ Vt
+
+
+def numpy_admm(blocks, r, z0, lam1, lam2, *, mu=1e-3, steps=4, rho_scale=2.0, tol=1e-6, max_iter=500):
+    """Consensus ADMM for problem (6) with the ``sqrt`` smoothing, written from the maths in
+    NumPy, one worker at a time (independent of the library's code).
+
+    Centring by the pooled mean, ``C_i = (A_i - 1 m^T)^T (A_i - 1 m^T)``, ``rho = rho_scale``
+    times the workers' mean largest eigenvalue of ``C_i``. Worker step: ``steps`` MM polar
+    steps ``w <- polar(2 C_i w + rho z - u_i - lam2 psi'(w) + lam2 / (2 mu) w)`` (``psi'' <= 1 /
+    (2 mu)`` for ``sqrt(4 mu^2 + x^2)``); server: ``z = soft(mean_i (w_i + u_i / rho), lam1 / (K
+    rho))``; dual ``u_i += rho (w_i - z)``. Stops when ``sqrt(sum_i ||w_i - z||^2 / (K r))`` and
+    ``||z - z_old|| / sqrt(r)`` are both ``<= tol``.
+
+    Returns
+    -------
+    z (d, r), iterations, the pooled ``(C, q)`` (for :func:`common_objective`)
+    """
+    K = len(blocks)
+    m = sum(b.sum(0) for b in blocks) / sum(len(b) for b in blocks)
+    C = [(b - m).T @ (b - m) for b in blocks]
+    rho = rho_scale * np.mean([np.linalg.eigvalsh(c)[-1] for c in C])
+    L = lam2 / (2 * mu)
+    z = z0.copy()
+    w = [z0.copy() for _ in range(K)]
+    u = [np.zeros_like(z0) for _ in range(K)]
+    for it in range(1, max_iter + 1):
+        for i in range(K):
+            x, b = w[i], rho * z - u[i]
+            for _ in range(steps):
+                M = 2 * (C[i] @ x) + b
+                if lam2:
+                    M += L * x - lam2 * x / np.sqrt(4 * mu * mu + x * x)
+                x = _polar(M)
+            w[i] = x
+        v = sum(w[i] + u[i] / rho for i in range(K)) / K
+        zn = np.sign(v) * np.maximum(np.abs(v) - lam1 / (K * rho), 0)
+        for i in range(K):
+            u[i] += rho * (w[i] - zn)
+        primal = np.sqrt(sum(np.sum((w[i] - zn) ** 2) for i in range(K)) / (K * r))
+        change = np.linalg.norm(zn - z) / np.sqrt(r)
+        z = zn
+        if primal <= tol and change <= tol:
+            break
+    q = sum(float(((b - m) ** 2).sum()) for b in blocks)
+    return z, it, (sum(C), q)
+
+
+def common_objective(z, pooled, lam1, lam2_total, mu=1e-3):
+    """Problem (6) at the consensus ``w_i = z``: ``q - tr(z^T C z) + K lam2 r(z) + lam1 ||z||_1``
+    (pooled ``C``, ``q``), one function of ``z`` for every solver."""
+    C, q = pooled
+    return (q - float(np.sum(z * (C @ z))) + lam2_total * float(np.sqrt(4 * mu * mu + z * z).sum())
+            + lam1 * float(np.abs(z).sum()))
+
+
+def support_key(z):
+    """The columns' supports, sorted: equal keys = the same support up to column order and sign."""
+    return sorted(tuple(np.flatnonzero(z[:, j])) for j in range(z.shape[1]))
+
+
+GRIDS = {
+    "small": [(1000, 40, 1), (1000, 40, 10), (10000, 40, 100)],
+    # sized to a 2-core machine: K d^2 Gram entries per worker set at most 4e7 (320 MB)
+    "full": [(1000, 40, 1), (1000, 40, 10), (1000, 40, 100),
+             (10000, 40, 1), (10000, 40, 10), (10000, 40, 100), (10000, 40, 1000),
+             (100000, 40, 10), (100000, 40, 1000),
+             (10000, 200, 1), (10000, 200, 10), (10000, 200, 100), (10000, 200, 1000),
+             (10000, 2000, 1), (10000, 2000, 10), (100000, 2000, 10)],
+}
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500, riemannian_max_k=0,
+               riemannian_max_d=200, sklearn_max_nd=2e6, device="cpu", smoothed=True, repeat_below=30.0, on_row=None):
+    """One row per ``(n, d, K)``: every side to its convergence from the same start; the
+    library and the NumPy ADMM alternate ``repeats`` times (the ratio's range over the
+    repetitions; once only where a pair took over ``repeat_below`` seconds), the others run once."""
+    import warnings
+
+    out = []
+    for n, d, K in sizes:
+        sp = spiked_covariance(n=n, d=d, r=r, support=5, seed=0)
+        g = split_iid(n, K, seed=0)
+        blocks = [np.ascontiguousarray(sp.X[g == k]) for k in range(K)]
+        z0 = _qf(np.random.default_rng(0).standard_normal((d, r)))
+        lam1 = alpha_per_row * n
+        lam2 = lam1 / K if smoothed else 0.0
+        kw = dict(alpha=lam1, lambda_2=lam2, init=z0, tol=tol, max_iter=max_iter, device=device)
+        tl, tn = [], []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(repeats):
+                res, t = _timed(lambda: fit_fsspca(blocks, r, **kw))
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                tl.append(t)
+                (zn, itn, pooled), t = _timed(lambda: numpy_admm(blocks, r, z0, lam1, lam2, tol=tol,
+                                                                  max_iter=max_iter))
+                tn.append(t)
+                if tl[-1] + tn[-1] > repeat_below:
+                    break
+            zl = res.z[0].cpu().numpy()
+            f_np = common_objective(zn, pooled, lam1, lam2 * K)
+            row = dict(n=n, d=d, K=K, lambda_1=lam1, lambda_2=lam2, device=device,
+                       numpy_s=min(tn), numpy_iter=itn, library_s=min(tl), library_iter=int(res.n_iter[0]),
+                       ratio_min=min(a / b for a, b in zip(tl, tn)), ratio_max=max(a / b for a, b in zip(tl, tn)),
+                       same_support=support_key(zl) == support_key(zn),
+                       objective_rel_diff=abs(common_objective(zl, pooled, lam1, lam2 * K) - f_np) / abs(f_np),
+                       true_support=support_key(zn) == support_key(sp.V))
+            if K <= riemannian_max_k and d <= riemannian_max_d:
+                rie, t = _timed(lambda: fit_fsspca(blocks, r, local_solver="riemannian", **kw))
+                zr = rie.z[0].cpu().numpy()
+                row.update(riemannian_s=t, riemannian_iter=int(rie.n_iter[0]),
+                           riemannian_same_support=support_key(zr) == support_key(zn),
+                           riemannian_objective_rel_diff=abs(common_objective(zr, pooled, lam1, lam2 * K) - f_np)
+                           / abs(f_np))
+        X = sp.X
+        _, row["pca_eigh_s"] = _timed(lambda: np.linalg.eigh((X - X.mean(0)).T @ (X - X.mean(0))))
+        if n * d <= sklearn_max_nd:  # scikit-learn only where asked (its import alone takes seconds)
+            from sklearn.decomposition import PCA, SparsePCA
+
+            _, row["sklearn_pca_s"] = _timed(lambda: PCA(r, random_state=0).fit(X))
+            skl, row["sklearn_sparsepca_s"] = _timed(lambda: SparsePCA(r, random_state=0).fit(X))
+            V = skl.components_.T
+            row.update(sklearn_sparsepca_true_support=support_key(V) == support_key(sp.V),
+                       sklearn_sparsepca_nonzeros=int((V != 0).sum()))
+        print(json.dumps(row), flush=True)
+        out.append(row)
+        if on_row is not None:
+            on_row(out)
+    return out
+
+
 def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20, device="cpu"):
     out = []
     for K in Ks:
@@ -98,7 +249,7 @@ def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20, device="cpu"
         for _ in range(repeats):
             t0 = time.perf_counter()
             res = fit_fsspca(blocks, r, alpha=alpha, init=z0, max_iter=iters, tol=0.0, inner_steps=2, device=device,
-                             smoothing="huber")  # the loop's psi
+                             smoothing="huber", local_solver="riemannian")  # the loop's psi and solver
             if device != "cpu":
                 torch.cuda.synchronize()
             tb.append(time.perf_counter() - t0)
@@ -171,29 +322,60 @@ def bench_aggregation(K=8, iters=3, key_bits=2048):
     return rows
 
 
+def _sizes(text):
+    return [tuple(int(float(v)) for v in item.split(":")) for item in text.split(",")]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", nargs="+", default=["grid"], choices=["grid", "loop", "sklearn", "aggregation"])
+    p.add_argument("--grid", default="small", choices=sorted(GRIDS), help="the grid's sizes (n, d, K)")
+    p.add_argument("--sizes", default="", help="n:d:K,... instead of --grid")
+    p.add_argument("--riemannian-max-k", type=int, default=10, help="the paper's Riemannian steps too, up to this K")
+    p.add_argument("--riemannian-max-d", type=int, default=200, help="... and up to this d")
+    p.add_argument("--repeat-below", type=float, default=30.0,
+                   help="repeat a size only while a library + NumPy pair takes less than this (seconds)")
+    p.add_argument("--sklearn-max-nd", type=float, default=2e6, help="SparsePCA only where n * d is at most this")
+    p.add_argument("--unsmoothed", action="store_true", help="lambda_2 = 0 (Tan et al.'s ADMM) in the grid")
+    p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--Ks", default="10,100,1000")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip-sklearn", action="store_true")
-    p.add_argument("--device", default="cpu", help="the batched side's device (cpu or cuda)")
+    p.add_argument("--skip-sklearn", action="store_true", help="(loop part) without the sklearn part")
+    p.add_argument("--device", default="cpu", help="the library's device (cpu or cuda)")
     p.add_argument("--aggregation", action="store_true", help="also the secure round's cost (2048-bit paillier)")
     p.add_argument("--skip-loop", action="store_true")
     p.add_argument("--json", default="", help="write every row there")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, inner_steps {SPEC.inner_steps}")
-    rows = {}
-    if not args.skip_loop:
-        rows["loop"] = bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
-    if not args.skip_sklearn:
-        rows["sklearn"] = bench_sklearn()
+    print(f"torch {torch.__version__}, numpy {np.__version__}, threads {torch.get_num_threads()}, "
+          f"defaults {SPEC}", flush=True)
+    parts = set(args.part)
     if args.aggregation:
+        parts.add("aggregation")
+    rows = {}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+
+    if "grid" in parts:
+        sizes = _sizes(args.sizes) if args.sizes else GRIDS[args.grid]
+        rows["grid"] = bench_grid(sizes, args.repeats, tol=args.tol, riemannian_max_k=args.riemannian_max_k,
+                                  riemannian_max_d=args.riemannian_max_d, sklearn_max_nd=args.sklearn_max_nd,
+                                  device=args.device, smoothed=not args.unsmoothed, repeat_below=args.repeat_below,
+                                  on_row=lambda done: (rows.update(grid=done), save()))
+        save()
+    if "loop" in parts and not args.skip_loop:
+        rows["loop"] = bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
+        save()
+    if "sklearn" in parts or ("loop" in parts and not args.skip_sklearn):
+        rows["sklearn"] = bench_sklearn()
+        save()
+    if "aggregation" in parts:
         rows["aggregation"] = bench_aggregation()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        save()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ Usage::
     python scripts/bench_solver.py --modes eager   # the default solver only (no compilation)
     python scripts/bench_solver.py --json out.json --device cuda
     python scripts/bench_solver.py --device cpu cuda --loop-max-n 1000 --ns 10 100 1000 10000
+    python scripts/bench_solver.py --device cpu --loop-only --sizes synthetic --numpy-loop   # issue 41
 
 ``--device auto`` (the default) runs every section on the CPU and, when CUDA is present, again
 on CUDA. The JSON holds the machine, the loop-vs-batched rows (each names its device) and the
@@ -222,21 +223,101 @@ def time_reference(blocks, g, K, iters, repeats=3):
     return _marginal(run, iters, repeats)
 
 
+def numpy_loop(Z_blocks, edges, K, *, bcd_iters=1, x_iters=30, y_iters=30, mu=0.1, eta=1.0, g_max=0.033, seed=0):
+    """PPDNMF (ALGORITHM.md, plain exchange, random penalties, the derived consensus form) as a
+    plain per-agent NumPy loop, one agent's small matrices at a time: the independent baseline
+    of issue 41. The penalties are drawn as tests/reference.py's contract says (one
+    ``torch.rand`` block per BCD iteration from ``derive_seed(seed, "penalties")``), so its
+    iterates are the reference's to rounding; the rest is NumPy (``numpy.linalg.solve``).
+
+    Returns
+    -------
+    X, Y : lists of ``(L, K)`` and ``(K, M_i)`` arrays
+    """
+    import numpy as np
+
+    from ppdnmf_torch._utils import derive_seed
+
+    Z = [np.asarray(z, dtype=np.float64) for z in Z_blocks]
+    N, L = len(Z), Z[0].shape[0]
+    nbrs = [[] for _ in range(N)]
+    for i, j in edges:
+        nbrs[int(i)].append(int(j))
+        nbrs[int(j)].append(int(i))
+    nbrs = [sorted(set(a)) for a in nbrs]
+    dir_edges = [(i, j) for i in range(N) for j in nbrs[i]]
+    index = {e: k for k, e in enumerate(dir_edges)}
+    X = [np.ones((L, K)) for _ in range(N)]
+    U = [np.ones((L, K)) for _ in range(N)]
+    P = [np.zeros((L, K)) for _ in range(N)]
+    Q = [np.zeros((L, K)) for _ in range(N)]
+    Q_prev = [np.zeros((L, K)) for _ in range(N)]
+    Y = [np.zeros((K, z.shape[1])) for z in Z]
+    V = [np.zeros((K, z.shape[1])) for z in Z]
+    R = [np.zeros((K, z.shape[1])) for z in Z]
+    g = np.zeros(len(dir_edges))
+    src = np.array([i for i, _ in dir_edges], dtype=np.int64)
+    rev = np.array([index[(j, i)] for i, j in dir_edges], dtype=np.int64)
+    gen = torch.Generator().manual_seed(derive_seed(seed, "penalties"))
+    eye = np.eye(K)
+    for _ in range(bcd_iters):
+        u = torch.rand((x_iters, len(dir_edges)), generator=gen, dtype=torch.float64).numpy()
+        for m in range(x_iters):
+            g = g_max - u[m] * (g_max - g)  # step 1: g_{i->j} uniform on (g_prev, g_max]
+            rho_e = g * g[rev]
+            rho = np.bincount(src, weights=rho_e, minlength=N)
+            for i in range(N):  # steps 2-4
+                X[i] = np.maximum(U[i] + P[i], 0.0)
+                rhs = Z[i] @ Y[i].T + mu * (X[i] - P[i]) + rho[i] * U[i] + 2.0 * Q[i] - Q_prev[i]
+                U[i] = np.linalg.solve(Y[i] @ Y[i].T + (mu + rho[i]) * eye, rhs.T).T  # rhs A^-1, A symmetric
+                P[i] = P[i] - (X[i] - U[i])
+            for i in range(N):  # steps 5-6 with every new U_j
+                S = np.zeros((L, K))
+                for j in nbrs[i]:
+                    S += rho_e[index[(i, j)]] * (U[j] - U[i])
+                Q_prev[i], Q[i] = Q[i], Q[i] + S
+        for i in range(N):  # the Y-step, eqs. 12-14
+            G = X[i].T @ X[i] + eta * eye
+            XtZ = X[i].T @ Z[i]
+            for _k in range(y_iters):
+                Y[i] = np.maximum(V[i] + R[i], 0.0)
+                V[i] = np.linalg.solve(G, XtZ + eta * (Y[i] - R[i]))
+                R[i] = R[i] - (Y[i] - V[i])
+    return X, Y
+
+
+def time_numpy_loop(blocks, g, K, iters, repeats=3):
+    """Marginal seconds per ADMM iteration of :func:`numpy_loop`, measured as
+    :func:`time_reference` measures the torch loop."""
+    edges = list(g.edges)
+    Zs = [b.numpy() for b in blocks]
+
+    def run(n):
+        t0 = time.perf_counter()
+        numpy_loop(Zs, edges, K, bcd_iters=1, x_iters=n, y_iters=n, mu=1.0, eta=1.0, g_max=0.05)
+        return time.perf_counter() - t0
+
+    return _marginal(run, iters, repeats)
+
+
 def _batched_modes(blocks, g, K, iters, device, modes, **kw):
     """``{mode: marginal seconds per iteration}`` for the eager and the compiled solver."""
     return {mode: time_batched(blocks, g, K, iters, device, fuse=mode == "fused", **kw) for mode in modes}
 
 
-def bench_loop_vs_batched(device, Ns, quick, modes, loop_max_n=None, rows=None, on_row=None, loop_times=None):
+def bench_loop_vs_batched(device, Ns, quick, modes, loop_max_n=None, rows=None, on_row=None, loop_times=None,
+                          sizes=None, numpy=False):
     """Loop vs batched rows on ``device``, appended to ``rows``; ``on_row()`` after each.
 
     Above ``loop_max_n`` agents only the batched solver is timed (the loop's time is NaN):
     at N = 10,000 with CBCL sizes the loop alone would take minutes. ``loop_times`` (a dict)
     keeps the loop's times, which run on the CPU whatever the device, for the next device.
+    ``sizes``: the names of :data:`SIZES` to run (default all); ``numpy``: the per-agent NumPy
+    loop (:func:`numpy_loop`) too, with each mode's ratio to it.
     """
     rows = [] if rows is None else rows
     loop_times = {} if loop_times is None else loop_times
-    for name, sz in SIZES.items():
+    for name, sz in ((k, SIZES[k]) for k in (SIZES if sizes is None else sizes)):
         for N in Ns:
             blocks, g = problem(N, sz["L"], sz["K"], sz["cols"])
             iters_b = 5 if name == "cbcl" else 50
@@ -260,6 +341,17 @@ def bench_loop_vs_batched(device, Ns, quick, modes, loop_max_n=None, rows=None, 
                 text += f"  {mode} {t:9.5f} s/it" + ("" if skip else f" = {t_r / t:6.1f}x")
             if any(v != v for v in [*([] if skip else [t_r]), *t_b.values()]):
                 text += f"  (nan: {NO_MEASUREMENT})"
+            if numpy and not skip:
+                key = ("numpy", name, N)
+                # more iterations where one is short: the two lengths' difference must exceed the noise
+                np_iters = 30 if N <= 100 else ref_iters
+                t_n = loop_times[key] = loop_times.get(key) or time_numpy_loop(blocks, g, sz["K"], np_iters,
+                                                                                repeats=2 if big else 3)
+                row["numpy_loop_s_per_iter"] = t_n
+                text += f"  | numpy loop {t_n:9.5f} s/it"
+                for mode, t in t_b.items():
+                    row[f"{mode}_vs_numpy"] = t_n / t
+                    text += f"  {mode} {t_n / t:6.1f}x"
             rows.append(row)
             print(text, flush=True)
             if on_row is not None:
@@ -390,6 +482,11 @@ def main(argv=None):
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="the batched solver eager (default fit) and/or compiled (fit(..., fuse=True))")
     ap.add_argument("--skip-loop", action="store_true", help="roofline and trials only")
+    ap.add_argument("--numpy-loop", action="store_true",
+                    help="also the per-agent NumPy loop (issue 41), each mode's ratio to it")
+    ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES),
+                    help="the loop-vs-batched rows' problem sizes")
+    ap.add_argument("--loop-only", action="store_true", help="the loop-vs-batched rows only (no roofline, trials)")
     args = ap.parse_args(argv)
     devices = resolve_devices(args.device)
     Ns = args.ns or ([10, 100] if args.quick else [10, 100, 1000])
@@ -413,7 +510,10 @@ def main(argv=None):
             print(f"per-agent loop vs batched on {device}, seconds per ADMM iteration (float64; the loop runs "
                   "on the CPU):", flush=True)
             bench_loop_vs_batched(device, Ns, args.quick, args.modes, args.loop_max_n,
-                                  rows=out["loop_vs_batched"], on_row=save, loop_times=loop_times)
+                                  rows=out["loop_vs_batched"], on_row=save, loop_times=loop_times,
+                                  sizes=args.sizes, numpy=args.numpy_loop)
+        if args.loop_only:
+            continue
         print(f"roofline (memory and compute) on {device}:", flush=True)
         out["roofline"][str(device)] = bench_roofline(device, 200 if args.quick else args.roofline_n, args.modes,
                                                       1 if args.quick else args.roofline_repeats,

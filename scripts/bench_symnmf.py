@@ -7,6 +7,8 @@ Parts, each side by side in one process:
   principal pivoting with the columns grouped by passive set, as in their own code), one
   trial after another, at ``n`` = 300..5000, ``r`` = 20, 40, one and 20 trials; both check
   that they computed the same iterates;
+* ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda`` against the
+  same numpy implementation, at ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
@@ -18,6 +20,7 @@ Parts, each side by side in one process:
 Usage::
 
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --out bench_one.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
@@ -39,6 +42,8 @@ import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
 
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
 from ppdnmf_torch.models.symnmf.fit import METHODS
@@ -115,12 +120,12 @@ def np_nnls_bpp(G, C, init):
     return np.maximum(X, 0)
 
 
-def np_fit(X, U0, lam0, iters, method, clock=None):
-    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20), one trial, with
-    the per-iteration metrics ``fit_symnmf`` records (the same two products ``X W`` per
-    iteration, the same expansions), so that both sides do the same work. ``clock``: a list
-    that gets the seconds of the iterations alone (after the first product, as
-    ``fit_symnmf``'s ``history["time"]``)."""
+def np_fit(X, U0, lam0, iters, method, clock=None, adaptive=True):
+    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20) (``adaptive=False``:
+    ``lambda = lam0`` fixed), one trial, with the per-iteration metrics ``fit_symnmf`` records
+    (the same two products ``X W`` per iteration, the same expansions), so that both sides do
+    the same work. ``clock``: a list that gets the seconds of the iterations alone (after the
+    first product, as ``fit_symnmf``'s ``history["time"]``)."""
     Ut, Vt = U0.T.copy(), U0.T.copy()
     lam = lam0
     eye = np.eye(U0.shape[1])
@@ -147,7 +152,8 @@ def np_fit(X, U0, lam0, iters, method, clock=None):
         history.append(((sqX - 2 * (XUt * Ut).sum() + (UtU * UtU).sum()) / sqX,
                         0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
                         gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
-        lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
+        if adaptive:
+            lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
     if clock is not None:
         clock.append(time.perf_counter() - t0)
     return Ut.T, Vt.T
@@ -230,6 +236,54 @@ def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None,
                                  "torch_loop_s_per_iter": loop_torch / its, "numpy_loop_s_per_iter": loop_np / its,
                                  "loop_numpy_over_torch": loop_np / loop_torch, "max_abs_diff_U": diff})
                     print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+#: issue 41's sizes: one trial of SymHALS and SymANLS, ``(n, r)``
+ONE_TRIAL_SIZES = ((150, 6), (1000, 20), (3000, 40))
+
+
+def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None, iters=None, repeats=None,
+                   lam=0.5):
+    """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) against :func:`np_fit` (issue
+    41): per size and method, ``repeats`` alternating runs of ``iters`` iterations on each side;
+    seconds per iteration from the in-loop clocks (``history["time"]`` and ``np_fit``'s, the
+    iterations alone) and of the whole call, the best of the repeats and the ratio's range over
+    them (numpy over torch: above 1 the torch side is faster), and the largest ``|U|``
+    difference of the two sides' iterates."""
+    sizes = ((60, 4),) if quick else (tuple(zip(ns, ranks)) if ns and ranks else ONE_TRIAL_SIZES)
+    methods = methods or ("symhals", "symanls")
+    rows = []
+    Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
+    for method in methods:
+        fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
+        np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
+    for n, r in sizes:
+        X, _ = synthetic_similarity(n, r, 0.1, seed=n)
+        Xn, Xt = X[0].numpy(), X[0].to(device)
+        U0 = initial_factor(n, r, trials=1, seed=1)
+        its = iters or (2 if quick else 200 if n <= 300 else 10 if n <= 1000 else 3)
+        reps = repeats or (1 if quick else 5 if n <= 1000 else 3)
+        for method in methods:
+            torch_loop, torch_call, np_loop, np_call = [], [], [], []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                res = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
+                torch_call.append((time.perf_counter() - t0) / its)
+                torch_loop.append(float(res.history["time"][-1, 0]) / its)
+                clock = []
+                t0 = time.perf_counter()
+                Un, _ = np_fit(Xn, U0[0].numpy(), lam, its, method, clock, adaptive=False)
+                np_call.append((time.perf_counter() - t0) / its)
+                np_loop.append(clock[0] / its)
+            ratios = [a / b for a, b in zip(np_loop, torch_loop)]
+            rows.append({"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
+                         "device": str(device), "threads": torch.get_num_threads(),
+                         "torch_loop_s_per_iter": min(torch_loop), "numpy_loop_s_per_iter": min(np_loop),
+                         "numpy_over_torch_min": min(ratios), "numpy_over_torch_max": max(ratios),
+                         "torch_call_s_per_iter": min(torch_call), "numpy_call_s_per_iter": min(np_call),
+                         "max_abs_diff_U": float(np.abs(Un - res.U[0].cpu().numpy()).max())})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -457,7 +511,8 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", choices=["numpy", "time-to-E", "sparse", "before-after", "gemm", "all"],
+    ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "time-to-E", "sparse", "before-after", "gemm",
+                                                  "all"],
                     default=["all"], help="all: numpy, time-to-E and sparse")
     ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
@@ -484,8 +539,8 @@ def main(argv=None):
     if args.sparse_child:
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
-    parts = {"numpy": part_numpy, "time-to-E": part_time_to_e, "sparse": part_sparse, "before-after": part_before_after,
-             "gemm": part_gemm}
+    parts = {"numpy": part_numpy, "one-trial": part_one_trial, "time-to-E": part_time_to_e, "sparse": part_sparse,
+             "before-after": part_before_after, "gemm": part_gemm}
     chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -495,7 +550,9 @@ def main(argv=None):
                  dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank,
                       penalty=args.tte_penalty) if name == "time-to-E"
                  else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats)
-                 if name == "before-after" else {})
+                 if name == "before-after" else
+                 dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats)
+                 if name == "one-trial" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
         if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished

@@ -34,6 +34,8 @@ if [ "$quick" = 1 ]; then
     solver_extra=(--quick --skip-loop)
     crypto=(--bits 128 --iters 1 --fit-bcd 0)
     symnmf=(--quick --ns 60 120 --numpy-max-n 60 --sparse-ns 2000)
+    fsspca_grid=(--sizes 200:10:1,200:10:4 --repeats 1)
+    one_trial=(--quick)
 else
     ns=(10 100 1000 10000); trials=100; tests=""
     # the loop up to N = 1000 (at N = 10,000 with CBCL sizes it alone would take minutes)
@@ -41,16 +43,20 @@ else
     crypto=(--bits 128 1024 2048 --max-seconds 5 --fit-bcd 0)
     # the numpy side (on the host) only at n = 300: at n = 5000 with 20 trials it alone takes minutes
     symnmf=(--ns 300 1000 5000 --numpy-max-n 300 --grid-iters 2 --repeats 1 --sparse-ns 50000)
+    # issue 41: FSSPCA's polar step on the device against the NumPy ADMM on the host (time to the same support)
+    fsspca_grid=(--sizes 1000:40:1,1000:40:10,10000:40:100 --repeats 1)
+    # issue 41: one trial of SymHALS and SymANLS on the device against numpy on the host
+    one_trial=(--ns 150 1000 --ranks 6 20 --repeats 1)
 fi
 # 1. the tests on the device (the gpu-marked ones, and every device-parametrized test)
 if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi
 timeout 90 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
 # 2. the solver: loop vs batched at N up to 10,000 agents, the roofline at N = 2000 (CBCL
 # sizes), 100 trials; eager only (fuse=True compiles a Triton kernel set per shape: minutes)
-timeout 155 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
+timeout 130 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
     "${solver_extra[@]}" --json "$out/bench_solver.json" 2>&1 | tee "$out/bench_solver.txt"
 # 3. the host-side Paillier stage, on that machine's CPU cores (its worker pool uses them all)
-timeout 80 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
+timeout 70 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
     | tee "$out/bench_crypto.txt"
 # 4. several ranks: the distributed run against one process (bits, seconds, bytes per rank);
 # on every GPU (NCCL) of a machine with two or more, else on two gloo ranks on the CPU
@@ -63,10 +69,17 @@ timeout 60 "$py" scripts/bench_distributed.py --device "$dist_dev" --nproc 1 "$n
     --kinds plain quantized paillier --key-bits 128 \
     --json "$out/bench_distributed.json" 2>&1 | tee "$out/bench_distributed.txt"
 # 5. FSSPCA: the batched workers on the device against the NumPy loop over workers (K = 10 to 1000)
-timeout 35 "$py" scripts/bench_fsspca.py --device "$dev" --Ks 10,100,1000 --iters 5 --repeats 1 --skip-sklearn \
+timeout 35 "$py" scripts/bench_fsspca.py --device "$dev" --part loop --Ks 10,100,1000 --iters 5 --repeats 1 --skip-sklearn \
     --json "$out/bench_fsspca.json" 2>&1 | tee "$out/bench_fsspca.txt"
 # 6. symmetric NMF: the sparse path at n = 50,000 (SymHALS, 50 iterations), then the batched SymHALS and
 # SymANLS on the device at n up to 5000, r = 20, 40, one and 20 trials (against numpy on the host at n = 300)
-timeout 60 "$py" scripts/bench_symnmf.py --device "$dev" --part sparse numpy "${symnmf[@]}" \
+timeout 55 "$py" scripts/bench_symnmf.py --device "$dev" --part sparse numpy "${symnmf[@]}" \
     --json "$out/bench_symnmf.json" 2>&1 | tee "$out/bench_symnmf.txt"
+# 7. FSSPCA's polar local step (issue 41): the library on the device, the NumPy ADMM on the host, each to
+# the same support; the paper's Riemannian steps and scikit-learn left out (their rows are the CPU grid's)
+timeout 20 "$py" scripts/bench_fsspca.py --device "$dev" --part grid "${fsspca_grid[@]}" --riemannian-max-k 0 \
+    --sklearn-max-nd 0 --json "$out/bench_fsspca_grid.json" 2>&1 | tee "$out/bench_fsspca_grid.txt"
+# 8. one trial of SymHALS and SymANLS (issue 41): the solver on the device, numpy on the host
+timeout 20 "$py" scripts/bench_symnmf.py --device "$dev" --part one-trial "${one_trial[@]}" \
+    --json "$out/bench_symnmf_one_trial.json" 2>&1 | tee "$out/bench_symnmf_one_trial.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,8 +26,9 @@ def test_gpu_check_is_valid_bash():
 
 def test_gpu_check_steps_fit_one_device_call():
     limits = [int(s) for s in re.findall(r"\btimeout (\d+)\b", GPU_CHECK.read_text())]
-    # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca, bench_symnmf: each bounded
-    assert len(limits) == 6
+    # tests, bench_solver, bench_crypto, bench_distributed, bench_fsspca, bench_symnmf, and issue 41's
+    # FSSPCA grid and one-trial symmetric NMF: each bounded
+    assert len(limits) == 8
     assert sum(limits) <= GPU_CHECK_SECONDS
 
 
@@ -39,6 +41,9 @@ def test_gpu_check_passes_flags_the_benchmarks_take(script):
         if script in line or (script == "bench_solver.py" and "solver_extra=" in line) or (
                 script == "bench_crypto.py" and "crypto=(" in line) or (
                 script == "bench_symnmf.py" and "symnmf=(" in line):
+            used.update(re.findall(r"(--[a-z][a-z-]*)", line))
+        if (script == "bench_fsspca.py" and "fsspca_grid=(" in line) or (
+                script == "bench_symnmf.py" and "one_trial=(" in line):
             used.update(re.findall(r"(--[a-z][a-z-]*)", line))
     used.discard("--json")  # checked below with the rest, listed here for clarity
     help_text = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"], capture_output=True,
@@ -139,3 +144,19 @@ def test_bench_loop_max_n_times_the_batched_solver_only_above_it(monkeypatch):
     bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
     bench.bench_loop_vs_batched(torch.device("cpu"), [3], False, ["eager"], loop_times=times)
     assert looped == [3, 3] and times == {("tiny", 3): 1.0}
+
+
+def test_numpy_loop_equals_the_per_agent_reference():
+    """bench_solver's per-agent NumPy loop (issue 41's baseline) computes tests/reference.py's
+    iterates: the same draws and equations, NumPy's solves and sums rounding their own way."""
+    from reference import reference_fit
+
+    bench = _bench_solver()
+    blocks, g = bench.problem(5, 6, 3, 4, seed=1)
+    edges = list(g.edges)
+    kw = dict(bcd_iters=2, x_iters=4, y_iters=3, mu=1.0, eta=1.0, g_max=0.05)
+    ref = reference_fit(blocks, edges, 3, **kw)
+    X, Y = bench.numpy_loop([b.numpy() for b in blocks], edges, 3, **kw)
+    for i in range(5):
+        np.testing.assert_allclose(X[i], ref["X"][i].numpy(), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(Y[i], ref["Y"][i].numpy(), rtol=0, atol=1e-10)

@@ -253,6 +253,40 @@ def test_nnls_bpp_matches_scipy_nnls(shape, warm):
     assert bool((X >= 0).all())
 
 
+@pytest.mark.parametrize("r", [5, 70])  # 70: sets beyond one 62-bit code each
+def test_nnls_columns_grouped_by_passive_set_equal_each_column_alone(r, monkeypatch):
+    """Columns sharing a trial's passive set are solved together (one factor, many right-hand
+    sides); that rounds differently from one solve per column (the triangular solves' order),
+    so to 1e-12, not bit for bit: every masked solve, and the whole NNLS of a block whose
+    columns hold a few sets (as near convergence), against the per-column path, and scipy's."""
+    from ppdnmf_torch.models.symnmf import nnls as nnls_mod
+
+    monkeypatch.setattr(nnls_mod, "GROUPED_MIN_ENTRIES", 0)
+    T, p, m = 2, r + 10, 600
+    gen = torch.Generator().manual_seed(r)
+    A = torch.randn((T, p, r), generator=gen, dtype=torch.float64)
+    G = A.transpose(1, 2) @ A
+    X_true = torch.rand((T, r, m), generator=gen, dtype=torch.float64)
+    patterns = torch.rand((4, r), generator=gen) > 0.4  # four passive sets over the m columns
+    X_true = X_true * patterns[torch.randint(0, 4, (T, m), generator=gen)].transpose(1, 2)
+    C = G @ X_true + 1e-3 * torch.randn((T, r, m), generator=gen, dtype=torch.float64)
+    P = X_true > 0
+    cols = torch.ones((T, m), dtype=torch.bool).nonzero()
+    grouped = nnls_mod._solve_masked(G, C, P, cols)
+    X_grouped = nnls_bpp(G, C, init=X_true)
+    monkeypatch.setattr(nnls_mod, "GROUPED_SETS", 0)
+    alone = nnls_mod._solve_masked(G, C, P, cols)
+    X_alone = nnls_bpp(G, C, init=X_true)
+    # x relative to its size; y = G x - c is 0 on the passive set up to rounding: relative to c's
+    for a, b, scale in zip(grouped, alone, (float(alone[0].abs().max()), float(C.abs().max()))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * scale)
+    torch.testing.assert_close(X_grouped, X_alone, rtol=1e-12, atol=1e-12 * float(X_alone.abs().max()))
+    if r == 5:
+        want = np.stack([np.stack([scipy.optimize.nnls(A[t].numpy(), np.linalg.lstsq(
+            A[t].T.numpy(), C[t, :, j].numpy(), rcond=None)[0])[0] for j in range(40)], 1) for t in range(T)])
+        np.testing.assert_allclose(X_grouped[:, :, :40].numpy(), want, rtol=1e-8, atol=1e-10)
+
+
 def test_nnls_edge_cases_and_float32():
     A = torch.eye(3, dtype=torch.float64)[None]
     B = torch.tensor([[-1.0], [2.0], [0.0]], dtype=torch.float64)[None]

@@ -11,16 +11,19 @@ The unsmoothed ADMM of Tan et al. (the paper's baseline) is ``lambda_2 = 0``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ...errors import ConfigError
 from . import manifold
+from .polar import CURVATURE, LOCAL_SOLVERS, polar_steps
 from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
-           "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES"]
+           "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES",
+           "LOCAL_SOLVERS", "iteration_values"]
 
 LINE_SEARCHES = ("armijo", "wolfe")
 
@@ -134,19 +137,29 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
 
 
 def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="armijo", inner_steps=1,
-               active=None):
-    """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` Riemannian steepest-descent steps of
-    every worker from its current ``w_i``, each with its own line search and step size.
+               active=None, solver="riemannian"):
+    """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` steps of every worker from its current
+    ``w_i`` on its subproblem.
+
+    ``solver="riemannian"``: the paper's Riemannian steepest-descent steps, each with its own line
+    search and step size. ``solver="polar"``: majorize-minimize polar steps
+    (:func:`.polar.polar_steps`; no line search, ``state.theta`` and the counters unchanged).
 
     Parameters
     ----------
     active : Tensor (T,) bool, optional
         Trials still running; the others are left as they are.
+    solver : {"riemannian", "polar"}
 
     Returns
     -------
     Tensor (T, K, d, r): the new ``w``; ``state.theta`` and the line-search counters are updated.
     """
+    if solver == "polar":
+        target = _rho4(rho) * _per_worker(state.z, state.w) - state.u
+        w = polar_steps(problem.gram, state.w, target, lambda_2, smoothing, mu, inner_steps,
+                        projector=problem.projector)
+        return w if active is None else torch.where(active[:, None, None, None], w, state.w)
     search = {"armijo": manifold.armijo, "wolfe": manifold.strong_wolfe}[line_search]
     z, u = state.z, state.u
 
@@ -237,6 +250,42 @@ def residuals(w, z, z_old, rho):
     return primal, dual, gap.amax(dim=1)
 
 
+def iteration_values(problem, pooled, w, z, z_old, u, lambda_1, lambda_2, rho, smoothing, mu):
+    """Every per-iteration value of the server's loop in one pass, bit for bit those of
+    :func:`objective`, :func:`augmented_lagrangian`, :func:`adjusted_variance` and
+    :func:`residuals` (the objective, the gaps ``w_i - z`` and ``||z - z_old||`` are computed once
+    and shared).
+
+    Parameters
+    ----------
+    pooled : Tensor (T, d, d)
+        ``sum_i C_i`` (:meth:`FSSPCAProblem.pooled_gram`).
+    w, u : Tensor (T, K, d, r)
+        The new points and duals.
+    z, z_old : Tensor (T, d, r)
+        The new and the previous consensus.
+
+    Returns
+    -------
+    values : dict of Tensor (T,)
+        ``objective``, ``lagrangian``, ``explained_variance``, ``sparsity``, ``consensus``,
+        ``primal_residual``, ``dual_residual`` (:data:`.result.HISTORY_KEYS`).
+    change : Tensor (T,)
+        ``||z - z_old|| / sqrt(r)``, the stopping rule's change of ``z``.
+    """
+    gap = w - z[:, None]
+    obj = objective(problem, w, z, lambda_1, lambda_2, smoothing, mu)
+    lag = obj + (manifold.inner(u, gap) + 0.5 * _rho2(rho) * manifold.inner(gap, gap)).sum(dim=1)
+    gap_norm = torch.linalg.matrix_norm(gap)
+    K = w.shape[1]
+    weight = rho * K ** 0.5 if rho.dim() == 1 else torch.linalg.vector_norm(rho, dim=1)
+    step = torch.linalg.matrix_norm(z - z_old)
+    values = dict(objective=obj, lagrangian=lag, explained_variance=adjusted_variance(pooled, z),
+                  sparsity=(z == 0).to(w.dtype).mean(dim=(-2, -1)), consensus=gap_norm.amax(dim=1),
+                  primal_residual=gap_norm.square().sum(dim=1).sqrt(), dual_residual=weight * step)
+    return values, step / math.sqrt(z.shape[-1])
+
+
 def adjusted_variance_components(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """Each loading's adjusted variance ``R_jj^2`` (Zou, Hastie and Tibshirani, section 3.4).
 
@@ -260,7 +309,12 @@ def adjusted_variance_components(gram: torch.Tensor, V: torch.Tensor) -> torch.T
     out = []
     for j in range(M.shape[-1]):  # r is small; the columns are sequential by definition
         res = M[..., j, j]
-        if j:
+        if j == 1:
+            # pinv of a 1 x 1 matrix is 1 / x (0 at x = 0), exactly: the same numbers as the
+            # general case below without an eigendecomposition
+            b, m = M[..., :1, 1], M[..., :1, 0]
+            res = res - (b * (torch.where(m != 0, m.reciprocal(), 0.0) * b)).sum(-1)
+        elif j:
             b = M[..., :j, j]
             res = res - (b * (torch.linalg.pinv(M[..., :j, :j], hermitian=True) @ b.unsqueeze(-1)).squeeze(-1)).sum(-1)
         out.append(res.clamp_min(0))
@@ -273,8 +327,14 @@ def adjusted_variance(gram: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return adjusted_variance_components(gram, V).sum(-1) / torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
 
 
-def check_settings(line_search, inner_steps, mu):
-    """Reject unknown line searches, a non-positive step count or ``mu``."""
+def check_settings(line_search, inner_steps, mu, solver="riemannian", smoothing=None):
+    """Reject unknown line searches or local solvers, a non-positive step count or ``mu``, and
+    a smoothing the polar step has no curvature bound for."""
+    if solver not in LOCAL_SOLVERS:
+        raise ConfigError(f"local_solver: unknown local solver {solver!r}; use one of {list(LOCAL_SOLVERS)}")
+    if solver == "polar" and smoothing is not None and smoothing.name not in CURVATURE:
+        raise ConfigError(f"smoothing: the polar step needs the curvature bound of {smoothing.name!r}; "
+                          f"use one of {sorted(CURVATURE)} or local_solver='riemannian'")
     if line_search not in LINE_SEARCHES:
         raise ConfigError(f"line_search: unknown line search {line_search!r}; use one of {list(LINE_SEARCHES)}")
     if int(inner_steps) < 1:

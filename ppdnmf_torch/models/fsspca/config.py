@@ -25,7 +25,7 @@ from ...exchange.aggregation import AGGREGATION_KINDS
 from ...exchange.spec import EXCHANGE_KINDS
 from ...penalties import PENALTY_MODES
 from ...specs import check_fields, rule
-from .admm import LINE_SEARCHES
+from .admm import LINE_SEARCHES, LOCAL_SOLVERS
 from .data import DATASETS, SPLITS
 from .smoothing import DEFAULT_SMOOTHING, SMOOTHINGS
 
@@ -62,7 +62,10 @@ class FSSPCASpec:
         The factor of ``rho``'s rules.
     line_search : {"armijo", "wolfe"}
     inner_steps : int
-        Riemannian line-search steps per worker per ADMM iteration.
+        Local steps per worker per ADMM iteration.
+    local_solver : {"polar", "riemannian"}
+        A worker's step (14): majorize-minimize polar steps (the default: docs/FSSPCA.md, "The polar
+        step") or the paper's Riemannian steepest descent with ``line_search``.
     aggregation : {"plain", "quantized", "paillier", "secagg"}
         How the server gets the sums.
     center : bool
@@ -81,6 +84,7 @@ class FSSPCASpec:
     rho_scale: float = rule(2.0, gt=0)
     line_search: str = rule("armijo", choices=LINE_SEARCHES)
     inner_steps: int = rule(4, ge=1)
+    local_solver: str = rule("polar", choices=LOCAL_SOLVERS)
     aggregation: str = rule("plain", choices=AGGREGATION_KINDS)
     center: bool = True
     max_iter: int = rule(500, ge=1)

@@ -42,8 +42,12 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         One penalty (``"auto"``: from the workers' mean largest eigenvalue) or each worker its
         own (``"worker"``); :func:`.fit.fit_fsspca`.
     line_search : {"armijo", "wolfe"}
+        The Riemannian local solver's line search.
     inner_steps : int
-        Riemannian steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
+        Local steps per worker per ADMM iteration (4: docs/FSSPCA.md, "Many small workers").
+    local_solver : {"polar", "riemannian"}
+        A worker's step: majorize-minimize polar steps or the paper's Riemannian steps
+        (:func:`.fit.fit_fsspca`; docs/FSSPCA.md, "The polar step").
     aggregation : {"plain", "quantized", "paillier", "secagg"} or an aggregator
         How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
     n_workers : int
@@ -73,8 +77,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
 
     def __init__(self, n_components=ESTIMATOR.n_components, *, alpha=ESTIMATOR.alpha, lambda_2=SPEC.lambda_2,
                  smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho, line_search=SPEC.line_search,
-                 inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, n_workers=ESTIMATOR.n_workers,
-                 max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None, device=ESTIMATOR.device,
+                 inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver, aggregation=SPEC.aggregation,
+                 n_workers=ESTIMATOR.n_workers, max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None, device=ESTIMATOR.device,
                  dtype=ESTIMATOR.dtype):
         self.n_components = n_components
         self.alpha = alpha
@@ -84,6 +88,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.rho = rho
         self.line_search = line_search
         self.inner_steps = inner_steps
+        self.local_solver = local_solver
         self.aggregation = aggregation
         self.n_workers = n_workers
         self.max_iter = max_iter
@@ -117,6 +122,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         with torch.no_grad():
             res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
                              mu=self.mu, rho=self.rho, line_search=self.line_search, inner_steps=self.inner_steps,
+                             local_solver=self.local_solver,
                              aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
                              device=self.device, dtype=self.dtype, callback=callback)
         n = sum(b.shape[0] for b in blocks)

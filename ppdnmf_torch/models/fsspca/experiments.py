@@ -182,11 +182,12 @@ def exp_real_data(datasets=("digits", "breast_cancer", "wine"), splits=("iid", "
 
 
 #: the setting before the many-workers fix (docs/FSSPCA.md, "Many small workers"), side by side
-BEFORE_WORKERS_FIX = dict(inner_steps=2)
+BEFORE_WORKERS_FIX = dict(inner_steps=2, local_solver="riemannian")
 
 
 def exp_workers(Ks=(2, 10, 100, 1000), n=4000, alpha=400.0, seed=0, max_iter=300,
-                settings=(("default", {}), ("wolfe", dict(line_search="wolfe")), ("before", BEFORE_WORKERS_FIX))):
+                settings=(("default", {}), ("wolfe", dict(local_solver="riemannian", line_search="wolfe")),
+                          ("before", BEFORE_WORKERS_FIX))):
     """The number of workers from 2 to 1,000, each a single batched computation (workers stacked
     along one dimension), with the default settings, with strong Wolfe instead of Armijo, and with
     the setting before the fix (2 inner steps): iterations,
@@ -227,7 +228,8 @@ def exp_workers_settings(K=300, rows=4, alpha_per_row=0.1, seed=0, max_iter=300,
     out = []
     for rho, search, inner in settings:
         t0 = time.perf_counter()
-        res = _quiet(fit_fsspca, sp.X, 2, groups=groups, rho=rho, line_search=search, inner_steps=inner, **kw)
+        res = _quiet(fit_fsspca, sp.X, 2, groups=groups, rho=rho, line_search=search, inner_steps=inner,
+                     local_solver="riemannian", **kw)
         n_it = int(res.n_iter[0])
         out.append(dict(rho=rho, line_search=search, inner_steps=inner, n_iter=n_it, converged=bool(res.converged[0]),
                         line_search_evals=int(res.line_search["evals"]),

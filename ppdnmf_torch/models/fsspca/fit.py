@@ -148,7 +148,8 @@ def worker_rho(problem, scale):
 
 def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing,
                mu=SPEC.mu, rho=SPEC.rho, rho_scale=SPEC.rho_scale, line_search=SPEC.line_search,
-               inner_steps=SPEC.inner_steps, aggregation=SPEC.aggregation, aggregation_options=None,
+               inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver,
+               aggregation=SPEC.aggregation, aggregation_options=None,
                center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=RUN.trials, seed=RUN.seed,
                init=SPEC.init, device=None, dtype=None, callback=None, checkpoint_dir=None,
                checkpoint_every=RUN.checkpoint_every, resume=False, projector=None) -> FSSPCAResult:
@@ -177,8 +178,12 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
         the z-step weighs the uploads by ``rho_i``, their mean one secure sum at the start).
         docs/FSSPCA.md, "rho".
     line_search : {"armijo", "wolfe"}
+        The Riemannian solver's line search.
     inner_steps : int
-        Riemannian line-search steps per worker per ADMM iteration.
+        Local steps per worker per ADMM iteration.
+    local_solver : {"polar", "riemannian"}
+        A worker's step (14): majorize-minimize polar steps (:mod:`.polar`; docs/FSSPCA.md, "The
+        polar step") or the paper's Riemannian steepest descent with ``line_search``.
     aggregation : {"plain", "quantized", "paillier", "secagg"} or an aggregator
         How the server gets the sum of the workers' uploads (``sum_i (w_i + u_i/rho)``, or
         with per-worker ``rho_i`` :func:`.admm.upload`), the centring sums and the mean ``rho_i``: the paper's plain
@@ -235,13 +240,13 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
-    admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
+    admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
     if projector is not None:
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
     o = dict(center=center, alpha=alpha, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
-             line_search=line_search, inner_steps=int(inner_steps), tol=tol, seed=seed, init=init,
+             line_search=line_search, inner_steps=int(inner_steps), local_solver=local_solver, tol=tol, seed=seed, init=init,
              max_iter=int(max_iter))
     with Resources() as res:
         if isinstance(aggregation, str):
@@ -278,6 +283,7 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
     settings = dict(n_components=r, alpha=lam1.tolist(), lambda_2=lam2.tolist(), smoothing=o["psi"].name, mu=o["mu"],
                     rho=rho if isinstance(rho, str) else rho_t.tolist(), rho_scale=o["rho_scale"],
                     rho_mean=rho_bar.tolist(), line_search=o["line_search"], inner_steps=o["inner_steps"],
+                    local_solver=o["local_solver"],
                     center=o["center"], max_iter=o["max_iter"], tol=o["tol"], trials=T, seed=o["seed"], n_workers=K,
                     aggregation=getattr(aggregation, "kind", type(aggregation).__name__))
     if isinstance(init, str):
@@ -299,7 +305,8 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
     checked.update(init=init_kind or "random", aggregation=_arithmetic(aggregation))
     settings["init"] = "random" if init_kind is None else init_kind
     run = ServerRun(problem, state, aggregation, lam1=lam1, lam2=lam2, rho=rho_t, rho_bar=rho_bar, smoothing=o["psi"],
-                    mu=o["mu"], line_search=o["line_search"], inner_steps=o["inner_steps"], tol=o["tol"],
+                    mu=o["mu"], line_search=o["line_search"], inner_steps=o["inner_steps"],
+                    local_solver=o["local_solver"], tol=o["tol"],
                     settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
                                                       "projector": digest(projector), "start": digest(z0)})
     return run, mean, settings

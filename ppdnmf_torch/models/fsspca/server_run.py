@@ -30,7 +30,7 @@ class ServerRun(LoopModel):
         How the server sums the workers' uploads.
     lam1, lam2, rho, rho_bar : Tensor
         ``lambda_1 (T,)``, ``lambda_2 (T,)``, ``rho`` ``(T,)`` or ``(T, K)``, and the mean ``rho``.
-    smoothing, mu, line_search, inner_steps
+    smoothing, mu, line_search, inner_steps, local_solver
         The local step's (:func:`.admm.local_step`).
     tol : float
     settings : dict
@@ -43,10 +43,11 @@ class ServerRun(LoopModel):
     step_name = "ADMM iteration"
 
     def __init__(self, problem, state, aggregation, *, lam1, lam2, rho, rho_bar, smoothing, mu, line_search,
-                 inner_steps, tol, settings: dict, inputs):
+                 inner_steps, local_solver, tol, settings: dict, inputs):
         self.problem, self.st, self.aggregation = problem, state, aggregation
         self.lam1, self.lam2, self.rho, self.rho_bar = lam1, lam2, rho, rho_bar
         self.psi, self.mu, self.line_search, self.inner_steps, self.tol = smoothing, mu, line_search, inner_steps, tol
+        self.local_solver = local_solver
         self._settings, self._inputs = settings, inputs
         T, dev = state.z.shape[0], state.z.device
         self.active = torch.ones(T, dtype=torch.bool, device=dev)
@@ -62,7 +63,7 @@ class ServerRun(LoopModel):
         st.iteration = k
         a4 = active[:, None, None, None]
         w = admm.local_step(p, st, self.lam2, self.rho, self.psi, self.mu, line_search=self.line_search,
-                            inner_steps=self.inner_steps, active=active)
+                            inner_steps=self.inner_steps, active=active, solver=self.local_solver)
         total = aggregate(self.aggregation, admm.upload(w, st.u, self.rho, self.rho_bar), 2)
         z_new = torch.where(active[:, None, None], admm.z_step(total, K, self.lam1, self.rho_bar), st.z)
         u_new = torch.where(a4, admm.dual_step(st.u, w, z_new, self.rho), st.u)

@@ -138,6 +138,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
                    g_cap=SERVERLESS.g_cap, penalty_mode=SERVERLESS.penalty_mode, groups=None, alpha=TASK.alpha,
                    lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho,
                    rho_scale=SPEC.rho_scale, line_search=SPEC.line_search, inner_steps=SPEC.inner_steps,
+                   local_solver=SPEC.local_solver,
                    center=SPEC.center, center_iters=SERVERLESS.center_iters, max_iter=SPEC.max_iter, tol=SPEC.tol,
                    trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None, callback=None,
                    checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False) -> ServerlessResult:
@@ -165,6 +166,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
         earlier on the random graph).
     penalty_mode : {"random", "fixed"}
         The agreed draws of :class:`~ppdnmf_torch.penalties.PenaltySampler` (``shared=True``).
+    local_solver : {"polar", "riemannian"}
+        A worker's step (14), as :func:`.fit.fit_fsspca` takes it.
     tol : float
         The server's rule (:func:`.fit.fit_fsspca`) with each worker's own ``z_i``: a trial stops
         when ``sqrt(sum_i ||w_i - z_i||^2 / (K r))`` and ``sqrt(sum_i ||z_i - z_i_old||^2 / (K r))``
@@ -200,8 +203,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     r, T, M = int(n_components), int(trials), int(inner_iters)
     if not 1 <= r <= d:
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
-    admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
+    admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
     for name, v in (("center_iters", center_iters), ("max_iter", max_iter), ("trials", trials)):
         if isinstance(v, bool) or int(v) != v or int(v) < 1:
             raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
@@ -215,7 +218,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
     o = dict(consensus=consensus, inner_iters=M, g_cap=float(g_cap), penalty_mode=penalty_mode, alpha=alpha,
              lambda_2=lambda_2, rho=rho, rho_scale=rho_scale, psi=psi, mu=mu, line_search=line_search,
-             inner_steps=inner_steps, center=bool(center), center_iters=int(center_iters), tol=tol, seed=seed)
+             inner_steps=inner_steps, local_solver=local_solver, center=bool(center), center_iters=int(center_iters),
+             tol=tol, seed=seed)
     with Resources() as res:
         exch = res.exchange(exchange, exchange_options)
         run, settings, mean_error = _serverless_run(blocks, graph, z0, exch, o)
@@ -257,11 +261,13 @@ def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
                     seed=o["seed"])
     codec = getattr(exch, "codec", None)
     checked = dict({k: v for k, v in settings.items() if k != "exchange"}, smoothing=o["psi"].name, mu=o["mu"],
-                   line_search=o["line_search"], inner_steps=int(o["inner_steps"]), tol=o["tol"], trials=T,
+                   line_search=o["line_search"], inner_steps=int(o["inner_steps"]),
+                   local_solver=o["local_solver"], tol=o["tol"], trials=T,
                    arithmetic=None if codec is None else [float(codec.n_max), int(codec.g_bits)])
     run = ServerlessRun(problem, z0, exch, sampler, graph, lam1=lam1, lam2=lam2, rho=rho_t, method=o["consensus"],
                         inner_iters=o["inner_iters"], g_cap=o["g_cap"], smoothing=o["psi"], mu=o["mu"],
-                        line_search=o["line_search"], inner_steps=o["inner_steps"], tol=o["tol"], start=start,
+                        line_search=o["line_search"], inner_steps=o["inner_steps"],
+                        local_solver=o["local_solver"], tol=o["tol"], start=start,
                         settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
                                                           "graph": digest(graph.src, graph.dst), "start": digest(z0)})
     return run, settings, start["mean_error"]

@@ -61,7 +61,7 @@ class ServerlessRun(LoopModel):
     method : {"admm", "laplacian"}
     inner_iters : int
     g_cap : float
-    smoothing, mu, line_search, inner_steps, tol
+    smoothing, mu, line_search, inner_steps, local_solver, tol
     start : dict
         The centring's ``calls`` and ``bytes``.
     settings : dict
@@ -72,11 +72,12 @@ class ServerlessRun(LoopModel):
     step_name = "ADMM iteration"
 
     def __init__(self, problem, z0, exchange, sampler, graph, *, lam1, lam2, rho, method, inner_iters, g_cap, smoothing,
-                 mu, line_search, inner_steps, tol, start: dict, settings: dict, inputs):
+                 mu, line_search, inner_steps, local_solver, tol, start: dict, settings: dict, inputs):
         T, K, d, _ = problem.gram.shape
         self.problem, self.exch, self.sampler, self.graph = problem, exchange, sampler, graph
         self.lam1, self.lam2, self.rho, self.method, self.M = lam1, lam2, rho, method, inner_iters
         self.psi, self.mu, self.line_search, self.inner_steps, self.tol = smoothing, mu, line_search, inner_steps, tol
+        self.local_solver = local_solver
         self._settings, self._inputs = settings, inputs
         scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho[:, None] + lam2[:, None] / mu
         zk = z0[:, None].expand(T, K, d, z0.shape[-1]).clone()
@@ -114,7 +115,7 @@ class ServerlessRun(LoopModel):
         p, st, active, rho = self.problem, self.st, self.active, self.rho
         K, d, r = st.z.shape[1:]
         w = admm.local_step(p, st, self.lam2, rho, self.psi, self.mu, line_search=self.line_search,
-                            inner_steps=self.inner_steps, active=active)  # step 1, eq. (14)
+                            inner_steps=self.inner_steps, active=active, solver=self.local_solver)  # step 1, eq. (14)
         v = w + st.u / rho[:, None, None, None]
         z = self._agree(v, k)
         self.calls += self.M

@@ -21,27 +21,93 @@ __all__ = ["nnls_bpp", "nnls"]
 PBAR = 3
 #: entries of the masked systems per batched solve
 CHUNK_ENTRIES = 1 << 22
+#: a chunk's columns are solved set by set (many right-hand sides per solve) when it holds at
+#: most this many distinct passive sets and at least GROUPED_RATIO columns per set
+GROUPED_SETS = 64
+GROUPED_RATIO = 8
+#: below this many entries of the masked systems (columns x r^2) each column is factored
+#: alone: grouping costs more torch calls than it saves there
+GROUPED_MIN_ENTRIES = 1 << 16
+
+
+def _passive_sets(t, Pb):
+    """The distinct ``(trial, passive set)`` of some columns: ``(sets, inverse)``, ``sets (S, 1 + r)``
+    (the trial, then the set as 0/1) and each column's set index ``(k,)``. Sets of up to 62
+    variables (with the trial) are one integer each, the others rows of ``unique(dim=0)``."""
+    r = Pb.shape[1]
+    if r + max(int(t.max()), 1).bit_length() <= 62:
+        weights = torch.ones(r, dtype=torch.int64, device=t.device) << torch.arange(r, device=t.device)
+        codes, inverse = torch.unique((t << r) + (Pb.to(torch.int64) * weights).sum(1), return_inverse=True)
+        bits = (codes[:, None] & weights) != 0
+        return torch.cat([(codes >> r)[:, None], bits.to(torch.int64)], dim=1), inverse
+    return torch.unique(torch.cat([t[:, None], Pb.to(t.dtype)], dim=1), dim=0, return_inverse=True)
 
 
 def _solve_masked(G, C, P, cols):
     """``x`` with ``x_F = G_FF^{-1} c_F`` and ``x_G = 0`` for the columns ``cols`` (``(K, 2)``
-    indices ``(t, j)``): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``."""
+    indices ``(t, j)``): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``.
+
+    The columns of one trial with the same passive set solve the same system, so, as Kim and
+    Park do, each distinct ``(t, F)`` is factored once (above :data:`GROUPED_MIN_ENTRIES`). Where few sets hold many columns (near
+    convergence a block of thousands of rows holds a few dozen sets: :data:`GROUPED_SETS`),
+    each set's columns are solved together (one triangular solve with many right-hand sides,
+    one product for ``y``); otherwise every column alone, with its set's factor."""
     t_idx, j_idx = cols[:, 0], cols[:, 1]
     r = G.shape[-1]
-    eye = torch.eye(r, dtype=G.dtype, device=G.device)
     xs, ys = [], []
     step = max(1, CHUNK_ENTRIES // (r * r))
     for s in range(0, t_idx.numel(), step):  # memory chunks of one batched solve
         t, j = t_idx[s:s + step], j_idx[s:s + step]
-        Gk = G[t]
-        Pk = P[t, :, j].to(G.dtype)
+        Pb = P[t, :, j]
         ck = C[t, :, j]
-        M = Gk * Pk[:, :, None] * Pk[:, None, :] + torch.diag_embed(1 - Pk)
+        if t.numel() * r * r < GROUPED_MIN_ENTRIES:  # few small systems: finding the sets costs more
+            Pk = Pb.to(G.dtype)
+            Gk = G[t]
+            L = torch.linalg.cholesky(Gk * Pk[:, :, None] * Pk[:, None, :] + torch.diag_embed(1 - Pk))
+            x = torch.cholesky_solve((ck * Pk)[..., None], L)[..., 0] * Pk
+            xs.append(x)
+            ys.append((Gk @ x[..., None])[..., 0] - ck)
+            continue
+        sets, inverse = _passive_sets(t, Pb)
+        Ps = sets[:, 1:].to(G.dtype)
+        M = G[sets[:, 0]] * Ps[:, :, None] * Ps[:, None, :] + torch.diag_embed(1 - Ps)
         L = torch.linalg.cholesky(M)
-        x = torch.cholesky_solve((ck * Pk)[..., None], L)[..., 0] * Pk
+        if sets.shape[0] <= GROUPED_SETS and sets.shape[0] * GROUPED_RATIO <= t.numel():
+            x, y = _solve_grouped(G, L, sets, inverse, Ps, ck)
+        else:
+            Pk = Pb.to(G.dtype)
+            x = torch.cholesky_solve((ck * Pk)[..., None], L[inverse])[..., 0] * Pk
+            y = (G[t] @ x[..., None])[..., 0] - ck
         xs.append(x)
-        ys.append((Gk @ x[..., None])[..., 0] - ck)
+        ys.append(y)
     return torch.cat(xs), torch.cat(ys)
+
+
+def _solve_grouped(G, L, sets, inverse, Ps, ck):
+    """Each set's columns in one solve: ``x (k, r)``, ``y (k, r)`` in the columns' order."""
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=sets.shape[0]).tolist()
+    x, y = torch.empty_like(ck), torch.empty_like(ck)
+    start = 0
+    for g, n in enumerate(counts):  # a few dozen sets (GROUPED_SETS at most)
+        idx = order[start:start + n]
+        start += n
+        p = Ps[g][:, None]
+        xg = torch.cholesky_solve(ck[idx].mT * p, L[g]) * p  # (r, n)
+        x[idx] = xg.mT
+        y[idx] = (G[sets[g, 0]] @ xg).mT - ck[idx]
+    return x, y
+
+
+def _flush(x, floor):
+    """``x`` with the entries below ``floor`` in magnitude set to 0 (a scalar 0: no zeros tensor)."""
+    return torch.where(x.abs() < floor, 0.0, x)
+
+
+def _flush_relative(x, tiny):
+    """``x`` with the entries below ``tiny`` times their column's largest magnitude set to 0."""
+    ax = x.abs()
+    return torch.where(ax < tiny * ax.amax(dim=1, keepdim=True), 0.0, x)
 
 
 def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None, max_iter: int | None = None):
@@ -82,8 +148,8 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         X[cols[:, 0], :, cols[:, 1]] = x
         Y = torch.empty_like(C)
         Y[cols[:, 0], :, cols[:, 1]] = y
-    X = torch.where(X.abs() < tiny * X.abs().amax(dim=1, keepdim=True), torch.zeros_like(X), X)
-    Y = torch.where(Y.abs() < tiny * scale_c, torch.zeros_like(Y), Y)
+    X = _flush_relative(X, tiny)
+    Y = _flush(Y, tiny * scale_c)
     nonopt = (Y < 0) & ~P
     infea = (X < 0) & P
     notgood = nonopt.sum(1) + infea.sum(1)
@@ -107,8 +173,8 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         P = P ^ ((rows == last[:, None, :]) & cols3[:, None, :])
         cols = notopt.nonzero()
         x, y = _solve_masked(G, C, P, cols)
-        x = torch.where(x.abs() < tiny * x.abs().amax(dim=1, keepdim=True), torch.zeros_like(x), x)
-        y = torch.where(y.abs() < tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None], torch.zeros_like(y), y)
+        x = _flush_relative(x, tiny)
+        y = _flush(y, tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None])
         X[cols[:, 0], :, cols[:, 1]] = x
         Y[cols[:, 0], :, cols[:, 1]] = y
         mask = notopt[:, None, :]

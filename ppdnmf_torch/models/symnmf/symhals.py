@@ -52,19 +52,20 @@ class _Rows:
         self.Zt = Z.transpose(-2, -1).clone(memory_format=torch.contiguous_format)
         At = A.transpose(-2, -1).contiguous()
         diag = torch.diagonal(B, dim1=-2, dim2=-1).unsqueeze(-1)
-        self.cols = list(zip(*(t.unsqueeze(2).unbind(1) for t in (self.Zt, At, B, diag))))
+        # (T, 1, .) views of row i of each operand, one call per operand
+        self.cols = list(zip(*(t.split(1, dim=1) for t in (self.Zt, At, B, diag))))
         self.step = torch.empty_like(self.cols[0][0])
 
     def sweep(self):
         """Eq. (17) over every column, in place, then the zero-column reset."""
         Zt, step = self.Zt, self.step
-        reset = (ZERO_COLUMN_RESET * Zt.amax(dim=(-2, -1)))[:, None, None]
+        reset = Zt.amax(dim=(-2, -1), keepdim=True).mul_(ZERO_COLUMN_RESET)
         for row, a, b, d in self.cols:  # sequential by definition (Gauss-Seidel)
             # A[:, i] - Z B[:, i] in one fused call, then z_i + that / B_ii in place
             torch.baddbmm(a, b, Zt, alpha=-1, out=step)
             row.addcdiv_(step, d).clamp_(min=0)
-        dead = ~(Zt > 0).any(dim=-1, keepdim=True)
-        Zt.copy_(torch.where(dead, reset, Zt))
+        # after the clamp every entry is >= 0: a row is all zero exactly where its largest is 0
+        Zt.copy_(torch.where(Zt.amax(dim=-1, keepdim=True) > 0, Zt, reset))
 
 
 def hals_block(Z, A, B, inner_max: int = 1, delta: float = 0.1) -> torch.Tensor:

@@ -1,0 +1,163 @@
+"""The workers' local step (14) by majorize-minimize: one polar decomposition per step,
+batched over trials and workers (docs/FSSPCA.md, "The polar step").
+
+A worker's subproblem (14) on ``St(d, r)`` is
+
+    h(w) = f(w) + lambda_2 r(w) + rho/2 ||w - z + u/rho||^2,   f(w) = q - tr(w^T C w).
+
+Each step replaces ``h`` by a function ``g(. ; x)`` that lies above it on the manifold and
+touches it at the current point ``x``, and minimizes ``g`` exactly:
+
+* ``-tr(w^T C w)`` is concave (``C`` is a Gram matrix, positive semidefinite): its tangent
+  plane lies above it, ``-tr(w^T C w) <= -tr(x^T C x) - 2 <C x, w - x>``;
+* ``r(w) = sum psi_mu(w_ij)`` has a Lipschitz gradient with constant ``kappa / mu``
+  (:data:`CURVATURE`, the largest ``psi_mu''``), so the descent lemma gives
+  ``r(w) <= r(x) + <psi'(x), w - x> + kappa / (2 mu) ||w - x||^2``;
+* on the manifold ``||w||^2 = r`` and ``||w - x||^2 = 2 r - 2 <w, x>`` are affine in ``w``, so the
+  proximal term and the descent lemma's quadratic are linear there.
+
+Together ``h(w) <= g(w; x) = c(x) - <M(x), w>`` on ``St(d, r)``, with
+
+    M(x) = 2 C x + rho z - u - lambda_2 psi'(x) + lambda_2 (kappa / mu) x,
+
+and ``argmin_{w in St} -<M, w> = polar(M) = U V^T`` (``M = U S V^T``, the thin SVD). The step
+``x+ = polar(M(x))`` therefore never increases ``h``: ``h(x+) <= g(x+; x) <= g(x; x) = h(x)``.
+Without smoothing (``lambda_2 = 0``) it is the plain MM step ``polar(2 C x + rho z - u)``.
+
+Its fixed points are the points where ``grad h = 0`` on the manifold (and ``x^T M(x)`` is
+positive definite): ``M(x) = -nabla h(x) + (rho + lambda_2 kappa / mu) x``, and
+``polar(M) = x`` exactly when ``(I - x x^T) nabla h(x) = 0`` and ``x^T nabla h(x)`` is symmetric,
+that is, where the Riemannian gradient of :func:`.manifold.riemannian_gradient` vanishes. So
+the polar step and the paper's Riemannian steps solve the same subproblem; the polar step
+needs no line search (no trial points, no host synchronization) and one SVD of a ``d x r``
+matrix per worker and step.
+
+Deflation (Algorithm 4): ``polar(G M)`` lies in the range of ``G`` and maximizes ``<M, w>`` over
+the points of ``St(d, r)`` in that range, so the step stays on ``St_G``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .smoothing import Smoothing
+
+__all__ = ["CURVATURE", "LOCAL_SOLVERS", "polar", "smooth_weight", "polar_steps"]
+
+#: the local solvers of step 1: the polar MM step (this module) and the paper's Riemannian
+#: steepest descent with a line search (:mod:`.manifold`)
+LOCAL_SOLVERS = ("polar", "riemannian")
+
+#: ``kappa`` of each smoothing: ``sup_x psi_mu''(x) = kappa / mu`` (attained at ``x = 0``):
+#: ``sqrt(4 mu^2 + x^2)``: ``4 mu^2 / (4 mu^2 + x^2)^{3/2}``; Huber: ``1 / mu`` on ``|x| < mu``;
+#: log-exp: ``sech^2(x / (2 mu)) / (2 mu)``; erf: ``sqrt(2 / pi) e^{-x^2 / (2 mu^2)} / mu``
+CURVATURE = {"sqrt": 0.5, "huber": 1.0, "logexp": 0.5, "erf": math.sqrt(2.0 / math.pi)}
+
+
+def polar(M: torch.Tensor) -> torch.Tensor:
+    """The polar factor ``U V^T`` of ``M = U S V^T`` (thin SVD): the point of ``St(d, r)``
+    nearest to ``M``, and the maximizer of ``<M, w>`` over it.
+
+    Parameters
+    ----------
+    M : Tensor (..., d, r), ``d >= r``
+
+    Returns
+    -------
+    Tensor (..., d, r) with orthonormal columns (unique where ``M`` has full column rank).
+    """
+    U, _, Vh = torch.linalg.svd(M, full_matrices=False)
+    return U @ Vh
+
+
+def smooth_weight(smoothing: Smoothing, mu: float) -> float:
+    """``kappa / mu``: the Lipschitz constant of ``psi_mu'`` (:data:`CURVATURE`)."""
+    return CURVATURE[smoothing.name] / mu
+
+
+class _Layout:
+    """The steps' layout of ``(T, K, d, r)`` points: transposed, ``(T K, r, d)``, so that ``C_i x``
+    is computed as ``x^T C_i`` (``C_i`` symmetric), the faster product shape for a skinny
+    ``x``; and where the trials share their Gram matrices (an expanded view, stride 0 over
+    trials) ``(K, T r, d)``: the ``T`` trials' points of a worker are the rows of one left-hand
+    side, so the ``(d, d)`` matrices are neither copied nor read once per trial."""
+
+    def __init__(self, gram, shape):
+        self.T, self.K, self.d, self.r = shape
+        self.shared = self.T > 1 and gram.stride(0) == 0
+        self.C = gram[0] if self.shared else gram.reshape(self.T * self.K, self.d, self.d)
+
+    def put(self, x):
+        """``(T, K, d, r) ->`` the layout."""
+        T, K, d, r = self.T, self.K, self.d, self.r
+        if self.shared:
+            return x.permute(1, 0, 3, 2).reshape(K, T * r, d)
+        return x.transpose(-2, -1).reshape(T * K, r, d)
+
+    def get(self, y):
+        """The layout ``-> (T, K, d, r)`` (a view)."""
+        T, K, d, r = self.T, self.K, self.d, self.r
+        if self.shared:
+            return y.view(K, T, r, d).permute(1, 0, 3, 2)
+        return y.view(T, K, r, d).transpose(-2, -1)
+
+    def polar(self, M):
+        """``polar`` of every point given in the layout, returned in the layout."""
+        if self.shared:
+            K, T, r, d = self.K, self.T, self.r, self.d
+            return _polar_rows(M.view(K, T, r, d)).reshape(K, T * r, d)
+        return _polar_rows(M)
+
+    def per_trial(self, x):
+        """A per-trial ``(T,)`` as a factor broadcasting against the layout."""
+        if self.shared:
+            return x.repeat_interleave(self.r)[None, :, None]
+        return x.repeat_interleave(self.K)[:, None, None]
+
+
+def _polar_rows(Mt):
+    """``polar(M)^T`` from ``M^T (..., r, d)``: the thin SVD of the tall view ``M (..., d, r)`` (the
+    column-major layout LAPACK reads), returned as the transposed view ``(..., r, d)``."""
+    U, _, Vh = torch.linalg.svd(Mt.transpose(-2, -1), full_matrices=False)
+    return (U @ Vh).transpose(-2, -1)
+
+
+def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, projector=None):
+    """``steps`` MM polar steps of every worker on its subproblem (14), from ``w``.
+
+    Parameters
+    ----------
+    gram : Tensor (T, K, d, d)
+        ``C_i`` (the trials may share it: an expanded view).
+    w : Tensor (T, K, d, r)
+        The starting points (on the manifold).
+    target : Tensor (T, K, d, r)
+        ``rho_i z - u_i``, fixed during the steps.
+    lambda_2 : Tensor (T,)
+        The smooth term's weight per trial; where all are zero, no smoothing term is formed.
+    smoothing : Smoothing
+        ``psi_mu``, one of :data:`CURVATURE`'s.
+    projector : Tensor (T, d, d), optional
+        Deflation's ``G``: each step is ``polar(G M)``.
+
+    Returns
+    -------
+    Tensor (T, K, d, r): the points after ``steps`` steps.
+    """
+    lay = _Layout(gram, w.shape)
+    b, x = lay.put(target), lay.put(w)
+    smooth = bool((lambda_2 != 0).any())
+    if smooth:
+        lam = lay.per_trial(lambda_2)
+        lam_L = lam * smooth_weight(smoothing, mu)
+    G = None if projector is None else projector[:, None]
+    for _ in range(int(steps)):
+        M = torch.baddbmm(b, x, lay.C, alpha=2.0)  # (C x)^T = x^T C: C is symmetric
+        if smooth:
+            M = M.addcmul_(lam_L, x).addcmul_(lam, smoothing.grad(x, mu), value=-1.0)
+        if G is None:
+            x = lay.polar(M)
+        else:
+            x = lay.put(polar(G @ lay.get(M)))
+    return lay.get(x)
