@@ -73,9 +73,12 @@ class SymNMFSpec:
     lam0 : float or None
         ``lambda_0`` of ``adaptive`` (None: 1e-5, the paper's) or ``kuang`` (None: ``max X^2``).
     max_iter : int
-        Outer iterations.
+        Outer iterations. 5000: SymHALS under the adaptive rule from the paper's ``lambda_0 = 1e-5``
+        spends up to ~1000 iterations raising ``lambda`` and ended the noise-free ``n = 150,
+        r = 6`` case within 3534 (12 starts; docs/SYMNMF.md, "Stopping"); 500 cut it near ``E = 1e-2``.
     tol : float
-        A trial stops once ``||W_k - W_{k-1}||_F <= tol ||W_k||_F``, ``W = (U, V)``; 0: never.
+        A trial stops once the scaled projected-gradient residual of (2) at ``U``
+        (:func:`~.objective.stationarity`) is ``<= tol``; 0: never.
     init : {"scaled", "uniform"}
         The start of the presets and the estimator (:func:`~.estimator.scaled_start`).
     """
@@ -83,8 +86,8 @@ class SymNMFSpec:
     method: str = rule("symhals", choices=METHODS)
     penalty: str | float | list[float] | None = rule(None, ge=0, choices=PENALTY_RULES)
     lam0: float | None = rule(None, gt=0)
-    max_iter: int = rule(500, ge=1)
-    tol: float = rule(1e-6, ge=0)
+    max_iter: int = rule(5000, ge=1)
+    tol: float = rule(1e-5, ge=0)
     init: str = rule("scaled", choices=INITS)
 
     def __post_init__(self):
@@ -163,8 +166,8 @@ class ClusteringSpec:
     n_init : int
         Starts run as one batch; the lowest ``E`` is kept.
     tol : float
-        The clusterer's stopping tolerance: scikit-learn's ``NMF`` default; the labels settle
-        long before the centralized fit's 1e-6 (the estimator's value since its first version).
+        The clusterer's stopping tolerance on the stationarity residual (:class:`SymNMFSpec`'s
+        ``tol``, the same value: the noise-free ``X = U U^T`` ends at ``E <= 1e-6`` under it).
     device : {"auto", "cpu", "cuda"} or "cuda:<k>"
     dtype : {"float64", "float32"} or None
         None: float64.
@@ -174,7 +177,7 @@ class ClusteringSpec:
     affinity: str = rule("knn", choices=AFFINITIES)
     n_neighbors: int | None = rule(None, ge=1)
     n_init: int = rule(1, ge=1)
-    tol: float = rule(1e-4, ge=0)
+    tol: float = rule(1e-5, ge=0)
     device: str = "auto"
     dtype: str | None = rule(None, choices=DTYPES)
 

@@ -11,7 +11,7 @@ from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
 from .config import METHODS, RUN, SPEC
 from .data import initial_factor
-from .objective import inner, metrics
+from .objective import metrics, stationarity
 from .operator import as_similarity
 from .penalty import PenaltyRule, initial_lambda, next_lambda, parse_penalty
 from .result import HISTORY_KEYS, SymNMFIteration, SymNMFResult
@@ -103,8 +103,10 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     max_iter : int
         Outer iterations.
     tol : float
-        A trial stops (and is frozen) once ``||W_k - W_{k-1}||_F <= tol ||W_k||_F`` with
-        ``W = (U, V)``; the run ends when every trial has. 0: run ``max_iter`` iterations.
+        A trial stops (and is frozen) once the scaled projected-gradient residual of (2) at
+        ``U``, ``||P[(U U^T - X) U]||_F / (||X||_F ||U||_F)``
+        (:func:`~.objective.stationarity`), is ``<= tol``; the run ends when every trial has.
+        0: run ``max_iter`` iterations.
     device : {"auto", "cpu", "cuda"}
         ``"auto"`` follows a torch ``X``, else CUDA when there is one.
     dtype : torch.dtype or str, optional
@@ -210,7 +212,7 @@ class CentralRun(LoopModel):
             a3 = active[:, None, None]
             new = {n: torch.where(a3, new[n], self.W[n]) for n in new}
             new_prods = {n: torch.where(a3, new_prods[n], self.prods[n]) for n in new_prods}
-        W_prev, self.W, self.prods = self.W, new, new_prods
+        self.W, self.prods = new, new_prods
         self.n_iter = self.n_iter + active.to(torch.int64)
         if self.sim.device.type == "cuda":
             torch.cuda.synchronize(self.sim.device)
@@ -221,9 +223,7 @@ class CentralRun(LoopModel):
         W = self.W
         self.lam = torch.where(active, next_lambda(self.rule, self.lam, W["U"], _v(W)), self.lam)
         if self.tol > 0:
-            change = sum(inner(W[n] - W_prev[n], W[n] - W_prev[n]) for n in ("U", "V") if n in W)
-            size = sum(inner(W[n], W[n]) for n in ("U", "V") if n in W)
-            done = active & (change <= (self.tol * self.tol) * size)
+            done = active & (stationarity(self.sqX, W["U"], self.prods["XU"]) <= self.tol)
             self.conv = self.conv | done
             self.active = active & ~done
         return row

@@ -1,0 +1,88 @@
+"""Stopping rules that mean converged (issue 40): each model's default stops on a scaled
+stationarity residual, a noise-free problem reaches its target under the defaults, and a run
+that ``max_iter`` cuts warns."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from ppdnmf_torch.errors import ConvergenceWarning
+from ppdnmf_torch.models.symnmf import fit_symnmf, synthetic_similarity
+from ppdnmf_torch.models.symnmf.config import CLUSTERING, SPEC
+from ppdnmf_torch.models.symnmf.estimator import SymmetricNMF
+from ppdnmf_torch.models.symnmf.objective import stationarity
+
+
+# -- symmetric NMF: the projected-gradient residual of (2) ----------------------------------
+
+def _residual_numpy(X, U):
+    G = U @ (U.T @ U) - X @ U
+    P = np.where(U > 0, G, np.minimum(G, 0))
+    return np.linalg.norm(P) / (np.linalg.norm(X) * np.linalg.norm(U))
+
+
+def _residual(X, U):
+    X, U = torch.as_tensor(X)[None], torch.as_tensor(U)[None]
+    return float(stationarity((X * X).sum((-2, -1)), U, X @ U)[0])
+
+
+def test_symnmf_residual_equals_the_numpy_transcription_and_is_zero_at_a_factorization():
+    rng = np.random.default_rng(0)
+    U = rng.random((30, 4))
+    U[rng.random((30, 4)) < 0.3] = 0.0  # zeros: only the negative part of the gradient counts there
+    X = U @ U.T
+    assert _residual(X, U) < 1e-14
+    V = np.abs(U + 0.1 * rng.standard_normal(U.shape))
+    V[U == 0] = 0.0
+    assert _residual(X, V) == pytest.approx(_residual_numpy(X, V), rel=1e-12)
+    assert _residual(X, V) > 1e-3
+
+
+@pytest.mark.parametrize("c", [1e-6, 1e-2, 1e4])
+def test_symnmf_residual_means_the_same_at_any_scale(c):
+    """``X -> c X`` with ``U -> sqrt(c) U`` leaves it unchanged (up to rounding)."""
+    rng = np.random.default_rng(1)
+    X = synthetic_similarity(40, 3, 0.1, seed=1)[0][0].numpy()
+    U = rng.random((40, 3))
+    assert _residual(c * X, np.sqrt(c) * U) == pytest.approx(_residual(X, U), rel=1e-10)
+
+
+def test_symnmf_defaults_pinned():
+    """The default tolerance is on the residual (1e-5: E <= 6e-7 over 12 noise-free starts,
+    where 1e-4 gave up to 1.4e-6) and the cap leaves SymHALS its slow rise of lambda."""
+    assert (SPEC.tol, CLUSTERING.tol, SPEC.max_iter) == (1e-5, 1e-5, 5000)
+
+
+@pytest.mark.parametrize("seed", [6, pytest.param(0, marks=pytest.mark.slow), pytest.param(7, marks=pytest.mark.slow)])
+def test_symmetric_nmf_defaults_reach_the_noise_free_answer(seed):
+    """Issue 40's case: n = 150, r = 6, noise-free; under the step rule the defaults stopped
+    at E = 1.6e-2 (414 iterations)."""
+    X = synthetic_similarity(150, 6, 0.0, seed=seed)[0][0].numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        est = SymmetricNMF(n_components=6, affinity="precomputed", random_state=seed).fit(X)
+    assert est.reconstruction_err_ <= 1e-6
+    assert est.n_iter_ < SPEC.max_iter
+
+
+def test_symmetric_nmf_cut_by_max_iter_warns():
+    X = synthetic_similarity(150, 6, 0.0, seed=0)[0][0].numpy()
+    with pytest.warns(ConvergenceWarning, match="did not reach tol"):
+        est = SymmetricNMF(n_components=6, affinity="precomputed", random_state=0, max_iter=300).fit(X)
+    assert est.n_iter_ == 300
+
+
+@pytest.mark.parametrize("method", ["symhals", "symanls", "pgd"])
+def test_fit_symnmf_stops_where_the_residual_meets_tol(method):
+    """The rule is the residual: a converged trial's last iterate meets it, the one before did not."""
+    X = synthetic_similarity(30, 3, 0.05, seed=2)[0]
+    res = fit_symnmf(X, 3, method=method, tol=1e-3, max_iter=3000, seed=2)
+    assert bool(res.converged.all())
+    U = res.U[0].numpy()
+    assert _residual(X[0].numpy(), U) <= 1e-3
+    n = int(res.n_iter[0])
+    before = fit_symnmf(X, 3, method=method, tol=0, max_iter=n - 1, seed=2)
+    assert _residual(X[0].numpy(), before.U[0].numpy()) > 1e-3
