@@ -86,3 +86,34 @@ def test_fit_symnmf_stops_where_the_residual_meets_tol(method):
     n = int(res.n_iter[0])
     before = fit_symnmf(X, 3, method=method, tol=0, max_iter=n - 1, seed=2)
     assert _residual(X[0].numpy(), before.U[0].numpy()) > 1e-3
+
+
+# -- FSSPCA: alpha relative to the data ------------------------------------------------------
+
+def _fsspca_blocks(c):
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((90, 10)) @ np.diag(np.linspace(3.0, 0.5, 10))
+    return [c * A[i::3] for i in range(3)]
+
+
+@pytest.mark.parametrize("c", [1e-3, 1e3])
+def test_fsspca_gram_alpha_gives_the_same_answer_at_any_scale(c):
+    """``alpha_scale="gram"``: data times ``c`` is the same problem (objective times ``c^2``), so
+    the same loadings, where the unscaled ``alpha`` gives another sparsity."""
+    from ppdnmf_torch.models.fsspca.fit import fit_fsspca
+
+    kw = dict(alpha=0.05, max_iter=40, tol=0.0, seed=0)
+    base = fit_fsspca(_fsspca_blocks(1.0), 2, alpha_scale="gram", **kw)
+    scaled = fit_fsspca(_fsspca_blocks(c), 2, alpha_scale="gram", **kw)
+    assert 0.1 < float((base.z == 0).double().mean()) < 0.9  # a sparse, not empty, answer
+    torch.testing.assert_close(scaled.z, base.z, rtol=1e-6, atol=1e-8)
+    raw = fit_fsspca(_fsspca_blocks(c), 2, alpha_scale="none", **kw)
+    assert float((raw.z == 0).double().mean()) != float((base.z == 0).double().mean())
+
+
+def test_fsspca_alpha_scale_is_checked():
+    from ppdnmf_torch.errors import ConfigError
+    from ppdnmf_torch.models.fsspca.fit import fit_fsspca
+
+    with pytest.raises(ConfigError, match="alpha_scale"):
+        fit_fsspca(_fsspca_blocks(1.0), 2, alpha_scale="pooled")

@@ -33,7 +33,9 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     n_components : int or None
         ``r``, the number of loadings (None: every feature).
     alpha : float
-        ``lambda_1``, the weight of ``||z||_1`` (unscaled, as in problem (6)).
+        The weight of ``||z||_1`` relative to the data: ``lambda_1 = alpha sum_i lambda_max(C_i)``
+        (``alpha_scale="gram"`` of :func:`.fit.fit_fsspca`), so one ``alpha`` means the same
+        sparsity at any scale of the data.
     lambda_2 : float or None
         The smooth term's weight; None follows ``alpha`` (``alpha / K``).
     smoothing : {"sqrt", "huber", "logexp", "erf"}
@@ -122,7 +124,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         with torch.no_grad():
             res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
                              mu=self.mu, rho=self.rho, line_search=self.line_search, inner_steps=self.inner_steps,
-                             local_solver=self.local_solver,
+                             local_solver=self.local_solver, alpha_scale="gram",
                              aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
                              device=self.device, dtype=self.dtype, callback=callback)
         n = sum(b.shape[0] for b in blocks)

@@ -16,7 +16,7 @@ from ...errors import ConfigError, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
-from .config import RHO_RULES, RUN, SPEC, TASK
+from .config import ALPHA_SCALES, RHO_RULES, RUN, SPEC, TASK
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult
 from .server_run import ServerRun
@@ -137,6 +137,20 @@ def _auto_rho(problem, scale, aggregation="plain"):
     return scale * aggregate(aggregation, lam, 0) / lam.shape[1]
 
 
+def check_alpha_scale(alpha_scale):
+    if alpha_scale not in ALPHA_SCALES:
+        raise ConfigError(f"alpha_scale: expected one of {list(ALPHA_SCALES)}, got {alpha_scale!r}")
+
+
+def alpha_unit(problem, alpha_scale, aggregation="plain"):
+    """What ``alpha`` multiplies, ``(T,)``: 1 (``"none"``) or ``sum_i lambda_max(C_i)`` (``"gram"``:
+    the workers' largest eigenvalues through the aggregation, as ``rho="auto"`` sums them, so the
+    server learns no more than it does for ``rho``)."""
+    if alpha_scale == "none":
+        return torch.ones(problem.gram.shape[0], dtype=problem.gram.dtype, device=problem.gram.device)
+    return _auto_rho(problem, 1.0, aggregation) * problem.gram.shape[1]
+
+
 def worker_rho(problem, scale):
     """``rho = "worker"``: each worker its own penalty ``rho_i = scale lambda_max(C_i)``, ``(T, K)``.
 
@@ -150,8 +164,9 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
                mu=SPEC.mu, rho=SPEC.rho, rho_scale=SPEC.rho_scale, line_search=SPEC.line_search,
                inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver,
                aggregation=SPEC.aggregation, aggregation_options=None,
-               center=SPEC.center, max_iter=SPEC.max_iter, tol=SPEC.tol, trials=RUN.trials, seed=RUN.seed,
-               init=SPEC.init, device=None, dtype=None, callback=None, checkpoint_dir=None,
+               center=SPEC.center, alpha_scale=SPEC.alpha_scale, max_iter=SPEC.max_iter, tol=SPEC.tol,
+               trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None, callback=None,
+               checkpoint_dir=None,
                checkpoint_every=RUN.checkpoint_every, resume=False, projector=None) -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
 
@@ -195,6 +210,10 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
         Passed to ``make_aggregator`` (``n_max``, ``key_bits``, ``seed``, ``keypairs``, ...).
     center : bool
         Centre the pooled data with the global mean, itself a secure sum (:mod:`.centring`).
+    alpha_scale : {"none", "gram"}
+        ``"gram"``: ``lambda_1 = alpha sum_i lambda_max(C_i)`` (:func:`alpha_unit`), so one ``alpha``
+        gives the same sparsity at any scale of the data (the estimator's rule); ``"none"``:
+        ``lambda_1 = alpha``.
     max_iter : int
     tol : float
         A trial stops when the RMS consensus gap ``sqrt(sum_i ||w_i - z||^2 / (K r))`` and the
@@ -245,7 +264,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     if projector is not None:
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
-    o = dict(center=center, alpha=alpha, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
+    check_alpha_scale(alpha_scale)
+    o = dict(center=center, alpha=alpha, alpha_scale=alpha_scale, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
              line_search=line_search, inner_steps=int(inner_steps), local_solver=local_solver, tol=tol, seed=seed, init=init,
              max_iter=int(max_iter))
     with Resources() as res:
@@ -267,7 +287,7 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
     init, rho = o["init"], o["rho"]
     init_kind = init if isinstance(init, str) else (None if init is None else "given")
     problem, mean = prepare_problem(blocks, T, center=o["center"], aggregation=aggregation, projector=projector)
-    lam1 = _per_trial(o["alpha"], T, "alpha", like)
+    lam1 = _per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"], aggregation)
     lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
     if isinstance(rho, str):
         if rho not in RHO_RULES:

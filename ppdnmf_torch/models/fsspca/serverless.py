@@ -64,7 +64,7 @@ from ...penalties import PenaltySampler
 from . import admm
 from .centring import worker_sums
 from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
-from .fit import _auto_rho, _initial_z, _per_trial, as_blocks, prepare_problem
+from .fit import _auto_rho, _initial_z, _per_trial, alpha_unit, as_blocks, check_alpha_scale, prepare_problem
 from .manifold import qf
 from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
 from .smoothing import get_smoothing
@@ -139,7 +139,8 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
                    lambda_2=SPEC.lambda_2, smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho,
                    rho_scale=SPEC.rho_scale, line_search=SPEC.line_search, inner_steps=SPEC.inner_steps,
                    local_solver=SPEC.local_solver,
-                   center=SPEC.center, center_iters=SERVERLESS.center_iters, max_iter=SPEC.max_iter, tol=SPEC.tol,
+                   center=SPEC.center, center_iters=SERVERLESS.center_iters, alpha_scale=SPEC.alpha_scale,
+                   max_iter=SPEC.max_iter, tol=SPEC.tol,
                    trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None, callback=None,
                    checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False) -> ServerlessResult:
     """Algorithm 1 over a graph of workers, step 2 agreed through the library's exchange.
@@ -215,8 +216,10 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     if isinstance(init, str):
         raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
+    check_alpha_scale(alpha_scale)
     z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
     o = dict(consensus=consensus, inner_iters=M, g_cap=float(g_cap), penalty_mode=penalty_mode, alpha=alpha,
+             alpha_scale=alpha_scale,
              lambda_2=lambda_2, rho=rho, rho_scale=rho_scale, psi=psi, mu=mu, line_search=line_search,
              inner_steps=inner_steps, local_solver=local_solver, center=bool(center), center_iters=int(center_iters),
              tol=tol, seed=seed)
@@ -248,7 +251,8 @@ def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
         problem, start = agreed_centring(blocks, exch, graph, T, o["g_cap"], o["center_iters"])
     else:
         problem, _ = prepare_problem(blocks, T, center=False)
-    lam1 = _per_trial(o["alpha"], T, "alpha", like)
+    # the sum of the workers' lambda_max(C_i), as rho="auto"'s mean: one evaluation-side number here
+    lam1 = _per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"])
     lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
     rho_t = _auto_rho(problem, o["rho_scale"]) if isinstance(o["rho"], str) else _per_trial(o["rho"], T, "rho", like)
     seeds = [int(o["seed"]) + t for t in range(T)]
