@@ -117,3 +117,16 @@ def test_fsspca_alpha_scale_is_checked():
 
     with pytest.raises(ConfigError, match="alpha_scale"):
         fit_fsspca(_fsspca_blocks(1.0), 2, alpha_scale="pooled")
+
+
+def test_fsspca_estimator_alpha_is_relative_and_a_cut_run_warns():
+    """The estimator's ``alpha`` is relative (``alpha_scale="gram"``): data times 1e3 gives the
+    same loadings; three iterations do not meet ``tol`` and say so."""
+    from ppdnmf_torch.models.fsspca.estimator import FederatedSparsePCA
+
+    X = np.vstack(_fsspca_blocks(1.0))
+    with pytest.warns(ConvergenceWarning, match="did not reach tol"):
+        a = FederatedSparsePCA(2, alpha=0.05, max_iter=3, random_state=0).fit(X)
+    with pytest.warns(ConvergenceWarning):
+        b = FederatedSparsePCA(2, alpha=0.05, max_iter=3, random_state=0).fit(1e3 * X)
+    np.testing.assert_allclose(b.components_, a.components_, rtol=1e-6, atol=1e-8)
