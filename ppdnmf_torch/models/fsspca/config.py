@@ -173,8 +173,8 @@ class EstimatorSpec:
     alpha : float
         The weight of the l1 term relative to the data (the estimator fits with
         ``alpha_scale="gram"``: ``lambda_1 = alpha sum_i lambda_max(C_i)``; the functional fit's
-        default is 0, plain PCA). 1e-3: 21 % zeros on scikit-learn's digits with every component,
-        against ``SparsePCA``'s default 28 % (docs/FSSPCA.md, "alpha relative to the data").
+        default is 0, plain PCA). 1e-3: 21 % zeros on scikit-learn's digits with every component
+        (docs/FSSPCA.md, "Checkpoints, the callback, the estimator, the app").
     n_workers : int
         Workers of an IID split of one array given without ``groups``.
     device : str
