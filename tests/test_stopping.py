@@ -130,3 +130,22 @@ def test_fsspca_estimator_alpha_is_relative_and_a_cut_run_warns():
     with pytest.warns(ConvergenceWarning):
         b = FederatedSparsePCA(2, alpha=0.05, max_iter=3, random_state=0).fit(1e3 * X)
     np.testing.assert_allclose(b.components_, a.components_, rtol=1e-6, atol=1e-8)
+
+
+def test_the_tables_adjusted_variance_is_pcas_explained_variance_for_pca_loadings():
+    """scripts/estimators_vs_sklearn.py scores both sparse PCAs by Zou et al.'s adjusted variance;
+    for orthonormal, uncorrelated loadings (PCA's) it is PCA's explained variance ratio."""
+    import importlib.util
+    from pathlib import Path
+
+    from sklearn.decomposition import PCA
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "estimators_vs_sklearn.py"
+    spec = importlib.util.spec_from_file_location("estimators_vs_sklearn", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    X = np.vstack(_fsspca_blocks(1.0))
+    pca = PCA(3).fit(X)
+    assert mod.adjusted_variance_ratio(X, pca.components_) == pytest.approx(pca.explained_variance_ratio_.sum(),
+                                                                             rel=1e-10)
+    assert mod.adjusted_variance_ratio(X, np.zeros((2, X.shape[1]))) == 0.0
