@@ -1,6 +1,7 @@
 """The split of a data matrix's columns over the agents: ``Z = [Z_1, ..., Z_N]``."""
 from __future__ import annotations
 
+import bisect
 import random
 
 import torch
@@ -64,11 +65,17 @@ def split_counts(M, n_agents, lo=None, hi=None, seed=0) -> list[int]:
     rng = random.Random(derive_seed(_as_int(seed, "seed"), "split"))
     counts = [rng.randint(lo, hi) for _ in range(n)]
     diff = M - sum(counts)
+    step = 1 if diff > 0 else -1  # the repair moves one way only
+    bound = hi if step > 0 else lo
+    # the agents that still have room, in index order, kept as they fill (not rebuilt per move:
+    # n agents and |diff| moves would cost n |diff|)
+    room = [i for i, c in enumerate(counts) if c != bound]
     while diff:
-        step = 1 if diff > 0 else -1
-        room = [i for i, c in enumerate(counts) if (c < hi if step > 0 else c > lo)]
-        counts[rng.choice(room)] += step
+        i = rng.choice(room)
+        counts[i] += step
         diff -= step
+        if counts[i] == bound:
+            del room[bisect.bisect_left(room, i)]
     return counts
 
 
