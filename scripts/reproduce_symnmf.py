@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ppdnmf_torch.models.symnmf import experiments as ex  # noqa: E402
+from ppdnmf_torch.models.symnmf.data import load_orl  # noqa: E402
 
 LABELS = {"symanls": "SymANLS", "symhals": "SymHALS", "a_symhals": "A-SymHALS", "kuang": "Kuang (1.01)",
           "pgd": "PGD", "admm": "ADMM (Lu et al.)", "beta": "beta-SNMF", "tsvd": "tSVD (Huang et al.)"}
@@ -140,7 +141,7 @@ def _datasets(args):
     sets = []
     wanted = args.datasets.split(",")
     if "orl" in wanted and args.orl and Path(args.orl).exists():
-        M, y = ex.load_orl(args.orl)
+        M, y = load_orl(args.orl)
         sets.append(("ORL", M, y, 40))
     elif args.orl:
         print(f"ORL: {args.orl} not found, skipped", file=sys.stderr)

@@ -12,7 +12,7 @@ loaders only, so the numerical core stays plain torch.
 from __future__ import annotations
 
 from .cbcl import CBCL_HINT, CBCL_SHAPE, load_cbcl
-from .files import DATA_KINDS, load_csv, load_matrix, load_npy
+from .files import DATA_KINDS, load_csv, load_matrix, load_npy, matrix_shape
 from .split import split_columns, split_counts
 from .synthetic import SyntheticData, sparse_poisson, synthetic
 
@@ -24,6 +24,7 @@ __all__ = [
     "load_npy",
     "load_csv",
     "load_matrix",
+    "matrix_shape",
     "split_counts",
     "split_columns",
     "DATA_KINDS",

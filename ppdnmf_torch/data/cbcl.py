@@ -7,7 +7,7 @@ import torch
 
 from .._utils import DataError, resolve_dtype
 
-__all__ = ["load_cbcl", "CBCL_SHAPE", "CBCL_HINT"]
+__all__ = ["load_cbcl", "cbcl_shape", "CBCL_SHAPE", "CBCL_HINT"]
 
 #: Pixels per CBCL image (19 x 19) and the image side.
 CBCL_SHAPE = (19, 19)
@@ -132,3 +132,29 @@ def load_cbcl(path, dtype=torch.float64) -> torch.Tensor:
         raise DataError(f"path: CBCL data not found at {p!r}; {_CBCL_HINT}")
     arr = _load_cbcl_pgm_dir(p) if os.path.isdir(p) else _load_cbcl_mat(p)
     return torch.from_numpy(arr).to(dtype)
+
+
+def cbcl_shape(path) -> tuple[int, int]:
+    """``(361, M)`` of the CBCL data at ``path`` without reading the images: the ``.mat``
+    file's table of variables, or the number of ``.pgm`` files in a folder.
+
+    Raises
+    ------
+    DataError
+        As :func:`load_cbcl` does for a missing or unreadable path.
+    """
+    import scipy.io
+
+    if path is None:
+        raise DataError(f"path: no CBCL data path given; {_CBCL_HINT}")
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise DataError(f"path: CBCL data not found at {p!r}; {_CBCL_HINT}")
+    if os.path.isdir(p):
+        return _CBCL_PIXELS, sum(1 for f in os.listdir(p) if f.lower().endswith(".pgm"))
+    try:
+        shapes = {name: shape for name, shape, _ in scipy.io.whosmat(p)}
+    except Exception as exc:  # scipy raises several unrelated types for bad files
+        raise DataError(f"path: cannot read {p!r} as a MATLAB .mat file: {exc}") from None
+    shape = shapes.get("X", ())
+    return (int(shape[0]), int(shape[1])) if len(shape) == 2 else (_CBCL_PIXELS, 0)

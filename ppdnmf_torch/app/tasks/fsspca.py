@@ -102,7 +102,7 @@ def _cross(cfg: FSSPCARunConfig) -> None:
 
 
 #: the API's parameter names and the config keys they come from
-CONFIG_KEYS = {"data": "data.kind", "split": "split.kind", "max_iter": "solver.max_iter", "tol": "solver.tol",
+CONFIG_KEYS = {"data": "data.kind", "path": "data.path", "split": "split.kind", "max_iter": "solver.max_iter", "tol": "solver.tol",
                "mu": "solver.mu", "rho": "solver.rho", "inner_steps": "solver.inner_steps",
                "line_search": "solver.line_search", "lambda_2": "solver.lambda_2", "checkpoint_dir": "resume"}
 

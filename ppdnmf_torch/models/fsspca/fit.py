@@ -20,6 +20,7 @@ from ...errors import ConfigError, ConvergenceWarning, DataError
 from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
+from .data import check_rows
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult, IterationInfo
 from .smoothing import DEFAULT_SMOOTHING, get_smoothing
@@ -250,6 +251,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
         raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
+    check_rows(blocks, center=center)
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
     if projector is not None:

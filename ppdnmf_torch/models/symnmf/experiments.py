@@ -34,7 +34,7 @@ from .fit import METHODS, fit_symnmf
 from .similarity import similarity_matrix
 
 __all__ = ["SPLIT_METHODS", "available_methods", "split_convergence", "adaptive_vs_kuang", "compare_methods",
-           "final_error_sweep", "clustering_run", "agents_run", "load_orl", "load_digits_samples"]
+           "final_error_sweep", "clustering_run", "agents_run", "load_digits_samples"]
 
 #: the paper's three methods (the splitting (3))
 SPLIT_METHODS = ("symanls", "symhals", "a_symhals")
@@ -130,17 +130,6 @@ def final_error_sweep(kind: str, values, *, n=300, r=20, sigma=0.1, iters=500, s
             finals.append(float(_run(X[0], rr, m, initial_factor(nn, rr, seed=seed), iters, device=device).E[0]))
         out[m] = np.array(finals)
     return out
-
-
-def load_orl(path) -> tuple[np.ndarray, np.ndarray]:
-    """ORL faces from ``orl_faces.mat`` (docs/SYMMETRIC_NMF.md): samples ``(400, 10304)`` float64
-    (one 112 x 92 image per row) and labels ``(400,)`` in ``0..39``."""
-    from scipy.io import loadmat
-
-    d = loadmat(str(path))
-    if "data" not in d or "label" not in d:
-        raise DataError(f"path: {path} has no 'data' and 'label' arrays (expected ORL's orl_faces.mat)")
-    return d["data"].astype(np.float64), d["label"].reshape(-1).astype(np.int64) - 1
 
 
 def load_digits_samples() -> tuple[np.ndarray, np.ndarray]:
