@@ -266,9 +266,11 @@ CLI_CASES = {
                               "data.labels_path={words csv}"], "data.labels_path: "),
     "symnmf text samples": (["task=symnmf", "data.preset=samples", "data.path={text in npy}"], "data.path: "),
     "symnmf corrupt ORL": (["task=symnmf", "data.preset=orl", "data.path={corrupt mat}"], "data.path: "),
+    "symnmf n=200000": (["task=symnmf", "data.n=200000"], "data.n: 200000 samples (a dense similarity) need"),
     "n_max 1e300": (["exchange=quantized", "exchange.n_max=1e300"], "exchange.n_max: "),
+    "trials 1e9": (["trials=1000000000"], "trials: 1000000000 trials need about"),
 }
-DEFAULT_CLI = ("fsspca truncated npy", "symnmf missing labels")
+DEFAULT_CLI = ("fsspca truncated npy", "symnmf missing labels", "trials 1e9")
 
 
 @pytest.mark.parametrize("case", [c if c in DEFAULT_CLI else pytest.param(c, marks=pytest.mark.slow)

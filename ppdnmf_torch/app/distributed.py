@@ -264,6 +264,7 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
     process is made. ``world``: :func:`~.launch.env_world` (None: this process starts the ranks)."""
     from ..distributed.comm import resolve_backend
     from ..distributed.launch import check_local_ranks
+    from ..models.ppdnmf.memory import check_run
 
     if cfg.trials > 1:
         raise ConfigError(f"trials: a multi-process run fits one trial, got trials={cfg.trials}; run batched trials "
@@ -271,6 +272,7 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
                           "(ppdnmf -m seed=0,1,2 distributed.nproc=...)")
     if world is None:
         check_local_ranks(opts.nproc, cfg.n_agents, key="distributed.nproc")
+        check_run(cfg, nproc=opts.nproc, device=_device_of(cfg, 0), dtype=cfg.dtype)
     try:
         resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
     except PPDNMFError as exc:

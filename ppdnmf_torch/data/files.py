@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from .. import budget
 from .._utils import ConfigError, DataError, resolve_dtype
 from ._args import device_or_cpu as _device
 from .cbcl import load_cbcl
@@ -93,6 +94,16 @@ def npy_header(path, key: str = "path"):
     return tuple(int(n) for n in shape), dtype
 
 
+def _check_fits(key: str, p: str, shape, itemsize: int) -> None:
+    """Refuse a file whose numbers would not fit in memory as read and as float64, before it is read."""
+    count = 1
+    for n in shape:
+        count *= int(n)
+    budget.check_bytes(count * (itemsize + 8), key, f"{p!r} ({' x '.join(str(int(n)) for n in shape)} numbers)",
+                       model="reading a data file", sizes=f"{count} numbers", hint="use a smaller file, or read it in "
+                       "parts (a subset of its rows) on this machine")
+
+
 def read_npy(path, key: str = "path"):
     """The array of a ``.npy`` file (any shape and dtype; never pickled objects), checked as
     :func:`npy_header` checks it before it is read.
@@ -104,8 +115,9 @@ def read_npy(path, key: str = "path"):
     """
     import numpy as np
 
-    npy_header(path, key)
+    shape, dtype = npy_header(path, key)
     p = os.fspath(path)
+    _check_fits(key, p, shape, dtype.itemsize)
     try:
         arr = np.load(p, allow_pickle=False)
     except Exception as exc:  # ValueError for pickled objects, OSError/EOFError for junk
@@ -113,6 +125,10 @@ def read_npy(path, key: str = "path"):
     if not isinstance(arr, np.ndarray):
         raise DataError(f"{key}: {p!r} holds a {type(arr).__name__}, expected a single .npy array")
     return arr
+
+
+#: text files larger than this (bytes) are counted before they are parsed (a memory estimate)
+_COUNT_ABOVE = 64 * 2**20
 
 
 def read_text(path, key: str = "path", *, delimiter=",", dtype=float, what: str = "CSV"):
@@ -135,6 +151,8 @@ def read_text(path, key: str = "path", *, delimiter=",", dtype=float, what: str 
         raise DataError(f"{key}: cannot read {p!r}: {exc.strerror or exc}") from None
     if b"\x00" in head:
         raise DataError(f"{key}: {p!r} is not a text file (it holds binary bytes); expected a {what} file")
+    if os.path.getsize(p) > _COUNT_ABOVE:  # numpy's parser holds the rows and the array: refuse one that cannot fit
+        _check_fits(key, p, text_shape(p, key, delimiter), 16)
     try:
         with warnings.catch_warnings():  # "input contained no data": callers refuse the empty array
             warnings.simplefilter("ignore", UserWarning)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import budget
 from .._utils import ConfigError, derive_seed, resolve_dtype
 from ._args import as_int as _as_int, device_or_cpu as _device
 
@@ -93,6 +94,7 @@ def synthetic(
         raise ConfigError(f"noise_var: must be a finite number >= 0, got {noise_var!r}")
     dtype = resolve_dtype(dtype)
     device = _device(device)
+    _check_fits(L, M, K)
     gen = torch.Generator(device="cpu").manual_seed(derive_seed(_as_int(seed, "seed"), "synthetic"))
     f64 = torch.float64
     X = torch.empty(L, K, dtype=f64).exponential_(1.0 / float(x_mean), generator=gen)
@@ -160,6 +162,7 @@ def sparse_poisson(
         raise ConfigError(f"mean_count: must be a finite number > 0, got {mean_count!r}")
     dtype = resolve_dtype(dtype)
     device = _device(device)
+    _check_fits(L, M, K)
     gen = torch.Generator(device="cpu").manual_seed(derive_seed(_as_int(seed, "seed"), "sparse_poisson"))
     f64 = torch.float64
 
@@ -180,3 +183,12 @@ def sparse_poisson(
         X=X.to(device=device, dtype=dtype),
         Y=Y.to(device=device, dtype=dtype),
     )
+
+
+def _check_fits(L: int, M: int, K: int) -> None:
+    """Refuse a matrix whose draws cannot fit in memory, before the first: ``Z``, the noise
+    (or the rates) and the cast copies ``(L, M)``, the factors ``(L, K)`` and ``(K, M)``, in
+    float64."""
+    budget.check_bytes(8.0 * (4 * L * M + 2 * (L + M) * K), "M" if M >= L else "L", f"a {L} x {M} matrix",
+                       model="synthetic data", sizes=f"L = {L}, M = {M}, K = {K}", verb="needs",
+                       hint="use a smaller matrix")

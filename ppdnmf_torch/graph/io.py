@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from .. import budget
 from ..errors import GraphError
 from .core import Graph, as_int, validate_graph
 
@@ -187,12 +188,20 @@ def from_adjacency(adjacency, n_agents=None) -> Graph:
 # ----------------------------------------------------------------------------
 
 
+#: bytes of one parsed edge (a tuple of three ints in a list); an edge takes at least 4 bytes of text
+_EDGE_BYTES = 160
+
+
 def _read_lines(path_or_lines) -> tuple[str, list[str]]:
     """``(source, lines)``: the name used in messages and the text lines."""
     if not isinstance(path_or_lines, (str, os.PathLike)):
         return "<lines>", [str(s) for s in path_or_lines]
     source = os.fspath(path_or_lines)
     try:
+        size = os.path.getsize(source)
+        # the lines and the parsed edges, at most one edge per 4 bytes of text ("0 1\n")
+        budget.check_bytes(size * (1 + _EDGE_BYTES / 4), "path", f"edge list file {source!r} ({size} bytes)",
+                           model="reading a graph", sizes=f"{size} bytes of text", hint="use a smaller graph")
         with open(source, encoding="utf-8") as fh:
             return source, fh.read().splitlines()
     except FileNotFoundError:

@@ -87,7 +87,7 @@ def _cross(cfg: SymNMFRunConfig) -> None:
 
 
 #: the API's parameter names and the config keys they come from
-CONFIG_KEYS = {"path": "data.path", "labels_path": "data.labels_path", "preset": "data.preset", "method": "solver.method", "penalty": "solver.penalty",
+CONFIG_KEYS = {"path": "data.path", "labels_path": "data.labels_path", "n": "data.n", "preset": "data.preset", "method": "solver.method", "penalty": "solver.penalty",
                "lam0": "solver.lam0", "max_iter": "solver.max_iter", "tol": "solver.tol", "rank": "rank",
                "checkpoint_dir": "resume"}
 

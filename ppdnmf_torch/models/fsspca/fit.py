@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ... import budget
 from ..._utils import derive_seed, resolve_device, resolve_dtype
 from ...errors import ConfigError, ConvergenceWarning, DataError
 from ...exchange.aggregation import make_aggregator
@@ -252,6 +253,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=0.0, lambda_2=None, smo
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
     check_rows(blocks, center=center)
+    budget.check(budget.fsspca(n=sum(int(b.shape[0]) for b in blocks), d=d, n_workers=K, n_components=r, trials=T,
+                               max_iter=int(max_iter), dtype=like.dtype, device=like.device))
     admm.check_settings(line_search, inner_steps, mu)
     psi = get_smoothing(smoothing)
     if projector is not None:

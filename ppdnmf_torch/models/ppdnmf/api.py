@@ -13,6 +13,7 @@ from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...exchange.base import accepts_keyword
 from ...graph import Graph, check_min_degree, complete
+from .memory import check_fit
 from .problem import (as_blocks, as_caps, as_graph, as_seed, build_problem, check_data, check_iteration_buffers,
                       check_rank, finite_positive)
 from ...checkpoint import PREFIX, CheckpointError, Checkpointer, check_payload, checkpoint_files, checkpoint_iteration, \
@@ -516,6 +517,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=0.1, eta=1.0, g_max=0.033,
     try:
         check_shared_caps(caps, params.penalty_schedule)
         _preflight(exch, blocks, caps, graph.degree, params)
+        check_fit([blocks], [graph], params, dtype=dtype, device=device, exchange=exch)
         problem = build_problem([blocks], [graph], caps[None], [seed], dtype=dtype, device=device,
                                 init_seeds=[_init_seed(init_seed, seed)])
     except BaseException:
@@ -681,6 +683,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=0.033, mu=0.1, eta=1.0
             _preflight(exch, b, c, g.degree, params)
         if init_seeds is not None and len(init_seeds) != T:
             raise ConfigError(f"init_seeds: got {len(init_seeds)} seeds for {T} trials; give one per trial (or None)")
+        check_fit(blocks, graphs, params, dtype=dtype, device=device, exchange=exch)
         problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
                                 rank=rank if align_trials else None,
                                 init_seeds=[_init_seed(None if init_seeds is None else init_seeds[t], seeds[t])

@@ -28,6 +28,7 @@ from ...errors import ConfigError
 from ...exchange import exchange_spec
 from ...graph import complete
 from .inputs import build_graph, load_data, make_split
+from .memory import check_run
 from .solver.state import PAPER_SETTINGS
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "CBCL_ENV", "default_cbcl_path"]
@@ -230,6 +231,7 @@ def run_experiment(name, trials: int = 1, seed: int = 0, *, centralized: bool = 
         raise ConfigError(f"trials: must be an integer >= 1, got {trials!r}")
     cfg = _resolve(name, overrides)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    check_run(cfg, trials=trials, device=device, dtype=dtype)
     seeds = [int(seed) + t for t in range(trials)]
     # a file's matrix is the same in every trial: loaded (and normalized) once
     Z_fixed = load_data(cfg)[0] if cfg.data.kind != "synthetic" else None

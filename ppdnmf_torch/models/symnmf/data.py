@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ... import budget
 from ..._utils import derive_seed, resolve_device, resolve_dtype
 from ...data.files import check_matrix, existing_file, read_npy, read_text
 from ...errors import ConfigError, DataError
@@ -66,6 +67,8 @@ def synthetic_similarity(n: int, r: int, sigma=0.0, *, noise: str = "gaussian", 
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
     dt, dev = resolve_dtype(dtype), resolve_device(device)
+    # each trial's X, its noise and their float64 sum, then the stacked (T, n, n) and its cast
+    budget.check(budget.symnmf(n=n, rank=r, trials=trials, dtype=dt, device=dev, similarity_copies=2 * trials + 3))
     sig = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)
     if sig.numel() not in (1, trials) or bool((sig < 0).any()):
         raise ConfigError(f"sigma: one level >= 0, or one per trial; got {sigma!r}")
@@ -87,6 +90,8 @@ def initial_factor(n: int, r: int, *, trials: int = 1, seed: int = 0, scale: flo
     """``U_0`` i.i.d. uniform on ``[0, scale]``, ``(T, n, r)``; trial ``t`` from its own stream,
     so a trial's start is the same alone and in a batch."""
     dt, dev = resolve_dtype(dtype), resolve_device(device)
+    budget.check(budget.Estimate("symmetric NMF", f"n = {n}, rank {r}", (budget.Part(
+        "trials", f"{trials} starts", 16.0 * trials * n * r),), str(dev), pieces={"trials": "use fewer starts"}))
     out = torch.empty((trials, n, r), dtype=torch.float64)
     for t in range(trials):  # one stream per trial (see synthetic_similarity)
         gen = torch.Generator().manual_seed(derive_seed(seed, "symnmf-init", t))

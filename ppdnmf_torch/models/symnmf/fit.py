@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import torch
 
+from ... import budget
 from ...errors import ConfigError, ConvergenceWarning, DataError
 from . import checkpoint as ckpt
 from .data import initial_factor
@@ -153,6 +154,8 @@ def fit_symnmf(X, rank, *, method="symhals", penalty=None, lam0=None, U0=None, t
         T = sim.trials
     elif U0 is not None and getattr(U0, "ndim", 2) == 3 and trials == 1:
         T = int(U0.shape[0])
+    budget.check(budget.symnmf(n=sim.n, rank=rank, trials=T, nnz=int(sim.data.values().numel()) if sim.sparse else None,
+                               max_iter=max_iter, dtype=dt, device=dev, similarity_copies=0, key_n="X"))
     if rank > sim.n:
         raise ConfigError(f"rank: {rank} exceeds n = {sim.n}")
     U0 = _start(U0, sim, rank, T, seed, dev, dt)
