@@ -7,6 +7,14 @@
 * the eager Y-step's narrow elementwise updates against full-width updates: bit for bit;
 * ``fuse=True`` (whole compiled iterations for small problems, compiled chains into
   reused buffers for large ones) against the eager solver, to rounding.
+
+Bit for bit where the two paths run the same operations in the same order by construction:
+the same eager kernels on other slices or schedules, or TorchInductor's code for the same
+graph nodes fused into other passes (Inductor compiles with ``-ffp-contract=off`` and writes
+each node's expression the same whatever the fusion, so no fused multiply-add appears on one
+side only; checked under ``ATEN_CPU_CAPABILITY`` default, avx2 and avx512 on an AMD EPYC, and
+on the Intel Xeon of issue 42). Compiled against eager code, or a compiled kernel against
+MKL's (the CSR product), is to rounding: a vector unit's fused multiply-adds may differ.
 """
 from __future__ import annotations
 
