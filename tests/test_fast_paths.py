@@ -8,13 +8,10 @@
 * ``fuse=True`` (whole compiled iterations for small problems, compiled chains into
   reused buffers for large ones) against the eager solver, to rounding.
 
-Bit for bit where the two paths run the same operations in the same order by construction:
-the same eager kernels on other slices or schedules, or TorchInductor's code for the same
-graph nodes fused into other passes (Inductor compiles with ``-ffp-contract=off`` and writes
-each node's expression the same whatever the fusion, so no fused multiply-add appears on one
-side only; checked under ``ATEN_CPU_CAPABILITY`` default, avx2 and avx512 on an AMD EPYC, and
-on the Intel Xeon of issue 42). Compiled against eager code, or a compiled kernel against
-MKL's (the CSR product), is to rounding: a vector unit's fused multiply-adds may differ.
+Bit for bit where both paths run the same operations in the same order by construction (the
+same eager kernels; Inductor's code for the same nodes fused otherwise: it compiles with
+``-ffp-contract=off``, checked under ``ATEN_CPU_CAPABILITY`` default/avx2/avx512 and on issue
+42's Intel Xeon); compiled against eager or MKL code to rounding (fused multiply-adds differ).
 """
 from __future__ import annotations
 
@@ -97,12 +94,9 @@ def test_plain_exchange_matches_the_edge_formula(monkeypatch, fuse):
 def test_compiled_gather_equals_the_csr_product(monkeypatch):
     """The padded gather adds the CSR row's terms in the same order; padding adds exact zeros.
 
-    To rounding, not bit for bit: the two are different kernels (the compiled gather, and
-    MKL's sparse product on a CPU build with MKL), and whether either contracts a multiply and
-    an add into one fused multiply-add depends on the vector unit it was built for (they
-    agree bit for bit under AVX512 on an AMD EPYC, not under AVX2 or on an Intel Xeon with
-    AVX512, issue 42). Each of a row's ``d + 1`` terms is rounded at most twice either way,
-    so the two differ by at most ``2 (d + 1) eps sum_j |w_ij U_j|`` per entry."""
+    To rounding: two kernels (the compiled gather, MKL's sparse product), whose use of fused
+    multiply-adds depends on the CPU (bit-equal here, not on issue 42's Intel Xeon). Each of
+    a row's ``d + 1`` terms is rounded at most twice: ``2 (d + 1) eps sum_j |w_ij U_j|``."""
     monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
     topo = _topology(12, seed=2)
     csr, ell = PlainExchange(), PlainExchange()
