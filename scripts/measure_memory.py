@@ -29,13 +29,13 @@ CASES = {
                                                                      rank=49)),
     "symnmf n=1500 dense, rank 10, 8 trials": ("symnmf", dict(n=1500, rank=10, trials=8)),
     "symnmf n=4000 dense, rank 20, 1 trial": ("symnmf", dict(n=4000, rank=20, trials=1)),
-    "fsspca 4000x200, 8 workers, 3 components, 4 trials": ("fsspca", dict(n=4000, d=200, workers=8, r=3,
-                                                                          trials=4)),
+    "fsspca 20000x300, 8 workers, 3 components, 4 trials": ("fsspca", dict(n=20000, d=300, workers=8, r=3,
+                                                                           trials=4)),
     "fsspca 2000x1000, 4 workers, 2 components, 1 trial": ("fsspca", dict(n=2000, d=1000, workers=4, r=2,
                                                                           trials=1)),
 }
 QUICK = ("ppdnmf 1 trial, 10 agents, 30x200, rank 5", "symnmf n=1500 dense, rank 10, 8 trials",
-         "fsspca 4000x200, 8 workers, 3 components, 4 trials")
+         "fsspca 20000x300, 8 workers, 3 components, 4 trials")
 
 _CHILD = r'''
 import json, os, resource, sys, warnings

@@ -176,10 +176,12 @@ def test_the_column_split_keeps_its_draws_and_takes_a_hundred_thousand_agents():
 # -- the estimates against the truth ----------------------------------------------------------------
 @pytest.mark.slow
 def test_the_estimates_are_within_a_factor_of_two_of_the_measured_peaks():
+    """Each estimate within 0.5x to 2.5x of a fresh process's measured peak (the same FSSPCA case
+    measured 170 and 275 MiB in two runs: the allocator's and MKL's buffers vary run to run)."""
     r = subprocess.run([sys.executable, "scripts/measure_memory.py"], cwd=ROOT, capture_output=True, text=True,
                        timeout=1800)
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines()[1:] if "MiB" in line]
     assert len(rows) == 8, r.stdout
     ratios = [float(line.split("MiB")[2].split()[0]) for line in rows]
-    assert all(0.7 <= x <= 2.5 for x in ratios), r.stdout
+    assert all(0.5 <= x <= 2.5 for x in ratios), r.stdout
