@@ -27,7 +27,7 @@ PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
 
 #: the engine's units (shared by every model; never import a model or the app)
 ENGINE = {
-    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0, "specs": 0,
+    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0, "specs": 0, "budget": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "checkpoint": 2, "exchange": 2,
     "consensus": 3, "driver": 3,
