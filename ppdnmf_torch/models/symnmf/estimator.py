@@ -209,12 +209,12 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
 
     def _fit(self, X):
         S, shown = self._similarity(X)
-        budget.check(budget.symnmf(n=S.shape[0], rank=int(self.n_components), trials=int(self.n_init),
+        r = int(self.n_clusters)
+        budget.check(budget.symnmf(n=S.shape[0], rank=r, trials=int(self.n_init),
                                    nnz=int(S.values().numel()) if S.layout == torch.sparse_csr else None,
                                    max_iter=int(self.max_iter), dtype=S.dtype, device=S.device, similarity_copies=0,
                                    key_n="X", key_trials="n_init"))
         seed = seed_of(self.random_state)
-        r = int(self.n_clusters)
         U0 = scaled_start(S, r, int(self.n_init), seed, self.init)
         progress = FitProgress(self.verbose, int(self.max_iter), "SymmetricNMF")
         try:
