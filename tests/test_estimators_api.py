@@ -198,3 +198,24 @@ def test_fsspca_groups_of_the_wrong_length_are_one_data_error(X):
         with pytest.raises(DataError) as info:
             pp.FederatedSparsePCA(**QUICK[pp.FederatedSparsePCA]).fit(X, groups=groups)
         assert info.value.key == "groups"
+
+
+def test_the_bar_on_a_terminal_keeps_warnings_above_it(X):
+    """``verbose=1`` on a terminal draws a tqdm bar; a warning during the fit is written above it
+    (its own line), and ``warnings.showwarning`` is the caller's again afterwards."""
+    import io
+
+    from ppdnmf_torch.driver.progress import FitProgress
+
+    before = warnings.showwarning
+    buf = io.StringIO()
+    bar = FitProgress(1, 5, "Test", file=buf, bar=True)
+    for k in range(1, 4):
+        bar.update(k, {"E": 0.5 / k})
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("cut short", UserWarning)
+    bar.done(3)
+    text = buf.getvalue()
+    assert "3/5" in text and "UserWarning: cut short\n" in text
+    assert warnings.showwarning is before and bar.bar is None

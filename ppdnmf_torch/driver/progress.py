@@ -13,6 +13,7 @@ import collections
 import numbers
 import sys
 import time
+import warnings
 
 from ..errors import ConfigError
 
@@ -73,6 +74,8 @@ class FitProgress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.total, desc=label, unit="it", file=self.file, leave=True, dynamic_ncols=True)
+            self._shown_before = warnings.showwarning
+            warnings.showwarning = self._above_the_bar  # a warning during the fit goes above the bar, not onto it
 
     @property
     def enabled(self) -> bool:
@@ -118,8 +121,17 @@ class FitProgress:
                   + f", elapsed {_seconds(time.perf_counter() - self._t0)}", file=self.file, flush=True)
         self.close()
 
+    def _above_the_bar(self, message, category, filename, lineno, file=None, line=None):
+        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+        if self.bar is not None:
+            self.bar.write(text, file=self.file)
+        else:  # pragma: no cover - restored at close
+            self._shown_before(message, category, filename, lineno, file, line)
+
     def close(self) -> None:
         if self.bar is not None:
+            if warnings.showwarning == self._above_the_bar:
+                warnings.showwarning = self._shown_before
             self.bar.close()
             self.bar = None
 
