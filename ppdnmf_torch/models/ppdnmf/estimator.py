@@ -128,8 +128,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         2: a line after every BCD iteration (:class:`~ppdnmf_torch.driver.progress.FitProgress`,
         through the fit's callback).
 
-    ``threads`` (torch's intra-op threads for ``fit``, ``transform`` and ``score``, restored after
-    each call; None: the package's default, :func:`ppdnmf_torch.threads.default_threads`).
+    ``threads`` holds torch's intra-op threads for all of ``fit``, ``transform`` and ``score``,
+    restored after each call (None: the package's default, :func:`ppdnmf_torch.threads.default_threads`).
 
     Attributes
     ----------
@@ -144,9 +144,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         the fit factorized it (after ``negative="clip"`` or ``"shift"``).
     agent_reconstruction_err_ : float
         ``||X - [W_1 H_1; ...; W_N H_N]||_F``, each agent's rows rebuilt with its own copy
-        ``H_i`` of the basis (what the run minimized: ``sqrt(2 objective)``). At most
-        ``reconstruction_err_`` plus the consensus error's share; the two agree as the copies
-        agree.
+        ``H_i`` of the basis (what the run minimized: ``sqrt(2 objective)``); the two figures
+        agree as the copies agree.
     nmse_, consensus_ : float
         The paper's NMSE and the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||``.
     history_ : dict
