@@ -262,7 +262,7 @@ ENTRY_POINTS = {"models.ppdnmf.api.fit", "models.ppdnmf.api.fit_trials", "models
                 "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless"}
 #: over a limit, to empty: audit.sums (the sums' attacks), data (the robust engineer's split makes it a
 #: package), ServerlessRun's settings
-SIZE_PENDING = {"audit.sums", "data", "models.fsspca.serverless_run.ServerlessRun.__init__"}
+SIZE_PENDING = {"audit.sums", "models.fsspca.serverless_run.ServerlessRun.__init__"}
 
 
 def _functions(tree, prefix=""):
