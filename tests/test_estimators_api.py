@@ -74,11 +74,15 @@ def test_verbose_reports_on_stderr_and_silent_by_default(cls, X, capsys):
     m = _quiet(cls(verbose=2, **QUICK[cls]).fit, X)
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert out == "" and len(lines) == m.n_iter_, lines  # a line per iteration
+    # a line per iteration, and one more when the run stopped before its cap
+    last = (f" {m.n_iter_}/{m.max_iter}," if m.n_iter_ == m.max_iter
+            else f"{cls.__name__}: stopped after {m.n_iter_} ")
+    assert out == "" and len(lines) == m.n_iter_ + (m.n_iter_ < m.max_iter), lines
     assert lines[0].startswith(f"{cls.__name__}: ") and f" 1/{m.max_iter}," in lines[0] and "elapsed" in lines[0]
-    _quiet(cls(verbose=True, **QUICK[cls]).fit, X)  # off a terminal: the first and the last iteration
+    assert last in lines[-1]
+    _quiet(cls(verbose=True, **QUICK[cls]).fit, X)  # off a terminal: the first line and the last
     lines = capsys.readouterr().err.strip().splitlines()
-    assert 2 <= len(lines) <= 3 and f" {m.n_iter_}/{m.max_iter}" in lines[-1]
+    assert 2 <= len(lines) <= 3 and f" 1/{m.max_iter}," in lines[0] and last in lines[-1], lines
 
 
 _FIT_OF = {pp.PPDNMF: "ppdnmf_torch.models.ppdnmf.estimator.fit",
@@ -219,3 +223,9 @@ def test_the_bar_on_a_terminal_keeps_warnings_above_it(X):
     text = buf.getvalue()
     assert "3/5" in text and "UserWarning: cut short\n" in text
     assert warnings.showwarning is before and bar.bar is None
+
+
+def test_verbose_says_when_a_fit_stops_before_its_cap(X, capsys):
+    m = pp.SymmetricNMF(3, tol=0.05, max_iter=50, random_state=0, verbose=1).fit(X)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert m.n_iter_ < 50 and lines[-1].startswith(f"SymmetricNMF: stopped after {m.n_iter_} iterations, E ")
