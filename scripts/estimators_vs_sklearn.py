@@ -31,7 +31,7 @@ from sklearn.exceptions import ConvergenceWarning as SkConvergenceWarning  # noq
 import ppdnmf_torch  # noqa: E402
 from ppdnmf_torch.errors import ConvergenceWarning  # noqa: E402
 from ppdnmf_torch.models.symnmf.clustering import clustering_accuracy  # noqa: E402
-from ppdnmf_torch.models.symnmf.datasets import load_orl  # noqa: E402
+from ppdnmf_torch.models.symnmf.data import load_orl  # noqa: E402
 
 
 def _run(make, X):
@@ -65,7 +65,7 @@ def nmf_pair(data, X, k, skip):
 
 def clustering_pair(data, X, y, k, skip):
     if "symnmf" not in skip:
-        est, s, ok = _run(lambda: ppdnmf_torch.SymmetricNMF(n_components=k, random_state=0), X)
+        est, s, ok = _run(lambda: ppdnmf_torch.SymmetricNMF(n_clusters=k, random_state=0), X)
         _row(data, "SymmetricNMF", s, "accuracy", clustering_accuracy(y, est.labels_), None, est.n_iter_,
              est.max_iter, ok)
     if "spectral" not in skip:

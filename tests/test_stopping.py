@@ -63,15 +63,15 @@ def test_symmetric_nmf_defaults_reach_the_noise_free_answer(seed):
     X = synthetic_similarity(150, 6, 0.0, seed=seed)[0][0].numpy()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        est = SymmetricNMF(n_components=6, affinity="precomputed", random_state=seed).fit(X)
-    assert est.reconstruction_err_ <= 1e-6
+        est = SymmetricNMF(n_clusters=6, affinity="precomputed", random_state=seed).fit(X)
+    assert est.reconstruction_err_ ** 2 / np.sum(X * X) <= 1e-6  # E = ||X - U U^T||^2 / ||X||^2
     assert est.n_iter_ < SPEC.max_iter
 
 
 def test_symmetric_nmf_cut_by_max_iter_warns():
     X = synthetic_similarity(150, 6, 0.0, seed=0)[0][0].numpy()
     with pytest.warns(ConvergenceWarning, match="did not reach tol"):
-        est = SymmetricNMF(n_components=6, affinity="precomputed", random_state=0, max_iter=300).fit(X)
+        est = SymmetricNMF(n_clusters=6, affinity="precomputed", random_state=0, max_iter=300).fit(X)
     assert est.n_iter_ == 300
 
 
