@@ -47,7 +47,7 @@ from .tasks import task_of
 #: what may cross ranks beyond the exchange's messages (every model's rank fit takes these)
 SHARE_MODES = ("all", "sums")
 
-__all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME"]
+__all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME", "hold_folder", "device_of"]
 
 #: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
 CONFIG_NAME = "ppdnmf_distributed"
@@ -163,7 +163,7 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
     return summary
 
 
-def _device_of(cfg, local_rank: int):
+def device_of(cfg, local_rank: int):
     """The rank's device: ``cuda:<local rank>`` for a CUDA run, else the CPU."""
     import torch
 
@@ -225,7 +225,7 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
         gone = _follow_the_launcher(rank, out_dir, task)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     try:
-        with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+        with Comm.connect("env://", backend=opts.backend, device=device_of(cfg, local_rank), timeout=opts.timeout,
                           heartbeat=opts.heartbeat or None) as comm:
             return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
                             share=opts.share)
@@ -324,12 +324,12 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
     if world is None:
         check_local_ranks(opts.nproc, n_agents, key="distributed.nproc")
     try:
-        resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
+        resolve_backend(opts.backend, device_of(cfg, 0), opts.nproc if world is None else world[1])
     except PPDNMFError as exc:
         raise exc.within("distributed") from None
 
 
-def _hold_folder(out_dir: str, resume: bool):
+def hold_folder(out_dir: str, resume: bool):
     """As ``ppdnmf`` does (:mod:`ppdnmf_torch.app.rundir`): lock the run folder (the lock is returned,
     to be released when the run ends), and refuse a fresh run in a folder that holds an
     unfinished run of any task (its ranks would overwrite and prune its checkpoints)."""
@@ -400,7 +400,7 @@ def _app(cfg: DictConfig):
         world = env_world()
         _preflight(run_cfg, opts, world)
         if world is None or world[0] == 0:
-            lock = _hold_folder(str(out_dir), resume)
+            lock = hold_folder(str(out_dir), resume)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
