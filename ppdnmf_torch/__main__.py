@@ -91,6 +91,8 @@ def main() -> None:
         if ranks and not any(a.lstrip("+~").startswith("distributed.nproc=") for a in sys.argv[1:]):
             sys.argv.append(f"distributed.nproc={ranks}")
         if site:
+            # torch's C++ warnings (a peer's lost connection, with stack frames) are not the user's lines
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
             from .app.site import main as run
         elif wants_ranks(sys.argv[1:], os.environ):
             from .app.distributed import main as run

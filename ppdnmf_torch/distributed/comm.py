@@ -117,7 +117,11 @@ class Comm:
             raise DistributedError(f"rendezvous at {url!r} failed: {_first_line(exc)}") from None
         device = torch.device(device)
         backend = resolve_backend(backend, device, world_size)
-        comm = cls(store, rank, world_size, backend=backend, device=device, timeout=timeout, record=record)
+        try:  # the process group's own wait for every rank (a rank that never came)
+            comm = cls(store, rank, world_size, backend=backend, device=device, timeout=timeout, record=record)
+        except (RuntimeError, ValueError, TimeoutError) as exc:
+            raise DistributedError(f"rank {rank}: joining the process group at {url!r} failed (not every one of the "
+                                   f"{world_size} ranks came within {timeout:g} s): {_first_line(exc)}") from None
         if heartbeat:
             comm.watchdog = Watchdog(comm, heartbeat)
             comm.watchdog.start()
