@@ -9,7 +9,8 @@ eager run, on the engine's transport, partition and Paillier parties (:mod:`ppdn
 * :mod:`.reduce`: the metrics across ranks, in the single-process order (or, ``share="sums"``,
   from per-rank sums and maxima of scalars);
 * :mod:`.engine`: :func:`fit_rank` (the API on a rank);
-* :mod:`.site`: :func:`fit_site`, a site's run that holds only its own columns (docs/DEPLOYMENT.md).
+* :mod:`.site`: :func:`fit_site`, a site's run that holds only its own columns (docs/DEPLOYMENT.md;
+  :mod:`.public`: its blocks checked and the public description the sites compare).
 
 The CLI's run over ranks is :func:`ppdnmf_torch.app.distributed.run_rank`.
 """

@@ -54,7 +54,7 @@ from ....distributed.layout import RankLayout, gather_agents
 from .layout import rank_problem
 from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
-from .site import check_own_agents, site_blocks, site_description
+from .public import check_own_agents, site_blocks, site_description
 from ....distributed.site import agree_description
 from .reduce import RankReduction, RankSums
 from ....distributed.secure import SecureHalo
@@ -268,7 +268,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     device = comm.device if device is None else torch.device(device)
     graph = as_graph(adjacency)
     N = graph.n_agents
-    site = isinstance(Z, dict)  # a site's own agents' blocks (:func:`.site.fit_site`)
+    site = isinstance(Z, dict)  # a site's own agents' blocks (:func:`~.site.fit_site`)
     blocks, counts = site_blocks(Z, N, columns, negative) if site else (check_data(as_blocks(Z, N, columns), negative),
                                                                         None)
     counts = [b.shape[1] for b in blocks] if counts is None else counts
