@@ -42,11 +42,11 @@ def _data(tmp_path, columns=COLUMNS, seed=0, L=20, K=3):
     return Z
 
 
-def _start(tmp_path, r, port, args, world=3):
+def _start(tmp_path, r, port, args, world=3, public=PUBLIC):
     cmd = [sys.executable, "-m", "ppdnmf_torch", f"site.rank={r}", f"site.world={world}",
            f"site.rendezvous=127.0.0.1:{port}", "site.data=own.npy",
            f"site.columns=[{','.join(map(str, COLUMNS))}]", "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run",
-           *PUBLIC, *args]
+           *public, *args]
     return subprocess.Popen(cmd, cwd=tmp_path / f"site{r}", env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -112,6 +112,22 @@ def test_a_file_of_the_wrong_shape_is_one_line_before_connecting(tmp_path):
                       "by the public description (columns [15])")], out
 
 
+@pytest.mark.parametrize("args, line", [
+    (["task=fsspca", "progress=false"], "ppdnmf: error: task: 'fsspca' has no site run in this version; site runs: ('ppdnmf',)"),
+    (["centralized=true"], "ppdnmf: error: centralized: a site holds its own data only; the centralized baseline "
+                           "needs all of it (centralized=false)"),
+    (["site.rendezvous=nowhere"], "ppdnmf: error: site.rendezvous: 'nowhere' is neither 'env' nor host:port "
+                                  "(e.g. 127.0.0.1:29500)"),
+])
+def test_what_a_site_cannot_run_is_one_line_before_connecting(tmp_path, args, line):
+    _data(tmp_path)
+    from ppdnmf_torch.distributed import free_port
+
+    p = _start(tmp_path, 0, free_port(), args, public=PUBLIC if "task=fsspca" not in args else [])
+    code, out = p.wait(timeout=120), p.stdout.read()
+    assert code == 2 and [ln for ln in out.splitlines() if ln.startswith("ppdnmf:")] == [line], out
+
+
 @pytest.mark.slow
 def test_another_public_description_is_refused_at_rendezvous_saying_what_differs(tmp_path):
     _data(tmp_path)
@@ -133,7 +149,7 @@ def test_a_site_that_dies_ends_the_others_with_one_line_and_each_resumes_from_it
             "site.timeout=20"]
     port = free_port()
     procs = [_start(tmp_path, r, port, long) for r in range(3)]
-    ck = tmp_path / "site2" / "run" / "checkpoints" / "rank2"
+    ck = tmp_path / "site2" / "run" / "checkpoints" / "rank002"
     t0 = time.monotonic()
     while not (ck.is_dir() and any(ck.glob("ckpt_bcd*.pt"))) and time.monotonic() - t0 < 180:
         time.sleep(0.5)
@@ -148,3 +164,53 @@ def test_a_site_that_dies_ends_the_others_with_one_line_and_each_resumes_from_it
     outs = _sites(tmp_path, [*long, "resume=run"])
     assert [c for c, _ in outs] == [0, 0, 0], outs
     _assert_same_bits(tmp_path, _one_process(tmp_path, long[:2]))
+
+
+def _api_site(kind: str, assignment: list, columns: list):
+    """One site over ``env://`` (launch_local's variables): its own agents' columns only."""
+    from ppdnmf_torch.distributed.comm import Comm
+    from ppdnmf_torch.models.ppdnmf.distributed import fit_site
+
+    r = int(os.environ["RANK"])
+    Z = _api_whole(columns)
+    mine = [i for i, a in enumerate(assignment) if a == r]
+    starts = np.cumsum([0] + columns)
+    own = torch.cat([Z[:, starts[i]:starts[i + 1]] for i in mine], dim=1)
+    with Comm.connect("env://", timeout=120) as comm:
+        out = fit_site(comm, own, _api_graph(), 3, columns=columns, assignment=assignment, exchange=kind, seed=4,
+                       bcd_iters=4, x_iters=5, y_iters=5, tol=0.0)
+    return {"own": out.own, "nmse": out.result.history["nmse"]}
+
+
+def _api_whole(columns):
+    rng = np.random.default_rng(9)
+    return torch.from_numpy(rng.random((12, 3)) @ rng.random((3, sum(columns))))
+
+
+def _api_graph():
+    import ppdnmf_torch as pp
+
+    return pp.graph.ring(5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "quantized", "secagg"])
+def test_fit_site_with_several_agents_per_site_gives_the_bits_of_fit(kind):
+    """Five agents on two sites (``assignment``, not contiguous), over ``env://``: each site's
+    agents' factors are ``fit``'s bits; the history's NMSE, reduced from per-site sums, equals
+    ``fit``'s to 1e-12 (another summation order)."""
+    import ppdnmf_torch as pp
+    from ppdnmf_torch.distributed import launch_local
+
+    columns, assignment = [6, 9, 7, 8, 5], [0, 1, 1, 0, 1]
+    outs = launch_local(2, _api_site, (kind, assignment, columns), timeout=300)
+    assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
+    ref = pp.fit(_api_whole(columns), _api_graph(), 3, columns=columns, exchange=kind, seed=4, bcd_iters=4,
+                 x_iters=5, y_iters=5, tol=0.0, fuse=False)
+    for r, o in enumerate(outs):
+        own = o.value["own"]
+        assert own["agents"] == [i for i, a in enumerate(assignment) if a == r]
+        for k, i in enumerate(own["agents"]):
+            assert torch.equal(own["X"][k], ref.X[i]) and torch.equal(own["U"][k], ref.U[i])
+            assert torch.equal(own["Y"][k], ref.Y[i])
+        assert np.allclose(o.value["nmse"], ref.history["nmse"], rtol=1e-12, atol=0)

@@ -33,12 +33,15 @@ def _site(kind: str, folder: str):
     from ppdnmf_torch.distributed.comm import Comm
     from ppdnmf_torch.models.ppdnmf.distributed import fit_site
 
+    from ppdnmf_torch.distributed import RankLayout, partition_agents
+
     r = int(os.environ["RANK"])
+    graph = pp.graph.ring(3)
+    lay = RankLayout.build(partition_agents(graph, 3, "rcm", [0, 1, 2]), graph, r, L=10, K=3, itemsize=8)
     seen = []
 
-    def cb(info):
-        U = info.state.U[0].detach().cpu().clone()
-        seen.append(U[[i for i in range(U.shape[0]) if not bool((U[i] == 0).all())]])
+    def cb(info):  # the site's own agent's U (its slot; the free slots are dummies of no one's data)
+        seen.append(info.state.U[0, lay.slots].detach().cpu().clone())
 
     with Comm.connect("env://", timeout=120, record=True) as comm:
         out = fit_site(comm, _own(r), pp.graph.ring(3), 3, columns=COLUMNS, callback=cb,

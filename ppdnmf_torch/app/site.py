@@ -256,13 +256,14 @@ def _app(cfg: DictConfig):
         raw = OmegaConf.to_container(cfg, resolve=True)
         opts = SiteConfig.from_dict(raw.pop("site", None))
         raw.pop("distributed", None)
+        name = task_of(raw).name
+        if name not in SITE_TASKS:
+            raise ConfigError(f"task: {name!r} has no site run in this version; site runs: {SITE_TASKS}")
         raw["data"] = _site_data(raw.get("data") or {}, opts)
         if "centralized" in raw and "centralized" not in overridden(HydraConfig.get().overrides.task):
             raw["centralized"] = False  # a site has no baseline: it would need every site's data
         run_cfg = to_run_config(OmegaConf.create(raw))
         task = task_of(run_cfg)
-        if task.name not in SITE_TASKS:
-            raise ConfigError(f"task: {task.name!r} has no site run in this version; site runs: {SITE_TASKS}")
         if run_cfg.trials != 1:
             raise ConfigError(f"trials: a site runs one trial, got trials={run_cfg.trials}")
         if getattr(run_cfg, "centralized", False):
