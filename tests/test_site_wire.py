@@ -77,12 +77,15 @@ def test_under_a_real_protocol_no_site_sends_or_writes_another_sites_values(tmp_
         assert own["agents"] == [r]
         assert torch.equal(own["X"][0], ref.X[r]) and torch.equal(own["U"][0], ref.U[r])
         assert torch.equal(own["Y"][0], ref.Y[r])
+    held = [set(_pieces(r, o.value["U_seen"])) for r, o in enumerate(outs)]
     for r, o in enumerate(outs):
-        pieces = _pieces(r, o.value["U_seen"])
-        assert len(pieces) > 300
         for s, other in enumerate(outs):
             if s == r:
                 continue
+            # a value site s holds itself is not site r's secret: the agents' U rows can agree to
+            # the bit (rows in exact consensus after the first BCD iteration, in this run)
+            pieces = [p for p in held[r] if p not in held[s]]
+            assert len(pieces) > 300
             blob = other.value["log"]
             assert len(blob) > 1000
             hits = [p for p in pieces if p in blob]
@@ -90,4 +93,4 @@ def test_under_a_real_protocol_no_site_sends_or_writes_another_sites_values(tmp_
             files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{s}").rglob("*") if p.is_file())
             assert files and not [p for p in pieces if p in files], f"site {s} wrote site {r}'s values"
         own_files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{r}").rglob("*") if p.is_file())
-        assert sum(p in own_files for p in pieces) > 0  # the scan finds what is there: its own checkpoints
+        assert sum(p in own_files for p in held[r]) > 0  # the scan finds what is there: its own checkpoints

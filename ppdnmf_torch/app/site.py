@@ -285,8 +285,8 @@ def _app(cfg: DictConfig):
     except PPDNMFError as exc:
         _fail(exc, EXIT_USER_ERROR)
     except KeyboardInterrupt:
-        print(f"ppdnmf: interrupted; continue with the same command and resume={out_dir}", file=sys.stderr,
-              flush=True)
+        hint = f"; continue with the same command and resume={out_dir}" if out_dir is not None else ""
+        print(f"ppdnmf: interrupted{hint}", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         if lock is not None:
