@@ -85,7 +85,7 @@ def test_under_a_real_protocol_no_site_sends_or_writes_another_sites_values(tmp_
             # a value site s holds itself is not site r's secret: the agents' U rows can agree to
             # the bit (rows in exact consensus after the first BCD iteration, in this run)
             pieces = [p for p in held[r] if p not in held[s]]
-            assert len(pieces) > 300
+            assert len(pieces) > 200
             blob = other.value["log"]
             assert len(blob) > 1000
             hits = [p for p in pieces if p in blob]
