@@ -25,6 +25,7 @@ import torch
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import validate_data
 
+from ... import budget
 from ..._utils import sparse_csr
 from ...driver import seed_of
 from ...errors import ConfigError, DataError
@@ -167,6 +168,10 @@ class SymmetricNMF(ClusterMixin, BaseEstimator):
         """
         self._check_params()
         S, shown = self._similarity(X)
+        budget.check(budget.symnmf(n=S.shape[0], rank=int(self.n_components), trials=int(self.n_init),
+                                   nnz=int(S.values().numel()) if S.layout == torch.sparse_csr else None,
+                                   max_iter=int(self.max_iter), dtype=S.dtype, device=S.device, similarity_copies=0,
+                                   key_n="X", key_trials="n_init"))
         seed = seed_of(self.random_state)
         U0 = scaled_start(S, int(self.n_components), int(self.n_init), seed, self.init)
         res = fit_symnmf(S, int(self.n_components), method=self.method, penalty=self.penalty, U0=U0,
