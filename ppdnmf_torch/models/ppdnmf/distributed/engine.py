@@ -206,7 +206,10 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
         As :func:`~ppdnmf_torch.fit`, with its defaults (every default is the spec's,
         :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig`). Every rank reads the whole
-        ``Z`` and keeps its agents' blocks.
+        ``Z`` and keeps its agents' blocks; or, a site (:func:`~.site.fit_site`), ``Z`` is a dict
+        of its own agents' blocks by id, ``columns`` every agent's ``M_i`` (public) and
+        ``share="sums"``: the ranks compare the public description field by field, not a digest
+        of the data, and every rank's ``result`` holds the history.
     tol, admm_tol
         As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
         fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
@@ -286,7 +289,8 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     if site:  # the public description, field by field; never the data
         if share != "sums":
             raise ConfigError("share: a site's run shares sums only (share='sums'); its blocks are its own")
-        agree_description(comm, site_description(graph, caps, seed, params, spec, part, counts, L, share))
+        agree_description(comm, site_description(graph, caps, seed, params, spec, part, counts, L, share,
+                                                 init_seed))
         check_own_agents(blocks, part, comm.rank)
     else:
         _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part) + share)

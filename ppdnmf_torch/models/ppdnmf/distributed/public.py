@@ -3,6 +3,7 @@
 that the site holds the agents the assignment gives it."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import torch
@@ -49,13 +50,18 @@ def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def site_description(graph, caps, seed, params, spec, part, counts, L, share) -> dict:
+def site_description(graph, caps, seed, params, spec, part, counts, L, share, init_seed=None) -> dict:
     """The run's public description as the sites compare it: one field per setting (named as the
     user names them), the graph and the caps by count and a short SHA-256."""
     edges = list(zip(graph.src.tolist(), graph.dst.tolist()))
     desc = {"n_agents": graph.n_agents, "graph": f"{len(edges)} directed edges, sha256 {_short(repr(edges))}",
             "assignment": list(part.owner), "rows": int(L), "columns": list(counts),
-            "g_max": f"sha256 {_short(repr(caps.tolist()))}", "seed": int(seed), "share": share}
+            "g_max": float(caps[0]) if bool((caps == caps[0]).all()) else f"sha256 {_short(repr(caps.tolist()))}",
+            "seed": int(seed), "init_seed": init_seed, "share": share}
     desc.update({k: v for k, v in sorted(vars(params).items())})
-    desc["exchange"] = repr(spec)
+    desc["exchange"] = spec.kind
+    if dataclasses.is_dataclass(spec):  # each setting by its name (``n_max=1000000.0``)
+        desc.update({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+    else:
+        desc["exchange_spec"] = repr(spec)
     return desc
