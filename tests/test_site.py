@@ -214,3 +214,31 @@ def test_fit_site_with_several_agents_per_site_gives_the_bits_of_fit(kind):
             assert torch.equal(own["X"][k], ref.X[i]) and torch.equal(own["U"][k], ref.U[i])
             assert torch.equal(own["Y"][k], ref.Y[i])
         assert np.allclose(o.value["nmse"], ref.history["nmse"], rtol=1e-12, atol=0)
+
+
+@pytest.mark.slow
+def test_a_site_that_stops_answering_ends_the_others_naming_it(tmp_path):
+    """Site 2 stopped (SIGSTOP): sites 0 and 1 end within the heartbeat (10 s) and a few seconds,
+    each with one line naming site 2 (site 0, the store's host, keeps it up for a moment so that
+    site 1 reads the same cause)."""
+    from ppdnmf_torch.distributed import free_port
+
+    _data(tmp_path)
+    port = free_port()
+    procs = [_start(tmp_path, r, port, ["solver.bcd_iters=100000", "solver.tol=0", "site.timeout=20"])
+             for r in range(3)]
+    try:
+        time.sleep(40)
+        procs[2].send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        outs = [(p.wait(timeout=120), p.stdout.read()) for p in procs[:2]]
+        took = time.monotonic() - t0
+    finally:
+        procs[2].send_signal(signal.SIGCONT)
+        procs[2].wait(timeout=120)
+    assert took < 10 + 10
+    for r, (code, out) in enumerate(outs):
+        lines = [ln for ln in out.splitlines() if ln.startswith("ppdnmf:")]
+        assert code == 3 and len(lines) == 1, out
+        assert lines[0].startswith(f"ppdnmf: error: rank {r}: rank 2 sent no heartbeat for ") and \
+            lines[0].endswith(" s: it died or hangs"), out

@@ -37,7 +37,7 @@ from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, to_run_config
 from .resume import overridden, resume_target
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, DataError, PPDNMFError
-from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, Comm, DistributedError
+from ..distributed.comm import BACKENDS, EXIT_PEER_FAILED, STORE_LINGER, Comm, DistributedError, hosts_store
 from ..distributed.site import own_agents, site_owner, split_own_columns
 from .tasks import task_of
 
@@ -238,11 +238,13 @@ def _to_log_files(text: str, level: int = logging.INFO) -> None:
             h.handle(record)
 
 
-def _fail(exc: BaseException, code: int) -> None:
+def _fail(exc: BaseException, code: int, rank=None) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
     _to_log_files(f"error: {text}", level=logging.ERROR)
     logging.shutdown()
+    if code == EXIT_PEER_FAILED and rank is not None and hosts_store(rank):
+        time.sleep(STORE_LINGER)  # site 0 hosts the store: the others read the cause before it goes
     os._exit(code)  # a rendezvous or a process group abandoned in torch's C++ code must not hold the exit
 
 
@@ -250,7 +252,7 @@ def _fail(exc: BaseException, code: int) -> None:
 def _app(cfg: DictConfig):
     from .distributed import device_of, hold_folder
 
-    lock = run_cfg = out_dir = None
+    lock = run_cfg = out_dir = rank = None
     try:
         cfg = _compose(cfg)
         raw = OmegaConf.to_container(cfg, resolve=True)
@@ -281,7 +283,7 @@ def _app(cfg: DictConfig):
                           heartbeat=opts.heartbeat or None) as comm:
             summary = run_site(run_cfg, opts, own, Path(out_dir), comm, resume=resume)
     except DistributedError as exc:
-        _fail(exc, EXIT_PEER_FAILED)
+        _fail(exc, EXIT_PEER_FAILED, rank)
     except PPDNMFError as exc:
         _fail(exc, EXIT_USER_ERROR)
     except KeyboardInterrupt:
