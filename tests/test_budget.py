@@ -101,7 +101,7 @@ ENTRY_POINTS = {
     "symnmf starts": (lambda: initial_factor(100, 5, trials=10**9), r"^trials: 1000000000 starts need about", "16G"),
     "fit_symnmf trials": (lambda: fit_symnmf(np.eye(30) + 0.1, 3, trials=10**9), r"^trials: 1000000000 trials need",
                           "16G"),
-    "SymmetricNMF n_init": (lambda: SymmetricNMF(n_components=2, n_init=10**9).fit(np.random.rand(40, 3)),
+    "SymmetricNMF n_init": (lambda: SymmetricNMF(n_clusters=2, n_init=10**9).fit(np.random.rand(40, 3)),
                             r"^n_init: 1000000000 starts need about .* run it in pieces: at most \d+ starts per fit",
                             "16G"),
     "fit_fsspca trials": (lambda: fit_fsspca(np.random.rand(40, 5), 2, groups=np.arange(40) % 4, trials=10**9),
