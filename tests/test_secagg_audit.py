@@ -114,10 +114,13 @@ def test_run_audit_includes_secagg_and_the_adversary_across_calls(fixed_keys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rep = run_audit(("star", "random_caps"), bcd_iters=2, x_iters=4, y_iters=2, paillier=False, plain=False,
-                        protocols=("masked",), sums=False)
+                        protocols=("masked",), sums=False, to_stop=4)
     json.dumps(rep, allow_nan=False)
     star = rep["scenarios"]["star"]
     assert set(star["across_calls"]) >= {"increments", "exact", "degree1"}
+    ts = star["across_calls_to_stop"]  # fit's tol, at most 4 BCD iterations: every call attacked
+    assert ts["tol"] == 1e-4 and ts["bcd_iters_run"] <= 4 and ts["calls"] == 4 * ts["bcd_iters_run"]
+    assert ts["exact"] == 0 and ts["degree1"]["exact"] == ts["degree1"]["increments"] > 0  # the leaves: inherent
     sec = star["secagg"]
     assert sec["neighbour"]["exact_recovery_pairs_degree2plus"] == 0
     assert sec["neighbour"]["exact_recovery_pairs_degree1"] == 9  # the leaves: inherent
@@ -127,3 +130,4 @@ def test_run_audit_includes_secagg_and_the_adversary_across_calls(fixed_keys):
     assert not [f for f in rep["flags"] if f["protocol"] == "secagg"]
     md = audit.format_markdown(rep)
     assert '`exchange="secagg"` (star' in md and "refused" in md and "differences its sums across calls" in md
+    assert "the run to its stop: tol=0.0001" in md
