@@ -660,7 +660,7 @@ def test_settings_a_distributed_run_does_not_take_are_refused(solo, tmp_path):
     with pytest.raises(pp.ConfigError) as err:
         _check_supported(make_exchange(PlainSpec()))
     assert err.value.key == "exchange" and "every rank" in str(err.value)
-    cfg = RunConfig(centralized=False, solver=SolverConfig(x_solver="i_admm"))
+    cfg = RunConfig(centralized=False, solver=SolverConfig(x_solver="i_admm"), exchange=PlainSpec())
     cfg.logger.kind = "none"
     with pytest.raises(pp.ConfigError) as err:
         run_rank(cfg, tmp_path, solo)

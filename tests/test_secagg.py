@@ -90,7 +90,7 @@ def test_per_edge_schedules_are_refused_up_front_in_one_line(schedule):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("exchange: 'secagg'")
     assert f"penalty_schedule={schedule!r}" in msg
-    assert "penalty_schedule='agreed'" in msg and "'paillier'" in msg and "'quantized'" in msg
+    assert "penalty_schedule='agreed'" in msg and "'paillier'" in msg and "'plain'" in msg
 
 
 def test_unequal_weights_are_refused_per_call():
@@ -315,3 +315,4 @@ def test_follows_the_input_device(device):
     a, b = (ex.exchange(U, g, bcd_iter=1, admm_iter=1) for ex in exs)
     assert b.S.device == U.device and b.rho.device == U.device
     assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
+

@@ -248,5 +248,5 @@ def test_run_experiment_trials_take_the_start_seed():
     kw = dict(bcd_iters=2, x_iters=2, y_iters=2, init="random", init_seed=3)
     r = pp.run_experiment("paper_synthetic", trials=2, seed=4, centralized=False, device="cpu", **kw)
     blocks, g = make_trial(PAPER_EXPERIMENTS["paper_synthetic"], 5)
-    one = pp.fit(blocks, g, 5, seed=5, negative="allow", device="cpu", **dict(PAPER_SETTINGS, **kw))
+    one = pp.fit(blocks, g, 5, seed=5, negative="allow", device="cpu", exchange="plain", **dict(PAPER_SETTINGS, **kw))
     assert torch.equal(r.distributed.X[1], one.X)

@@ -51,7 +51,7 @@ def unequal_weights_message(where: str) -> str:
     """The one line that refuses per-edge weights (``where``: what has them)."""
     return (f"exchange: 'secagg' gives each agent the plain sum of its neighbours' values, which needs every "
             f"edge of a receiver to carry one weight; {where}. Use {{penalty_schedule}}='agreed' (one common "
-            "penalty per edge), or exchange='paillier' or 'quantized' for per-edge weights")
+            "penalty per edge), or exchange='paillier' (or 'plain': nothing protected) for per-edge weights")
 
 
 def check_equal_weights(w: torch.Tensor, topology, *, bcd_iter=0, admm_iter=0) -> None:

@@ -21,7 +21,7 @@ from ...errors import ConfigError, DegenerateResultWarning
 from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...penalties import cap_bounds
-from .config import FitOptions, SolverConfig
+from .config import OPTION_DEFAULTS, FitOptions, SolverConfig
 from .problem import check_rank, check_run_size
 from .solver import SolverParams, run_bcd
 
@@ -41,7 +41,10 @@ def prepare(solver: SolverConfig, options: FitOptions, L: int):
     """
     check_rank(solver.rank, L)
     params = SolverParams.of(solver)
-    spec = exchange_spec(options.exchange, protocol=options.protocol, n_max=options.n_max,
+    exchange = options.exchange
+    if params.x_solver != "admm" and _default_exchange(options):
+        exchange = "plain"  # the default secure sum is the ADMM X-step's: a token method sends no sums
+    spec = exchange_spec(exchange, protocol=options.protocol, n_max=options.n_max,
                          key_bits=options.key_bits, g_bits=options.g_bits, options=options.exchange_options)
     described = spec.spec if isinstance(spec, Exchange) else spec
     if params.x_solver != "admm" and getattr(described, "kind", None) != "plain":
@@ -51,6 +54,12 @@ def prepare(solver: SolverConfig, options: FitOptions, L: int):
         raise ConfigError(f"exchange: {{x_solver}}={params.x_solver!r} passes a token and sends no secure sums, "
                           f"so the exchange {kind!r} would go unused; use exchange='plain'")
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
+
+
+def _default_exchange(options: FitOptions) -> bool:
+    """Whether ``options`` name no exchange (the spec's default kind, no setting of it given)."""
+    return (isinstance(options.exchange, str) and options.exchange == OPTION_DEFAULTS.exchange
+            and all(getattr(options, k) is None for k in ("protocol", "n_max", "key_bits", "g_bits", "exchange_options")))
 
 
 def start_seed(init_seed, seed: int) -> int:
