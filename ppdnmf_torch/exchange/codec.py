@@ -273,8 +273,8 @@ class IntegerCodec:
 
         The bound checked is the one :meth:`check_sums` enforces at every iteration,
         ``2 * n_max * |U| * gamma_max^2 * d_max``, evaluated with ``|U|`` taken as
-        ``headroom * value_scale`` (``value_scale`` is the larger of 1, the all-ones start,
-        and the data's largest entry). Iterates that still outgrow the range later raise
+        ``headroom * max(1, value_scale)`` (``value_scale``: a public bound on the exchanged values;
+        PPDNMF passes its agreed start's, :data:`~ppdnmf_torch.models.ppdnmf.run.START_BOUND`). Iterates that still outgrow the range later raise
         :class:`CodecRangeError` at that iteration.
 
         ``g_min``, the smallest cap of an agent with neighbours, must quantize to at least 1:

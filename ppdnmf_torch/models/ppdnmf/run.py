@@ -76,20 +76,29 @@ def warn_sum_leak(exch, params, caps, degrees) -> None:
         warn_sum_leak_of(exch, params.penalty_schedule, caps, degrees)
 
 
+#: the largest entry of the agreed start ``X_0 = U_0`` per ``init`` (all ones; uniform on [0, 2)): public
+START_BOUND = {"ones": 1.0, "random": 2.0}
+
+
 def preflight(exch, blocks, caps, degree, params=None):
     """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
 
     With ``penalty_schedule="adaptive"`` or ``"agreed"`` the caps can grow during the run: the bound
-    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
+    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`). The values
+    exchanged are the copies ``U_i`` of ``X``, whose scale is the agreed start's
+    (:data:`START_BOUND`, public), not the data's: the Y-step takes the data's scale (data scaled by
+    1e-3 or 1e3 leave ``max |U|`` near the start's), so one ``n_max`` fits data of any scale and the
+    bound reveals nothing about them. An iterate that outgrows the codec's headroom still raises at
+    that iteration (:class:`~ppdnmf_torch.exchange.CodecRangeError`). ``blocks`` is unused.
     """
     codec = getattr(exch, "codec", None)
     if codec is None:
         return
-    zmax = max(float(b.abs().max()) for b in blocks)
+    start = START_BOUND.get(getattr(params, "init", None), max(START_BOUND.values()))
     caps = torch.as_tensor(caps, dtype=torch.float64)
     linked = caps[torch.as_tensor(degree) > 0]
     highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
-    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
+    codec.preflight(value_scale=start, g_max=float(highest.max()),
                     max_degree=int(degree.max()) if degree.numel() else 0,
                     g_min=float(linked.min()) if linked.numel() else None)
 
