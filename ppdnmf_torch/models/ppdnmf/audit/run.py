@@ -60,24 +60,26 @@ def _scenario(name: str, seed: int):
 
 
 def fitting_n_max(blocks, graph, g_max, *, g_bits: int = 16, key_bits: int = 128,
-                  penalty_schedule: str | None = None) -> float:
+                  penalty_schedule: str | None = None, init: str | None = None) -> float:
     """The largest of :data:`N_MAX_STEPS` whose codec range holds the scenario under its penalty
-    schedule (the check ``fit`` makes before a run, with the caps' largest reachable values:
-    ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does not fit every
-    scenario that the paper's schedule fits)."""
+    schedule (the check ``fit`` makes before a run, :func:`~..run.preflight`: the caps' largest
+    reachable values, ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does
+    not fit every scenario that the paper's schedule fits; the exchanged values bounded by the start's,
+    ``init``, default the library's). ``blocks`` is unused (the data's scale does not enter)."""
     from ..config import SOLVER_DEFAULTS
+    from ..run import START_BOUND
     from ....exchange.codec import IntegerCodec
     from ....penalties import cap_bounds
 
     schedule = penalty_schedule or SOLVER_DEFAULTS.penalty_schedule
     caps = torch.as_tensor(np.broadcast_to(np.asarray(g_max, dtype=np.float64), (graph.n_agents,)).copy())
     highest = cap_bounds(caps, schedule)
-    zmax = max(float(torch.as_tensor(b).abs().max()) for b in blocks)
+    start = START_BOUND[init or SOLVER_DEFAULTS.init]
     deg = graph.degree
     for n_max in N_MAX_STEPS:
         try:
             IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits).preflight(
-                value_scale=zmax, g_max=float(highest.max()), max_degree=int(deg.max()))
+                value_scale=start, g_max=float(highest.max()), max_degree=int(deg.max()))
         except ConfigError:
             continue
         return n_max
@@ -210,7 +212,7 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
     codec = dict(codec)
     if codec["n_max"] is None:
         codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
-                                       penalty_schedule=schedule)
+                                       penalty_schedule=schedule, init=fit_kw.get("init"))
     t0 = time.perf_counter()
     say(f"[{name}] recording the integer protocol ({fit_kw['bcd_iters']} BCD x {fit_kw['x_iters']} "
         f"ADMM iterations, penalty_schedule={schedule}, n_max={codec['n_max']:g})")
@@ -255,7 +257,8 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
     codec = dict(codec)
     if codec["n_max"] is None:
         codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
-                                       penalty_schedule=(settings or {}).get("penalty_schedule"))
+                                       penalty_schedule=(settings or {}).get("penalty_schedule"),
+                                       init=(settings or {}).get("init"))
     out = {}
     for proto in protocols:
         say(f"[paillier/{proto}] {codec['key_bits']}-bit keys, {iters['bcd_iters']} BCD x {iters['x_iters']} ADMM "
