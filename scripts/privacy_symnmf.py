@@ -47,7 +47,8 @@ def make_graph(name: str):
 def load_samples(data: str, n: int, orl: Path):
     import numpy as np
 
-    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples, load_orl
+    from ppdnmf_torch.models.symnmf.data import load_orl
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples
 
     M, y = load_digits_samples() if data == "digits" else load_orl(orl)
     sel = np.sort(np.random.default_rng(0).choice(len(y), min(n, len(y)), replace=False))

@@ -25,7 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ppdnmf_torch.models.symnmf.datasets import load_digits_samples, load_orl  # noqa: E402
+from ppdnmf_torch.models.symnmf.data import load_orl  # noqa: E402
+from ppdnmf_torch.models.symnmf.datasets import load_digits_samples  # noqa: E402
 from studies import symnmf as ex  # noqa: E402
 
 LABELS = {"symanls": "SymANLS", "symhals": "SymHALS", "a_symhals": "A-SymHALS", "kuang": "Kuang (1.01)",

@@ -1,10 +1,128 @@
-"""Shared fixtures: devices, small problems, and Paillier keys made once per session."""
+"""Shared fixtures: devices, small problems, and Paillier keys made once per session; the
+machine named at the top of the run (``pytest_report_header``), so that a failure that
+depends on the CPU says which one."""
 from __future__ import annotations
 
+import logging
+import os
+import platform
+import signal
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def _machine_setup() -> None:
+    """What the run needs of its process, before any test.
+
+    * SIGINT handled: a shell starts a background job (``pytest &``, a CI step's ``nohup``)
+      with SIGINT ignored, and the kernel passes "ignored" on to every process it starts, so
+      the tests that send Ctrl-C to a CLI run would see it ignored; a handled signal goes back
+      to its default in a started process.
+    * TorchInductor's cache per CPU capability: its FX graph cache returns the code compiled
+      under another ``ATEN_CPU_CAPABILITY`` (torch 2.13: AVX512 kernels reused under
+      ``ATEN_CPU_CAPABILITY=avx2`` gave wrong sums and NaN in the fused solver), so a run
+      under another capability gets a cache of its own unless ``TORCHINDUCTOR_CACHE_DIR`` is
+      set. Subprocesses inherit both.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    cap = os.environ.get("ATEN_CPU_CAPABILITY")
+    if cap and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        user = os.environ.get("USER") or str(os.getuid())
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{cap.lower()}")
+
+
+_machine_setup()
+
+
+#: the vector units whose presence changes which kernels torch, MKL and the compiler pick
+_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve")
+
+
+def _cpu_model() -> str:
+    """``"AMD EPYC (avx, avx2, fma, avx512f)"``: the model name and its vector units."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or "unknown"
+    units = [f for f in _VECTOR_FLAGS if f in flags]
+    return f"{model} ({', '.join(units)})" if units else model
+
+
+def machine_header() -> list[str]:
+    """The lines ``pytest_report_header`` prints: the CPU, what torch uses of it, the threads and
+    the versions (the pieces that vary across machines and change a float's last bits)."""
+    import numpy as np
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS",
+                                                    "MKL_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR") if k in os.environ)
+    blas = "MKL" if torch.backends.mkl.is_available() else "no MKL"
+    return [
+        f"machine: {_cpu_model()}; {os.cpu_count()} cores, {usable} usable; {platform.system()} {platform.machine()}",
+        f"torch {torch.__version__}: CPU capability {torch.backends.cpu.get_cpu_capability()}, {blas}, "
+        f"{torch.get_num_threads()} threads ({torch.get_num_interop_threads()} inter-op); "
+        f"CUDA {'available: ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'not available'}",
+        f"versions: python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}",
+        f"environment: {env or '(no ATEN_CPU_CAPABILITY, MKL_CBWR, OMP_NUM_THREADS, MKL_NUM_THREADS set)'}",
+    ]
+
+
+def _torch_chatter(record) -> bool:
+    """False for torch's own records below WARNING (its compiler's structured trace
+    ``torch.__trace`` is always at DEBUG), so that a failing test's report holds the
+    package's log lines, not hundreds of the compiler's."""
+    return record.levelno >= 30 or not (record.name == "torch" or record.name.startswith("torch."))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    plugin = config.pluginmanager.get_plugin("logging-plugin")
+    for name in ("report_handler", "caplog_handler"):
+        handler = getattr(plugin, name, None)
+        if handler is not None:
+            handler.addFilter(_torch_chatter)
+
+
+def pytest_runtest_setup(item):
+    """torch's structured trace (``torch.__trace``) is always at DEBUG and must never
+    propagate (torch sets it so); a logging configuration that resets the loggers below one
+    it names (``logging.config.dictConfig`` naming ``torch``) turns propagation on, and then
+    every compilation event prints to stderr through torch's own handler, hundreds of lines
+    in a failing test's report. Each test starts with it off again."""
+    logging.getLogger("torch.__trace").propagate = False
+
+
+def pytest_report_header(config):
+    return machine_header()
+
+
+def pytest_sessionstart(session):
+    """The machine at the top of the run also under ``-q`` (which hides the report header)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        for line in machine_header():
+            reporter.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After failures, the machine again, next to them."""
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.section("machine")
+        for line in machine_header():
+            terminalreporter.write_line(line)
 
 CBCL_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "cbcl_faces_train.mat"
 

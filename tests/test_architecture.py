@@ -27,7 +27,7 @@ PKG = Path(__file__).resolve().parents[1] / "ppdnmf_torch"
 
 #: the engine's units (shared by every model; never import a model or the app)
 ENGINE = {
-    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0, "specs": 0,
+    "errors": 0, "_utils": 0, "threads": 0, "folderlock": 0, "specs": 0, "budget": 0,
     "data": 1, "graph": 1, "penalties": 1, "metrics": 1, "diagnostics": 1,
     "checkpoint": 2, "exchange": 2,
     "consensus": 3, "driver": 3,
@@ -260,9 +260,8 @@ ENTRY_POINTS = {"models.ppdnmf.api.fit", "models.ppdnmf.api.fit_trials", "models
                 "models.ppdnmf.estimator.PPDNMF.__init__", "models.ppdnmf.audit.run.run_audit",
                 "models.symnmf.agents.fit_symnmf_agents", "models.symnmf.distributed.fit_symnmf_rank",
                 "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless"}
-#: over a limit, to empty: audit.sums (the sums' attacks), data (the robust engineer's split makes it a
-#: package), ServerlessRun's settings
-SIZE_PENDING = {"audit.sums", "data", "models.fsspca.serverless_run.ServerlessRun.__init__"}
+#: over a limit, to empty: audit.sums (the sums' attacks), ServerlessRun's settings
+SIZE_PENDING = {"audit.sums", "models.fsspca.serverless_run.ServerlessRun.__init__"}
 
 
 def _functions(tree, prefix=""):

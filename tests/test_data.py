@@ -212,7 +212,7 @@ def test_csv_single_column(tmp_path):
         (lambda p: np.save(p, np.zeros((2, 3, 4))), D.load_npy, "2-D"),
         (lambda p: np.save(p, np.array([["a", "b"]])), D.load_npy, "real numbers"),
         (lambda p: np.save(p, np.array([[1.0, np.nan]])), D.load_npy, "finite"),
-        (lambda p: np.save(p, np.array([[1, None]], dtype=object), allow_pickle=True), D.load_npy, "cannot read"),
+        (lambda p: np.save(p, np.array([[1, None]], dtype=object), allow_pickle=True), D.load_npy, "holds Python objects"),
         (lambda p: open(p, "w").write("1,2\n3,abc\n"), D.load_csv, "not a numeric matrix"),
         (lambda p: open(p, "w").write("1,2\n3\n"), D.load_csv, "not a numeric matrix"),
         (lambda p: open(p, "w").write("1,2\n3,inf\n"), D.load_csv, "finite"),

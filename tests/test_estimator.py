@@ -42,7 +42,9 @@ def test_attributes_follow_scikit_learn(fitted, data):
     blocks = torch.split(Z, m.result_.columns, dim=1)
     err = torch.sqrt(sum(torch.linalg.matrix_norm(b - m.result_.X[i] @ m.result_.Y[i]) ** 2
                          for i, b in enumerate(blocks)))
-    assert m.reconstruction_err_ == pytest.approx(float(err), rel=1e-10)
+    assert m.agent_reconstruction_err_ == pytest.approx(float(err), rel=1e-10)
+    W = torch.cat(m.result_.Y, dim=1).T  # fit_transform's W, with H = components_ (scikit-learn's meaning)
+    assert m.reconstruction_err_ == pytest.approx(float(torch.linalg.matrix_norm(Z.T - W @ m.components_)), rel=1e-10)
     assert m.nmse_ == m.result_.nmse and m.consensus_ == m.result_.consensus
     assert m.get_params()["n_components"] == 5 and m.set_params(mu=0.2).mu == 0.2
 

@@ -193,12 +193,33 @@ def test_derived_form_reaches_consensus_paper_literal_does_not(edges, Ms):
 
 
 def test_paper_like_penalty_consensus_ordering():
-    # With the paper's g_i = 0.033 the derived form is still clearly better, just slower.
-    Z = make_blocks(8, 3, [4, 6, 5, 7], seed=1)
+    """With the paper's g_i = 0.033 the derived form is still clearly better, just slower.
+
+    One run's ratio is a fact about one CPU's rounding: the all-ones start is a saddle that
+    amplifies rounding, and the final consensus ratio of this problem measured 4.8 on an Intel
+    Xeon (AVX512; issue 42) and 14.0 here (AMD EPYC; 13.2 with ``MKL_CBWR=COMPATIBLE``). Over
+    150 copies of the data perturbed by less than 2 ulp (a stand-in for other machines'
+    rounding; ``python scripts/consensus_ratio_spread.py``) it ranged from 2.1 to 19.3 (median
+    10.3), and with ``MKL_CBWR=COMPATIBLE`` from 1.2 to 19.4 (median 12.6); below 3 in 2 and 5
+    of 150. The claim is tested on the median of 5 runs (the data and 4 perturbed copies):
+    below 3 only if 3 of the 5 are, about 4e-4 at the worse of those rates."""
     kw = dict(g_max=0.033, bcd_iters=40, x_iters=10, y_iters=10)
-    c_d = reference_fit(Z, CYCLE4, 3, consensus_form="derived", **kw)["history"]["consensus"][-1]
-    c_l = reference_fit(Z, CYCLE4, 3, consensus_form="paper_literal", **kw)["history"]["consensus"][-1]
-    assert c_l > 5 * c_d
+    ratios = []
+    for Z in perturbed_copies(make_blocks(8, 3, [4, 6, 5, 7], seed=1), 4, seed=0):
+        c_d = reference_fit(Z, CYCLE4, 3, consensus_form="derived", **kw)["history"]["consensus"][-1]
+        c_l = reference_fit(Z, CYCLE4, 3, consensus_form="paper_literal", **kw)["history"]["consensus"][-1]
+        ratios.append(c_l / c_d)
+    assert sorted(ratios)[len(ratios) // 2] > 3, ratios
+
+
+def perturbed_copies(blocks, count, seed, ulps=2.0):
+    """``blocks``, then ``count`` copies with each entry scaled by ``1 + u``, ``u`` uniform on
+    ``[0, ulps * eps)``: the rounding differences another machine's kernels would make."""
+    gen = torch.Generator().manual_seed(seed)
+    eps = torch.finfo(torch.float64).eps
+    yield blocks
+    for _ in range(count):
+        yield [b * (1 + ulps * eps * torch.rand(b.shape, generator=gen, dtype=torch.float64)) for b in blocks]
 
 
 # --------------------------------------------------------------------- exchange

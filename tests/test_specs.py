@@ -73,7 +73,7 @@ BAD = [
     (scfg.AgentsSpec, "mu", "big", "mu: unknown value 'big'"),
     (scfg.AgentsSpec, "n_agents", 0, "n_agents: must be >= 1"),
     (scfg.AgentsSpec, "exchange", "secret", "exchange: unknown value 'secret'"),
-    (scfg.ClusteringSpec, "n_components", "2", "n_components: must be an integer, got '2' (str)"),
+    (scfg.ClusteringSpec, "n_clusters", "2", "n_clusters: must be an integer, got '2' (str)"),
     (scfg.ClusteringSpec, "dtype", "float16", "dtype: unknown value 'float16'"),
     (scfg.RankSpec, "share", "some", "share: unknown value 'some'"),
     (fcfg.TaskSpec, "alpha", "big", "alpha: must be a number or a list of numbers"),
@@ -113,8 +113,8 @@ def test_every_field_of_every_spec_refuses_a_mapping(cls):
 
 
 def test_a_spec_takes_numpy_integers_and_an_int_for_a_float():
-    s = scfg.ClusteringSpec(n_components=np.int64(3), tol=0)
-    assert type(s.n_components) is int and s.n_components == 3 and type(s.tol) is float
+    s = scfg.ClusteringSpec(n_clusters=np.int64(3), tol=0)
+    assert type(s.n_clusters) is int and s.n_clusters == 3 and type(s.tol) is float
     assert fcfg.TaskSpec(alpha=[0, 1.5]).alpha == [0.0, 1.5]
 
 
@@ -131,7 +131,7 @@ def test_build_takes_an_integral_float_from_a_config_and_names_the_dotted_key():
 
 
 @pytest.mark.parametrize("kw, key", [
-    (dict(n_components="2"), "n_components"), (dict(dtype="float16"), "dtype"), (dict(max_iter=10.0), "max_iter"),
+    (dict(n_clusters="2"), "n_clusters"), (dict(dtype="float16"), "dtype"), (dict(max_iter=10.0), "max_iter"),
     (dict(method="nmf"), "method"), (dict(n_init=True), "n_init"),
 ])
 def test_symmetric_nmf_refuses_a_wrong_parameter(kw, key):

@@ -140,9 +140,9 @@ def test_estimator_clusters_blobs_and_follows_conventions():
     assert clustering_accuracy(y, labels) == 1.0
     assert est.embedding_.shape == (120, 3) and isinstance(est.embedding_, np.ndarray)
     assert np.array_equal(est.labels_, est.embedding_.argmax(1)) and est.n_features_in_ == 4
-    assert est.n_iter_ >= 1 and est.lambda_ > 0 and 0 <= est.reconstruction_err_ < 1
+    assert est.n_iter_ >= 1 and est.lambda_ > 0 and 0 <= est.relative_err_ < 1
     params = est.get_params()
-    assert params["n_components"] == 3 and params["affinity"] == "knn" and params["random_state"] == 0
+    assert params["n_clusters"] == 3 and params["affinity"] == "knn" and params["random_state"] == 0
     est.set_params(max_iter=7)
     assert est.max_iter == 7
     # the same random_state, the same result; precomputed equals knn on the same similarity
@@ -159,7 +159,7 @@ def test_estimator_bad_parameters():
     M, _ = _blobs(30, 2, 2, seed=1)
     with pytest.raises(ConfigError, match="affinity"):
         SymmetricNMF(2, affinity="rbf").fit(M)
-    with pytest.raises(ConfigError, match="n_components"):
+    with pytest.raises(ConfigError, match="n_clusters"):
         SymmetricNMF(0).fit(M)
     with pytest.raises(DataError, match="square"):
         SymmetricNMF(2, affinity="precomputed").fit(M)

@@ -315,6 +315,7 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
     process is made. ``world``: :func:`~.launch.env_world` (None: this process starts the ranks)."""
     from ..distributed.comm import resolve_backend
     from ..distributed.launch import check_local_ranks
+    from ..models.ppdnmf.memory import check_run
 
     if cfg.trials > 1:
         raise ConfigError(f"trials: a multi-process run fits one trial, got trials={cfg.trials}; run batched trials "
@@ -323,6 +324,8 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
     n_agents = task_of(cfg).n_agents(cfg)
     if world is None:
         check_local_ranks(opts.nproc, n_agents, key="distributed.nproc")
+        if task_of(cfg).name == "ppdnmf":  # the memory estimate is PPDNMF's
+            check_run(cfg, nproc=opts.nproc, device=_device_of(cfg, 0), dtype=cfg.dtype)
     try:
         resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
     except PPDNMFError as exc:

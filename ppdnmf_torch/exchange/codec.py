@@ -61,6 +61,8 @@ class CodecRangeError(PPDNMFError):
 
 #: the largest ``g_bits`` (penalty scale ``2^g_bits``) the codec takes
 MAX_G_BITS = 30
+#: the largest ``n_max``: ``round(n_max U)`` is an int64, and ``|U| >= 1`` at the all-ones start
+MAX_N_MAX = float(2**62)
 #: integer penalties stay below this, so that ``gamma_ij gamma_ji < 2^62`` holds in int64
 _GAMMA_LIMIT = float(2**31)
 
@@ -76,6 +78,9 @@ def check_codec_params(n_max, g_bits, key_bits) -> None:
     """
     if not (isinstance(n_max, (int, float)) and math.isfinite(n_max) and n_max >= 1):
         raise ConfigError(f"n_max: must be a finite number >= 1, got {n_max!r}")
+    if n_max > MAX_N_MAX:  # q = round(n_max U) is an int64: |U| >= 1 (the all-ones start) would overflow it
+        raise ConfigError(f"n_max: {n_max:g} is above the largest scale the codec holds, 2^62 (~4.6e18): "
+                          f"q = round(n_max U) is a 64-bit integer; use n_max <= {MAX_N_MAX:.3g}")
     if not isinstance(g_bits, int) or not 0 <= g_bits <= MAX_G_BITS:
         raise ConfigError(f"g_bits: must be an integer in [0, {MAX_G_BITS}], got {g_bits!r}")
     if not isinstance(key_bits, int) or key_bits < 16:
@@ -301,17 +306,24 @@ class IntegerCodec:
                 f"its consensus switched off; {hint}"
             )
         gamma = round(float(g_max) * self.penalty_scale)
-        need = 2.0 * float(self.n_max) * headroom * max(1.0, float(value_scale)) * gamma * gamma * max_degree
-        if need >= self.limit:
-            bits_needed = math.ceil(math.log2(need)) + 3
-            if need >= INT64_LIMIT:
+        if gamma < 1:
+            return
+        # in log2, so that no size of data or n_max overflows a float (1e300 * 1e300)
+        log_need = (1 + math.log2(float(self.n_max)) + math.log2(headroom) + math.log2(max(1.0, float(value_scale)))
+                    + 2 * math.log2(gamma) + math.log2(max_degree))
+        if log_need >= math.log2(self.limit):
+            bits_needed = math.ceil(log_need) + 3
+            if log_need >= math.log2(INT64_LIMIT):
+                fits = self.n_max * 2.0 ** (math.log2(self.limit) - log_need)
                 hint = (f"the int64 emulation holds 2^62 at most, so lower {{n_max}} (or {{g_bits}}); "
-                        f"{{n_max}} <= {self.n_max * self.limit / need:.3g} fits")
+                        f"{{n_max}} <= {fits:.3g} fits" if fits >= 1 else
+                        f"the int64 emulation holds 2^62 at most, and no {{n_max}} >= 1 fits data of this scale "
+                        f"({float(value_scale):.3g}): rescale the data (data.normalize=true)")
             else:
                 hint = f"use {{key_bits}} >= {bits_needed} or lower {{n_max}}"
             raise ConfigError(
                 f"key_bits/n_max: with n_max={self.n_max:g}, g_bits={self.g_bits} and penalty caps up to "
-                f"{g_max:g}, neighbour sums can reach about 2^{math.log2(need):.1f}, beyond the codec limit "
+                f"{g_max:g}, neighbour sums can reach about 2^{log_need:.1f}, beyond the codec limit "
                 f"2^{self.limit.bit_length() - 1} of {self.key_bits}-bit keys; {hint}"
             )
 

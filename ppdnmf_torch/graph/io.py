@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from .. import budget
 from ..errors import GraphError
 from .core import Graph, as_int, validate_graph
 
@@ -187,12 +188,20 @@ def from_adjacency(adjacency, n_agents=None) -> Graph:
 # ----------------------------------------------------------------------------
 
 
+#: bytes of one parsed edge (a tuple of three ints in a list); an edge takes at least 4 bytes of text
+_EDGE_BYTES = 160
+
+
 def _read_lines(path_or_lines) -> tuple[str, list[str]]:
     """``(source, lines)``: the name used in messages and the text lines."""
     if not isinstance(path_or_lines, (str, os.PathLike)):
         return "<lines>", [str(s) for s in path_or_lines]
     source = os.fspath(path_or_lines)
     try:
+        size = os.path.getsize(source)
+        # the lines and the parsed edges, at most one edge per 4 bytes of text ("0 1\n")
+        budget.check_bytes(size * (1 + _EDGE_BYTES / 4), "path", f"edge list file {source!r} ({size} bytes)",
+                           model="reading a graph", sizes=f"{size} bytes of text", hint="use a smaller graph")
         with open(source, encoding="utf-8") as fh:
             return source, fh.read().splitlines()
     except FileNotFoundError:
@@ -294,4 +303,24 @@ def from_edge_list(path_or_lines, n_agents=None) -> Graph:
                 f"{source}, line {lineno}: node id {max(i, j)} is outside 0..{n - 1} "
                 f"(there are {n} agents)"
             )
+    _check_enough_edges(source, n, pairs, n_agents, header_n)
     return Graph(n, validate_graph(n, [(i, j) for i, j, _ in pairs], name=source))
+
+
+def _check_enough_edges(source: str, n: int, pairs, n_agents, header_n) -> None:
+    """Refuse a graph of ``n`` agents with fewer than ``n - 1`` distinct edges (it cannot be
+    connected) before any ``n``-sized structure is made: a file naming node 1000000000 asks
+    for a billion agents."""
+    if n - 1 > len(pairs):  # too few lines: no need to count the distinct edges
+        edges = len({(min(i, j), max(i, j)) for i, j, _ in pairs})
+    else:
+        return  # enough lines for a connected graph: validate_graph checks the rest
+    if n_agents is not None:
+        why = f"n_agents={n}"
+    elif header_n is not None:
+        why = f"its header says n_agents: {n}"
+    else:
+        top = max(max(i, j) for i, j, _ in pairs)
+        why = f"its largest node id is {top}, so there are {n} agents (ids count from 0; number them 0..N-1)"
+    raise GraphError(f"{source}: graph is disconnected: {why}, and its {edges} distinct edges cannot connect them "
+                     f"(a connected graph of {n} agents needs at least {n - 1})")

@@ -109,7 +109,7 @@ def _cross(cfg: FSSPCARunConfig) -> None:
 
 
 #: the API's parameter names and the config keys they come from
-CONFIG_KEYS = {"data": "data.kind", "split": "split.kind", "checkpoint_dir": "resume",
+CONFIG_KEYS = {"data": "data.kind", "path": "data.path", "split": "split.kind", "checkpoint_dir": "resume",
                **{k: f"solver.{k}" for k in asdict(FSSPCASpec())},
                **{k: f"serverless.{k}" for k in asdict(ServerlessSpec()) if k != "exchange"}}
 

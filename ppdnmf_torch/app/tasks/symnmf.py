@@ -103,7 +103,7 @@ def _cross(cfg: SymNMFRunConfig) -> None:
 
 
 #: the API's parameter names and the config keys they come from
-CONFIG_KEYS = {"path": "data.path", "preset": "data.preset", "method": "solver.method", "penalty": "solver.penalty",
+CONFIG_KEYS = {"path": "data.path", "labels_path": "data.labels_path", "n": "data.n", "preset": "data.preset", "method": "solver.method", "penalty": "solver.penalty",
                "lam0": "solver.lam0", "max_iter": "solver.max_iter", "tol": "solver.tol", "rank": "rank",
                "checkpoint_dir": "resume", "n_agents": "agents.n_agents", "mu": "agents.mu", "g_cap": "agents.g_cap",
                "x_iters": "agents.x_iters", "y_iters": "agents.y_iters", "min_degree": "graph.min_degree",

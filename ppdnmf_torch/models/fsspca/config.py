@@ -168,6 +168,10 @@ class EstimatorSpec:
         Workers of an IID split of one array given without ``groups``.
     device : str
     dtype : {"float64", "float32"}
+    threads : int or None
+        torch's intra-op threads for ``fit`` (None: the package's default).
+    verbose : int
+        0: silent; 1 or more: the fit's progress (:class:`~ppdnmf_torch.driver.progress.FitProgress`).
     """
 
     n_components: int | None = rule(None, ge=1)
@@ -175,6 +179,8 @@ class EstimatorSpec:
     n_workers: int = rule(1, ge=1)
     device: str = "cpu"
     dtype: str = rule("float64", choices=DTYPES)
+    threads: int | None = rule(None, ge=1)
+    verbose: int = rule(0, ge=0)
 
     def __post_init__(self):
         check_fields(self)

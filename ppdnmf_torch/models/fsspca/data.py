@@ -1,18 +1,26 @@
 """Data for FSSPCA: the spiked-covariance model with known sparse loadings, scikit-learn's
-small data sets, and IID / non-IID splits of rows over workers (docs/FSSPCA.md, "Data").
+small data sets, a user's rows from a file, and IID / non-IID splits of rows over workers
+(docs/FSSPCA.md, "Data").
 
 Splits return ``groups (n,)``: the worker of each row (every worker gets at least one row).
+:func:`load_rows` reads a user's ``.npy``/``.csv`` (one :class:`~ppdnmf_torch.errors.DataError`
+line keyed ``path`` for a bad file), and :func:`check_rows` refuses rows no covariance can be
+made of (constant, or so large or small that it overflows or vanishes).
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ...data.files import check_matrix, existing_file, read_npy, read_text
 from ...errors import ConfigError, DataError
 
 __all__ = ["SpikedData", "spiked_covariance", "load_dataset", "DATASETS", "split_iid", "split_by_class",
-           "split_dirichlet", "split_rows", "SPLITS"]
+           "split_dirichlet", "split_rows", "SPLITS", "load_rows", "check_rows"]
 
 DATASETS = ("digits", "breast_cancer", "wine")
 SPLITS = ("iid", "class", "dirichlet")
@@ -131,3 +139,59 @@ def split_rows(split, n_workers, *, y=None, n=None, seed=0, concentration=0.5) -
     if split == "dirichlet":
         return split_dirichlet(y, n_workers, concentration, seed)
     raise ConfigError(f"split: unknown split {split!r}; use one of {list(SPLITS)}")
+
+
+def load_rows(path, key: str = "path") -> np.ndarray:
+    """A user's rows ``(n, d)`` float64 from a ``.npy`` or ``.csv`` file (one sample per row).
+
+    Raises
+    ------
+    DataError
+        Keyed ``key``: missing, not of its kind (text in a ``.npy``, binary bytes in a
+        ``.csv``), truncated, pickled objects, strings, not 2-D, empty, NaN or infinite.
+    """
+    p = existing_file(path, "data", key)
+    ext = os.path.splitext(p)[1].lower()
+    if ext not in (".npy", ".csv"):
+        raise DataError(f"{key}: {p!r} is not a .npy or .csv file")
+    arr = read_npy(p, key) if ext == ".npy" else read_text(p, key)
+    return check_matrix(arr, repr(p), key, "(n_samples, n_features) matrix")
+
+
+def check_rows(blocks, *, center: bool = True, key: str = "data") -> None:
+    """Refuse workers' rows that give no covariance to decompose, before any work.
+
+    Parameters
+    ----------
+    blocks : list of Tensor (n_i, d)
+        The workers' rows (finite; :func:`~.fit.as_blocks` checked them).
+    center : bool
+        Whether the rows are centred (then constant features carry no variance).
+
+    Raises
+    ------
+    DataError
+        Keyed ``key``: every feature constant (``center``) or every entry zero, so that every
+        covariance is 0 (and ``rho="auto"``, a multiple of its largest eigenvalue, too); or
+        entries so large that ``n max|x|^2`` overflows the dtype, or so small that it
+        underflows to 0, with the scale to divide by.
+    """
+    n = sum(int(b.shape[0]) for b in blocks)
+    top = max(float(b.abs().max()) for b in blocks)
+    fin = torch.finfo(blocks[0].dtype)
+    if top > 0:
+        grows = 2 * math.log10(top) + math.log10(max(n, 1))
+        if grows > math.log10(fin.max) - 1:
+            raise DataError(f"{key}: entries up to {top:.3g} overflow the covariance in {str(fin.dtype)} (n max|x|^2 "
+                            f"~ 1e{grows:.0f}); rescale the rows (divide by their largest absolute entry)")
+        if 2 * math.log10(top) < math.log10(fin.tiny) + 1:
+            raise DataError(f"{key}: entries up to {top:.3g} make the covariance underflow to 0 in "
+                            f"{str(fin.dtype)}; rescale the rows (divide by their largest absolute entry)")
+    if center:
+        lo = torch.stack([b.amin(0) for b in blocks]).amin(0)
+        hi = torch.stack([b.amax(0) for b in blocks]).amax(0)
+        if bool((lo == hi).all()):
+            raise DataError(f"{key}: every one of the {int(lo.numel())} features is constant over the {n} rows, so "
+                            "the centred covariance is 0: there is no variance to find components of")
+    elif top == 0:
+        raise DataError(f"{key}: every entry is 0, so the covariance is 0: there is no variance to find components of")

@@ -12,12 +12,36 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ...driver import seed_of
-from ...errors import ConfigError
+from ...driver.progress import FitProgress, check_verbose
+from ...errors import ConfigError, DataError
+from ...exchange.aggregation import Aggregator
+from ...threads import using_threads
 from .data import split_iid
 from .config import ESTIMATOR, SPEC, EstimatorSpec, FSSPCASpec
 from .fit import fit_fsspca
 
 __all__ = ["FederatedSparsePCA"]
+
+
+def _shown(info) -> tuple:
+    """What ``verbose`` shows of an ADMM iteration: the first trial's objective, explained
+    variance and consensus."""
+    v = info.values
+    return info.iteration, {k.replace("_", " "): float(v[k][0]) for k in ("objective", "explained_variance",
+                                                                          "consensus") if k in v}
+
+
+def _checked_groups(groups, n: int) -> np.ndarray:
+    """``groups`` as an array of ``n`` labels, or one ``DataError`` naming ``groups``."""
+    try:
+        g = np.asarray(groups)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"groups: cannot read as an array of worker labels ({exc})") from None
+    if g.ndim != 1 or g.shape[0] != n:
+        raise DataError(f"groups: must give one worker label per row of X, {n} in all, got shape {g.shape}")
+    if g.dtype.kind not in "biuUSO" or (g.dtype.kind == "O" and not all(isinstance(x, (str, int)) for x in g)):
+        raise DataError(f"groups: worker labels must be integers or strings, got dtype {g.dtype}")
+    return g
 
 
 def _is_blocks(X) -> bool:
@@ -58,6 +82,13 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         (:func:`~ppdnmf_torch.driver.seed_of`, as every estimator of the library reads it).
     device : {"cpu", "cuda", "auto"}
     dtype : {"float64", "float32"}
+    threads : int or None
+        torch's intra-op threads for ``fit``, restored after it (None: the package's default,
+        :func:`ppdnmf_torch.threads.default_threads`).
+    verbose : int or bool
+        0: silent; 1: the fit's progress (a tqdm bar on a terminal, else a line every few
+        seconds: ADMM iteration, objective, explained variance, consensus, elapsed time, ETA);
+        2: a line per iteration.
 
     Attributes
     ----------
@@ -78,8 +109,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def __init__(self, n_components=ESTIMATOR.n_components, *, alpha=ESTIMATOR.alpha, lambda_2=SPEC.lambda_2,
                  smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho, line_search=SPEC.line_search,
                  inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver, aggregation=SPEC.aggregation,
-                 n_workers=ESTIMATOR.n_workers, max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None, device=ESTIMATOR.device,
-                 dtype=ESTIMATOR.dtype):
+                 n_workers=ESTIMATOR.n_workers, max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None,
+                 device=ESTIMATOR.device, dtype=ESTIMATOR.dtype, threads=ESTIMATOR.threads, verbose=ESTIMATOR.verbose):
         self.n_components = n_components
         self.alpha = alpha
         self.lambda_2 = lambda_2
@@ -96,11 +127,18 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.random_state = random_state
         self.device = device
         self.dtype = dtype
+        self.threads = threads
+        self.verbose = verbose
 
     def fit(self, X, y=None, groups=None, callback=None):
         """Fit on ``X (n, d)`` with ``groups (n,)`` (each row's worker), or on a list of the
-        workers' row blocks ``[(n_i, d), ...]``; ``y`` is ignored."""
+        workers' row blocks ``[(n_i, d), ...]``; ``y`` is ignored. ``callback`` as
+        :func:`.fit.fit_fsspca`'s (True stops the run)."""
         self._check_params()
+        with using_threads(self.threads):
+            return self._fit(X, groups, callback)
+
+    def _fit(self, X, groups, callback):
         seed = seed_of(self.random_state)
         if _is_blocks(X):
             if groups is not None:
@@ -115,16 +153,22 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                 if not 1 <= k <= A.shape[0]:
                     raise ConfigError(f"n_workers: must be in 1..{A.shape[0]} (the number of rows), got {k}")
                 groups = split_iid(A.shape[0], k, seed=seed)
-            groups = np.asarray(groups)
+            groups = _checked_groups(groups, A.shape[0])
             blocks = [A[groups == g] for g in np.unique(groups)]
             d = A.shape[1]
         r = d if self.n_components is None else self.n_components
-        with torch.no_grad():
-            res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
-                             mu=self.mu, rho=self.rho, line_search=self.line_search, inner_steps=self.inner_steps,
-                             local_solver=self.local_solver,
-                             aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
-                             device=self.device, dtype=self.dtype, callback=callback)
+        progress = FitProgress(self.verbose, int(self.max_iter), "FederatedSparsePCA", step="ADMM iteration")
+        try:
+            with torch.no_grad():
+                res = fit_fsspca(blocks, r, alpha=self.alpha, lambda_2=self.lambda_2, smoothing=self.smoothing,
+                                 mu=self.mu, rho=self.rho, line_search=self.line_search,
+                                 inner_steps=self.inner_steps, local_solver=self.local_solver,
+                                 aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
+                                 device=self.device, dtype=self.dtype, callback=progress.wrap(callback, _shown))
+        except BaseException:
+            progress.close()
+            raise
+        progress.done(int(res.n_iter[0]))
         n = sum(b.shape[0] for b in blocks)
         var = res.variance_components[0].cpu().numpy().astype(np.float64)
         self.components_ = res.z[0].T.cpu().numpy().astype(np.float64)
@@ -144,9 +188,13 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         (an aggregator object is checked by the fit)."""
         dtype = str(self.dtype).removeprefix("torch.") if isinstance(self.dtype, torch.dtype) else self.dtype
         EstimatorSpec(n_components=self.n_components, alpha=self.alpha, n_workers=self.n_workers, device=self.device,
-                      dtype=dtype)
+                      dtype=dtype, threads=self.threads, verbose=check_verbose(self.verbose))
+        if not isinstance(self.aggregation, (str, Aggregator)):
+            raise ConfigError(f"aggregation: must be one of the kinds' names or an aggregator, got "
+                              f"{self.aggregation!r} ({type(self.aggregation).__name__})")
         FSSPCASpec(lambda_2=self.lambda_2, smoothing=self.smoothing, mu=self.mu, rho=self.rho,
-                   line_search=self.line_search, inner_steps=self.inner_steps, max_iter=self.max_iter, tol=self.tol,
+                   line_search=self.line_search, inner_steps=self.inner_steps, local_solver=self.local_solver,
+                   max_iter=self.max_iter, tol=self.tol,
                    aggregation=self.aggregation if isinstance(self.aggregation, str) else SPEC.aggregation)
 
     def transform(self, X):

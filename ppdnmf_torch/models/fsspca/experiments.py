@@ -13,7 +13,7 @@ import torch
 
 from ...errors import ConfigError, ConvergenceWarning
 from .config import RUN, SPEC, TASK
-from .data import load_dataset, spiked_covariance, split_rows
+from .data import load_dataset, load_rows, spiked_covariance, split_rows
 from .deflation import fit_sequential
 from .fit import fit_fsspca
 from .smoothing import SMOOTHINGS
@@ -321,7 +321,7 @@ def run_task(*, data="spiked", n_workers=TASK.n_workers, split=TASK.split, n_com
     elif data in ("digits", "breast_cancer", "wine"):
         X, y = load_dataset(data)
     elif isinstance(data, str) and data.endswith((".npy", ".csv")):
-        X = np.load(data) if data.endswith(".npy") else np.loadtxt(data, delimiter=",", ndmin=2)
+        X = load_rows(data)
     else:
         raise ConfigError(f"data: unknown data {data!r}; use spiked, digits, breast_cancer, wine or a .npy/.csv path")
     groups = split_rows(split, n_workers, y=y, n=len(X), seed=seed, concentration=concentration)

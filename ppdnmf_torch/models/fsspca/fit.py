@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ... import budget
 from ..._utils import derive_seed, resolve_device, resolve_dtype
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive
@@ -17,6 +18,7 @@ from ...exchange.aggregation import make_aggregator
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
 from .config import RHO_RULES, RUN, SPEC, TASK
+from .data import check_rows
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult
 from .server_run import ServerRun
@@ -240,6 +242,9 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     if not tol >= 0:
         raise ConfigError(f"tol: must be >= 0, got {tol}")
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
+    check_rows(blocks, center=center)
+    budget.check(budget.fsspca(n=sum(int(b.shape[0]) for b in blocks), d=d, n_workers=K, n_components=r, trials=T,
+                               max_iter=int(max_iter), dtype=like.dtype, device=like.device))
     psi = get_smoothing(smoothing)
     admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
     if projector is not None:

@@ -15,6 +15,7 @@ from ...errors import ConfigError
 from ...graph import check_min_degree, complete
 from ...penalties import check_shared_caps
 from ...specs import check_value
+from .memory import check_fit
 from ...threads import with_threads
 from .config import MAX_SEED, OPTION_DEFAULTS as _O, SOLVER_DEFAULTS as _S, settings
 from .problem import as_blocks, as_caps, as_graph, as_seed, build_problem, check_data
@@ -204,6 +205,7 @@ def fit(Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_ma
         warn_sum_leak(exch, params, caps[None], [graph.degree])  # secagg refuses a per-edge schedule here
         check_shared_caps(caps, params.penalty_schedule)
         preflight(exch, blocks, caps, graph.degree, params)
+        check_fit([blocks], [graph], params, dtype=dtype, device=device, exchange=exch)
         problem = build_problem([blocks], [graph], caps[None], [options.seed], dtype=dtype, device=device,
                                 init_seeds=[start_seed(solver.init_seed, options.seed)])
     except BaseException:
@@ -315,6 +317,7 @@ def fit_trials(block_lists, graphs, rank, *, seeds, g_max=_S.g_max, mu=_S.mu, et
         check_shared_caps(caps, params.penalty_schedule)
         for b, g, c in zip(blocks, graphs, caps):
             preflight(exch, b, c, g.degree, params)
+        check_fit(blocks, graphs, params, dtype=dtype, device=device, exchange=exch)
         problem = build_problem(blocks, graphs, caps, seeds, dtype=dtype, device=device,
                                 rank=solver.rank if align_trials else None,
                                 init_seeds=[start_seed(None if init_seeds is None else init_seeds[t], seeds[t])

@@ -85,7 +85,7 @@ X_SOLVER_KEYS = ("x_solver", "x_rho", "x_gamma_spread", "x_sigma", "x_rounds", "
 PAPER_SETTINGS = {"penalty_schedule": "paper", "init": "ones", "y_solver": "admm", "tol": 0.0}
 #: the most iterations a loop may be asked for: a count beyond it cannot end (an ADMM or
 #: HALS iteration takes microseconds at least), so it is refused up front, as a count whose
-#: history or buffers cannot fit in memory is (:func:`~.problem.check_run_size`)
+#: history or buffers cannot fit in memory is (:func:`~.memory.check_fit`)
 MAX_ITERATIONS = 2**31 - 1
 
 #: defaults of the synthetic data's parameters (the paper's Sec. IV)

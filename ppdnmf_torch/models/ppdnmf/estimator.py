@@ -25,7 +25,8 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ...driver import seed_of
-from ...errors import ConfigError, DataError, PPDNMFError
+from ...driver.progress import FitProgress, check_verbose
+from ...errors import ConfigError, DataError, GraphError, PPDNMFError
 from ...graph import Graph, complete, ring
 from ...threads import using_threads
 from .api import fit
@@ -43,6 +44,12 @@ _FIT_NAMES = {"bcd_iters": "max_iter", "rank": "n_components", "adjacency": "gra
 
 #: densified blocks of a ``scipy.sparse`` input above this many bytes are refused
 MAX_DENSE_BYTES = 2 << 30
+
+
+def _shown(info) -> tuple:
+    """What ``verbose`` shows of a BCD iteration: its number, NMSE and consensus error."""
+    m = info.metrics
+    return info.iteration, {"NMSE": float(m["nmse"]), "consensus": float(m["consensus"])}
 
 
 def _dense_columns(Z, columns, n_agents: int):
@@ -115,6 +122,14 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         whichever ``y_solver`` the fit used), run in rounds of ``y_iters`` until the relative
         change falls below ``transform_tol``.
     transform_tol : float
+    verbose : int or bool
+        0 (the default): silent. 1: progress of the fit (a tqdm bar when stderr is a terminal,
+        else a line every few seconds: BCD iteration, NMSE, consensus error, elapsed time, ETA);
+        2: a line after every BCD iteration (:class:`~ppdnmf_torch.driver.progress.FitProgress`,
+        through the fit's callback).
+
+    ``threads`` holds torch's intra-op threads for all of ``fit``, ``transform`` and ``score``,
+    restored after each call (None: the package's default, :func:`ppdnmf_torch.threads.default_threads`).
 
     Attributes
     ----------
@@ -124,7 +139,13 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     n_iter_ : int
         BCD iterations run.
     reconstruction_err_ : float
-        ``||X - [W_1 H_1; ...; W_N H_N]||_F`` (each agent with its own copy of the basis).
+        ``||X - W H||_F`` for ``W = fit_transform(X)`` (the agents' own coefficients) and
+        ``H = components_`` (the consensus basis), as scikit-learn's ``NMF`` has it; ``X`` as
+        the fit factorized it (after ``negative="clip"`` or ``"shift"``).
+    agent_reconstruction_err_ : float
+        ``||X - [W_1 H_1; ...; W_N H_N]||_F``, each agent's rows rebuilt with its own copy
+        ``H_i`` of the basis (what the run minimized: ``sqrt(2 objective)``); the two figures
+        agree as the copies agree.
     nmse_, consensus_ : float
         The paper's NMSE and the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||``.
     history_ : dict
@@ -152,7 +173,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                  protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
                  penalty_schedule=_S.penalty_schedule, y_solver=_S.y_solver, negative=_O.negative,
                  min_degree=_O.min_degree, device=_O.device, dtype=_O.dtype, fuse=_S.fuse, threads=_O.threads,
-                 exchange_options=_O.exchange_options, transform_iters=3000, transform_tol=1e-8):
+                 exchange_options=_O.exchange_options, transform_iters=3000, transform_tol=1e-8, verbose=0):
         self.n_components = n_components
         self.graph = graph
         self.n_agents = n_agents
@@ -184,6 +205,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.exchange_options = exchange_options
         self.transform_iters = transform_iters
         self.transform_tol = transform_tol
+        self.verbose = verbose
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -196,7 +218,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     def _torch_dtype(self) -> torch.dtype:
         dtypes = {"float64": torch.float64, "float32": torch.float32, torch.float64: torch.float64,
                   torch.float32: torch.float32}
-        if self.dtype not in dtypes:
+        if not isinstance(self.dtype, (str, torch.dtype)) or self.dtype not in dtypes:
             raise ConfigError(f"dtype: must be 'float64' or 'float32', got {self.dtype!r}")
         return dtypes[self.dtype]
 
@@ -212,7 +234,12 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{name}: must be a finite number >= 0, got {v!r}")
+        c = self.columns
+        if c is not None and (isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in c)):
+            raise ConfigError(f"columns: must be None or a list of sample counts, one integer >= 1 per agent, got {c!r}")
         self._torch_dtype()
+        check_verbose(self.verbose)
 
     def _as_samples(self, X, reset: bool):
         """``X`` validated, as a float64 tensor ``(n_samples, n_features)`` on the CPU (NumPy,
@@ -259,7 +286,9 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             return ring(n) if n >= 3 else complete(n)
         try:
             g = as_graph(self.graph)
-        except PPDNMFError as exc:  # fit's name of the graph is adjacency
+        except GraphError as exc:  # a parameter that is no graph: fit's name of the graph is adjacency
+            raise ConfigError(str(exc.renamed({"adjacency": "graph"}))) from None
+        except PPDNMFError as exc:
             raise exc.renamed({"adjacency": "graph"}) from None
         if g.n_agents > n_samples:
             raise DataError(f"graph: {g.n_agents} agents but X has only {n_samples} samples; every agent needs one")
@@ -295,11 +324,15 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         return self
 
     def _fit(self, X, y, callback):
+        self._check_params()
+        with using_threads(self.threads):  # the whole fit, its checks and the rebuilt error too
+            return self._fit_under_threads(X, y, callback)
+
+    def _fit_under_threads(self, X, y, callback):
         if y is not None and (isinstance(y, Graph) or hasattr(y, "adj") or (
                 hasattr(y, "shape") and len(getattr(y, "shape", ())) == 2 and y.shape[0] == y.shape[1])):
             raise ConfigError("graph: PPDNMF.fit(X, y=None) takes the graph as the constructor's parameter, "
                               "PPDNMF(graph=...), and X with the samples as rows (the transpose of the paper's Z)")
-        self._check_params()
         Xs, as_tensor = self._as_samples(X, reset=True)
         n_samples, n_features = Xs.shape
         g = self._graph(n_samples)
@@ -307,13 +340,44 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         Z, columns = _dense_columns(Xs.T.tocsc() if hasattr(Xs, "toarray") else Xs.T, self.columns, g.n_agents)
         seed = seed_of(self.random_state)
         kw = self._fit_keywords(seed)
+        progress = FitProgress(self.verbose, int(self.max_iter), "PPDNMF", step="BCD iteration")
         try:
-            result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns, callback=callback,
-                         **kw)
+            result = fit(Z, g, int(K), columns=columns if columns is not None else self.columns,
+                         callback=progress.wrap(callback, _shown), **kw)
         except PPDNMFError as exc:  # fit's names of the estimator's parameters
-            raise exc.renamed(_FIT_NAMES) from None
+            progress.close()
+            raise self._named(exc) from None
+        except BaseException:
+            progress.close()
+            raise
+        progress.done(result.n_iter, {"NMSE": result.nmse, "consensus": result.consensus})
         self._set_fitted(result, kw["y_solver"], as_tensor)
+        self.reconstruction_err_ = self._rebuilt_error(Xs, result)
         return result
+
+    def _named(self, exc: PPDNMFError) -> PPDNMFError:
+        """``exc`` under the estimator's names: fit's names of its parameters, and a setting of
+        ``exchange_options`` under that name."""
+        exc = exc.renamed(_FIT_NAMES)
+        head = (exc.key or "").split("/")[0].split(".")[0].split("[")[0]
+        if isinstance(self.exchange_options, dict) and head in self.exchange_options and head not in \
+                self.get_params(deep=False):
+            exc = exc.within("exchange_options")
+        return exc
+
+    def _rebuilt_error(self, Xs, result: FitResult) -> float:
+        """``||X - W H||_F`` for ``W = fit_transform(X)``, ``H = components_``, with ``X`` as the fit
+        factorized it (``negative``'s clip or shift applied)."""
+        Xd = torch.as_tensor(Xs.toarray(), dtype=torch.float64) if hasattr(Xs, "toarray") else Xs
+        H = result.X_mean.T  # (K, n_features)
+        Xd = Xd.detach().to(device=H.device, dtype=H.dtype)
+        low = float(Xd.min()) if Xd.numel() else 0.0
+        if low < 0 and self.negative == "clip":
+            Xd = Xd.clamp(min=0)
+        elif low < 0 and self.negative == "shift":
+            Xd = Xd - low
+        W = torch.cat(list(result.Y), dim=1).T  # (n_samples, K), sample order
+        return float(torch.linalg.matrix_norm(Xd - W @ H))
 
     def _set_fitted(self, result: FitResult, y_solver: str, as_tensor: bool) -> None:
         self.result_ = result
@@ -324,7 +388,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.n_components_ = int(result.X_mean.shape[1])
         self.n_iter_ = result.n_iter
         self.history_ = result.history
-        self.reconstruction_err_ = math.sqrt(2.0 * float(result.history["objective"][-1]))
+        self.agent_reconstruction_err_ = math.sqrt(2.0 * float(result.history["objective"][-1]))
         self.nmse_ = result.nmse
         self.consensus_ = result.consensus
 

@@ -32,6 +32,7 @@ from .inputs import build_graph, load_data, make_split
 from .problem import MAX_SEED, as_seed
 from ...specs import check_value
 from .result import TrialsResult
+from .memory import check_run
 
 __all__ = ["PAPER_EXPERIMENTS", "ExperimentResult", "make_trial", "run_experiment", "CBCL_ENV", "default_cbcl_path"]
 
@@ -243,6 +244,7 @@ def run_experiment(name, trials: int = 1, seed: int = _O.seed, *, centralized: b
         check_value(key, fn, Callable | None)
     cfg = _resolve(name, overrides)
     device, dtype = resolve_device(device), resolve_dtype(dtype)
+    check_run(cfg, trials=trials, device=device, dtype=dtype)
     seeds = [seed + t for t in range(trials)]
     if seeds[-1] > MAX_SEED:
         raise ConfigError(f"seed: trial seeds run from seed to seed + trials - 1 = {seeds[-1]}, above 2**63 - 1")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import os
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,7 +20,7 @@ from ...graph.topology import Topology
 from ...graph import Graph, from_adjacency
 
 __all__ = ["Problem", "COLUMN_CHUNK", "as_graph", "as_blocks", "as_caps", "as_seed", "check_data", "build_problem",
-           "padded_width", "check_run_size", "NEGATIVE_MODES", "MAX_SEED"]
+           "padded_width", "NEGATIVE_MODES", "MAX_SEED"]
 
 NEGATIVE_MODES = ("error", "clip", "shift", "allow")
 
@@ -362,50 +361,3 @@ def as_seed(seed, name: str = "seed") -> int:
     return value
 
 
-def _memory_bytes() -> int | None:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):  # not a POSIX system: no bound known
-        return None
-
-
-#: what the history keeps per BCD iteration: about this many entries (metrics, step times, the
-#: ADMM counts; an exchange's cost counters come on top), each a small tensor of about
-#: :data:`HISTORY_ENTRY_BYTES` besides its values
-HISTORY_ENTRIES = 16
-HISTORY_ENTRY_BYTES = 256
-
-
-def check_run_size(problem: Problem, params) -> None:
-    """Refuse a run whose iteration counts ask for more memory than this machine has, before
-    anything is allocated: the X-step's per-ADMM-iteration buffers (the penalty draws of every
-    directed edge and the per-agent penalty sums and spectral factors, each ``x_iters`` long)
-    and the history (one entry per BCD iteration, up to ``bcd_iters``: the stopping rule may
-    end the run sooner, but a cap that could not be recorded is refused all the same).
-
-    Raises
-    ------
-    ConfigError
-        Naming ``x_iters`` or ``bcd_iters``, with the size asked for, what it needs and the
-        memory there is (half of it is the limit).
-    """
-    have = _memory_bytes()
-    if have is None:
-        return
-    T, N = problem.Z.shape[:2]
-    per_iter = 8 * (T * N * (int(params.rank) + 2) + 6 * int(problem.topology.n_directed_edges))
-    need = per_iter * int(params.x_iters)
-    if need > have // 2:
-        raise ConfigError(
-            f"x_iters: {params.x_iters} ADMM iterations per X-step need about {need / 2**30:.3g} GiB of "
-            f"per-iteration buffers (penalty draws and sums, {per_iter} bytes per iteration), more than half of "
-            f"this machine's {have / 2**30:.3g} GiB; use fewer iterations"
-        )
-    per_bcd = HISTORY_ENTRIES * (HISTORY_ENTRY_BYTES + 8 * T * N)
-    need = per_bcd * int(params.bcd_iters)
-    if need > have // 2:
-        raise ConfigError(
-            f"bcd_iters: a history of {params.bcd_iters} BCD iterations needs about {need / 2**30:.3g} GiB "
-            f"({per_bcd} bytes per iteration), more than half of this machine's {have / 2**30:.3g} GiB; use "
-            "fewer iterations (run longer by resuming from a checkpoint with a higher bcd_iters)"
-        )

@@ -22,7 +22,7 @@ from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...penalties import cap_bounds
 from .config import OPTION_DEFAULTS, FitOptions, SolverConfig
-from .problem import check_rank, check_run_size
+from .problem import check_rank
 from .solver import SolverParams, run_bcd
 
 __all__ = ["prepare", "start_seed", "warn_degree_one", "warn_sum_leak", "preflight", "run"]
@@ -127,7 +127,6 @@ def run(problem, params: SolverParams, exch, options: FitOptions, *, single: boo
     callback, checkpoint_dir, resume_from = options.callback, options.checkpoint_dir, options.resume_from
     dtype, device = problem.Z.dtype, problem.Z.device
     check_checkpoint_args(checkpoint_dir, options.checkpoint_every, resume_key="resume_from")
-    check_run_size(problem, params)
     plan = None
     if checkpoint_dir is not None or resume_from is not None:  # the engine's checkpoints (ppdnmf_torch.driver)
         here = None if checkpoint_dir is None else os.path.abspath(os.fspath(checkpoint_dir))

@@ -14,7 +14,7 @@
 defaults of the functions and the estimator read them (``max_iter=SPEC.max_iter``), and the app's
 ``conf/symnmf/`` configs hold the same values (a test checks each against its spec). A spec
 refuses a value of the wrong type rather than converting it (:mod:`ppdnmf_torch.specs`):
-``SymNMFSpec(max_iter=2.5)``, ``ClusteringSpec(n_components="2")``, ``ClusteringSpec(dtype="float16")``
+``SymNMFSpec(max_iter=2.5)``, ``ClusteringSpec(n_clusters="2")``, ``ClusteringSpec(dtype="float16")``
 are one :class:`~ppdnmf_torch.errors.ConfigError` each, naming the key.
 """
 from __future__ import annotations
@@ -155,8 +155,8 @@ class ClusteringSpec:
 
     Attributes
     ----------
-    n_components : int
-        ``r``, the number of clusters.
+    n_clusters : int
+        ``r``, the number of clusters (scikit-learn's ``SpectralClustering`` name).
     affinity : {"knn", "precomputed"}
     n_neighbors : int or None
         ``kk`` of the kNN graph (None: ``floor(log2 n) + 1``).
@@ -168,15 +168,21 @@ class ClusteringSpec:
     device : {"auto", "cpu", "cuda"} or "cuda:<k>"
     dtype : {"float64", "float32"} or None
         None: float64.
+    threads : int or None
+        torch's intra-op threads for ``fit`` and ``predict`` (None: the package's default).
+    verbose : int
+        0: silent; 1 or more: the fit's progress (:class:`~ppdnmf_torch.driver.progress.FitProgress`).
     """
 
-    n_components: int = rule(2, ge=1)
+    n_clusters: int = rule(2, ge=1)
     affinity: str = rule("knn", choices=AFFINITIES)
     n_neighbors: int | None = rule(None, ge=1)
     n_init: int = rule(1, ge=1)
     tol: float = rule(1e-4, ge=0)
     device: str = "auto"
     dtype: str | None = rule(None, choices=DTYPES)
+    threads: int | None = rule(None, ge=1)
+    verbose: int = rule(0, ge=0)
 
     def __post_init__(self):
         check_fields(self)

@@ -6,6 +6,7 @@ import numbers
 import numpy as np
 import torch
 
+from ... import budget
 from ...checkpoint import digest
 from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
@@ -152,6 +153,8 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
         T = sim.trials
     elif U0 is not None and getattr(U0, "ndim", 2) == 3 and trials == 1:
         T = int(U0.shape[0])
+    budget.check(budget.symnmf(n=sim.n, rank=rank, trials=T, nnz=int(sim.data.values().numel()) if sim.sparse else None,
+                               max_iter=max_iter, dtype=sim.dtype, device=sim.device, similarity_copies=0, key_n="X"))
     if rank > sim.n:
         raise ConfigError(f"rank: {rank} exceeds n = {sim.n}")
     U0 = _start(U0, sim, rank, T, seed, sim.device, sim.dtype)

@@ -15,16 +15,15 @@ end (:mod:`.clustering`), and the cluster means (as images when the samples are 
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ...errors import ConfigError, DataError
+from ...errors import ConfigError
 from .clustering import cluster_labels, clustering_accuracy, normalized_mutual_info
 from .config import RUN, SPEC
-from .data import synthetic_similarity
-from .datasets import load_digits_samples, load_orl
+from .data import load_labels, load_orl, load_samples, load_similarity, synthetic_similarity
+from .datasets import load_digits_samples
 from .estimator import scaled_start
 from .run import run_symnmf, run_symnmf_agents
 from .similarity import similarity_matrix
@@ -34,21 +33,6 @@ __all__ = ["PRESETS", "load_preset", "run_preset", "cluster_means"]
 PRESETS = ("synthetic", "orl", "digits", "samples", "similarity")
 #: (height, width, order) of one sample of the image presets
 _IMAGE_SHAPES = {"orl": (112, 92, "F"), "digits": (8, 8, "C")}
-
-
-def _read_matrix(path, what: str):
-    p = Path(str(path))
-    if not p.is_file():
-        raise DataError(f"path: {what} file {p} not found")
-    if p.suffix == ".npy":
-        return np.load(p, allow_pickle=False)
-    if p.suffix == ".npz":
-        import scipy.sparse as sp
-
-        return sp.load_npz(p)
-    if p.suffix in (".csv", ".txt"):
-        return np.loadtxt(p, delimiter=",", ndmin=2)
-    raise DataError(f"path: {p} is not a .npy, .npz or .csv file")
 
 
 def load_preset(preset: str, *, path=None, labels_path=None, n: int = 300, rank: int = 20, sigma: float = 0.1,
@@ -77,11 +61,12 @@ def load_preset(preset: str, *, path=None, labels_path=None, n: int = 300, rank:
     elif path is None:
         raise ConfigError(f"path: the {preset!r} preset needs a file")
     elif preset == "samples":
-        out["samples"] = np.asarray(_read_matrix(path, "samples"), dtype=np.float64)
+        out["samples"] = load_samples(path)
     else:
-        out["similarity"] = _read_matrix(path, "similarity")
+        out["similarity"] = load_similarity(path)
     if labels_path is not None:
-        out["labels"] = np.asarray(_read_matrix(labels_path, "labels")).reshape(-1).astype(np.int64)
+        n_rows = (out["samples"] if out["samples"] is not None else out["similarity"]).shape[0]
+        out["labels"] = load_labels(labels_path, n_rows)
     if out["labels"] is not None:
         out["rank"] = int(np.unique(out["labels"]).size)
     return out

@@ -33,12 +33,13 @@ Choices (each pinned by a test in ``tests/test_symnmf_clustering.py``):
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 
 from ..._utils import resolve_device, resolve_dtype, sparse_csr
-from ...errors import ConfigError, DataError
+from ...errors import ConfigError, DataError, DegenerateResultWarning
 
 __all__ = ["similarity_matrix", "knn_graph", "default_neighbors", "SCALE_NEIGHBOR", "DENSE_MAX_N"]
 
@@ -165,6 +166,10 @@ def similarity_matrix(M, *, n_neighbors: int | None = None, scale_neighbor: int 
     n = M.shape[0]
     if n < 3:
         raise DataError(f"M: need at least 3 samples, got {n}")
+    if bool((M == M[0]).all()):
+        what = "all zero" if not bool(M[0].any()) else "the same sample"
+        warnings.warn(f"M: all {n} samples are identical ({what}): every pair of neighbours gets the same "
+                      "similarity, so the clusters say nothing about the data", DegenerateResultWarning, stacklevel=2)
     kk = default_neighbors(n) if n_neighbors is None else n_neighbors
     for key, v in (("n_neighbors", kk), ("scale_neighbor", scale_neighbor)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:

@@ -44,7 +44,8 @@ from ....driver import Checkpoints, RankCoordinator, check_checkpoint_args, warn
 from ....exchange import exchange_spec
 from ....exchange.base import Exchange
 from ....penalties import cap_bounds, check_shared_caps
-from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank, check_run_size
+from ..memory import check_fit
+from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
@@ -157,11 +158,11 @@ def _rank_setup(comm: Comm, blocks, graph, caps, part: Partition, spec, params: 
         preflight(exch, blocks, caps, graph.degree, params)
         warn_degree_one(exch, [graph])
         warn_sum_leak(exch, params, caps[None], [graph.degree])  # secagg refuses a per-edge schedule here
+        check_fit([blocks], [graph], params, dtype=dtype, device=device, exchange=exch)
         width = max(b.shape[1] for b in blocks)
         problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                                dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
         problem.init_seeds = [start_seed(init_seed, seed)]
-        check_run_size(problem, params)
     except BaseException:
         exch.close()
         raise
