@@ -317,8 +317,8 @@ class IntegerCodec:
                 fits = self.n_max * 2.0 ** (math.log2(self.limit) - log_need)
                 hint = (f"the int64 emulation holds 2^62 at most, so lower {{n_max}} (or {{g_bits}}); "
                         f"{{n_max}} <= {fits:.3g} fits" if fits >= 1 else
-                        f"the int64 emulation holds 2^62 at most, and no {{n_max}} >= 1 fits data of this scale "
-                        f"({float(value_scale):.3g}): rescale the data (data.normalize=true)")
+                        f"the int64 emulation holds 2^62 at most, and no {{n_max}} >= 1 fits values of this scale "
+                        f"({float(value_scale):.3g}) under these caps: lower {{g_bits}} or the penalty caps")
             else:
                 hint = f"use {{key_bits}} >= {bits_needed} or lower {{n_max}}"
             raise ConfigError(
