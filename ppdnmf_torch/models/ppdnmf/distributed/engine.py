@@ -49,7 +49,7 @@ from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
-from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
+from ....distributed.costs import AGREED_DECISION_BYTES, cut_protocol_bytes, flag_bytes, halo_bytes
 from ....distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ....distributed.layout import RankLayout, gather_agents
 from .layout import rank_problem
@@ -212,10 +212,12 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
         of the data, and every rank's ``result`` holds the history.
     tol, admm_tol
         As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
-        fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
-        edges one hop per iteration and every rank's loops end at the single-process
-        iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
-        sum over the ranks, per iteration of a tracked loop).
+        fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): every rank's loops end at
+        the single-process iteration. The flags cross the cut edges one hop per iteration
+        (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64`` sum over the
+        ranks, per iteration of a tracked loop); the BCD loop and the X-step stop network-wide
+        (the agents with the flag counted over the ranks, two ``int64`` per decision,
+        :mod:`~ppdnmf_torch.models.ppdnmf.solver.stopping`).
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
         As :func:`~ppdnmf_torch.fit`: the kinds :data:`~ppdnmf_torch.distributed.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
@@ -337,7 +339,8 @@ def _rank_result(comm: Comm, state, history, info, costs, part: Partition, lay: 
     else:
         model = halo_bytes(lay, L * rank, state.X.element_size())
     if params.inner_tol > 0:
-        model["flags"] = flag_bytes(lay)
+        model["flags"] = flag_bytes(lay)  # a Y-step iteration's; an X-step's adds the agreed stop
+        model["flags_x"] = model["flags"] + AGREED_DECISION_BYTES
     own = _own_factors(state, lay, counts)
     gathered = {}
     if share == "all":
