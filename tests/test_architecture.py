@@ -216,10 +216,8 @@ PRIVATE_ALLOWED = {
         "the Paillier key holder (its private key and mask seeds never leave it) is private to "
         "exchange.paillier by design; a rank's parties are the one other place that makes them",
 }
-#: private names still imported (the app over ranks reuses the CLI's helpers; FSSPCA serverless
-#: its server fit's): to empty
+#: private names still imported (FSSPCA serverless its server fit's): to empty
 PRIVATE_PENDING = {
-    "ppdnmf_torch.app.distributed": {"_discard_refused", "_own_inputs", "_to_log_files", "_SHOWN", "_show_warning"},
     "ppdnmf_torch.models.fsspca.serverless": {"_auto_rho", "_initial_z", "_per_trial"},
 }
 

@@ -33,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, to_run_config
+from .cli import CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, to_log_files, to_run_config
 from .resume import overridden, resume_target
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, DataError, PPDNMFError
@@ -229,19 +229,10 @@ def _own_blocks(run_cfg, opts: SiteConfig, rank: int, world: int) -> dict:
         raise exc.renamed({"site.data": f"site.data ({opts.data})"}) from None
 
 
-def _to_log_files(text: str, level: int = logging.INFO) -> None:
-    """The run's result lines into the log file Hydra keeps for this call (``ppdnmf.log``); the
-    console has them from ``print``."""
-    record = logging.LogRecord("ppdnmf_torch.app.site", level, __file__, 0, text, None, None)
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.FileHandler) and h.level <= level:
-            h.handle(record)
-
-
 def _fail(exc: BaseException, code: int, rank=None) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
-    _to_log_files(f"error: {text}", level=logging.ERROR)
+    to_log_files(f"error: {text}", level=logging.ERROR)
     logging.shutdown()
     if code == EXIT_PEER_FAILED and rank is not None and hosts_store(rank):
         time.sleep(STORE_LINGER)  # site 0 hosts the store: the others read the cause before it goes
@@ -297,7 +288,7 @@ def _app(cfg: DictConfig):
         remove_checkpoints(Path(out_dir), task.checkpoint_patterns)
     text = task.format_summary(summary)
     print(text, flush=True)
-    _to_log_files(text)
+    to_log_files(text)
     return task.objective(summary)
 
 
