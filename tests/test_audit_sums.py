@@ -17,7 +17,7 @@ from ppdnmf_torch.audit import (
     sums_audit,
 )
 from ppdnmf_torch.models.ppdnmf.audit import fitting_n_max, run_audit
-from ppdnmf_torch.audit.sums import lattice_available
+from ppdnmf_torch.audit.attacks import lattice_available
 
 needs_flint = pytest.mark.skipif(not lattice_available(), reason="the lattice attack needs python-flint (audit extra)")
 
