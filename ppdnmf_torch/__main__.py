@@ -4,7 +4,8 @@ several ranks.
 A run goes to the multi-process app (:mod:`ppdnmf_torch.app.distributed`) when a launcher
 started this process as one of several ranks (``torchrun --nproc-per-node 4 -m ppdnmf_torch``:
 ``WORLD_SIZE > 1``) or when an override names the ``distributed`` section
-(``ppdnmf distributed.nproc=2``); otherwise to the single-process app (:mod:`ppdnmf_torch.app.cli`),
+(``ppdnmf distributed.nproc=2``); to the site app (:mod:`ppdnmf_torch.app.site`, one party's
+process holding only its own data) when an override names the ``site`` section; otherwise to the single-process app (:mod:`ppdnmf_torch.app.cli`),
 unchanged. A launcher's variables that are not integers (``WORLD_SIZE=abc``) are refused with
 one line (exit code 2) before anything runs.
 
@@ -85,10 +86,15 @@ def main() -> None:
             from .app.resume import saved_groups  # the resumed run's task and variant, composed by Hydra
 
             sys.argv += saved_groups(sys.argv[1:])
-        ranks = resumed_ranks(sys.argv[1:])
+        site = any(a.lstrip("+~").startswith("site.") for a in sys.argv[1:])  # one party's process
+        ranks = 0 if site else resumed_ranks(sys.argv[1:])
         if ranks and not any(a.lstrip("+~").startswith("distributed.nproc=") for a in sys.argv[1:]):
             sys.argv.append(f"distributed.nproc={ranks}")
-        if wants_ranks(sys.argv[1:], os.environ):
+        if site:
+            # torch's C++ warnings (a peer's lost connection, with stack frames) are not the user's lines
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+            from .app.site import main as run
+        elif wants_ranks(sys.argv[1:], os.environ):
             from .app.distributed import main as run
         else:
             from .app.cli import main as run

@@ -48,17 +48,17 @@ def _blocks():
 MODELS = {
     "ppdnmf": lambda n, d, e: pp.fit(torch.rand(8, 40, generator=torch.Generator().manual_seed(0),
                                                 dtype=torch.float64), ring(4), 2, bcd_iters=n, x_iters=1, y_iters=1,
-                                     tol=0.0, device="cpu", checkpoint_dir=d, checkpoint_every=e),
+                                     tol=0.0, device="cpu", checkpoint_dir=d, checkpoint_every=e, exchange="plain"),
     "symnmf": lambda n, d, e: fit_symnmf(_similarity(), 3, max_iter=n, tol=0.0, device="cpu", checkpoint_dir=d,
                                          checkpoint_every=e),
     "symnmf_agents": lambda n, d, e: fit_symnmf_agents(_similarity(), 3, n_agents=4, x_iters=1, max_iter=n,
                                                        start_seed=0, device="cpu", checkpoint_dir=d,
-                                                       checkpoint_every=e),
+                                                       checkpoint_every=e, exchange="plain"),
     "fsspca": lambda n, d, e: fit_fsspca(_blocks(), 2, alpha=1.0, inner_steps=1, max_iter=n, tol=0.0,
-                                         checkpoint_dir=d, checkpoint_every=e),
+                                         checkpoint_dir=d, checkpoint_every=e, aggregation="plain"),
     "fsspca_serverless": lambda n, d, e: fit_serverless(_blocks(), 2, ring(4), inner_iters=1, inner_steps=1,
                                                         alpha=1.0, max_iter=n, tol=0.0, checkpoint_dir=d,
-                                                        checkpoint_every=e),
+                                                        checkpoint_every=e, exchange="plain"),
 }
 
 

@@ -192,7 +192,7 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
         z0 = _qf(np.random.default_rng(0).standard_normal((d, r)))
         lam1 = alpha_per_row * n
         lam2 = lam1 / K if smoothed else 0.0
-        kw = dict(alpha=lam1, lambda_2=lam2, init=z0, tol=tol, max_iter=max_iter, device=device)
+        kw = dict(alpha=lam1, lambda_2=lam2, init=z0, tol=tol, max_iter=max_iter, device=device, aggregation="plain")
         tl, tn = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -249,7 +249,8 @@ def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20, device="cpu"
         for _ in range(repeats):
             t0 = time.perf_counter()
             res = fit_fsspca(blocks, r, alpha=alpha, init=z0, max_iter=iters, tol=0.0, inner_steps=2, device=device,
-                             smoothing="huber", local_solver="riemannian")  # the loop's psi and solver
+                             smoothing="huber", local_solver="riemannian",  # the loop's psi and solver
+                             aggregation="plain")
             if device != "cpu":
                 torch.cuda.synchronize()
             tb.append(time.perf_counter() - t0)
@@ -277,7 +278,7 @@ def bench_sklearn(target_ev=0.9, alpha=200.0, K=8):
     g = split_iid(len(sp.X), K, seed=0)
     rows = []
     t0 = time.perf_counter()
-    res = fit_fsspca(sp.X, 2, groups=g, alpha=alpha, max_iter=400, tol=1e-6)
+    res = fit_fsspca(sp.X, 2, groups=g, alpha=alpha, max_iter=400, tol=1e-6, aggregation="plain")
     rows.append(dict(method=f"fsspca K={K}", seconds=time.perf_counter() - t0, n_iter=int(res.n_iter[0]),
                      ev_over_pca=float(res.explained_variance[0]) / ref, sparsity=float(res.sparsity[0])))
     for a in (1.0, 2.0, 4.0):

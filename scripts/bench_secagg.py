@@ -32,8 +32,13 @@ Measures, in one process, on the paper-synthetic graph (``make_trial(PAPER_EXPER
 
 4. **The adversary across calls** (``--privacy-seeds K``): paper-synthetic trials ``0 .. K - 1`` under
    secagg with fit's defaults (agreed schedule, ``tol = 1e-4``, up to 1000 BCD iterations: the
-   stopping rule freezes agents), recorded, and :func:`~ppdnmf_torch.audit.across_calls.difference_attack`
+   stop agreed network-wide), recorded, and :func:`~ppdnmf_torch.audit.across_calls.difference_attack`
    on the receivers' sums: how many neighbour increments a receiver reads exactly.
+5. **The other models end to end** (``--models ORL_PATH``): symmetric NMF across 10 agents on ORL
+   (rank 40) and on scikit-learn's digits (rank 10), 100 outer x 10 ADMM iterations
+   (``scripts/studies/symnmf.agents_run``), and FSSPCA serverless on digits (10 workers on a ring,
+   3 components, ``alpha = 5``, 100 ADMM iterations, ``tol = 0``), each under plain, quantized and
+   secagg: wall seconds, and the clustering accuracy of each symmetric run.
 
 Read the ratios, not the absolute seconds: the machine is shared; the load (``os.getloadavg``)
 is printed before and after. Torch runs one thread by default (``--threads``): on a loaded 2-core
@@ -256,6 +261,37 @@ def across_calls(seeds) -> dict:
     return out
 
 
+def models_end_to_end(orl_path) -> dict:
+    """Section 5: symmetric NMF across agents (ORL, digits) and FSSPCA serverless (digits), per kind."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from studies import symnmf as ex
+
+    from ppdnmf_torch.graph import ring
+    from ppdnmf_torch.models.fsspca.serverless import fit_serverless
+    from ppdnmf_torch.models.symnmf.data import load_orl
+    from ppdnmf_torch.models.symnmf.datasets import load_digits_samples
+
+    kinds = ("plain", "quantized", "secagg")
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (M, y), r in (("symnmf ORL", load_orl(orl_path), 40), ("symnmf digits", load_digits_samples(), 10)):
+            res = ex.agents_run(M, y, r, n_agents=(10,), kinds=kinds, iters=100, x_iters=10)
+            out[name] = {k: {"seconds": res[(10, k)]["seconds"], "accuracy": res[(10, k)]["accuracy"]} for k in kinds}
+        X = load_digits().data.astype(np.float64)
+        X /= X.max()
+        blocks = np.array_split(X[np.random.default_rng(0).permutation(len(X))], 10)
+        out["fsspca serverless digits"] = {}
+        for k in kinds:
+            t0 = time.perf_counter()
+            fit_serverless(blocks, 3, ring(10), exchange=k, alpha=5.0, max_iter=100, tol=0.0, seed=0)
+            out["fsspca serverless digits"][k] = {"seconds": time.perf_counter() - t0}
+    return out
+
+
 def _fmt(s: dict) -> str:
     return f"{s['median']:.3g} ({s['min']:.3g}-{s['max']:.3g})"
 
@@ -273,6 +309,8 @@ def main(argv=None) -> int:
                     help="section 4 on this many paper-synthetic trials (seeds 0, 1, ...; each a full run)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared 2-core machine two threads per op time noise)")
+    ap.add_argument("--models", metavar="ORL_PATH", default=None,
+                    help="section 5: the other models end to end (the ORL faces' .mat file)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -316,6 +354,13 @@ def main(argv=None) -> int:
                   f"{v['increments']} neighbour increments read exactly ({v['isolated']} isolated), "
                   f"{v['pairs_with_exact']} of {v['pairs']} pairs, {v['receivers_with_exact']} receivers; degree 1 "
                   f"(inherent): {d1['exact']} of {d1['increments']}", flush=True)
+    if args.models:
+        report["models"] = m = models_end_to_end(args.models)
+        print("\nthe other models end to end (seconds per run):")
+        for name, per in m.items():
+            print(f"  {name}: " + ", ".join(f"{k} {v['seconds']:.1f} s" + (f" (accuracy {v['accuracy']:.3f})"
+                                                                          if "accuracy" in v else "")
+                                            for k, v in per.items()), flush=True)
     report["load_after"] = _load()
     print("\n" + report["load_after"])
     if args.json:

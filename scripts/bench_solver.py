@@ -199,7 +199,7 @@ def time_batched(blocks, g, K, iters, device, dtype=torch.float64, repeats=3, fu
     marginal cost; best of ``repeats`` alternating runs of each length (NaN when the
     longer runs were not the slower: the machine's noise exceeded the difference).
     """
-    kw = dict(bcd_iters=3, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=fuse)
+    kw = dict(bcd_iters=3, device=device, dtype=dtype, mu=1.0, eta=1.0, g_max=0.05, fuse=fuse, exchange="plain")
 
     def run(n):
         h = pp.fit(blocks, g, K, x_iters=n, y_iters=n, **kw).history

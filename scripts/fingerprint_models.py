@@ -96,7 +96,9 @@ def _similarity(n=30, r=3, seed=0):
     return X / torch.linalg.matrix_norm(X, ord=2)
 
 
-SYM = dict(n_agents=5, max_iter=6, x_iters=3, seed=1, start_seed=1, device="cpu")
+# exchange="plain" and aggregation="plain" pinned below: the references were taken when they were the
+# defaults (the secure sum, secagg, is the default since)
+SYM = dict(n_agents=5, max_iter=6, x_iters=3, seed=1, start_seed=1, device="cpu", exchange="plain")
 SYM_FIELDS = ("U", "V", "U_agents", "lam", "history", "n_iter", "parts", "costs", "converged")
 
 
@@ -155,7 +157,7 @@ def _blocks(K=4, n=(20, 30, 25, 15), d=8, seed=0, spike=True):
 
 
 # the runs made before the polar local step became the default pin the Riemannian one (their hashes)
-FS = dict(alpha=2.0, max_iter=40, tol=0.0, seed=3, local_solver="riemannian")
+FS = dict(alpha=2.0, max_iter=40, tol=0.0, seed=3, local_solver="riemannian", aggregation="plain")
 FS_FIELDS = ("z", "components", "w", "u", "n_iter", "converged", "history", "mean", "explained_variance",
              "variance_components", "total_variance", "costs")
 SL_FIELDS = ("z", "z_mean", "components", "w", "u", "n_iter", "converged", "disagreement", "consensus",
@@ -176,14 +178,15 @@ def _fs_resumed():
 
 def _sl(**kw):
     graph = kw.pop("graph", None) or ring(4)
-    return fit_serverless(_blocks(), 2, graph, **dict(dict(FS, max_iter=25), **kw))
+    base = {k: v for k, v in FS.items() if k != "aggregation"}
+    return fit_serverless(_blocks(), 2, graph, **dict(dict(base, max_iter=25, exchange="plain"), **kw))
 
 
 # ------------------------------------------------------------------------------ PPDNMF over ranks
 PAPER = dict(penalty_schedule="paper", init="ones", y_solver="admm")
 # fit_rank's defaults when the reference was taken, pinned (its defaults are fit's since)
 RANK_KW = dict(mu=0.1, eta=1.0, g_max=0.033, negative="allow", bcd_iters=5, x_iters=6, y_iters=6, tol=0.0,
-               penalty_schedule="paper", init="ones")
+               penalty_schedule="paper", init="ones", exchange="plain")
 FIT_FIELDS = ("X", "Y", "U", "history", "n_iter")
 
 

@@ -10,7 +10,8 @@ Runs :func:`ppdnmf_torch.models.ppdnmf.audit.run_audit` and writes, under ``<out
   agent; the flags);
 * ``report.md``: the same as tables.
 
-Per scenario, also the integer and lattice attacks on the two sums (``audit.sums_audit``;
+Per scenario, also a run to its stopping rule's end (``fit``'s ``tol``; ``--to-stop``) attacked by a
+receiver that differences its sums across calls, and the integer and lattice attacks on the two sums (``audit.sums_audit``;
 ``--no-sums`` skips them) and what the changes of ``rho_int_i`` reveal. Three protocols: ``paper`` and ``aggregated`` (the printed ones; two views of ``aggregated``:
 the honest-but-curious agent, which decrypts each neighbour's reply on its own, attack
 ``decrypt_each``, and an agent that decrypts only the two sums, ``sums_only``) and ``masked``
@@ -69,6 +70,9 @@ def parse_args(argv=None):
                    help="record under ppdnmf_torch.PAPER_SETTINGS (default: the library's defaults)")
     p.add_argument("--no-sums", action="store_true", help="skip the integer and lattice attacks on the sums")
     p.add_argument("--sums-max-calls", type=int, default=20, help="informative calls attacked per receiver")
+    p.add_argument("--to-stop", type=int, default=None,
+                   help="per scenario, also a run to its stopping rule's end (fit's tol, at most this many BCD "
+                        "iterations; default fit's bcd_iters, 0: none) attacked across calls")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for name in ("bcd_iters", "x_iters", "y_iters", "paillier_bcd_iters", "paillier_x_iters"):
@@ -87,6 +91,14 @@ def _settings(args):
     return dict(PAPER_SETTINGS)
 
 
+def _to_stop(args):
+    if args.to_stop is not None:
+        return args.to_stop or None
+    from ppdnmf_torch.models.ppdnmf.config import SOLVER_DEFAULTS
+
+    return SOLVER_DEFAULTS.bcd_iters
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from ppdnmf_torch.audit import format_markdown
@@ -101,7 +113,7 @@ def main(argv=None) -> int:
         protocols=tuple(args.protocols), paillier=not args.no_paillier, plain=not args.no_plain,
         paillier_bcd_iters=args.paillier_bcd_iters, paillier_x_iters=args.paillier_x_iters,
         masked_bcd_iters=args.masked_bcd_iters, progress=say, sums=not args.no_sums,
-        sums_max_calls=args.sums_max_calls, settings=_settings(args),
+        sums_max_calls=args.sums_max_calls, settings=_settings(args), to_stop=_to_stop(args),
     )
     report["meta"]["command"] = " ".join(["python", "scripts/privacy_audit.py", *(argv or sys.argv[1:])])
     (out / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
@@ -129,6 +141,13 @@ def main(argv=None) -> int:
                 print(f"{sname:16s} sums attack, degree {d}: exact values {b['exact_neighbour_values']}/"
                       f"{b['neighbour_values']} at {b['exact_calls']}/{b['informative_calls']} calls, certified "
                       f"{b['certified']} ({b['false_positives']} wrong)")
+        for sname, sc in report["scenarios"].items():
+            ts = sc.get("across_calls_to_stop")
+            if ts:
+                print(f"{sname:16s} across calls, run to its stop ({ts['bcd_iters_run']} BCD iterations, "
+                      f"{'stopped' if ts['stopped'] else 'cap'}): exact increments read by receivers of degree >= 2 "
+                      f"{ts['exact']} of {ts['increments']} ({ts['isolated']} calls with a lone neighbour moving); "
+                      f"degree 1 (inherent) {ts['degree1']['exact']} of {ts['degree1']['increments']}")
         for sname, sc in report["scenarios"].items():
             mc = sc.get("masked_ciphertexts")
             if mc:

@@ -21,6 +21,8 @@ from ppdnmf_torch.models.ppdnmf.solver.state import initial_factor
 CPU = torch.device("cpu")
 PAPER = dict(PAPER_SETTINGS)
 NEW = dict(penalty_schedule="adaptive", init="random")
+# the per-edge schedules above are no plain sum: their runs name exchange="plain" (secagg, the default, refuses them)
+PLAIN = dict(exchange="plain")
 SHORT = dict(bcd_iters=6, x_iters=4, y_iters=4, device="cpu")
 
 
@@ -50,7 +52,7 @@ def test_adaptive_draws_stay_random_monotone_and_bounded(kind, seed):
     g = GRAPHS[kind](6, seed)
     seen = []
     pp.fit(blocks, g, 3, g_max=0.02, seed=seed, negative="allow", callback=lambda i: seen.append(
-        (i.state.g.clone(), i.state.caps.clone())), **NEW, **SHORT)
+        (i.state.g.clone(), i.state.caps.clone())), **NEW, **SHORT, **PLAIN)
     src = Topology.from_graphs([g]).src  # the source agent of every directed edge (CSR order)
     caps0 = torch.full((6,), 0.02, dtype=torch.float64)
     prev_g, prev_caps = torch.zeros_like(seen[0][0]), caps0
@@ -68,7 +70,7 @@ def test_adaptive_draws_stay_random_monotone_and_bounded(kind, seed):
     assert bool((last_g < last_caps[src]).any()), "draws are not random (all at the caps)"
     other = []
     pp.fit(blocks, g, 3, g_max=0.02, seed=seed + 10, negative="allow",
-           callback=lambda i: other.append(i.state.g.clone()), **NEW, **SHORT)
+           callback=lambda i: other.append(i.state.g.clone()), **NEW, **SHORT, **PLAIN)
     assert not torch.equal(other[-1], last_g), "another seed drew the same penalties"
 
 
@@ -224,7 +226,7 @@ def test_hals_y_solver_runs_batched_like_single_runs():
     for t in range(3):
         blocks, g = pp.models.ppdnmf.experiments.make_trial(spec, 1 + t)
         one = pp.fit(blocks, g, 5, negative="allow", seed=1 + t, mu=0.1, eta=1.0, g_max=0.033, bcd_iters=3,
-                     x_iters=4, y_iters=4, device="cpu", y_solver="hals", **NEW)
+                     x_iters=4, y_iters=4, device="cpu", y_solver="hals", **NEW, **PLAIN)  # the preset's
         assert torch.equal(one.X, res.distributed.X[t])
         assert one.history["nmse_worst"] == res.history["nmse_worst"][:, t].tolist()
 
@@ -246,7 +248,7 @@ def test_seeded_start_is_shared_by_every_agent_and_differs_between_seeds():
 
 def test_init_seed_defaults_to_the_seed_and_drives_the_start():
     blocks = _synthetic()
-    kw = dict(negative="allow", bcd_iters=1, x_iters=1, y_iters=1, device="cpu", **NEW)
+    kw = dict(negative="allow", bcd_iters=1, x_iters=1, y_iters=1, device="cpu", **NEW, **PLAIN)
     a = pp.fit(blocks, graph.ring(6), 3, seed=3, **kw)
     b = pp.fit(blocks, graph.ring(6), 3, seed=3, init_seed=3, **kw)
     c = pp.fit(blocks, graph.ring(6), 3, seed=3, init_seed=4, **kw)
@@ -260,7 +262,7 @@ def test_paper_settings_are_the_solver_defaults_bit_for_bit():
     """fit's explicit paper keywords run exactly the solver's code path with the same settings."""
     blocks = _synthetic()
     g = graph.random_connected(6, 3.0, seed=0)
-    r = pp.fit(blocks, g, 3, negative="allow", seed=4, g_max=0.033, mu=0.1, eta=1.0, **PAPER, **SHORT)
+    r = pp.fit(blocks, g, 3, negative="allow", seed=4, g_max=0.033, mu=0.1, eta=1.0, **PAPER, **SHORT, **PLAIN)
     prob = build_problem([blocks], [g], torch.full((1, 6), 0.033, dtype=torch.float64), [4],
                          dtype=torch.float64, device=CPU)
     ex = pp.exchange.make_exchange("plain")
@@ -309,7 +311,7 @@ def test_worst_agent_metric_sees_the_disagreement_that_the_nmse_hides():
     d = pp.data.synthetic(L=12, M=40, K=3, seed=0, noise_var=0.0)
     blocks = pp.data.split_columns(d.Z, pp.data.split_counts(40, 4, lo=4, hi=20, seed=0))
     kw = dict(negative="allow", g_max=0.005, bcd_iters=15, x_iters=6, y_iters=6, device="cpu", **PAPER)
-    paper = pp.fit(blocks, graph.ring(4), 3, **kw)
+    paper = pp.fit(blocks, graph.ring(4), 3, **kw, **PLAIN)
     assert paper.consensus > 0.1
     assert paper.history["nmse_worst"][-1] > 2 * paper.nmse
     # one agent agrees with itself: its refit from its own Y only lowers the error

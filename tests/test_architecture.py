@@ -216,10 +216,8 @@ PRIVATE_ALLOWED = {
         "the Paillier key holder (its private key and mask seeds never leave it) is private to "
         "exchange.paillier by design; a rank's parties are the one other place that makes them",
 }
-#: private names still imported (the app over ranks reuses the CLI's helpers; FSSPCA serverless
-#: its server fit's): to empty
+#: private names still imported (FSSPCA serverless its server fit's): to empty
 PRIVATE_PENDING = {
-    "ppdnmf_torch.app.distributed": {"_discard_refused", "_own_inputs", "_to_log_files", "_SHOWN", "_show_warning"},
     "ppdnmf_torch.models.fsspca.serverless": {"_auto_rho", "_initial_z", "_per_trial"},
 }
 
@@ -260,8 +258,8 @@ ENTRY_POINTS = {"models.ppdnmf.api.fit", "models.ppdnmf.api.fit_trials", "models
                 "models.ppdnmf.estimator.PPDNMF.__init__", "models.ppdnmf.audit.run.run_audit",
                 "models.symnmf.agents.fit_symnmf_agents", "models.symnmf.distributed.fit_symnmf_rank",
                 "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless"}
-#: over a limit, to empty: audit.sums (the sums' attacks), ServerlessRun's settings
-SIZE_PENDING = {"audit.sums", "models.fsspca.serverless_run.ServerlessRun.__init__"}
+#: over a limit, to empty: ServerlessRun's settings
+SIZE_PENDING = {"models.fsspca.serverless_run.ServerlessRun.__init__"}
 
 
 def _functions(tree, prefix=""):

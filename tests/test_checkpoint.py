@@ -167,7 +167,8 @@ def test_torn_checkpoint_is_reported(tmp_path):
 
 def test_nan_keeps_the_last_good_checkpoint(tmp_path):
     with pytest.raises(pp.NumericalError):
-        pp.fit(small_problem(counts=(3, 4, 3, 4)), graph.ring(4), 2, mu=1e-3, g_max=30.0, penalty="fixed", penalty_schedule="paper",
+        pp.fit(small_problem(counts=(3, 4, 3, 4)), graph.ring(4), 2, mu=1e-3, g_max=30.0, penalty="fixed",
+               penalty_schedule="paper", exchange="plain",
                bcd_iters=60, x_iters=30, y_iters=5, device="cpu", checkpoint_dir=tmp_path)
     ck = load_checkpoint(str(tmp_path))
     assert ck["done"] >= 1

@@ -319,7 +319,7 @@ def test_a_resumed_ppdnmf_run_reads_its_baseline_back(tmp_path, monkeypatch):
     ("ppdnmf", {}, ["curves.png", "factors.png"]),
     ("symnmf", {}, ["curves.png", "clusters.png"]),
     ("fsspca", {}, ["curves.png", "loadings.png"]),
-    ("symnmf", {"variant": "agents", "agents": {"n_agents": 3, "max_iter": 4}, "graph": {"kind": "ring"},
+    ("symnmf", {"variant": "agents", "agents": {"n_agents": 3, "max_iter": 4, "exchange": "plain"}, "graph": {"kind": "ring"},
                 "exchange": {"kind": "plain"}}, ["curves.png", "clusters.png"]),
     ("fsspca", {"variant": "serverless", "serverless": {"exchange": "quantized"}, "graph": {"kind": "ring"},
                 "exchange": {"kind": "quantized"}}, ["curves.png", "loadings.png"]),

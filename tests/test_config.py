@@ -89,10 +89,11 @@ def test_default_is_paper_synthetic():
     assert (rc.graph.kind, rc.graph.avg_degree) == ("random", 3.0)
     s = rc.solver
     assert (s.rank, s.mu, s.eta, s.g_max, s.bcd_iters, s.x_iters, s.y_iters) == (5, 0.1, 1.0, 0.033, 100, 30, 30)
-    assert rc.exchange.kind == "plain"
+    assert rc.exchange.kind == "plain"  # the paper's preset names it (its schedule draws a weight per edge)
     assert rc.logger.kind == "tensorboard"
-    # the dataclass defaults are the same experiment
-    assert replace(RunConfig(), name="paper_synthetic") == rc
+    # the dataclass defaults are the same experiment, but for the exchange: the secure sum by default
+    assert RunConfig().exchange.kind == "secagg"
+    assert replace(RunConfig(), name="paper_synthetic", exchange=rc.exchange) == rc
 
 
 def test_paper_cbcl_experiment(monkeypatch):

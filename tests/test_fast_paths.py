@@ -217,7 +217,7 @@ def test_deferred_neighbour_sum_gives_the_bits_of_its_own_pass(monkeypatch, n_it
     blocks = small_problem(counts=(3, 5, 4, 6, 2, 4, 3, 5))
     g = graph.star(8) if star else graph.random_connected(8, 3.0, seed=2)
     args = dict(bcd_iters=2, x_iters=n_iters, y_iters=n_iters, device="cpu", seed=1, g_max=0.04, fuse=True,
-                consensus_form=form)
+                consensus_form=form, exchange="plain")
     calls = []
     fused = fused_mod.compiled_kernels(True)
     monkeypatch.setattr(fused, "x_carry_nbr", tuple(
@@ -251,7 +251,7 @@ def test_grouped_y_step_gives_the_bits_of_the_whole_batch(monkeypatch, fuse, n_a
     monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # every size takes the large paths
     blocks = small_problem(counts=(3, 5, 4, 6, 2, 5, 3)[:n_agents])
     g = graph.random_connected(n_agents, 3.0, seed=2)
-    args = dict(bcd_iters=2, x_iters=4, y_iters=5, device="cpu", seed=1, g_max=0.04, fuse=fuse)
+    args = dict(bcd_iters=2, x_iters=4, y_iters=5, device="cpu", seed=1, g_max=0.04, fuse=fuse, exchange="plain")
     monkeypatch.setattr(kernels, "Y_TILE_BYTES", 0)
     whole = pp.fit(blocks, g, 3, **args)
     per_agent = 6 * 3 * kernels.COLUMN_CHUNK * 8  # six (K, M) float64 tensors, M padded to one chunk
@@ -539,7 +539,8 @@ def test_deferred_neighbour_sum_in_batched_trials(monkeypatch):
     monkeypatch.setattr(PlainExchange, "ELL_MIN_BYTES", 0)
     blocks = [small_problem(counts=(3, 5, 4, 6, 2), seed=s) for s in (0, 1)]
     graphs = [graph.random_connected(5, 3.0, seed=2), graph.star(5)]
-    args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04, fuse=True)
+    args = dict(seeds=[0, 1], bcd_iters=2, x_iters=4, y_iters=3, device="cpu", g_max=0.04, fuse=True,
+                exchange="plain")
     calls = []
     fused = fused_mod.compiled_kernels(True)
     monkeypatch.setattr(fused, "x_carry_nbr", tuple(

@@ -33,9 +33,9 @@ def test_complete_graph_one_laplacian_step_is_the_server_version():
     exact average, so every worker's z_i is the server's z, iteration for iteration."""
     blocks = _blocks()
     kw = dict(alpha=20.0, max_iter=25, tol=1e-8)
-    server = _quiet(fit_fsspca, blocks, 2, **kw)
+    server = _quiet(fit_fsspca, blocks, 2, aggregation="plain", **kw)
     res = _quiet(fit_serverless, blocks, 2, complete(4), consensus="laplacian", inner_iters=1,
-                 penalty_mode="fixed", **kw)
+                 penalty_mode="fixed", exchange="plain", **kw)
     torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=1e-10)
     assert res.n_iter.tolist() == server.n_iter.tolist()
 
@@ -47,8 +47,8 @@ def test_many_inner_iterations_follow_the_server_version(method, inner, atol, gr
     for iteration (same start, 12 iterations, tol=0)."""
     blocks = _blocks()
     kw = dict(alpha=20.0, max_iter=12, tol=0)
-    server = fit_fsspca(blocks, 2, **kw)
-    res = fit_serverless(blocks, 2, graph, consensus=method, inner_iters=inner, **kw)
+    server = fit_fsspca(blocks, 2, aggregation="plain", **kw)
+    res = fit_serverless(blocks, 2, graph, consensus=method, inner_iters=inner, exchange="plain", **kw)
     torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=atol)
     assert float((res.z == 0).double().mean()) > 0  # the threshold is active: a sparse z
 
@@ -58,8 +58,8 @@ def test_many_inner_iterations_follow_the_server_version(method, inner, atol, gr
 def test_serverless_converges_to_the_server_solution_on_a_ring(method):
     blocks = _blocks()
     kw = dict(alpha=20.0, max_iter=400, tol=1e-6)
-    server = _quiet(fit_fsspca, blocks, 2, **kw)
-    res = _quiet(fit_serverless, blocks, 2, ring(4), consensus=method, inner_iters=3, **kw)
+    server = _quiet(fit_fsspca, blocks, 2, aggregation="plain", **kw)
+    res = _quiet(fit_serverless, blocks, 2, ring(4), consensus=method, inner_iters=3, exchange="plain", **kw)
     assert bool(res.converged.all())
     torch.testing.assert_close(res.z, server.z[:, None].expand_as(res.z), rtol=0, atol=1e-5)
 
@@ -97,7 +97,7 @@ def test_admm_local_step_fixes_the_consensus_solution():
 def test_quantized_is_plain_to_the_codec_resolution_and_counts_costs(method):
     blocks = _blocks()
     kw = dict(alpha=20.0, max_iter=5, tol=0, consensus=method, inner_iters=2)
-    plain = fit_serverless(blocks, 2, ring(4), **kw)
+    plain = fit_serverless(blocks, 2, ring(4), exchange="plain", **kw)
     quant = fit_serverless(blocks, 2, ring(4), exchange="quantized",
                            exchange_options={"n_max": 1e6, "key_bits": 2048, "cost_model": True}, **kw)
     torch.testing.assert_close(quant.z, plain.z, rtol=0, atol=1e-4)
@@ -129,13 +129,13 @@ def test_the_mean_is_agreed_over_the_graph():
     """Centring without a server: each worker's mean estimate tends to the global mean with the
     Laplacian steps; the agreed mean gives the server's centred problem."""
     blocks = _blocks()
-    kw = dict(alpha=20.0, max_iter=2, tol=0)
+    kw = dict(alpha=20.0, max_iter=2, tol=0, exchange="plain")
     one = fit_serverless(blocks, 2, ring(4), center_iters=1, **kw)
     many = fit_serverless(blocks, 2, ring(4), center_iters=60, **kw)
     assert float(many.mean_error[0]) < 1e-12 < 1e-3 < float(one.mean_error[0])
     assert fit_serverless(blocks, 2, ring(4), center=False, **kw).mean_error is None
-    first = fit_serverless(blocks, 2, ring(4), center_iters=60, alpha=20.0, max_iter=1, tol=0)
-    server = fit_fsspca(blocks, 2, alpha=20.0, max_iter=1, tol=0)
+    first = fit_serverless(blocks, 2, ring(4), center_iters=60, alpha=20.0, max_iter=1, tol=0, exchange="plain")
+    server = fit_fsspca(blocks, 2, alpha=20.0, max_iter=1, tol=0, aggregation="plain")
     torch.testing.assert_close(first.w, server.w, rtol=0, atol=1e-10)  # step 1 sees the same Grams
 
 

@@ -314,7 +314,8 @@ def test_fit_warns_naming_the_degree1_agents_and_min_degree_refuses_them():
         fit(blocks, PATH3, 2, exchange="quantized", **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DegreeOneWarning)
-        fit(blocks, PATH3, 2, **{k: v for k, v in kw.items() if k not in ("key_bits", "n_max")})  # plain: no warning
+        fit(blocks, PATH3, 2, exchange="plain",
+            **{k: v for k, v in kw.items() if k not in ("key_bits", "n_max")})  # plain: no warning
         fit(_problem(4), ring(4), 2, exchange="quantized", min_degree=2, **kw)  # every degree 2
     with pytest.raises(GraphError, match=r"^min_degree: agents \[0, 2\] have fewer than 2 neighbours") as err:
         fit(blocks, PATH3, 2, exchange="quantized", min_degree=2, **kw)

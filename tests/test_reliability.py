@@ -283,7 +283,7 @@ def _fit_warnings(Z, **kw):
 def test_huge_data_is_warned_up_front_and_its_collapse_flagged():
     # fit(torch.ones(6, 16) * 1e12, ring4, 2) with the paper's fixed penalties: X == 0, NMSE 1,
     # exit 0 before
-    res, caught = _fit_warnings(torch.ones(6, 16) * 1e12, **pp.PAPER_SETTINGS)
+    res, caught = _fit_warnings(torch.ones(6, 16) * 1e12, exchange="plain", **pp.PAPER_SETTINGS)
     cats = [w.category for w in caught]
     assert DataScaleWarning in cats and DegenerateResultWarning in cats
     assert cats.index(DataScaleWarning) < cats.index(DegenerateResultWarning)  # up front
@@ -298,7 +298,7 @@ def test_huge_data_is_warned_up_front_and_its_collapse_flagged():
 ])
 def test_penalties_far_above_the_data_are_flagged(kw, why, cause):
     Z = pp.data.synthetic(L=12, M=40, K=2, seed=0).Z.clamp(min=0)
-    _, caught = _fit_warnings(Z, **kw, **pp.PAPER_SETTINGS)
+    _, caught = _fit_warnings(Z, **kw, exchange="plain", **pp.PAPER_SETTINGS)
     msgs = [str(w.message) for w in caught if w.category is DegenerateResultWarning]
     assert len(msgs) == 1 and why in msgs[0] and cause in msgs[0], msgs
 
@@ -322,7 +322,8 @@ def test_data_normalize_rescales_and_the_summary_says_so(tmp_path):
     Z = small_problem(counts=(5, 5, 5, 5))
     np.save(tmp_path / "z.npy", (torch.cat(Z, dim=1) * 1e12).numpy())
     d = _cfg(data={"kind": "npy", "path": str(tmp_path / "z.npy"), "negative": "error"},
-             solver={"rank": 2, "bcd_iters": 6, "x_iters": 2, "y_iters": 2, **pp.PAPER_SETTINGS})
+             solver={"rank": 2, "bcd_iters": 6, "x_iters": 2, "y_iters": 2, **pp.PAPER_SETTINGS},
+             exchange={"kind": "plain"})
     for k in ("L", "M", "K"):
         d["data"].pop(k)
     with warnings.catch_warnings(record=True) as caught:
@@ -351,7 +352,7 @@ def interrupted(tmp_path):
 def test_resume_refuses_overrides_that_change_the_run_listing_them(interrupted):
     from ppdnmf_torch.app.resume import resume_target as _resume_target
 
-    new = from_dict(_cfg(solver={"bcd_iters": 10, "mu": 0.5}))
+    new = from_dict(_cfg(solver={"bcd_iters": 10, "mu": 0.5}, exchange={"kind": "plain"}))
     with pytest.raises(pp.ConfigError, match=r"^resume: these overrides would change the run being resumed: "
                                              r"exchange\.kind \('quantized' -> 'plain'\), solver\.mu \(0\.1 -> 0\.5\); "
                                              r"a resumed run keeps its own config and takes only solver\.bcd_iters"):

@@ -90,7 +90,7 @@ def test_per_edge_schedules_are_refused_up_front_in_one_line(schedule):
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("exchange: 'secagg'")
     assert f"penalty_schedule={schedule!r}" in msg
-    assert "penalty_schedule='agreed'" in msg and "'paillier'" in msg and "'quantized'" in msg
+    assert "penalty_schedule='agreed'" in msg and "'paillier'" in msg and "'plain'" in msg
 
 
 def test_unequal_weights_are_refused_per_call():
@@ -315,3 +315,20 @@ def test_follows_the_input_device(device):
     a, b = (ex.exchange(U, g, bcd_iter=1, admm_iter=1) for ex in exs)
     assert b.S.device == U.device and b.rho.device == U.device
     assert torch.equal(a.S, b.S) and torch.equal(a.rho, b.rho)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_data_of_any_scale_run_under_the_defaults_to_the_codec_rounding(scale):
+    """The default exchange (secagg, n_max = 1e6) takes data at any scale: the exchanged copies U_i
+    keep the public start's scale (the Y-step takes the data's), so the preflight bounds them by it;
+    the result is plain's to the codec's rounding (1e-6 per exchanged value, 20 BCD x 5 ADMM)."""
+    blocks = [b * scale for b in small_problem(L=8, K=3, counts=(3, 4, 2, 5, 3, 4), seed=0)]
+    kw = dict(bcd_iters=20, x_iters=5, y_iters=5, tol=0.0, device="cpu")
+    ref = pp.fit(blocks, graph.ring(6), 3, exchange="plain", **kw)
+    assert float(ref.U.abs().max()) < 2 * 2.0  # the start's scale (uniform on [0, 2)), not the data's
+    got = pp.fit(blocks, graph.ring(6), 3, **kw)  # exchange="secagg", the default
+    assert got.costs and not ref.costs  # the secure sum ran (its counters), plain has none
+    assert not torch.equal(got.X, ref.X)
+    assert float((got.X - ref.X).abs().max()) < 1e-4 * float(ref.X.abs().max())
+    assert all(float((a - b).abs().max()) < 1e-4 * float(b.abs().max()) for a, b in zip(got.Y, ref.Y))
+    assert abs(got.nmse - ref.nmse) < 1e-4 * ref.nmse

@@ -1,5 +1,5 @@
 """exchange="secagg" under audit (issue 38): its messages on the wire, the library's attacks on its
-recording in run_audit, and the adversary across calls, which succeeds on today's stopping rule."""
+recording in run_audit, and the adversary across calls, which the network-wide stop leaves nothing to read."""
 from __future__ import annotations
 
 import json
@@ -80,14 +80,14 @@ def test_messages_are_uniform_and_only_the_inherent_cases_read_back(fixed_keys):
                                         y_iters=1, device="cpu"), seeds)
 
 
-def test_a_receiver_differencing_its_sums_reads_increments_under_the_stopping_rule():
-    # fit's default stopping rule (tol=1e-4) freezes agents one hop at a time; frozen agents keep
-    # sending their constant values, so a ring's receiver sees its other neighbour's exact increments
+def test_the_agreed_stop_leaves_no_increment_to_read_and_the_attack_reads_a_frozen_neighbour():
+    # fit's default stopping rule (tol=1e-4), decided network-wide: every agent varies until the run
+    # stops, so no receiver of degree >= 2 ever has a lone neighbour moving (the one-hop rule of
+    # Sec. II-C froze agents one at a time: 60 exact increments by 6 receivers on this ring)
     rec, seeds = _record(ring(8), (3, 4, 2, 5, 3, 4, 3, 5), bcd_iters=60, x_iters=5, y_iters=5)
-    da = difference_attack(rec)
-    sm = da["summary"]
-    assert sm["exact"] == sm["isolated"] > 0 and sm["receivers_with_exact"] >= 1
-    assert sm["by_degree"]["2"]["exact"] == sm["exact"]
+    assert rec.bcd.max() < 60  # the run converged: the stop was taken
+    sm = difference_attack(rec)["summary"]
+    assert sm["increments"] > 0 and sm["isolated"] == sm["exact"] == 0
     # the same from the sums the receivers unmasked from the wire (messages less their edge masks)
     wire = np.zeros_like(neighbour_sums(rec))
     call = {(int(b), int(a)): t for t, (b, a) in enumerate(zip(rec.bcd, rec.admm))}
@@ -98,7 +98,14 @@ def test_a_receiver_differencing_its_sums_reads_increments_under_the_stopping_ru
                                                                                         m.receiver, m.payload.size)
     assert np.array_equal(wire, neighbour_sums(rec))
     assert difference_attack(rec, sums=wire)["summary"] == sm
-    # every exact pair names its receiver and target
+    # the attack can fail the run: agent 3 held still from call 20 on (as the one-hop rule froze it),
+    # so receiver 2 (neighbours 1 and 3) reads agent 1's exact increments from then on
+    rec.q[20:, 3] = rec.q[19, 3]
+    da = difference_attack(rec)
+    pair = [p for p in da["pairs"] if (p["receiver"], p["target"]) == (2, 1)][0]
+    assert pair["exact"] == pair["isolated"] == pair["increments"] - sum(
+        1 for t in range(20) if t and (rec.q[t, 1] != rec.q[t - 1, 1]).any()) > 0
+    assert da["summary"]["receivers_with_exact"] == 2  # receivers 2 and 4 (neighbours 3 and 5)
     for p in da["pairs"]:
         assert p["exact"] <= p["isolated"] <= p["increments"]
 
@@ -107,10 +114,13 @@ def test_run_audit_includes_secagg_and_the_adversary_across_calls(fixed_keys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rep = run_audit(("star", "random_caps"), bcd_iters=2, x_iters=4, y_iters=2, paillier=False, plain=False,
-                        protocols=("masked",), sums=False)
+                        protocols=("masked",), sums=False, to_stop=4)
     json.dumps(rep, allow_nan=False)
     star = rep["scenarios"]["star"]
     assert set(star["across_calls"]) >= {"increments", "exact", "degree1"}
+    ts = star["across_calls_to_stop"]  # fit's tol, at most 4 BCD iterations: every call attacked
+    assert ts["tol"] == 1e-4 and ts["bcd_iters_run"] <= 4 and ts["calls"] == 4 * ts["bcd_iters_run"]
+    assert ts["exact"] == 0 and ts["degree1"]["exact"] == ts["degree1"]["increments"] > 0  # the leaves: inherent
     sec = star["secagg"]
     assert sec["neighbour"]["exact_recovery_pairs_degree2plus"] == 0
     assert sec["neighbour"]["exact_recovery_pairs_degree1"] == 9  # the leaves: inherent
@@ -120,3 +130,4 @@ def test_run_audit_includes_secagg_and_the_adversary_across_calls(fixed_keys):
     assert not [f for f in rep["flags"] if f["protocol"] == "secagg"]
     md = audit.format_markdown(rep)
     assert '`exchange="secagg"` (star' in md and "refused" in md and "differences its sums across calls" in md
+    assert "the run to its stop: tol=0.0001" in md

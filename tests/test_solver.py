@@ -14,7 +14,7 @@ from conftest import small_problem
 from reference import reference_fit
 
 #: the paper's start, caps and Y-step: what the per-agent reference implements
-PAPER = dict(pp.PAPER_SETTINGS)
+PAPER = dict(pp.PAPER_SETTINGS, exchange="plain")  # per-edge penalties: not a plain sum (secagg refuses)
 
 GRAPHS = {
     "path3": (3, [(0, 1), (1, 2)]),
@@ -34,7 +34,7 @@ def _fit_both(name, *, bcd_iters=2, **kw):
     blocks = small_problem(counts=COUNTS[n], seed=n)
     g = graph.Graph(n, edges)
     fuse = kw.pop("fuse", False)
-    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", fuse=fuse, **PAPER, **kw)
+    r = pp.fit(blocks, g, 3, bcd_iters=bcd_iters, device="cpu", fuse=fuse, **dict(PAPER, **kw))
     ref = reference_fit(blocks, edges, 3, bcd_iters=bcd_iters, **kw)
     return r, ref
 
@@ -90,7 +90,7 @@ def test_single_agent_equals_centralized():
     assert torch.equal(r1.X, rc.X)
     assert torch.equal(r1.Y[0], rc.Y[0])
     ref = reference_fit(blocks, [], 3, bcd_iters=3, x_iters=5, y_iters=5)
-    r3 = pp.fit_centralized(blocks[0], 3, bcd_iters=3, x_iters=5, y_iters=5, device="cpu", **PAPER)
+    r3 = pp.fit_centralized(blocks[0], 3, bcd_iters=3, x_iters=5, y_iters=5, device="cpu", **pp.PAPER_SETTINGS)
     assert _rel(r3.X[0], ref["X"][0]) < 1e-10
 
 
@@ -169,7 +169,7 @@ def test_derived_form_reaches_consensus_and_paper_literal_does_not(paper_synthet
     kw = dict(columns=cols, negative="allow", device="cpu", seed=0, bcd_iters=100, **PAPER)
     derived = pp.fit(Z, g, 5, consensus_form="derived", **kw)
     literal = pp.fit(Z, g, 5, consensus_form="paper_literal", **kw)
-    central = pp.fit_centralized(Z, 5, negative="allow", device="cpu", bcd_iters=100, **PAPER)
+    central = pp.fit_centralized(Z, 5, negative="allow", device="cpu", bcd_iters=100, **pp.PAPER_SETTINGS)
     assert derived.history["consensus"][-1] < 1e-3
     assert literal.history["consensus"][-1] > 0.1
     # the distributed fit tracks the centralized one
@@ -277,7 +277,7 @@ def test_workspace_buffers_change_no_bits(monkeypatch, tmp_path, kw):
 
     blocks = small_problem(counts=(3, 5, 4, 6))
     g = graph.ring(4)
-    args = dict(bcd_iters=6, x_iters=5, y_iters=5, device="cpu", seed=1, **kw)
+    args = dict(dict(bcd_iters=6, x_iters=5, y_iters=5, device="cpu", seed=1, exchange="plain"), **kw)
     fresh = pp.fit(blocks, g, 3, **args)
     monkeypatch.setattr(Workspace, "MIN_BYTES", 0)  # buffers for every size
     monkeypatch.setattr(QuantizedExchange, "BUFFER_MIN_BYTES", 0)  # the exchange's too

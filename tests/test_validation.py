@@ -131,7 +131,8 @@ def test_missing_cbcl_path(tmp_path):
 def test_nan_during_iterations_names_iterations_and_agents():
     # a huge penalty on a bipartite ring makes the derived update diverge (see ALGORITHM notes)
     with pytest.raises(pp.NumericalError, match=r"BCD iteration \d+.*agents \["):
-        pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", penalty_schedule="paper", bcd_iters=60, x_iters=30, y_iters=5,
+        pp.fit(_blocks(), RING4, 2, mu=1e-3, g_max=30.0, penalty="fixed", penalty_schedule="paper", exchange="plain",
+               bcd_iters=60, x_iters=30, y_iters=5,
                device="cpu")
 
 

@@ -115,7 +115,7 @@ def to_run_config(cfg: DictConfig):
 _OWN_DATA = ("csv", "npy")
 
 
-def _own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
+def own_inputs(cfg: DictConfig, config_name: str = "config") -> DictConfig:
     """``data=csv|npy`` or ``graph=file`` without an ``experiment=`` on the command line: the
     config composed without the default experiment preset (``paper_synthetic``, the paper's
     settings for its synthetic data), so that the user's data and graph get the library's
@@ -159,7 +159,7 @@ def _file_handlers():
     return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler) and h.level <= logging.INFO]
 
 
-def _to_log_files(text: str, run_dir: str | None = None, level: int = logging.INFO) -> None:
+def to_log_files(text: str, run_dir: str | None = None, level: int = logging.INFO) -> None:
     """The run's result lines into the log file Hydra keeps for this call (``ppdnmf.log``)
     and, for a resumed run, into the resumed run's own ``ppdnmf.log``; the console already
     got them from ``print``."""
@@ -192,7 +192,7 @@ _OWN_WARNINGS = (DegenerateResultWarning, DataScaleWarning, ConvergenceWarning, 
 #: a bracketed list in a warning longer than this many items is shortened
 _LIST_SHOWN = 5
 #: the warning lines shown so far: each is shown once per process
-_SHOWN: set = set()
+SHOWN: set = set()
 
 
 def _short_lists(text: str) -> str:
@@ -208,17 +208,17 @@ def _short_lists(text: str) -> str:
     return re.sub(r"\[([^\[\]]*)\]", shorten, text)
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
+def show_warning(message, category, filename, lineno, file=None, line=None, _default=warnings.showwarning):
     if not issubclass(category, _OWN_WARNINGS) and category.__name__ != "InsecureKeyWarning":
         return _default(message, category, filename, lineno, file, line)
     text = _short_lists(" ".join(str(message).split()))
     if issubclass(category, DegreeOneWarning):  # the API's parameter is the CLI's graph.min_degree
         text = re.sub(r"(?<![.\w])min_degree=", "graph.min_degree=", text)
-    if text in _SHOWN:
+    if text in SHOWN:
         return
-    _SHOWN.add(text)
+    SHOWN.add(text)
     write_line(f"ppdnmf: warning: {text}")  # above a progress bar, never onto its line
-    _to_log_files(f"warning: {text}", level=logging.WARNING)
+    to_log_files(f"warning: {text}", level=logging.WARNING)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -297,7 +297,7 @@ def _is_multirun() -> bool:
 def _fail(text: str, out_dir: str | None) -> None:
     """One ``ppdnmf: error:`` line; exit 2, or in a multirun a FAILED file and on to the next job."""
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
-    _to_log_files(f"error: {text}", level=logging.ERROR)
+    to_log_files(f"error: {text}", level=logging.ERROR)
     if not _is_multirun():
         sys.exit(EXIT_USER_ERROR)
     if out_dir:
@@ -346,7 +346,7 @@ def _refuse_unfinished(folder: str) -> None:
 _CREATED: dict = {}
 
 
-def _discard_refused(out_dir: str | None) -> bool:
+def discard_refused(out_dir: str | None) -> bool:
     """A run refused before its first iteration (a bad value, unreadable data, an invalid
     graph): remove its folder when this process created it, so that no empty run is left for
     TensorBoard to list (nor the date folder and ``outputs/`` it made). A multirun's job keeps
@@ -446,7 +446,7 @@ def _app(cfg: DictConfig):
         from .runner import run
 
         out_dir = HydraConfig.get().runtime.output_dir
-        run_cfg = to_run_config(_own_inputs(cfg))
+        run_cfg = to_run_config(own_inputs(cfg))
         task = task_of(run_cfg)
         if run_cfg.resume:
             run_cfg, out_dir, resume_from = resume_target(run_cfg.resume, run_cfg,
@@ -460,7 +460,7 @@ def _app(cfg: DictConfig):
             where = "resume" if resume_from is not None else (
                 "hydra.sweep.dir" if _is_multirun() else "hydra.run.dir")
             exc.renamed({"out_dir": where})
-        if resume_from is None and not started and _discard_refused(out_dir):
+        if resume_from is None and not started and discard_refused(out_dir):
             out_dir = None
         return _fail(_one_line(exc), out_dir)
     except OSError as exc:  # a full disk, a read-only folder
@@ -469,7 +469,7 @@ def _app(cfg: DictConfig):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second interrupt changes nothing now: one line, 130
         text = _interrupted_text(exc, out_dir, task)
         print(f"ppdnmf: {text}", file=sys.stderr, flush=True)
-        _to_log_files(text, level=logging.WARNING)
+        to_log_files(text, level=logging.WARNING)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - a bug: in a sweep, one FAILED job and on to the next
         if not _is_multirun():
@@ -477,7 +477,7 @@ def _app(cfg: DictConfig):
         return _fail(f"{type(exc).__name__}: {_one_line(exc)} (an unexpected error; please report it)", out_dir)
     text = task.format_summary(summary)
     print(text, flush=True)
-    _to_log_files(text, out_dir if resume_from is not None else None)
+    to_log_files(text, out_dir if resume_from is not None else None)
     # returned to Hydra's sweepers (e.g. an optimizer over solver.mu)
     return task.objective(summary)
 
@@ -491,7 +491,7 @@ def main() -> None:
             return
         except Exception:  # noqa: BLE001 - a bad override: Hydra says what is wrong, as without --help
             pass
-    warnings.showwarning = _show_warning
+    warnings.showwarning = show_warning
     threading.excepthook = _thread_errors
     interrupts.install()
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per record

@@ -35,7 +35,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .resume import resume_target
-from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, _discard_refused, _own_inputs, _to_log_files,
+from .cli import (CONFIG_DIR, EXIT_INTERRUPTED, EXIT_USER_ERROR, discard_refused, own_inputs, to_log_files,
                   to_run_config)
 from .rundir import remove_checkpoints
 from ..errors import ConfigError, PPDNMFError
@@ -47,7 +47,7 @@ from .tasks import task_of
 #: what may cross ranks beyond the exchange's messages (every model's rank fit takes these)
 SHARE_MODES = ("all", "sums")
 
-__all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME"]
+__all__ = ["DistConfig", "main", "rank_main", "run_rank", "CONFIG_NAME", "hold_folder", "device_of"]
 
 #: the app's primary config: ``conf/config.yaml`` and the ``distributed`` section
 CONFIG_NAME = "ppdnmf_distributed"
@@ -163,7 +163,7 @@ def run_rank(cfg, out_dir, comm: Comm, *, partition="rcm", assignment=None, resu
     return summary
 
 
-def _device_of(cfg, local_rank: int):
+def device_of(cfg, local_rank: int):
     """The rank's device: ``cuda:<local rank>`` for a CUDA run, else the CPU."""
     import torch
 
@@ -180,7 +180,7 @@ def _report_like_the_app(rank: int, out_dir: str) -> None:
     to stderr and to the run's ``ppdnmf.log``, and shows the library's warnings as the
     one-process app does (one short ``ppdnmf: warning:`` line each); the other ranks keep
     theirs to themselves, so that each warning is shown once."""
-    from .cli import _SHOWN, _show_warning
+    from .cli import SHOWN, show_warning
 
     if rank != 0:
         warnings.showwarning = lambda *args, **kwargs: None
@@ -195,9 +195,9 @@ def _report_like_the_app(rank: int, out_dir: str) -> None:
         pass
 
     def show(message, category, filename, lineno, f=None, line=None):
-        before = set(_SHOWN)
-        _show_warning(message, category, filename, lineno, f, line)
-        for text in _SHOWN - before if file is not None else ():  # shown now: into the run's log too
+        before = set(SHOWN)
+        show_warning(message, category, filename, lineno, f, line)
+        for text in SHOWN - before if file is not None else ():  # shown now: into the run's log too
             file.handle(logging.LogRecord("ppdnmf_torch.cli", logging.WARNING, __file__, 0, f"warning: {text}",
                                           None, None))
 
@@ -225,7 +225,7 @@ def rank_main(cfg_dict: dict, dist: dict, out_dir: str, resume: bool, local_rank
         gone = _follow_the_launcher(rank, out_dir, task)
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     try:
-        with Comm.connect("env://", backend=opts.backend, device=_device_of(cfg, local_rank), timeout=opts.timeout,
+        with Comm.connect("env://", backend=opts.backend, device=device_of(cfg, local_rank), timeout=opts.timeout,
                           heartbeat=opts.heartbeat or None) as comm:
             return run_rank(cfg, out_dir, comm, partition=opts.partition, assignment=opts.assignment, resume=resume,
                             share=opts.share)
@@ -325,14 +325,14 @@ def _preflight(cfg, opts: DistConfig, world) -> None:
     if world is None:
         check_local_ranks(opts.nproc, n_agents, key="distributed.nproc")
         if task_of(cfg).name == "ppdnmf":  # the memory estimate is PPDNMF's
-            check_run(cfg, nproc=opts.nproc, device=_device_of(cfg, 0), dtype=cfg.dtype)
+            check_run(cfg, nproc=opts.nproc, device=device_of(cfg, 0), dtype=cfg.dtype)
     try:
-        resolve_backend(opts.backend, _device_of(cfg, 0), opts.nproc if world is None else world[1])
+        resolve_backend(opts.backend, device_of(cfg, 0), opts.nproc if world is None else world[1])
     except PPDNMFError as exc:
         raise exc.within("distributed") from None
 
 
-def _hold_folder(out_dir: str, resume: bool):
+def hold_folder(out_dir: str, resume: bool):
     """As ``ppdnmf`` does (:mod:`ppdnmf_torch.app.rundir`): lock the run folder (the lock is returned,
     to be released when the run ends), and refuse a fresh run in a folder that holds an
     unfinished run of any task (its ranks would overwrite and prune its checkpoints)."""
@@ -376,7 +376,7 @@ def _interrupted_text(out_dir, task=None, what: str = "interrupted") -> str:
 def _fail(exc: BaseException, code: int) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
     print(f"ppdnmf: error: {text}", file=sys.stderr, flush=True)
-    _to_log_files(f"error: {text}", level=logging.ERROR)
+    to_log_files(f"error: {text}", level=logging.ERROR)
     if any(t.name == "ppdnmf-rendezvous" and t.is_alive() for t in threading.enumerate()):
         # a rendezvous abandoned in torch's C++ code (:func:`.comm._rendezvous`) would hold up the
         # interpreter's exit for minutes: end now, the log files flushed
@@ -389,7 +389,7 @@ def _fail(exc: BaseException, code: int) -> None:
 def _app(cfg: DictConfig):
     lock = task = out_dir = None
     try:
-        cfg = _own_inputs(cfg, CONFIG_NAME)  # the user's data and graph get the library's defaults
+        cfg = own_inputs(cfg, CONFIG_NAME)  # the user's data and graph get the library's defaults
         raw = OmegaConf.to_container(cfg, resolve=True)
         dist = raw.pop("distributed", None)
         opts = DistConfig.from_dict(dist)
@@ -403,7 +403,7 @@ def _app(cfg: DictConfig):
         world = env_world()
         _preflight(run_cfg, opts, world)
         if world is None or world[0] == 0:
-            lock = _hold_folder(str(out_dir), resume)
+            lock = hold_folder(str(out_dir), resume)
         if world is not None:
             summary = rank_main(*args, local_rank=world[2])
         else:
@@ -436,7 +436,7 @@ def _app(cfg: DictConfig):
         _fail(exc, EXIT_PEER_FAILED)
     except PPDNMFError as exc:
         if lock is None and (task is None or not run_cfg.resume):  # refused before any rank started
-            _discard_refused(HydraConfig.get().runtime.output_dir)
+            discard_refused(HydraConfig.get().runtime.output_dir)
         _fail(exc, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:
         detail = f": {' '.join(str(exc).split())}" if str(exc) else ""
@@ -454,7 +454,7 @@ def _app(cfg: DictConfig):
         remove_checkpoints(Path(out_dir), task.checkpoint_patterns)
     text = task.format_summary(summary)
     print(text, flush=True)
-    _to_log_files(text)  # Hydra's ppdnmf.log of this call, as the one-process app's
+    to_log_files(text)  # Hydra's ppdnmf.log of this call, as the one-process app's
     return task.objective(summary)
 
 

@@ -164,15 +164,8 @@ from .recording import (
     make_recording_exchange,
 )
 from .report import BEATS_BASELINE_RATIO, DIRECTION_CORR, EXACT_FRACTION, format_markdown
-from .sums import (
-    attack_degree2,
-    attack_lattice,
-    certify,
-    diophantine2,
-    public_x_max,
-    schedule_audit,
-    sums_audit,
-)
+from .attacks import attack_degree2, attack_lattice, certify, diophantine2
+from .sums import public_x_max, schedule_audit, sums_audit
 from .secagg import md_secagg, record_secagg_seeds, secagg_flags, secagg_message_audit
 from .server import format_server_audit, run_server_audit, server_views
 

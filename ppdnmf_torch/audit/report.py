@@ -153,6 +153,7 @@ def collect_flags(report: dict) -> list:
             flags += _masked_flags(sname, sc["masked_ciphertexts"])
         flags += _sums_flags(sname, sc)
         flags += across_calls_flags(sname, sc.get("across_calls"))
+        flags += across_calls_flags(sname, sc.get("across_calls_to_stop"), "any (run to its stop)")
         sec = sc.get("secagg") or {}
         if "messages" in sec:
             flags += secagg_flags(sname, sec["messages"])
@@ -432,5 +433,9 @@ def format_markdown(report: dict) -> str:
         if sc.get("masked_ciphertexts"):
             lines += _md_masked_ciphertexts(sc["masked_ciphertexts"], sname)
         lines += md_across_calls(sc.get("across_calls"), "every protocol that gives the sums")
+        ts = sc.get("across_calls_to_stop")
+        if ts:
+            lines += md_across_calls(ts, f"the run to its stop: tol={ts['tol']:g}, {ts['bcd_iters_run']} BCD "
+                                         f"iterations, {'stopped by the rule' if ts['stopped'] else 'at the cap'}")
         lines += md_secagg(sc.get("secagg"), sname)
     return "\n".join(lines) + "\n"

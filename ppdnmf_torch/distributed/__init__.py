@@ -12,7 +12,9 @@
   the single-process alignment, edges, halo lists) and the gather of its agents' tensors;
 * :mod:`.halo`: the halo exchange (``plain``, ``quantized``) around the run's exchange kind,
   and the rank's penalty draws (:class:`~.halo.RankSampler`);
-* :mod:`.launch`: local ranks on this machine, or the ranks torchrun or SLURM started.
+* :mod:`.launch`: local ranks on this machine, or the ranks torchrun or SLURM started;
+* :mod:`.site`: site mode (a party that holds only its own data): the public description
+  compared at rendezvous, the site of every agent, a site's columns cut into blocks.
 
 A model runs over ranks in its own package (PPDNMF: :mod:`ppdnmf_torch.models.ppdnmf.distributed`,
 the rank's local problem, graph, reductions and :func:`~ppdnmf_torch.models.ppdnmf.distributed.fit_rank`;

@@ -117,7 +117,11 @@ class Comm:
             raise DistributedError(f"rendezvous at {url!r} failed: {_first_line(exc)}") from None
         device = torch.device(device)
         backend = resolve_backend(backend, device, world_size)
-        comm = cls(store, rank, world_size, backend=backend, device=device, timeout=timeout, record=record)
+        try:  # the process group's own wait for every rank (a rank that never came)
+            comm = cls(store, rank, world_size, backend=backend, device=device, timeout=timeout, record=record)
+        except (RuntimeError, ValueError, TimeoutError) as exc:
+            raise DistributedError(f"rank {rank}: joining the process group at {url!r} failed (not every one of the "
+                                   f"{world_size} ranks came within {timeout:g} s): {_first_line(exc)}") from None
         if heartbeat:
             comm.watchdog = Watchdog(comm, heartbeat)
             comm.watchdog.start()
@@ -389,6 +393,18 @@ def resolve_backend(backend: str, device: torch.device, world_size: int) -> str:
     return "gloo"
 
 
+#: seconds a rank that hosts the rendezvous store keeps it up after it stopped on another rank's
+#: failure, so that the others read the same cause rather than the store's loss
+STORE_LINGER = 3.0
+
+
+def hosts_store(rank: int) -> bool:
+    """Whether this process hosts the rendezvous store: rank 0, unless a launcher (this package's
+    ``launch_local``, or torchrun's agent) does."""
+    return (rank == 0 and os.environ.get(LAUNCHED_ENV) != "1"
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
+
+
 class Watchdog:
     """A thread that ends this rank when its peers are gone and the main thread cannot tell.
 
@@ -423,6 +439,8 @@ class Watchdog:
             pass
         if os.environ.get(LAUNCHED_ENV) != "1":
             print(f"ppdnmf: error: rank {self.comm.rank}: {message}", file=sys.stderr, flush=True)
+        if hosts_store(self.comm.rank):  # the others' watchdogs see the same cause, not the store's end
+            time.sleep(STORE_LINGER)
         os._exit(EXIT_PEER_FAILED)
 
     def _run(self) -> None:

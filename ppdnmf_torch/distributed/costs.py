@@ -15,7 +15,7 @@ from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, estimate_s
 from ..exchange.packing import derive_layout
 from ..exchange.spec import QuantizedSpec
 
-__all__ = ["RankLedger", "halo_bytes", "flag_bytes", "cut_protocol_bytes"]
+__all__ = ["RankLedger", "halo_bytes", "flag_bytes", "cut_protocol_bytes", "AGREED_DECISION_BYTES"]
 
 
 class RankLedger:
@@ -143,10 +143,16 @@ def halo_bytes(layout, lk: int, itemsize: int) -> dict:
 
 def flag_bytes(layout) -> int:
     """What one ADMM iteration under the stopping rule (:mod:`.topology`) sends from ``layout``'s
-    rank: one hop of the flags (a byte per boundary agent and peer) and its share of the
-    decision (one ``int64`` in the sum over ranks). A loop's last iteration sends neither;
-    the BCD-level rule sends one hop and two decisions per BCD iteration (one on the first)."""
+    rank: one hop of the flags (a byte per boundary agent and peer) and its share of the decision
+    (one ``int64`` in the sum over ranks). An X-step iteration adds the stop agreed network-wide
+    (:data:`AGREED_DECISION_BYTES`). A loop's last iteration sends nothing; the BCD-level rule
+    sends one hop and one agreed decision per BCD iteration from the second on."""
     return sum(int(t.numel()) for t in layout.send_rows.values()) + 8
+
+
+#: one agreed stop decision (PPDNMF's ``solver/stopping.agreed_stop``): two ``int64`` in the sum over
+#: ranks, the agents that have the flag and the agents counted
+AGREED_DECISION_BYTES = 16
 
 
 def cut_protocol_bytes(partition, graph, rank: int, *, protocol: str, key_bits: int, lk: int, slots: int = 1) -> int:

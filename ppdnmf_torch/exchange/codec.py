@@ -278,8 +278,8 @@ class IntegerCodec:
 
         The bound checked is the one :meth:`check_sums` enforces at every iteration,
         ``2 * n_max * |U| * gamma_max^2 * d_max``, evaluated with ``|U|`` taken as
-        ``headroom * value_scale`` (``value_scale`` is the larger of 1, the all-ones start,
-        and the data's largest entry). Iterates that still outgrow the range later raise
+        ``headroom * max(1, value_scale)`` (``value_scale``: a public bound on the exchanged values;
+        PPDNMF passes its agreed start's, :data:`~ppdnmf_torch.models.ppdnmf.run.START_BOUND`). Iterates that still outgrow the range later raise
         :class:`CodecRangeError` at that iteration.
 
         ``g_min``, the smallest cap of an agent with neighbours, must quantize to at least 1:
@@ -317,8 +317,8 @@ class IntegerCodec:
                 fits = self.n_max * 2.0 ** (math.log2(self.limit) - log_need)
                 hint = (f"the int64 emulation holds 2^62 at most, so lower {{n_max}} (or {{g_bits}}); "
                         f"{{n_max}} <= {fits:.3g} fits" if fits >= 1 else
-                        f"the int64 emulation holds 2^62 at most, and no {{n_max}} >= 1 fits data of this scale "
-                        f"({float(value_scale):.3g}): rescale the data (data.normalize=true)")
+                        f"the int64 emulation holds 2^62 at most, and no {{n_max}} >= 1 fits values of this scale "
+                        f"({float(value_scale):.3g}) under these caps: lower {{g_bits}} or the penalty caps")
             else:
                 hint = f"use {{key_bits}} >= {bits_needed} or lower {{n_max}}"
             raise ConfigError(

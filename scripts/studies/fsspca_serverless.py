@@ -38,9 +38,9 @@ def compare_with_server(data, n_components, graph, inner=(1, 3, 10, 30), *, cons
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", DegreeOneWarning)
-        server = fit_fsspca(data, n_components, **kwargs)
+        server = fit_fsspca(data, n_components, **dict({"aggregation": "plain"}, **kwargs))
         fixed = dict(kwargs, max_iter=at_iteration, tol=0)
-        server_at = fit_fsspca(data, n_components, **fixed)
+        server_at = fit_fsspca(data, n_components, **dict({"aggregation": "plain"}, **fixed))
         out = []
         for m in inner:
             opts = dict(serverless_options or {}, consensus=consensus, inner_iters=m, exchange=exchange,

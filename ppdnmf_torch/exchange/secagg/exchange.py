@@ -51,7 +51,7 @@ def unequal_weights_message(where: str) -> str:
     """The one line that refuses per-edge weights (``where``: what has them)."""
     return (f"exchange: 'secagg' gives each agent the plain sum of its neighbours' values, which needs every "
             f"edge of a receiver to carry one weight; {where}. Use {{penalty_schedule}}='agreed' (one common "
-            "penalty per edge), or exchange='paillier' or 'quantized' for per-edge weights")
+            "penalty per edge), or exchange='paillier' (or 'plain': nothing protected) for per-edge weights")
 
 
 def check_equal_weights(w: torch.Tensor, topology, *, bcd_iter=0, admm_iter=0) -> None:
@@ -190,7 +190,10 @@ class SecAggExchange(HoldsPrivateKey, Exchange):
             A = torch.zeros(tuple(q.shape), dtype=torch.int64).index_copy_(0, self._receivers, A)
         # w of each receiver (equal over its edges), then S_int_i = w sum_j q_j - rho_int_i q_i, exact:
         # |w sum_j q_j| <= sum_j w |q_j| < 2^62 and |S_int_i| < 2^62, both checked above
-        w_node = torch.where(self._linked, w[self._first], 0)[:, None]
+        if w.numel():
+            w_node = torch.where(self._linked, w[self._first], 0)[:, None]
+        else:  # no edge at all (one agent): every sum is empty
+            w_node = torch.zeros((q.shape[0], 1), dtype=w.dtype, device=w.device)
         S_int = torch.mul(A.to(q.device), w_node, out=None if bufs is None else bufs[2])
         S_int.addcmul_(rho_int[:, None], q, value=-1)
         self._ledger.add("time_mask", time.perf_counter() - t0)

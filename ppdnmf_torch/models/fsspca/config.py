@@ -92,7 +92,7 @@ class FSSPCASpec:
     line_search: str = rule("armijo", choices=LINE_SEARCHES)
     inner_steps: int = rule(4, ge=1)
     local_solver: str = rule("polar", choices=LOCAL_SOLVERS)
-    aggregation: str = rule("plain", choices=AGGREGATION_KINDS)
+    aggregation: str = rule("secagg", choices=AGGREGATION_KINDS)
     center: bool = True
     alpha_scale: str = rule("none", choices=ALPHA_SCALES)
     max_iter: int = rule(500, ge=1)
@@ -125,7 +125,7 @@ class ServerlessSpec:
 
     consensus: str = rule("laplacian", choices=CONSENSUS_METHODS)
     inner_iters: int = rule(3, ge=1)
-    exchange: str = rule("plain", choices=EXCHANGE_KINDS)
+    exchange: str = rule("secagg", choices=EXCHANGE_KINDS)
     g_cap: float = rule(0.7, gt=0)
     penalty_mode: str = rule("random", choices=PENALTY_MODES)
     center_iters: int = rule(100, ge=1)

@@ -275,6 +275,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
              max_iter=int(max_iter))
     with Resources() as res:
         if isinstance(aggregation, str):
+            if aggregation == "secagg" and K < 2 and not aggregation_options:
+                aggregation = "plain"  # one worker: the sum is its upload whatever the protocol (secagg needs 2)
             aggregation = res.own(make_aggregator(aggregation, K, **(aggregation_options or {})))
         run, mean, settings = _server_run(blocks, r, T, aggregation, projector, o)
         plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,

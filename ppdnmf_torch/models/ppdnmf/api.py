@@ -347,4 +347,4 @@ def fit_centralized(Z, rank, **kwargs) -> FitResult:
             raise ConfigError(f"{k}: does not apply to the centralized baseline (one agent, no exchange)")
     if isinstance(Z, (list, tuple)):
         Z = torch.cat([torch.as_tensor(b, dtype=torch.float64) for b in Z], dim=1)
-    return fit(Z, complete(1), rank, **kwargs)
+    return fit(Z, complete(1), rank, exchange="plain", **kwargs)  # one agent: nothing is exchanged

@@ -30,7 +30,7 @@ import torch
 from ...errors import ConfigError, PPDNMFError
 from ...data import CBCL_HINT, DATA_KINDS
 from ...exchange.base import Exchange
-from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, PlainSpec
+from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec, SecAggSpec
 from ...graph import GRAPH_ALIASES, GRAPH_KINDS, GRAPH_PARAMS, GRAPH_REQUIRED
 from ...penalties import PENALTY_MODES, PENALTY_SCHEDULES
 from ...specs import build, check_dataclass, check_fields, coerce, rule, to_plain
@@ -179,7 +179,7 @@ class FitOptions:
     :func:`~ppdnmf_torch.resolve_dtype`'s.
     """
 
-    exchange: str | ExchangeSpec | Exchange = rule("plain", doc="the exchange kind, a spec or an exchange")
+    exchange: str | ExchangeSpec | Exchange = rule("secagg", doc="the exchange kind, a spec or an exchange")
     protocol: str | None = rule(None, doc="the integer kinds' protocol (None: the spec's default)")
     n_max: float | None = rule(None, doc="the quantization scale N_max (None: the spec's default)")
     key_bits: int | None = rule(None, doc="the Paillier key size (None: the spec's default)")
@@ -379,7 +379,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
     solver: SolverConfig = field(default_factory=_paper_solver)
-    exchange: ExchangeSpec = rule(default_factory=PlainSpec, build=_build_exchange)
+    exchange: ExchangeSpec = rule(default_factory=SecAggSpec, build=_build_exchange)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def validate(self) -> "RunConfig":
@@ -516,6 +516,9 @@ def from_dict(d: Mapping) -> RunConfig:
     d = {k: v for k, v in d.items() if k != "hydra"}
     if isinstance(d.get("graph"), Mapping) and d["graph"].get("kind") in GRAPH_ALIASES:
         d["graph"] = dict(d["graph"], kind=GRAPH_ALIASES[d["graph"]["kind"]])
+    solver = d.get("solver")
+    if "exchange" not in d and isinstance(solver, Mapping) and solver.get("x_solver", "admm") != "admm":
+        d["exchange"] = {"kind": "plain"}  # the default secure sum is the ADMM X-step's: a token sends no sums
     cfg = build(RunConfig, d)
     _check_cross(cfg)
     return cfg

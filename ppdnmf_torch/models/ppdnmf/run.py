@@ -21,7 +21,7 @@ from ...errors import ConfigError, DegenerateResultWarning
 from ...exchange import exchange_spec, make_exchange
 from ...exchange.base import Exchange
 from ...penalties import cap_bounds
-from .config import FitOptions, SolverConfig
+from .config import OPTION_DEFAULTS, FitOptions, SolverConfig
 from .problem import check_rank
 from .solver import SolverParams, run_bcd
 
@@ -41,7 +41,10 @@ def prepare(solver: SolverConfig, options: FitOptions, L: int):
     """
     check_rank(solver.rank, L)
     params = SolverParams.of(solver)
-    spec = exchange_spec(options.exchange, protocol=options.protocol, n_max=options.n_max,
+    exchange = options.exchange
+    if params.x_solver != "admm" and _default_exchange(options):
+        exchange = "plain"  # the default secure sum is the ADMM X-step's: a token method sends no sums
+    spec = exchange_spec(exchange, protocol=options.protocol, n_max=options.n_max,
                          key_bits=options.key_bits, g_bits=options.g_bits, options=options.exchange_options)
     described = spec.spec if isinstance(spec, Exchange) else spec
     if params.x_solver != "admm" and getattr(described, "kind", None) != "plain":
@@ -51,6 +54,12 @@ def prepare(solver: SolverConfig, options: FitOptions, L: int):
         raise ConfigError(f"exchange: {{x_solver}}={params.x_solver!r} passes a token and sends no secure sums, "
                           f"so the exchange {kind!r} would go unused; use exchange='plain'")
     return params, (spec if isinstance(spec, Exchange) else make_exchange(spec))
+
+
+def _default_exchange(options: FitOptions) -> bool:
+    """Whether ``options`` name no exchange (the spec's default kind, no setting of it given)."""
+    return (isinstance(options.exchange, str) and options.exchange == OPTION_DEFAULTS.exchange
+            and all(getattr(options, k) is None for k in ("protocol", "n_max", "key_bits", "g_bits", "exchange_options")))
 
 
 def start_seed(init_seed, seed: int) -> int:
@@ -67,20 +76,29 @@ def warn_sum_leak(exch, params, caps, degrees) -> None:
         warn_sum_leak_of(exch, params.penalty_schedule, caps, degrees)
 
 
+#: the largest entry of the agreed start ``X_0 = U_0`` per ``init`` (all ones; uniform on [0, 2)): public
+START_BOUND = {"ones": 1.0, "random": 2.0}
+
+
 def preflight(exch, blocks, caps, degree, params=None):
     """Key size vs ``n_max``: refuse a run the codec cannot hold, before any work starts.
 
     With ``penalty_schedule="adaptive"`` or ``"agreed"`` the caps can grow during the run: the bound
-    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`).
+    checked is the largest they can reach (:func:`~ppdnmf_torch.penalties.cap_bounds`). The values
+    exchanged are the copies ``U_i`` of ``X``, whose scale is the agreed start's
+    (:data:`START_BOUND`, public), not the data's: the Y-step takes the data's scale (data scaled by
+    1e-3 or 1e3 leave ``max |U|`` near the start's), so one ``n_max`` fits data of any scale and the
+    bound reveals nothing about them. An iterate that outgrows the codec's headroom still raises at
+    that iteration (:class:`~ppdnmf_torch.exchange.CodecRangeError`). ``blocks`` is unused.
     """
     codec = getattr(exch, "codec", None)
     if codec is None:
         return
-    zmax = max(float(b.abs().max()) for b in blocks)
+    start = START_BOUND.get(getattr(params, "init", None), max(START_BOUND.values()))
     caps = torch.as_tensor(caps, dtype=torch.float64)
     linked = caps[torch.as_tensor(degree) > 0]
     highest = caps if params is None else cap_bounds(caps, params.penalty_schedule)
-    codec.preflight(value_scale=zmax, g_max=float(highest.max()),
+    codec.preflight(value_scale=start, g_max=float(highest.max()),
                     max_degree=int(degree.max()) if degree.numel() else 0,
                     g_min=float(linked.min()) if linked.numel() else None)
 

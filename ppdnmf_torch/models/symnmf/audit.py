@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ...audit.recording import Recording, as_recording, make_recording_exchange
-from ...audit.sums import attack_degree2
+from ...audit.attacks import attack_degree2
 from ...errors import ConfigError, DegreeOneWarning
 from .agent_setup import private_start
 from .agents import AgentsResult, fit_symnmf_agents

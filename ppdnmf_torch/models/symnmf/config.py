@@ -132,7 +132,7 @@ class AgentsSpec:
     """
 
     n_agents: int = rule(10, ge=1)
-    exchange: str = rule("plain", choices=EXCHANGE_KINDS)
+    exchange: str = rule("secagg", choices=EXCHANGE_KINDS)
     penalty: str | float = rule("adaptive", ge=0, choices=("adaptive",))
     lam0: float = rule(ADAPTIVE_LAMBDA0, gt=0)
     mu: str | float = rule("auto", gt=0, choices=("auto",))

@@ -91,7 +91,7 @@ from .agent_setup import (agent_caps, agent_graphs, check_settings, common_start
                           start_seeds)
 from .agent_steps import STATE_NAMES, AgentsState, gather_rows, lambda_from_sums, lambda_terms
 from .agents import AgentsResult, agents_costs, agents_result, settings_of
-from .agents_run import AgentsRun, AgentsSetup
+from .agents_run import HISTORY_KEYS, AgentsRun, AgentsSetup
 from .config import AGENTS, RANKS, RUN, SHARE_MODES
 from .operator import as_similarity
 
@@ -119,12 +119,15 @@ class SymRankResult:
         This rank's agents: ``agents`` (global ids, increasing), ``U`` ``(n_own, n, r)`` their
         nonnegative copies, ``V`` ``(n_own, m, r)`` their ``V_i`` (padded rows zero) and ``parts``
         ``(n_own, m)`` their ``S_i``.
+    history : dict or None
+        A site's run (:mod:`.site`): the history, on every site (nothing is gathered).
     """
 
     result: AgentsResult | None
     partition: Partition
     ranks: list = field(default_factory=list)
     own: dict = field(default_factory=dict)
+    history: dict | None = None
 
 
 def rank_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor, layout: RankLayout, comm: Comm, *,
@@ -391,9 +394,13 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
                     world_size=part.world_size, owner=list(part.owner), process=comm.rank)
     sim_digest = sim.digest()
     common = {k: v for k, v in settings.items() if k != "process"}
-    digests = comm.all_gather_object(_digest(sim_digest, g, idx, U0, dict(common, max_iter=int(max_iter),
-                                                                           spec=repr(spec), lam0=float(lam0))),
-                                     category="setup", what="the check that every rank runs the same problem")
+    site = getattr(sim, "site", None)  # a site's own columns (:class:`.site.SiteColumns`)
+    if site is not None:  # the public description, field by field; ||X||^2 summed over the sites
+        site.agree(comm, dict(common, max_iter=int(max_iter), exchange=repr(spec), lam0=float(lam0),
+                              parts=digest(idx), graph=digest(g.src, g.dst), n=sim.n))
+    digests = [] if site is not None else comm.all_gather_object(
+        _digest(sim_digest, g, idx, U0, dict(common, max_iter=int(max_iter), spec=repr(spec), lam0=float(lam0))),
+        category="setup", what="the check that every rank runs the same problem")
     odd = [q for q, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise DistributedError(f"ranks {odd} run another problem than rank 0 (similarity, graph, parts, start or "
@@ -410,7 +417,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
         out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers,
                     ranks=coordinator)
         costs = agents_costs(run, ledgers)
-    return _rank_result(comm, run, out, costs, part, idx)
+    return _rank_result(comm, run, out, costs, part, idx, site=site is not None)
 
 
 def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict, res: Resources, *, settings: dict,
@@ -449,10 +456,18 @@ def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict,
                          share=share)
 
 
-def _rank_result(comm: Comm, run: RankAgentsRun, out, costs: dict, part: Partition, idx) -> SymRankResult:
+def _rank_result(comm: Comm, run: RankAgentsRun, out, costs: dict, part: Partition, idx,
+                 site: bool = False) -> SymRankResult:
     """Rank 0 gathers every agent's copy and ``V_i`` into the single process's result (evaluation
-    only); every rank keeps its own agents' and the ranks' summaries."""
+    only); every rank keeps its own agents' and the ranks' summaries. A site gathers nothing: its
+    own agents' and the history."""
     st, lay, slots = run.st, run.lay, run._slots
+    if site:
+        own = {"agents": lay.agents.tolist(), "U": st.Xc[0, slots].clone(), "V": st.V[0, slots].clone(),
+               "parts": run.s.idx[0, slots].clone()}
+        history = {key: [v.numpy() if isinstance(v, torch.Tensor) else v for v in out.history.get(key, [])]
+                   for key in HISTORY_KEYS}
+        return SymRankResult(None, part, [dict(lay.summary(), sent=dict(comm.sent))], own, history)
     gathered = {name: gather_agents(comm, lay, t, part.counts(), part.agents, what=f"the output gather of {name}")
                 for name, t in (("U", st.Xc), ("V", st.V))}
     own = {"agents": lay.agents.tolist(), "U": st.Xc[0, slots].clone(), "V": st.V[0, slots].clone(),

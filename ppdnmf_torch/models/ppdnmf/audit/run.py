@@ -60,24 +60,26 @@ def _scenario(name: str, seed: int):
 
 
 def fitting_n_max(blocks, graph, g_max, *, g_bits: int = 16, key_bits: int = 128,
-                  penalty_schedule: str | None = None) -> float:
+                  penalty_schedule: str | None = None, init: str | None = None) -> float:
     """The largest of :data:`N_MAX_STEPS` whose codec range holds the scenario under its penalty
-    schedule (the check ``fit`` makes before a run, with the caps' largest reachable values:
-    ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does not fit every
-    scenario that the paper's schedule fits)."""
+    schedule (the check ``fit`` makes before a run, :func:`~..run.preflight`: the caps' largest
+    reachable values, ``penalty_schedule="adaptive"`` lets them grow 32-fold, so ``n_max = 1e6`` does
+    not fit every scenario that the paper's schedule fits; the exchanged values bounded by the start's,
+    ``init``, default the library's). ``blocks`` is unused (the data's scale does not enter)."""
     from ..config import SOLVER_DEFAULTS
+    from ..run import START_BOUND
     from ....exchange.codec import IntegerCodec
     from ....penalties import cap_bounds
 
     schedule = penalty_schedule or SOLVER_DEFAULTS.penalty_schedule
     caps = torch.as_tensor(np.broadcast_to(np.asarray(g_max, dtype=np.float64), (graph.n_agents,)).copy())
     highest = cap_bounds(caps, schedule)
-    zmax = max(float(torch.as_tensor(b).abs().max()) for b in blocks)
+    start = START_BOUND[init or SOLVER_DEFAULTS.init]
     deg = graph.degree
     for n_max in N_MAX_STEPS:
         try:
             IntegerCodec(n_max=n_max, g_bits=g_bits, key_bits=key_bits).preflight(
-                value_scale=zmax, g_max=float(highest.max()), max_degree=int(deg.max()))
+                value_scale=start, g_max=float(highest.max()), max_degree=int(deg.max()))
         except ConfigError:
             continue
         return n_max
@@ -173,9 +175,30 @@ def _secagg_real(name, blocks, graph, rank, fit_kw, codec, schedule, sums, sums_
     return out
 
 
+def _to_stop(name, blocks, graph, rank, fit_kw, codec, cap: int, say) -> dict:
+    """The adversary across calls on the scenario's run under its real stopping rule: ``fit``'s
+    ``tol`` (the scenario's settings otherwise), up to ``cap`` BCD iterations, recorded on the integer
+    protocol (``quantized``: the integers ``secagg`` and ``paillier`` exchange) and attacked over every
+    call (:func:`~ppdnmf_torch.audit.across_calls.difference_attack`: any call at which exactly one
+    neighbour's value moved, the calls at which the stopping rule held the others still among them)."""
+    from ..config import SOLVER_DEFAULTS
+
+    kw = dict(fit_kw, bcd_iters=int(cap))
+    kw.setdefault("tol", SOLVER_DEFAULTS.tol)
+    say(f"[{name}] the adversary across calls on a run to its stop (tol={kw['tol']:g}, at most {cap} BCD "
+        f"x {kw['x_iters']} ADMM iterations)")
+    t0 = time.perf_counter()
+    rec = record_fit(blocks, graph, rank, kind="quantized", **codec, **kw)
+    done = int(rec.bcd.max())
+    out = difference_attack(rec)["summary"]
+    out.update(tol=float(kw["tol"]), cap=int(cap), bcd_iters_run=done, stopped=bool(kw["tol"] > 0 and done < cap),
+               calls=int(rec.n_calls), seconds=time.perf_counter() - t0)
+    return out
+
+
 def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: bool, say,
                     masked_real=None, settings=None, sums=True, sums_max_calls=None,
-                    secagg=True) -> tuple[str, dict]:
+                    secagg=True, to_stop=None) -> tuple[str, dict]:
     """``(name, entry)``: one scenario recorded on the integer protocol, every neighbour view
     audited, the sums attacked (``sums``) and (``plain``) the plain eavesdropper run on the same setup."""
     from ..config import SOLVER_DEFAULTS
@@ -189,7 +212,7 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
     codec = dict(codec)
     if codec["n_max"] is None:
         codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
-                                       penalty_schedule=schedule)
+                                       penalty_schedule=schedule, init=fit_kw.get("init"))
     t0 = time.perf_counter()
     say(f"[{name}] recording the integer protocol ({fit_kw['bcd_iters']} BCD x {fit_kw['x_iters']} "
         f"ADMM iterations, penalty_schedule={schedule}, n_max={codec['n_max']:g})")
@@ -214,6 +237,8 @@ def _audit_scenario(sc, *, seed, iters: dict, codec: dict, protocols, plain: boo
             entry["masked_ciphertexts"] = _masked_real(name, blocks, graph, rank, fit_kw, codec, masked_real, say)
     say(f"[{name}] a receiver that differences its sums across calls")
     entry["across_calls"] = difference_attack(rec)["summary"]
+    if to_stop:
+        entry["across_calls_to_stop"] = _to_stop(name, blocks, graph, rank, fit_kw, codec, to_stop, say)
     if secagg:
         entry["secagg"] = _secagg_real(name, blocks, graph, rank, fit_kw, codec, schedule, sums, sums_max_calls, say)
     if plain:
@@ -232,7 +257,8 @@ def _audit_paillier(scenario: str, *, seed, iters: dict, codec: dict, protocols,
     codec = dict(codec)
     if codec["n_max"] is None:
         codec["n_max"] = fitting_n_max(blocks, graph, g_max, g_bits=codec["g_bits"], key_bits=codec["key_bits"],
-                                       penalty_schedule=(settings or {}).get("penalty_schedule"))
+                                       penalty_schedule=(settings or {}).get("penalty_schedule"),
+                                       init=(settings or {}).get("init"))
     out = {}
     for proto in protocols:
         say(f"[paillier/{proto}] {codec['key_bits']}-bit keys, {iters['bcd_iters']} BCD x {iters['x_iters']} ADMM "
@@ -261,7 +287,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
               y_iters=30, n_max=None, g_bits=16, key_bits=128, protocols=("paper", "aggregated", "masked"),
               paillier=True, paillier_bcd_iters=2, paillier_x_iters=3, paillier_y_iters=30,
               paillier_scenario="paper_synthetic", masked_bcd_iters=2, plain=True, settings=None, sums=True,
-              sums_max_calls=20, secagg=True, progress=None) -> dict:
+              sums_max_calls=20, secagg=True, to_stop=None, progress=None) -> dict:
     """Run the privacy audit and return the report (a JSON-ready dict).
 
     Parameters
@@ -316,6 +342,11 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
         sums, colluders, every masked message on the wire, and the adversary across calls
         (``entry["secagg"]``). Every scenario's integer recording gets the adversary across calls
         too (``entry["across_calls"]``, :func:`~ppdnmf_torch.audit.across_calls.difference_attack`).
+    to_stop : int, optional
+        Also record each scenario until its stopping rule ends it (``fit``'s ``tol`` unless the
+        settings give one; at most ``to_stop`` BCD iterations) and run the adversary across calls on
+        every call of it (``entry["across_calls_to_stop"]``: the summary, ``bcd_iters_run``,
+        ``stopped``). The recorded runs above are too short for the rule to act.
     progress : callable(str), optional
     """
     say = progress or (lambda s: None)
@@ -327,7 +358,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
             "python": platform.python_version(), "torch": torch.__version__,
             "settings": {"seed": seed, "bcd_iters": bcd_iters, "x_iters": x_iters, "y_iters": y_iters,
                          **codec, "protocols": list(protocols), "solver": dict(settings or {}),
-                         "sums_max_calls": sums_max_calls, "secagg": bool(secagg)},
+                         "sums_max_calls": sums_max_calls, "secagg": bool(secagg), "to_stop": to_stop},
             "thresholds": {"exact_fraction": EXACT_FRACTION, "beats_baseline_ratio": BEATS_BASELINE_RATIO,
                            "direction_corr": DIRECTION_CORR, "significant": SIGNIFICANT,
                            "correlation_z": CONFIDENCE_Z},
@@ -341,7 +372,7 @@ def run_audit(scenarios=SCENARIOS, *, seed=0, bcd_iters=10, x_iters=30,
     for sc in scenarios:
         name, entry = _audit_scenario(sc, seed=seed, iters=iters, codec=codec, protocols=protocols, plain=plain,
                                       say=say, masked_real=masked_real, settings=settings, sums=sums,
-                                      sums_max_calls=sums_max_calls, secagg=secagg)
+                                      sums_max_calls=sums_max_calls, secagg=secagg, to_stop=to_stop)
         report["scenarios"][name] = entry
     if paillier:
         p_iters = {"bcd_iters": paillier_bcd_iters, "x_iters": paillier_x_iters, "y_iters": paillier_y_iters}

@@ -8,10 +8,13 @@ eager run, on the engine's transport, partition and Paillier parties (:mod:`ppdn
   the stopping rule's flags across ranks and its decisions over every rank's agents;
 * :mod:`.reduce`: the metrics across ranks, in the single-process order (or, ``share="sums"``,
   from per-rank sums and maxima of scalars);
-* :mod:`.engine`: :func:`fit_rank` (the API on a rank).
+* :mod:`.engine`: :func:`fit_rank` (the API on a rank);
+* :mod:`.site`: :func:`fit_site`, a site's run that holds only its own columns (docs/DEPLOYMENT.md;
+  :mod:`.public`: its blocks checked and the public description the sites compare).
 
 The CLI's run over ranks is :func:`ppdnmf_torch.app.distributed.run_rank`.
 """
 from .engine import SHARE_MODES, RankResult, fit_rank
+from .site import fit_site
 
-__all__ = ["fit_rank", "RankResult", "SHARE_MODES"]
+__all__ = ["fit_rank", "fit_site", "RankResult", "SHARE_MODES"]

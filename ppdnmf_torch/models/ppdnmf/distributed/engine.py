@@ -49,12 +49,14 @@ from ..problem import as_blocks, as_caps, as_graph, check_data, check_rank
 from ..solver import SolverParams, run_bcd
 from ....threads import with_threads
 from ....distributed.comm import Comm, DistributedError
-from ....distributed.costs import cut_protocol_bytes, flag_bytes, halo_bytes
+from ....distributed.costs import AGREED_DECISION_BYTES, cut_protocol_bytes, flag_bytes, halo_bytes
 from ....distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ....distributed.layout import RankLayout, gather_agents
 from .layout import rank_problem
 from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
+from .public import check_own_agents, site_blocks, site_description
+from ....distributed.site import agree_description
 from .reduce import RankReduction, RankSums
 from ....distributed.secure import SecureHalo
 
@@ -145,21 +147,23 @@ def _agree(comm: Comm, digest: str) -> None:
 
 
 def _rank_setup(comm: Comm, blocks, graph, caps, part: Partition, spec, params: SolverParams, *, seed, init_seed,
-                dtype, device) -> tuple:
+                dtype, device, width: int) -> tuple:
     """The rank's layout, its exchange (the halo, or the Paillier parties), its problem (its own
-    agents' blocks, the rank's view of the graph) and its penalties' sampler."""
-    L, rank = blocks[0].shape[0], params.rank
+    agents' blocks, the rank's view of the graph) and its penalties' sampler. ``blocks``: every
+    agent's (a list), or a site's own agents' only (a dict by agent id; the preflight checks its
+    own values)."""
+    seen = list(blocks.values()) if isinstance(blocks, dict) else blocks
+    L, rank = seen[0].shape[0], params.rank
     itemsize = torch.empty((), dtype=dtype).element_size()
     lay = RankLayout.build(part, graph, comm.rank, L=L, K=rank, itemsize=itemsize)
     # paillier's public range bound holds for the largest caps the schedule can reach
     exch = (SecureHalo(spec, lay, comm, graph, part.owner, cap_bounds(caps, params.penalty_schedule))
             if spec.kind == "paillier" else HaloExchange(spec, lay, comm))
     try:  # the exchange is this run's: closed when its setup fails
-        preflight(exch, blocks, caps, graph.degree, params)
+        preflight(exch, seen, caps, graph.degree, params)
         warn_degree_one(exch, [graph])
         warn_sum_leak(exch, params, caps[None], [graph.degree])  # secagg refuses a per-edge schedule here
-        check_fit([blocks], [graph], params, dtype=dtype, device=device, exchange=exch)
-        width = max(b.shape[1] for b in blocks)
+        check_fit([seen], [graph], params, dtype=dtype, device=device, exchange=exch)  # a site: its own blocks
         problem = rank_problem(lay, graph, {i: blocks[i] for i in lay.agents.tolist()}, caps, seed, width=width,
                                dtype=dtype, device=device, topology=rank_topology(lay, graph, comm, device))
         problem.init_seeds = [start_seed(init_seed, seed)]
@@ -202,13 +206,18 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     Z, adjacency, rank, columns, mu, eta, g_max, bcd_iters, x_iters, y_iters, penalty, consensus_form, negative, seed
         As :func:`~ppdnmf_torch.fit`, with its defaults (every default is the spec's,
         :class:`~ppdnmf_torch.models.ppdnmf.config.SolverConfig`). Every rank reads the whole
-        ``Z`` and keeps its agents' blocks.
+        ``Z`` and keeps its agents' blocks; or, a site (:func:`~.site.fit_site`), ``Z`` is a dict
+        of its own agents' blocks by id, ``columns`` every agent's ``M_i`` (public) and
+        ``share="sums"``: the ranks compare the public description field by field, not a digest
+        of the data, and every rank's ``result`` holds the history.
     tol, admm_tol
         As :func:`~ppdnmf_torch.fit` (the stopping rule of Sec. II-C; ``admm_tol`` defaults to
-        fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): the flags cross the cut
-        edges one hop per iteration and every rank's loops end at the single-process
-        iteration (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64``
-        sum over the ranks, per iteration of a tracked loop).
+        fit's, the ADMM loops at their fixed counts, also when ``tol > 0``): every rank's loops end at
+        the single-process iteration. The flags cross the cut edges one hop per iteration
+        (:mod:`.topology`; one byte per boundary agent and peer, and one ``int64`` sum over the
+        ranks, per iteration of a tracked loop); the BCD loop and the X-step stop network-wide
+        (the agents with the flag counted over the ranks, two ``int64`` per decision,
+        :mod:`~ppdnmf_torch.models.ppdnmf.solver.stopping`).
     exchange, protocol, n_max, key_bits, g_bits, exchange_options
         As :func:`~ppdnmf_torch.fit`: the kinds :data:`~ppdnmf_torch.distributed.halo.HALO_KINDS` through the halo,
         ``paillier`` (its fast path) through :class:`~.secure.SecureHalo`.
@@ -265,10 +274,13 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     device = comm.device if device is None else torch.device(device)
     graph = as_graph(adjacency)
     N = graph.n_agents
-    blocks = check_data(as_blocks(Z, N, columns), negative)
+    site = isinstance(Z, dict)  # a site's own agents' blocks (:func:`~.site.fit_site`)
+    blocks, counts = site_blocks(Z, N, columns, negative) if site else (check_data(as_blocks(Z, N, columns), negative),
+                                                                        None)
+    counts = [b.shape[1] for b in blocks] if counts is None else counts
     caps = as_caps(g_max, N)
     check_shared_caps(caps, penalty_schedule)
-    L = blocks[0].shape[0]
+    L = (next(iter(blocks.values())) if site else blocks[0]).shape[0]
     check_rank(rank, L)
     params = SolverParams.of(solver)
     spec = exchange_spec(exchange, protocol=protocol, n_max=n_max, key_bits=key_bits, g_bits=g_bits,
@@ -276,10 +288,16 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     _check_supported(spec)
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     part = _resolve_partition(comm, graph, partition, assignment)
-    _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part) + share)
-    counts = [b.shape[1] for b in blocks]
+    if site:  # the public description, field by field; never the data
+        if share != "sums":
+            raise ConfigError("share: a site's run shares sums only (share='sums'); its blocks are its own")
+        agree_description(comm, site_description(graph, caps, seed, params, spec, part, counts, L, share,
+                                                 init_seed))
+        check_own_agents(blocks, part, comm.rank)
+    else:
+        _agree(comm, global_digest(blocks, graph, caps, seed, params, spec) + repr(part) + share)
     exch, lay, problem, sampler = _rank_setup(comm, blocks, graph, caps, part, spec, params, seed=seed,
-                                              init_seed=init_seed, dtype=dtype, device=device)
+                                              init_seed=init_seed, dtype=dtype, device=device, width=max(counts))
     del blocks, Z  # the rank keeps its own blocks only (in the problem)
     plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
                                                              missing_ok=False)
@@ -304,13 +322,14 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     finally:
         exch.close()
     return _rank_result(comm, state, history, info, costs, part, lay, graph, spec, params, counts, share,
-                        exch.layout.slots if spec.kind == "paillier" else None)
+                        exch.layout.slots if spec.kind == "paillier" else None, site=site)
 
 
 def _rank_result(comm: Comm, state, history, info, costs, part: Partition, lay: RankLayout, graph, spec, params,
-                 counts: list, share: str, secure_slots) -> RankResult:
+                 counts: list, share: str, secure_slots, site: bool = False) -> RankResult:
     """Every rank's summary (its layout, the bytes it sent and the halo's model of them), its own
-    agents' factors, and on rank 0 the run's result (every agent's factors with ``share="all"``)."""
+    agents' factors, and on rank 0 the run's result (every agent's factors with ``share="all"``;
+    a site's run: on every rank, without factors)."""
     L, rank = state.X.shape[-2:]
     # the X-step loops' lengths (the stopping rule ends a loop early on every rank at once)
     iters = sum(int(v.max()) for v in history["x_iters" if share == "all" else "x_iters_max"][info["start"]:])
@@ -320,23 +339,24 @@ def _rank_result(comm: Comm, state, history, info, costs, part: Partition, lay: 
     else:
         model = halo_bytes(lay, L * rank, state.X.element_size())
     if params.inner_tol > 0:
-        model["flags"] = flag_bytes(lay)
+        model["flags"] = flag_bytes(lay)  # a Y-step iteration's; an X-step's adds the agreed stop
+        model["flags_x"] = model["flags"] + AGREED_DECISION_BYTES
     own = _own_factors(state, lay, counts)
     gathered = {}
     if share == "all":
         gathered = {name: gather_agents(comm, lay, getattr(state, name), part.counts(), part.agents,
                                         what=f"the output gather of {name}") for name in ("X", "U", "Y")}
     mine = dict(lay.summary(), sent=dict(comm.sent), admm_iterations=iters, model_per_admm_iteration=model)
-    ranks = comm.all_gather_object(mine, what="the ranks' summaries")
+    ranks = [mine] if site else comm.all_gather_object(mine, what="the ranks' summaries")
     result = None
-    if comm.rank == 0:
+    if comm.rank == 0 or site:
         X = U = Y = None
         if share == "all":
             X, U, Y = (gathered[k][0] for k in ("X", "U", "Y"))
             Y = [Y[i, :, :c] for i, c in enumerate(counts)]
         result = FitResult(X=X, Y=Y, U=U, history=history_single(history), graph=graph, columns=counts,
                            n_iter=info["n_iter"], converged=info["converged"], costs=costs)
-    return RankResult(result, part, ranks if comm.rank == 0 else [mine], iters, own=own, share=share)
+    return RankResult(result, part, ranks if comm.rank == 0 and not site else [mine], iters, own=own, share=share)
 
 
 def _own_factors(state, lay: RankLayout, counts: list) -> dict:

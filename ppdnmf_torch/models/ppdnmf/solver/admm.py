@@ -97,7 +97,8 @@ def x_step(problem: Problem, state: SolverState, params: SolverParams, exchange:
     # the schedule's mu_i per agent, or the one mu of the paper
     mu = params.mu if state.mu is None else state.mu.to(state.U.dtype).view(T, N, 1, 1)
     fixed = XFixed(ZYt, lam, E, E.mT.contiguous(), mu, params.consensus_form == "derived")
-    stop = StopRule(state.frozen, params.inner_tol, params.x_iters, topo, (T, N), Z.device)
+    # agreed: the X-step exchanges, so no agent stops while its neighbours go on (.stopping)
+    stop = StopRule(state.frozen, params.inner_tol, params.x_iters, topo, (T, N), Z.device, agreed=True)
     # per-iteration sums of U_i: NaN/Inf anywhere in U_i makes its sum non-finite; inspected
     # once after the loop (no device synchronization per iteration)
     u_sums = torch.empty((params.x_iters, T, N), dtype=state.U.dtype, device=Z.device)

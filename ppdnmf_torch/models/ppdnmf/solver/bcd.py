@@ -26,7 +26,7 @@ from .kernels import Workspace, rel_change, sync
 from .refit import worst_agent_nmse
 from .schedule import adapt, adapt_agreed, disagreement, init_schedule
 from .state import IterationInfo, SolverParams, SolverState, init_state, make_sampler
-from .stopping import stop_flags
+from .stopping import agreed_stop, stop_flags, trial_mask
 
 __all__ = ["run_bcd", "BCDRun", "ConvergenceWarning", "NumericalError", "RunInterrupted", "AgentReduction",
            "raise_nonfinite"]
@@ -222,7 +222,11 @@ class BCDRun(LoopModel):
                 init_schedule(p, st, self.params.mu)
             self.sampler.set_caps(st.caps)
         T, N = p.Z.shape[:2]
-        self.bflags = st.frozen if st.frozen is not None else torch.zeros((T, N), dtype=torch.bool, device=p.Z.device)
+        # the agents' flags (a checkpoint of the earlier rule, which froze agents, has them as frozen)
+        flags = st.stop_flags if st.stop_flags is not None else st.frozen
+        self.bflags = flags if flags is not None else torch.zeros((T, N), dtype=torch.bool, device=p.Z.device)
+        self.done = agreed_stop(self.bflags, p.topology) if flags is not None else torch.zeros(
+            T, dtype=torch.bool, device=p.Z.device)
 
     def step(self, k: int, clock) -> dict:
         st, params, problem = self.st, self.params, self.problem
@@ -240,15 +244,19 @@ class BCDRun(LoopModel):
             if "rho" in xi:  # and agreement: stationary copies that still disagree go on
                 # each agent's delta_i, the adaptive schedules' signal (schedule.disagreement)
                 raised &= disagreement(st, xi["rho"]).view_as(xi["rho"]) < tol
+            # Sec. II-C's flags, the stop decided network-wide (.stopping): a trial stops, all its
+            # agents at once, when every agent has the flag; no agent holds still while others exchange
             self.bflags = stop_flags(self.bflags, raised & ~self.bflags, problem.topology)
-            st.frozen = self.bflags if problem.topology.any_set(self.bflags) else None
+            st.stop_flags = self.bflags
+            self.done = agreed_stop(self.bflags, problem.topology)
+            st.frozen = trial_mask(self.done, self.bflags.shape)
         self._costs, costs_row = _cost_row(self.exchange)
         self._values = values
         row.update(costs_row)
         return row
 
     def converged(self, k: int, row: dict) -> bool:
-        return self.params.tol > 0 and self.problem.topology.all_set(self.bflags)
+        return self.params.tol > 0 and bool(self.done.all())
 
     def report(self, callback, k: int, row: dict, clock) -> bool:
         return bool(callback(IterationInfo(k, self.params.bcd_iters, self._values, self.st, clock(),
@@ -273,14 +281,15 @@ class BCDRun(LoopModel):
         if params.x_solver != "admm":  # the token's state; its walk's length is the run's own
             out.update(inc_y=xs, inc_z=((T, L, rank), dt), inc_cycle=(None, torch.int64))
         spec = {k: (shape, dtype, False) for k, (shape, dtype) in out.items()}
-        spec["frozen"] = ((T, N), torch.bool, True)  # agents stopped by the BCD-level rule, once any is
+        spec["frozen"] = ((T, N), torch.bool, True)  # the trials stopped by the BCD-level rule, once any is
+        spec["stop_flags"] = ((T, N), torch.bool, True)  # the agents' own flags, once the rule runs
         return spec
 
     def load_state(self, tensors: dict, extra: dict) -> None:
         dev = self.problem.Z.device
         t = {k: v.to(dev) for k, v in tensors.items()}
-        frozen = t.pop("frozen", None)
-        self.st = SolverState(**t, frozen=frozen)
+        frozen, flags = t.pop("frozen", None), t.pop("stop_flags", None)
+        self.st = SolverState(**t, frozen=frozen, stop_flags=flags)
         self._start_schedule()
 
     def resumed(self, done: int, history) -> None:

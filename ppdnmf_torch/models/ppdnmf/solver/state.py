@@ -125,7 +125,8 @@ class SolverState:
     R: torch.Tensor
     g: torch.Tensor  # (2E,) float64 penalty draws, carried over
     bcd_done: int = 0  # completed BCD iterations
-    frozen: torch.Tensor | None = None  # (T, N) bool, agents stopped by the BCD-level rule
+    frozen: torch.Tensor | None = None  # (T, N) bool, agents stopped by the BCD-level rule (whole trials)
+    stop_flags: torch.Tensor | None = None  # (T, N) bool, the agents that have the stop flag (.stopping)
     # the incremental X-step's own variables (x_solver != "admm"; its x_i are U): the
     # multipliers y_i (T, N, L, K), the token z (T, L, K), each trial's visiting order (T, n)
     inc_y: torch.Tensor | None = None

@@ -1,4 +1,18 @@
-"""The stopping rule of Sec. II-C: converged agents raise a flag that travels one hop per iteration."""
+"""The stopping rule of Sec. II-C, and its network-wide stop for the steps that exchange.
+
+The paper's rule: a converged agent raises a flag, the flag travels one hop per iteration, and an
+agent stops once it has it. An agent that stops keeps its values while its neighbours go on, and
+its neighbours' secure sums then move by the neighbours still active: a receiver whose other
+neighbours have all stopped reads the last one's exact increments from the differences of its
+sums (``ppdnmf_torch.audit.across_calls``, docs/THREAT_MODEL.md "Across calls"). So wherever the
+agents exchange (the BCD loop and the X-step's ADMM loop) the flags travel as in the paper, but an
+agent that has one keeps computing and exchanging; a trial stops, every agent of it at once, at the
+first iteration at which every agent has the flag (:func:`agreed_stop`): one bit per trial and
+iteration, the AND of the flags, which a secure sum of the flags gives (over ranks each rank adds
+its agents' count, so the ranks learn the count). Within a trial either every agent varies or none
+does. The Y-step exchanges nothing and keeps the paper's rule (:class:`StopRule` with
+``agreed=False``).
+"""
 from __future__ import annotations
 
 import torch
@@ -6,7 +20,7 @@ import torch
 from ....graph.topology import Topology
 from .kernels import rel_change
 
-__all__ = ["StopRule", "stop_flags"]
+__all__ = ["StopRule", "stop_flags", "agreed_stop", "trial_mask"]
 
 
 def stop_flags(flags, raised, topology: Topology):
@@ -15,16 +29,31 @@ def stop_flags(flags, raised, topology: Topology):
     return (topology.spread(flags.reshape(-1)).reshape(T, N)) | raised
 
 
+def agreed_stop(flags, topology: Topology) -> torch.Tensor:
+    """``(T,)`` bool: the trials whose every agent has its flag up (``flags (T, N)``), counted over
+    every agent of the trial (over ranks, every rank's: :meth:`~ppdnmf_torch.graph.topology.Topology.trial_counts`)."""
+    counts = topology.trial_counts(torch.stack([flags, torch.ones_like(flags)]))  # (2, T): flagged, agents
+    return counts[0] == counts[1]
+
+
+def trial_mask(done, shape):
+    """``done (T,)`` as the ``(T, N)`` mask of every agent of those trials (None when none is done)."""
+    return done[:, None].expand(shape).contiguous() if bool(done.any()) else None
+
+
 class StopRule:
-    """Sec. II-C inside one ADMM loop: a converged agent raises a flag, the flag travels one
-    hop per iteration, and an agent stops once it has it; every agent stops at the cap.
+    """Sec. II-C inside one ADMM loop: a converged agent raises a flag, the flag travels one hop
+    per iteration; with ``agreed`` (a step that exchanges: the X-step) a trial stops once every
+    agent has it, every agent at once (module docstring); without (the Y-step) an agent stops once
+    it has it. Every agent stops at the cap.
 
     With ``tol == 0`` and no agent frozen by the BCD-level rule nothing is tracked (the
     fixed counts run, without a device synchronization per iteration).
     """
 
-    def __init__(self, frozen, tol, n_iters, topology, shape, device):
+    def __init__(self, frozen, tol, n_iters, topology, shape, device, *, agreed: bool = False):
         self.frozen, self.tol, self.n_iters, self.topology = frozen, tol, n_iters, topology
+        self.agreed, self.shape = agreed, shape
         self.track = tol > 0 or frozen is not None
         self.flags = torch.zeros(shape, dtype=torch.bool, device=device)
         self.active = None if frozen is None else ~frozen
@@ -44,7 +73,8 @@ class StopRule:
             if self.active is not None:
                 raised &= self.active
             self.flags = stop_flags(self.flags, raised, self.topology)
-        self.active = ~self.flags if self.frozen is None else ~(self.flags | self.frozen)
+        stopped = self.flags
+        if self.agreed and self.tol > 0:
+            stopped = agreed_stop(self.flags, self.topology)[:, None].expand(self.shape)
+        self.active = ~stopped if self.frozen is None else ~(stopped | self.frozen)
         return not self.topology.any_set(self.active)
-
-
