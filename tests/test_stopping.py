@@ -106,7 +106,9 @@ def test_fsspca_gram_alpha_gives_the_same_answer_at_any_scale(c):
     base = fit_fsspca(_fsspca_blocks(1.0), 2, alpha_scale="gram", **kw)
     scaled = fit_fsspca(_fsspca_blocks(c), 2, alpha_scale="gram", **kw)
     assert 0.1 < float((base.z == 0).double().mean()) < 0.9  # a sparse, not empty, answer
-    torch.testing.assert_close(scaled.z, base.z, rtol=1e-6, atol=1e-8)
+    # the same problem to rounding: scaling rounds differently, and 40 ADMM iterations near the
+    # soft threshold amplify it (measured up to 5e-8 on entries of order 0.1)
+    torch.testing.assert_close(scaled.z, base.z, rtol=1e-5, atol=1e-6)
     raw = fit_fsspca(_fsspca_blocks(c), 2, alpha_scale="none", **kw)
     assert float((raw.z == 0).double().mean()) != float((base.z == 0).double().mean())
 
