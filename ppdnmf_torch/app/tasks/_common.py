@@ -7,7 +7,6 @@ show, and :class:`ModelTask`, whose ``trials > 1`` are the model's own batch.
 from __future__ import annotations
 
 import re
-import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -18,9 +17,9 @@ import torch
 
 from ..._utils import resolve_device
 from ...errors import ConfigError, PPDNMFError
-from ...exchange.spec import EXCHANGE_KINDS, SPECS, ExchangeSpec
-from ...models.ppdnmf.config import DTYPES, GraphConfig, LoggerConfig, exchange_keys, exchange_to_dict
-from ...specs import build, check_dataclass, coerce, rule
+from ...exchange.spec import ExchangeSpec
+from ...models.ppdnmf.config import DTYPES, GraphConfig, LoggerConfig, build_exchange, exchange_to_dict
+from ...specs import build, check_dataclass, rule
 from .base import Task
 
 __all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "rule", "config_from_dict", "config_to_dict",
@@ -56,30 +55,6 @@ def check_run_keys(cfg: RunKeys) -> None:
     """The checks of the run keys that are not a field's own range."""
     if not _DEVICE_RE.match(cfg.device):
         raise ConfigError(f"device: unknown value {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
-
-
-def build_exchange(data, key: str = "exchange") -> ExchangeSpec:
-    """The ``exchange`` section (``conf/exchange/<kind>.yaml``) as its kind's frozen spec, whose own
-    rules check the values; errors name ``exchange.<key>``."""
-    if isinstance(data, ExchangeSpec):
-        data = exchange_to_dict(data)
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{key}: must be a mapping of keys to values, got {data!r}")
-    d = dict(data)
-    kind = d.pop("kind", "plain")
-    if kind not in SPECS:
-        raise ConfigError(f"{key}.kind: unknown value {kind!r}; use one of {', '.join(EXCHANGE_KINDS)}")
-    cls, keys = SPECS[kind], exchange_keys(kind)
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for k, v in d.items():
-        if k not in keys:
-            raise ConfigError(f"{key}.{k}: does not apply to {key}.kind={kind} (its keys: {', '.join(keys) or 'none'})")
-        values[k] = coerce(f"{key}.{k}", v, hints[k])
-    try:
-        return cls(**values)
-    except PPDNMFError as exc:
-        raise exc.within(key) from None
 
 
 def make_graphs(g: GraphConfig, n_agents: int, seeds) -> list:

@@ -48,6 +48,7 @@ __all__ = [
     "LoggerConfig",
     "exchange_keys",
     "exchange_to_dict",
+    "build_exchange",
     "from_dict",
     "to_dict",
     "PAPER_SETTINGS",
@@ -303,7 +304,7 @@ def exchange_to_dict(spec: ExchangeSpec) -> dict:
     return {"kind": spec.kind, **{k: getattr(spec, k) for k in exchange_keys(spec.kind)}}
 
 
-def _build_exchange(data, prefix: str = "exchange") -> ExchangeSpec:
+def build_exchange(data, prefix: str = "exchange") -> ExchangeSpec:
     """The ``exchange`` section as its kind's spec (:mod:`ppdnmf_torch.exchange.spec`), whose
     rules check the values; errors name ``exchange.<key>``."""
     if isinstance(data, ExchangeSpec):
@@ -379,7 +380,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=_paper_synthetic_data)
     graph: GraphConfig = field(default_factory=lambda: GraphConfig(avg_degree=3.0))
     solver: SolverConfig = field(default_factory=_paper_solver)
-    exchange: ExchangeSpec = rule(default_factory=SecAggSpec, build=_build_exchange)
+    exchange: ExchangeSpec = rule(default_factory=SecAggSpec, build=build_exchange)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def validate(self) -> "RunConfig":
