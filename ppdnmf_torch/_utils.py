@@ -11,7 +11,9 @@ import numbers
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 
 from .errors import ConfigError
@@ -25,7 +27,17 @@ __all__ = [
     "sparse_matmul",
     "plain_number",
     "counted",
+    "ARRAY",
+    "OPTIONS",
+    "CALLBACK",
 ]
+
+#: the annotations of a function's keywords that are no spec's fields, checked by type at its
+#: boundary (:func:`~ppdnmf_torch.specs.check_call`; shapes and values where they are used):
+#: an array (a start, a partition, a projector), a kind's options, a callback
+ARRAY = torch.Tensor | np.ndarray | list | tuple | None
+OPTIONS = Mapping | None
+CALLBACK = Callable | None
 
 
 _DEVICE_NAMES = ("auto", "cpu", "cuda")

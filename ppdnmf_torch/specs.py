@@ -12,6 +12,9 @@ of rules:
   ``__post_init__`` refuses a value of the wrong type, never converts it (``"0.1"`` for a
   number, ``2.0`` or ``True`` for an integer, ``"no"`` for a flag); the one widening kept is an
   integer for a number, stored as a ``float`` (a NumPy integer for an integer is an ``int``);
+* from a function's keywords (symmetric NMF's and FSSPCA's functions): :func:`check_call`
+  checks each keyword that is a spec's field against that field's rule, once at the boundary,
+  without storing anything (the function goes on with the values as given);
 * from a config (Hydra's composed dict, a run folder's ``config.yaml``): :func:`build`
   converts what text formats cannot keep apart (an integral ``1e3`` for an integer, a list for
   a tuple), names the dotted key of a bad value, and then builds the dataclass, whose own check
@@ -33,8 +36,8 @@ from dataclasses import MISSING, asdict, field, fields, is_dataclass
 
 from .errors import ConfigError, PPDNMFError
 
-__all__ = ["rule", "check_fields", "check_value", "build", "check_dataclass", "to_plain", "coerce", "describe",
-           "defaults", "replace"]
+__all__ = ["rule", "check_fields", "check_value", "check_call", "build", "check_dataclass", "to_plain", "coerce",
+           "describe", "defaults", "replace"]
 
 
 def rule(default=MISSING, *, default_factory=MISSING, gt=None, ge=None, le=None, choices=None, check=None,
@@ -246,6 +249,49 @@ def check_fields(obj, prefix: str = "") -> None:
         new = check_value(key, v, tp, f.metadata)
         if new is not v:
             object.__setattr__(obj, f.name, new)
+
+
+def check_call(namespace: Mapping, *specs, skip=(), arrays=(), also: Mapping | None = None) -> None:
+    """Check an entry point's keywords (``locals()`` at its first line) at its boundary, once,
+    without converting or storing them: each that is a field of one of the dataclasses ``specs``
+    (the first that has it) against that field's annotation and rule (:func:`check_value`), each
+    of ``also`` (``{name: annotation}``, the keywords that are no spec's fields) against its
+    annotation.
+
+    Parameters
+    ----------
+    namespace : mapping
+        The call's keywords by name.
+    specs : dataclasses (or their instances: a model's defaults)
+    skip : iterable of str
+        Keywords the function takes in a wider form than its field (an exchange object, one cap
+        per agent), checked where they are used.
+    arrays : iterable of str
+        Keywords that may also be an array (anything with ``shape`` and ``dtype``: one value
+        per trial), whose shape and values are checked where they are used.
+    also : mapping, optional
+
+    Raises
+    ------
+    ConfigError
+        Naming the keyword (``name`` or ``name[i]``).
+    """
+    seen = set(skip)
+    arrays = set(arrays)
+    for name, tp in (also or {}).items():
+        check_value(name, namespace[name], tp)
+        seen.add(name)
+    for spec in specs:
+        cls = spec if isinstance(spec, type) else type(spec)
+        hints = _hints(cls)
+        for f in fields(cls):
+            if f.name not in namespace or f.name in seen:
+                continue
+            seen.add(f.name)
+            v = namespace[f.name]
+            if f.name in arrays and hasattr(v, "shape") and hasattr(v, "dtype"):
+                continue
+            check_value(f.name, v, hints[f.name], f.metadata)
 
 
 def _key(prefix: str, name: str) -> str:
