@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from ... import budget
-from ..._utils import derive_seed, resolve_device, resolve_dtype
+from ..._utils import ARRAY, CALLBACK, OPTIONS, derive_seed, resolve_device, resolve_dtype
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
 from ...exchange.aggregation import make_aggregator
+from ...specs import check_call
 from . import admm
 from .centring import aggregate, centred_gram, global_mean, worker_sums
 from .config import ALPHA_SCALES, RHO_RULES, RUN, SPEC, TASK
@@ -247,6 +248,15 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     -------
     FSSPCAResult
     """
+    # an aggregator handed in is anything with total() (a kind's name: the spec's rule)
+    # (checkpoint_every: check_checkpoint_args's, as every model's; smoothing: a name or a Smoothing,
+    # get_smoothing's)
+    check_call(locals(), SPEC, TASK, RUN, arrays=("alpha", "lambda_2", "rho"),
+               skip=("checkpoint_every", "smoothing") + (() if isinstance(aggregation, str) else ("aggregation",)),
+               also={"aggregation_options": OPTIONS, "init": ARRAY | str, "callback": CALLBACK, "projector": ARRAY})
+    if not isinstance(aggregation, str) and not callable(getattr(aggregation, "total", None)):
+        raise ConfigError(f"aggregation: must be a kind's name or an aggregator (an object with total()), got "
+                          f"{aggregation!r} ({type(aggregation).__name__})")
     blocks = as_blocks(data, groups, device=device, dtype=dtype)
     K, d = len(blocks), blocks[0].shape[1]
     like = blocks[0]

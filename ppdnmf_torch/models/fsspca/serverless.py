@@ -56,11 +56,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..._utils import ARRAY, CALLBACK, OPTIONS
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive, warn_degree_one
 from ...errors import ConfigError
 from ...graph import Graph, Topology
 from ...penalties import PenaltySampler
+from ...specs import check_call
 from . import admm
 from .centring import worker_sums
 from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
@@ -191,6 +193,9 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     -------
     ServerlessResult
     """
+    check_call(locals(), SERVERLESS, SPEC, TASK, RUN, skip=("exchange", "checkpoint_every", "smoothing"),
+               arrays=("alpha", "lambda_2", "rho"),
+               also={"init": ARRAY | str, "callback": CALLBACK, "exchange_options": OPTIONS})
     if consensus not in CONSENSUS_METHODS:
         raise ConfigError(f"consensus: unknown method {consensus!r}; use one of {CONSENSUS_METHODS}")
     if isinstance(inner_iters, bool) or int(inner_iters) != inner_iters or int(inner_iters) < 1:

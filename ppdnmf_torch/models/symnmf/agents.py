@@ -95,12 +95,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..._utils import ARRAY, CALLBACK, OPTIONS
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, Resources, check_checkpoint_args, drive, trial_seeds, warn_degree_one, \
     warn_sum_leak
 from ...errors import DataError
 from ...graph import Topology, check_min_degree
 from ...penalties import PenaltySampler, check_shared_caps
+from ...specs import check_call
 from .agent_columns import agent_columns
 from .agent_setup import (agent_caps, agent_graphs, arithmetic, check_settings, common_start, initial_state,
                           lambda_aggregator, node_parts)
@@ -240,6 +242,9 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=No
     -------
     AgentsResult
     """
+    check_call(locals(), AGENTS, RUN, skip=("exchange", "g_cap", "aggregation", "checkpoint_every"),
+               also={"parts": ARRAY, "U0": ARRAY, "callback": CALLBACK, "exchange_options": OPTIONS,
+                     "aggregation_options": OPTIONS})
     mu = check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule, penalty_mode=penalty_mode,
                         start=start, rank=rank, n_agents=n_agents, x_iters=x_iters, y_iters=y_iters,
                         max_iter=max_iter, trials=trials)

@@ -76,6 +76,7 @@ from ...distributed.launch import check_local_ranks, launch_local
 from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.secure import SecureHalo
+from ..._utils import ARRAY, CALLBACK, OPTIONS
 from ...checkpoint import digest
 from ...driver import (Checkpoints, Ledgers, RankCoordinator, Resources, check_checkpoint_args, drive, warn_degree_one,
                        warn_sum_leak)
@@ -85,6 +86,7 @@ from ...exchange.aggregation import AGGREGATION_KINDS
 from ...exchange.spec import exchange_spec
 from ...graph import check_min_degree
 from ...penalties import check_shared_caps
+from ...specs import check_call
 from ...threads import with_threads
 from .agent_columns import agent_columns, local_t_product
 from .agent_setup import (agent_caps, agent_graphs, check_settings, common_start, node_parts, private_start,
@@ -365,7 +367,10 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
     -------
     SymRankResult
     """
-
+    check_call(locals(), AGENTS, RANKS, RUN,
+               skip=("exchange", "g_cap", "aggregation", "partition", "checkpoint_every"),
+               also={"comm": Comm, "parts": ARRAY, "U0": ARRAY, "assignment": ARRAY, "callback": CALLBACK,
+                     "exchange_options": OPTIONS, "aggregation_options": OPTIONS})
     if share not in SHARE_MODES:
         raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
     mu = check_settings(mu=mu, tol=tol, penalty=penalty, penalty_schedule=penalty_schedule, penalty_mode=penalty_mode,

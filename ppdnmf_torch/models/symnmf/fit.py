@@ -7,9 +7,11 @@ import numpy as np
 import torch
 
 from ... import budget
+from ..._utils import ARRAY, CALLBACK, OPTIONS
 from ...checkpoint import digest
 from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
+from ...specs import check_call
 from .config import METHODS, RUN, SPEC
 from .data import initial_factor
 from .objective import metrics, stationarity
@@ -139,6 +141,9 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     ConvergenceWarning
         ``tol > 0`` and a trial did not meet it in ``max_iter`` iterations.
     """
+    # every keyword's type and rule at once (max_iter may be 0 here: the start's evaluation)
+    check_call(locals(), SPEC, RUN, skip=("max_iter", "checkpoint_every"), arrays=("penalty",),
+               also={"U0": ARRAY, "callback": CALLBACK, "method_options": OPTIONS})
     rank = _check_int("rank", rank, 1)
     max_iter = _check_int("max_iter", max_iter, 0)
     if not isinstance(tol, numbers.Real) or not tol >= 0:
