@@ -14,6 +14,7 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch.graph import ring
+from ppdnmf_torch.models.fsspca.experiments import run_task
 from ppdnmf_torch.models.fsspca.fit import fit_fsspca
 from ppdnmf_torch.models.fsspca.serverless import fit_serverless
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
@@ -37,6 +38,8 @@ WRONG = dict(
     line_search=1, inner_steps=1.5, local_solver=1, center="zzz", alpha_scale=1, init=1, projector=5,
     # serverless
     consensus=1, inner_iters=1.5, center_iters="3",
+    # run_task
+    n_workers="3", split=1, concentration="a",
 )
 #: the error kinds of the inputs (a ConfigError elsewhere)
 KIND = {"X": pp.DataError, "data": pp.DataError, "groups": pp.DataError}
@@ -64,16 +67,19 @@ BASE = {
     fit_serverless: dict(data=ROWS, n_components=2, graph=ring(2), groups=GROUPS, max_iter=1, inner_iters=1,
                          center_iters=1, exchange="plain"),
     fit_fsspca: dict(data=ROWS, n_components=2, groups=GROUPS, max_iter=1, aggregation="plain"),
+    run_task: dict(n_workers=2, max_iter=1, aggregation="plain"),
 }
 
 
 def _cases(*fns):
-    return [pytest.param(fn, p, id=f"{fn.__name__}-{p}") for fn in fns for p in inspect.signature(fn).parameters]
+    return [pytest.param(fn, p, id=f"{fn.__name__}-{p}") for fn in fns
+            for p, v in inspect.signature(fn).parameters.items() if v.kind is not v.VAR_KEYWORD]
 
 
-@pytest.mark.parametrize("fn,param", _cases(fit_symnmf, fit_symnmf_agents, fit_serverless, fit_fsspca))
+@pytest.mark.parametrize("fn,param", _cases(fit_symnmf, fit_symnmf_agents, fit_serverless, fit_fsspca, run_task))
 def test_every_parameter_refuses_a_wrong_type(fn, param):
-    _refused(lambda: fn(**dict(BASE[fn], **{param: WRONG[param]})), param)
+    kind = dict(KIND, data=pp.ConfigError) if fn is run_task else KIND  # the task's data is a name
+    _refused(lambda: fn(**dict(BASE[fn], **{param: WRONG[param]})), param, kind)
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +102,12 @@ def test_fit_symnmf_rank_refuses_a_wrong_type(comm, param):
     (fit_symnmf_agents, dict(start_seed=-1)),
     (fit_serverless, dict(penalty_mode="zzz")),
     (fit_fsspca, dict(aggregation="zzz")),
+    (run_task, dict(seed=-1)),
 ])
 def test_a_value_out_of_its_rule_is_refused_by_name(fn, kw):
     """Values of the right type that the spec's rule refuses (before: a negative seed ran, an
-    unknown penalty mode was named ``penalty``, an unknown aggregation ``kind``)."""
+    unknown penalty mode was named ``penalty``, an unknown aggregation ``kind``, a negative seed of
+    a task's split a raw ValueError)."""
     (name,) = kw
     _refused(lambda: fn(**dict(BASE[fn], **kw)), name)
 

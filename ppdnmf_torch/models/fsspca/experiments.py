@@ -11,7 +11,10 @@ import warnings
 import numpy as np
 import torch
 
+from ..._utils import CALLBACK
 from ...errors import ConfigError, ConvergenceWarning
+from ...graph import Graph
+from ...specs import check_call
 from .config import RUN, SPEC, TASK
 from .data import load_dataset, load_rows, spiked_covariance, split_rows
 from .deflation import fit_sequential
@@ -317,6 +320,8 @@ def run_task(*, data="spiked", n_workers=TASK.n_workers, split=TASK.split, n_com
         histories ``history_<key> (n_iter, T)``, and ``loadings_image (d, r)`` (``|z|`` of trial 0,
         scaled to [0, 1], for an image summary).
     """
+    # the task's own keywords here; fit_options are fit_fsspca's (or fit_serverless's) to check
+    check_call(locals(), TASK, RUN, arrays=("alpha",), also={"data": str, "callback": CALLBACK, "graph": Graph | None})
     y = None
     if data == "spiked":
         sp = spiked_covariance(seed=seed)
