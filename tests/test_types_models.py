@@ -14,12 +14,14 @@ import torch
 
 import ppdnmf_torch as pp
 from ppdnmf_torch.graph import ring
-from ppdnmf_torch.models.fsspca.experiments import run_task
+from ppdnmf_torch.models.fsspca.deflation import fit_deflated, fit_sequential
+from ppdnmf_torch.models.fsspca.experiments import run_serverless, run_task
 from ppdnmf_torch.models.fsspca.fit import fit_fsspca
 from ppdnmf_torch.models.fsspca.serverless import fit_serverless
 from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_rank
 from ppdnmf_torch.models.symnmf.fit import fit_symnmf
+from ppdnmf_torch.models.symnmf.run import run_symnmf, run_symnmf_agents
 from ppdnmf_torch.specs import check_call
 
 #: a wrong value per parameter name (a string for a number, a float for an integer, a number for a
@@ -40,6 +42,8 @@ WRONG = dict(
     consensus=1, inner_iters=1.5, center_iters="3",
     # run_task
     n_workers="3", split=1, concentration="a",
+    # deflation, the app's runs
+    previous="abc", sizes="abc", log_scalars=5, score=5, trial=1.5, fit=5,
 )
 #: the error kinds of the inputs (a ConfigError elsewhere)
 KIND = {"X": pp.DataError, "data": pp.DataError, "groups": pp.DataError}
@@ -68,15 +72,29 @@ BASE = {
                          center_iters=1, exchange="plain"),
     fit_fsspca: dict(data=ROWS, n_components=2, groups=GROUPS, max_iter=1, aggregation="plain"),
     run_task: dict(n_workers=2, max_iter=1, aggregation="plain"),
+    fit_deflated: dict(data=[ROWS[:8], ROWS[8:]], previous=np.eye(5)[:, :1], n_components=1, max_iter=1,
+                       aggregation="plain"),
+    fit_sequential: dict(data=[ROWS[:8], ROWS[8:]], sizes=[1, 1], max_iter=1, aggregation="plain"),
+    run_serverless: dict(X=ROWS, groups=GROUPS, n_components=2, graph=ring(2), max_iter=1, center_iters=1,
+                         exchange="plain"),
+    run_symnmf: dict(X=SIM, rank=2, max_iter=1, device="cpu"),
+    run_symnmf_agents: dict(X=SIM, rank=2, n_agents=2, max_iter=1, x_iters=1, exchange="plain", device="cpu"),
 }
+
+
+#: parameters named otherwise in the error: run_serverless's X is fit_serverless's ``data``
+RENAMED = {(run_serverless, "X")}
 
 
 def _cases(*fns):
     return [pytest.param(fn, p, id=f"{fn.__name__}-{p}") for fn in fns
-            for p, v in inspect.signature(fn).parameters.items() if v.kind is not v.VAR_KEYWORD]
+            for p, v in inspect.signature(fn).parameters.items()
+            if v.kind is not v.VAR_KEYWORD and (fn, p) not in RENAMED]
 
 
-@pytest.mark.parametrize("fn,param", _cases(fit_symnmf, fit_symnmf_agents, fit_serverless, fit_fsspca, run_task))
+@pytest.mark.parametrize("fn,param", _cases(fit_symnmf, fit_symnmf_agents, fit_serverless, fit_fsspca, run_task,
+                                            fit_deflated, fit_sequential, run_serverless, run_symnmf,
+                                            run_symnmf_agents))
 def test_every_parameter_refuses_a_wrong_type(fn, param):
     kind = dict(KIND, data=pp.ConfigError) if fn is run_task else KIND  # the task's data is a name
     _refused(lambda: fn(**dict(BASE[fn], **{param: WRONG[param]})), param, kind)
@@ -103,11 +121,14 @@ def test_fit_symnmf_rank_refuses_a_wrong_type(comm, param):
     (fit_serverless, dict(penalty_mode="zzz")),
     (fit_fsspca, dict(aggregation="zzz")),
     (run_task, dict(seed=-1)),
+    (run_symnmf, dict(trial=1)),
+    (fit_deflated, dict(previous=[["a"]])),
 ])
 def test_a_value_out_of_its_rule_is_refused_by_name(fn, kw):
     """Values of the right type that the spec's rule refuses (before: a negative seed ran, an
     unknown penalty mode was named ``penalty``, an unknown aggregation ``kind``, a negative seed of
-    a task's split a raw ValueError)."""
+    a task's split a raw ValueError, a trial past the fit's an IndexError, loadings of strings a
+    ValueError)."""
     (name,) = kw
     _refused(lambda: fn(**dict(BASE[fn], **kw)), name)
 

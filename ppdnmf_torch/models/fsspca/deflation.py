@@ -10,8 +10,11 @@ manifold ``St_G``). The returned orthonormal loadings ``qf(G z)`` are orthogonal
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ...errors import ConfigError
+from ...specs import check_value
 from .fit import as_blocks, fit_fsspca
 from .manifold import qf
 
@@ -39,9 +42,13 @@ def fit_deflated(data, previous, n_components, **kwargs):
     -------
     FSSPCAResult for the new loadings only.
     """
+    check_value("previous", previous, torch.Tensor | np.ndarray | list | tuple)
     blocks = as_blocks(data, kwargs.pop("groups", None), device=kwargs.pop("device", None),
                        dtype=kwargs.pop("dtype", None))
-    prev = torch.as_tensor(previous, dtype=blocks[0].dtype, device=blocks[0].device)
+    try:
+        prev = torch.as_tensor(previous, dtype=blocks[0].dtype, device=blocks[0].device)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"previous: must be a (d, r_1) or (T, d, r_1) array of numbers ({exc})") from None
     return fit_fsspca(blocks, n_components, projector=deflation_projector(prev), **kwargs)
 
 
@@ -55,6 +62,7 @@ def fit_sequential(data, sizes, **kwargs):
     z : Tensor (T, d, sum(sizes)), the sparse loadings side by side
     components : Tensor (T, d, sum(sizes)), the orthonormal loadings side by side
     """
+    check_value("sizes", sizes, list[int], {"ge": 1})
     blocks = as_blocks(data, kwargs.pop("groups", None), device=kwargs.pop("device", None),
                        dtype=kwargs.pop("dtype", None))
     seed = kwargs.pop("seed", 0)

@@ -360,6 +360,7 @@ def run_serverless(X, groups, n_components, graph, *, callback=None, **fit_optio
     ``bytes``, ``exchange_calls``, ``costs`` and ``mean_error`` say what the agreement cost and
     reached. The arrays are :func:`run_task`'s for that mean, and ``z_workers (K, d, r)`` of trial 0.
     """
+    check_call(locals(), also={"callback": CALLBACK})
     from .admm import adjusted_variance
     from .fit import as_blocks, prepare_problem
     from .result import IterationInfo

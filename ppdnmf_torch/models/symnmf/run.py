@@ -8,6 +8,9 @@ import time
 
 import torch
 
+from ..._utils import CALLBACK
+from ...errors import ConfigError
+from ...specs import check_call, check_value
 from .fit import fit_symnmf
 from .operator import as_similarity
 
@@ -18,6 +21,18 @@ SCALAR_TAGS = {"E": "symnmf/E", "objective": "symnmf/objective", "rel_gap": "sym
                "gap": "symnmf/gap_UV_sq", "lam": "symnmf/lambda"}
 #: the reordered similarity image is made for ``n`` up to this (a dense ``n x n`` image)
 IMAGE_MAX_N = 4096
+
+
+def _check_hooks(*, trial, **hooks) -> None:
+    """The run's own keywords (the fit's are the fit's to check): callables or None, and ``trial``."""
+    check_call(hooks, also={name: CALLBACK for name in hooks})
+    check_value("trial", trial, int | None, {"ge": 0})
+
+
+def _chosen(trial: int, T: int) -> int:
+    if trial >= T:
+        raise ConfigError(f"trial: {trial}, but the fit ran {T} trial(s)")
+    return int(trial)
 
 
 def reorder_by_labels(X, labels: torch.Tensor) -> torch.Tensor:
@@ -63,6 +78,7 @@ def run_symnmf(X, rank, *, log_scalars=None, score=None, trial: int | None = Non
         ``U``), the histories ``(K + 1, T)`` under ``history/<key>``, ``reordered_similarity``
         ``(n, n)`` when ``n <= IMAGE_MAX_N``, and ``cluster_sizes`` ``(r,)``.
     """
+    _check_hooks(log_scalars=log_scalars, score=score, trial=trial)
     user_cb = fit_kwargs.pop("callback", None)
 
     def cb(info):
@@ -77,7 +93,7 @@ def run_symnmf(X, rank, *, log_scalars=None, score=None, trial: int | None = Non
         scores = [score(labels[t]) for t in range(res.trials)]  # the app's metric, once per trial
         for name in scores[0]:
             summary[name] = [float(s[name]) for s in scores]
-    t = res.best_trial() if trial is None else int(trial)
+    t = res.best_trial() if trial is None else _chosen(trial, res.trials)
     summary["reported_trial"] = t
     arrays = {"U": res.U[t].cpu(), "V": res.V[t].cpu(), "labels": labels[t],
               "cluster_sizes": torch.bincount(labels[t], minlength=rank)}
@@ -105,6 +121,7 @@ def run_symnmf_agents(X, rank, *, log_scalars=None, score=None, trial: int | Non
     the exchange's ``costs`` and ``n_agents``; the arrays those of :func:`run_symnmf` and
     ``U_agents`` ``(N, n, r)`` of the chosen trial.
     """
+    _check_hooks(log_scalars=log_scalars, score=score, fit=fit, trial=trial)
     if fit is None:
         from .agents import fit_symnmf_agents as fit
     user_cb = fit_kwargs.pop("callback", None)
@@ -137,7 +154,7 @@ def run_symnmf_agents(X, rank, *, log_scalars=None, score=None, trial: int | Non
         scores = [score(labels[t]) for t in range(T)]
         for name in scores[0]:
             summary[name] = [float(s[name]) for s in scores]
-    t = int(torch.as_tensor(summary["E"]).argmin()) if trial is None else int(trial)
+    t = int(torch.as_tensor(summary["E"]).argmin()) if trial is None else _chosen(trial, T)
     summary["reported_trial"] = t
     arrays = {"U": res.U[t].cpu(), "V": res.V[t].cpu(), "labels": labels[t], "U_agents": res.U_agents[t].cpu(),
               "cluster_sizes": torch.bincount(labels[t], minlength=rank)}
