@@ -216,10 +216,8 @@ PRIVATE_ALLOWED = {
         "the Paillier key holder (its private key and mask seeds never leave it) is private to "
         "exchange.paillier by design; a rank's parties are the one other place that makes them",
 }
-#: private names still imported (FSSPCA serverless its server fit's): to empty
-PRIVATE_PENDING = {
-    "ppdnmf_torch.models.fsspca.serverless": {"_auto_rho", "_initial_z", "_per_trial"},
-}
+#: private names still imported: to keep empty
+PRIVATE_PENDING: dict = {}
 
 
 def _private_imports():

@@ -365,9 +365,9 @@ def test_a_batched_trial_equals_the_same_trial_alone():
 
 
 def _start(t, kw):
-    from ppdnmf_torch.models.fsspca.fit import _initial_z
+    from ppdnmf_torch.models.fsspca.fit import initial_z
 
-    return _initial_z(12, 2, t + 1, kw["seed"], None, torch.float64, torch.device("cpu"))[t]
+    return initial_z(12, 2, t + 1, kw["seed"], None, torch.float64, torch.device("cpu"))[t]
 
 
 def test_lambda_2_follows_alpha_over_k_and_zero_is_the_unsmoothed_baseline():

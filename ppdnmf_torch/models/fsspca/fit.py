@@ -25,7 +25,7 @@ from .result import HISTORY_KEYS, FSSPCAResult
 from .server_run import ServerRun
 from .smoothing import get_smoothing
 
-__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho"]
+__all__ = ["fit_fsspca", "as_blocks", "prepare_problem", "worker_rho", "per_trial", "initial_z", "auto_rho"]
 
 # the defaults (docs/FSSPCA.md says how each was chosen) and ``rho``'s rules: .config (FSSPCASpec)
 
@@ -102,7 +102,7 @@ def prepare_problem(blocks, n_trials=1, *, center=True, aggregation="plain", pro
                               n.expand(T, *n.shape), projector), mean
 
 
-def _per_trial(x, T, name, like):
+def per_trial(x, T, name, like):
     t = torch.as_tensor(x, dtype=like.dtype, device=like.device)
     if t.dim() == 0:
         t = t.expand(T)
@@ -113,7 +113,7 @@ def _per_trial(x, T, name, like):
     return t.clone()
 
 
-def _initial_z(n_features, r, T, seed, init, dtype, device):
+def initial_z(n_features, r, T, seed, init, dtype, device):
     if init is not None:
         z0 = torch.as_tensor(init, dtype=dtype, device=device)
         if z0.dim() == 2:
@@ -128,7 +128,7 @@ def _initial_z(n_features, r, T, seed, init, dtype, device):
     return qf(torch.stack(draws).to(device=device, dtype=dtype))
 
 
-def _auto_rho(problem, scale, aggregation="plain"):
+def auto_rho(problem, scale, aggregation="plain"):
     """``rho = "auto"``: ``scale`` times the workers' mean largest eigenvalue of ``C_i``, one
     penalty per trial ``(T,)``; each worker's ``lambda_max(C_i)`` is one number of the
     aggregation's round (a secure kind: the server learns only their sum)."""
@@ -151,7 +151,7 @@ def alpha_unit(problem, alpha_scale, aggregation="plain"):
     server learns no more than it does for ``rho``)."""
     if alpha_scale == "none":
         return torch.ones(problem.gram.shape[0], dtype=problem.gram.dtype, device=problem.gram.device)
-    return _auto_rho(problem, 1.0, aggregation) * problem.gram.shape[1]
+    return auto_rho(problem, 1.0, aggregation) * problem.gram.shape[1]
 
 
 def worker_rho(problem, scale):
@@ -304,15 +304,15 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
     init, rho = o["init"], o["rho"]
     init_kind = init if isinstance(init, str) else (None if init is None else "given")
     problem, mean = prepare_problem(blocks, T, center=o["center"], aggregation=aggregation, projector=projector)
-    lam1 = _per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"], aggregation)
-    lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
+    lam1 = per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"], aggregation)
+    lam2 = lam1 / K if o["lambda_2"] is None else per_trial(o["lambda_2"], T, "lambda_2", like)
     if isinstance(rho, str):
         if rho not in RHO_RULES:
             raise ConfigError(f"rho: expected a positive number or one of {list(RHO_RULES)}, got {rho!r}")
         rho_t = (worker_rho(problem, o["rho_scale"]) if rho == "worker"
-                 else _auto_rho(problem, o["rho_scale"], aggregation))
+                 else auto_rho(problem, o["rho_scale"], aggregation))
     else:
-        rho_t = _per_trial(rho, T, "rho", like)
+        rho_t = per_trial(rho, T, "rho", like)
     if not bool((rho_t > 0).all()):
         raise ConfigError(f"rho: must be > 0, got {rho}")
     # each worker its own rho_i: the server's z-step needs their mean, one secure sum at the start
@@ -331,7 +331,7 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
         # (deflation: the projected Grams differ per trial)
         pooled_c = aggregate(aggregation, problem.gram[0] if problem.projector is None else problem.gram, 2)
         init = torch.linalg.eigh(pooled_c)[1][..., -r:].flip(-1).expand(T, d, r)
-    z0 = _initial_z(d, r, T, o["seed"], init, like.dtype, like.device)
+    z0 = initial_z(d, r, T, o["seed"], init, like.dtype, like.device)
     if projector is not None:
         z0 = qf(projector @ z0)
     # first trial step: 1 / (the local curvature's scale) per worker

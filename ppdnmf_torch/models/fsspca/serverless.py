@@ -66,7 +66,7 @@ from ...specs import check_call
 from . import admm
 from .centring import worker_sums
 from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
-from .fit import _auto_rho, _initial_z, _per_trial, alpha_unit, as_blocks, check_alpha_scale, prepare_problem
+from .fit import auto_rho, initial_z, per_trial, alpha_unit, as_blocks, check_alpha_scale, prepare_problem
 from .manifold import qf
 from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
 from .smoothing import get_smoothing
@@ -222,7 +222,7 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
         raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     check_alpha_scale(alpha_scale)
-    z0 = _initial_z(d, r, T, seed, init, like.dtype, like.device)
+    z0 = initial_z(d, r, T, seed, init, like.dtype, like.device)
     o = dict(consensus=consensus, inner_iters=M, g_cap=float(g_cap), penalty_mode=penalty_mode, alpha=alpha,
              alpha_scale=alpha_scale,
              lambda_2=lambda_2, rho=rho, rho_scale=rho_scale, psi=psi, mu=mu, line_search=line_search,
@@ -257,9 +257,9 @@ def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
     else:
         problem, _ = prepare_problem(blocks, T, center=False)
     # the sum of the workers' lambda_max(C_i), as rho="auto"'s mean: one evaluation-side number here
-    lam1 = _per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"])
-    lam2 = lam1 / K if o["lambda_2"] is None else _per_trial(o["lambda_2"], T, "lambda_2", like)
-    rho_t = _auto_rho(problem, o["rho_scale"]) if isinstance(o["rho"], str) else _per_trial(o["rho"], T, "rho", like)
+    lam1 = per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"])
+    lam2 = lam1 / K if o["lambda_2"] is None else per_trial(o["lambda_2"], T, "lambda_2", like)
+    rho_t = auto_rho(problem, o["rho_scale"]) if isinstance(o["rho"], str) else per_trial(o["rho"], T, "rho", like)
     seeds = [int(o["seed"]) + t for t in range(T)]
     sampler = PenaltySampler(torch.full((T * K,), o["g_cap"], dtype=torch.float64, device=like.device),
                              topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, o["penalty_mode"],
