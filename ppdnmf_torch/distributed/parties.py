@@ -34,6 +34,7 @@ from ..exchange.paillier.masked import MaskPlan
 from ..exchange.paillier.obfuscation import HoldsPrivateKey, public_obfuscators
 from ..exchange.paillier.pool import ObfuscatorSupply, WorkerPool, resolve_workers
 from ..exchange.secagg.party import SIGNED_KEY_BYTES, Party, SignedKey
+from ..exchange.secagg.network import finish_agreement
 from ..exchange.secagg.plan import SecAggPlan
 from .comm import Comm, DistributedError
 
@@ -506,17 +507,7 @@ class SecAggRankParties(HoldsPrivateKey):
                 raise DistributedError(f"rank {self.comm.rank}: the secagg seed agreement: rank {peer} sent "
                                        f"{len(raw) - at} bytes of relayed keys beyond the protocol's")
         self.plan = SecAggPlan(groups)
-        for n, party in parties.items():  # every key checked, then the seeds
-            for peer, tags in self.plan.seeds_of(n).items():
-                copies = got[n][peer]
-                for sk, via in copies:
-                    party.verify(sk, peer, pki[peer], via)
-                party.agree(copies[0][0], tags)
-            party.finish_setup()
-        for key in ("signatures", "verifications", "key_agreements"):
-            led.add(f"setup_{key}", sum(getattr(p, key) for p in parties.values()))
-        led.add("setup_bytes", nbytes)
-        led.add("time_setup", time.perf_counter() - t0)
+        finish_agreement(parties, self.plan, got, pki, led, nbytes, t0)  # every key checked, then the seeds
 
     def close(self) -> None:
         """Drop every key and seed of the rank's parties."""

@@ -36,7 +36,26 @@ from .party import SIGNED_KEY_BYTES, Party
 from .plan import SecAggPlan
 from .prg import BLOCK_BYTES, MAX_ENTRIES, as_words, n_blocks, stream_rows
 
-__all__ = ["SecAggNetwork", "WireMessage", "DroppedNeighbourError", "RowPlan"]
+__all__ = ["SecAggNetwork", "WireMessage", "DroppedNeighbourError", "RowPlan", "finish_agreement"]
+
+
+def finish_agreement(parties: dict, plan: SecAggPlan, got: dict, pki: dict, ledger: SecAggLedger, nbytes: int,
+                     t0: float) -> None:
+    """Step 4 of the seed agreement, in one process and on a rank alike: every party checks every
+    signed key it received (``got[n][peer]``: ``[(signed key, relayed via)]``) against the peer's
+    public identity key in ``pki``, derives its seeds from the first copy, and drops its ephemeral
+    secret; the ledger gets the setup's counters, ``nbytes`` and the time since ``t0``."""
+    for n, party in parties.items():
+        for peer, tags in plan.seeds_of(n).items():
+            copies = got[n][peer]
+            for sk, via in copies:
+                party.verify(sk, peer, pki[peer], via)
+            party.agree(copies[0][0], tags)
+        party.finish_setup()
+    for key in ("signatures", "verifications", "key_agreements"):
+        ledger.add(f"setup_{key}", sum(getattr(p, key) for p in parties.values()))
+    ledger.add("setup_bytes", nbytes)
+    ledger.add("time_setup", time.perf_counter() - t0)
 
 
 class DroppedNeighbourError(PPDNMFError):
@@ -238,17 +257,7 @@ class SecAggNetwork:
             got[j].setdefault(k, []).append((sk, r))
             self._record(r, j, "relayed_key", sk.to_bytes())
             nbytes += SIGNED_KEY_BYTES
-        for n, party in parties.items():  # step 4: check every key received, derive the seeds
-            for peer, tags in plan.seeds_of(n).items():
-                copies = got[n][peer]
-                for sk, via in copies:
-                    party.verify(sk, peer, pki[peer], via)
-                party.agree(copies[0][0], tags)
-            party.finish_setup()
-        for key in ("signatures", "verifications", "key_agreements"):
-            led.add(f"setup_{key}", sum(getattr(p, key) for p in parties.values()))
-        led.add("setup_bytes", nbytes)
-        led.add("time_setup", time.perf_counter() - t0)
+        finish_agreement(parties, plan, got, pki, led, nbytes, t0)  # step 4
 
     # -- a round -------------------------------------------------------------------------------
     def begin(self, bcd_iter: int, admm_iter: int) -> None:
