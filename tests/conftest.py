@@ -223,3 +223,14 @@ def penalty_encodings(monkeypatch, topo, seed, lk):
     U = torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
     g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
     return calls, U, g
+
+
+@pytest.fixture(scope="module")
+def comm():
+    """A one-rank process group for the tests that call a run over ranks in this process (one per
+    test module: a port each)."""
+    from ppdnmf_torch.distributed import Comm, free_port
+
+    c = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=60, heartbeat=None)
+    yield c
+    c.close()

@@ -146,15 +146,6 @@ def test_fit_centralized_refuses_a_wrong_type(param):
     _refused(lambda: pp.fit_centralized(**dict(kw, **{param: WRONG[param]})), param)
 
 
-@pytest.fixture(scope="module")
-def comm():
-    from ppdnmf_torch.distributed import Comm, free_port
-
-    c = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=60, heartbeat=None)
-    yield c
-    c.close()
-
-
 @pytest.mark.parametrize("param", list(inspect.signature(fit_rank).parameters))
 def test_fit_rank_refuses_a_wrong_type(comm, param):
     kw = dict(comm=comm, Z=Z, adjacency=RING, rank=2, **QUICK)

@@ -100,15 +100,6 @@ def test_every_parameter_refuses_a_wrong_type(fn, param):
     _refused(lambda: fn(**dict(BASE[fn], **{param: WRONG[param]})), param, kind)
 
 
-@pytest.fixture(scope="module")
-def comm():
-    from ppdnmf_torch.distributed import Comm, free_port
-
-    c = Comm.connect(f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=60, heartbeat=None)
-    yield c
-    c.close()
-
-
 @pytest.mark.parametrize("param", list(inspect.signature(fit_symnmf_rank).parameters))
 def test_fit_symnmf_rank_refuses_a_wrong_type(comm, param):
     kw = dict(comm=comm, X=SIM, rank=2, n_agents=2, max_iter=1, x_iters=1, exchange="plain")
