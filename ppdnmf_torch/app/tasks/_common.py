@@ -23,7 +23,7 @@ from ...specs import build, check_dataclass, rule
 from .base import Task
 
 __all__ = ["RunKeys", "ModelTask", "DeviceInputs", "ModelFits", "mean", "rule", "config_from_dict", "config_to_dict",
-           "check_run_keys", "trial_means", "stat", "validate", "build_exchange", "make_graphs", "GraphConfig",
+           "check_run_keys", "trial_means", "stat", "validate", "build_exchange", "check_variant_sections", "make_graphs", "GraphConfig",
            "resume_point"]
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -55,6 +55,24 @@ def check_run_keys(cfg: RunKeys) -> None:
     """The checks of the run keys that are not a field's own range."""
     if not _DEVICE_RE.match(cfg.device):
         raise ConfigError(f"device: unknown value {cfg.device!r}; use auto, cpu, cuda or cuda:<k>")
+
+
+def check_variant_sections(task: str, variant: str, name: str, chosen: bool, sections: dict, exchange_kind) -> None:
+    """The sections that come with ``{task}/variant={variant}`` (``name``, ``graph``, ``exchange``):
+    all there when it is ``chosen`` (with ``{name}.exchange`` the exchange group's kind), none of them
+    otherwise; errors name the first section at fault."""
+    if chosen:
+        missing = [k for k, v in sections.items() if v is None]
+        if missing:
+            raise ConfigError(f"{missing[0]}: variant={variant} needs the {name}, graph and exchange sections "
+                              f"(choose the variant with {task}/variant={variant}, which brings them)")
+        if sections[name].exchange != exchange_kind:
+            raise ConfigError(f"{name}.exchange: {sections[name].exchange!r} is not the exchange group's kind "
+                              f"{exchange_kind!r}; choose the exchange with exchange=<kind>")
+    else:
+        extra = [k for k, v in sections.items() if v is not None]
+        if extra:
+            raise ConfigError(f"{extra[0]}: only variant={variant} takes it ({task}/variant={variant})")
 
 
 def make_graphs(g: GraphConfig, n_agents: int, seeds) -> list:

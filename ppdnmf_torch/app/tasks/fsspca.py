@@ -34,7 +34,8 @@ from ..figures import write_figures
 from ..outputs import write_arrays, write_history_csv
 from ..progress import Progress
 from . import _common as common
-from ._common import DeviceInputs, GraphConfig, ModelFits, ModelTask, RunKeys, build_exchange, rule
+from ._common import (DeviceInputs, GraphConfig, ModelFits, ModelTask, RunKeys, build_exchange, check_variant_sections,
+                      rule)
 
 __all__ = ["TASK", "FSSPCATask", "FSSPCARunConfig", "FSSPCAData", "FSSPCASplit", "CONFIG_KEYS", "DATA_KINDS",
            "VARIANTS"]
@@ -94,18 +95,8 @@ def _cross(cfg: FSSPCARunConfig) -> None:
     if cfg.split.kind != "iid" and d.kind in ("spiked", "npy", "csv"):
         raise ConfigError(f"split.kind: {cfg.split.kind!r} needs class labels; data.kind={d.kind} has none (use iid)")
     sections = {"serverless": cfg.serverless, "graph": cfg.graph, "exchange": cfg.exchange}
-    if cfg.variant == "serverless":
-        missing = [k for k, v in sections.items() if v is None]
-        if missing:
-            raise ConfigError(f"{missing[0]}: variant=serverless needs the serverless, graph and exchange sections "
-                              "(choose the variant with fsspca/variant=serverless, which brings them)")
-        if cfg.serverless.exchange != cfg.exchange.kind:
-            raise ConfigError(f"serverless.exchange: {cfg.serverless.exchange!r} is not the exchange group's kind "
-                              f"{cfg.exchange.kind!r}; choose the exchange with exchange=<kind>")
-    else:
-        extra = [k for k, v in sections.items() if v is not None]
-        if extra:
-            raise ConfigError(f"{extra[0]}: only variant=serverless takes it (fsspca/variant=serverless)")
+    check_variant_sections("fsspca", "serverless", "serverless", cfg.variant == "serverless", sections,
+                           cfg.exchange.kind if cfg.exchange is not None else None)
 
 
 #: the API's parameter names and the config keys they come from

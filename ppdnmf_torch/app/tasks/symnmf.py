@@ -36,7 +36,8 @@ from ..figures import write_figures
 from ..outputs import write_arrays, write_history_csv
 from ..progress import Progress
 from . import _common as common
-from ._common import DeviceInputs, GraphConfig, ModelFits, ModelTask, RunKeys, build_exchange, rule
+from ._common import (DeviceInputs, GraphConfig, ModelFits, ModelTask, RunKeys, build_exchange, check_variant_sections,
+                      rule)
 
 __all__ = ["TASK", "SymNMFTask", "SymNMFRunConfig", "SymNMFData", "CONFIG_KEYS", "VARIANTS"]
 
@@ -86,20 +87,10 @@ def _cross(cfg: SymNMFRunConfig) -> None:
     if isinstance(lam, list) and len(lam) not in (1, cfg.trials):
         raise ConfigError(f"solver.penalty: a list needs one value per trial ({cfg.trials}), got {len(lam)}")
     sections = {"agents": cfg.agents, "graph": cfg.graph, "exchange": cfg.exchange}
-    if cfg.variant == "agents":
-        missing = [k for k, v in sections.items() if v is None]
-        if missing:
-            raise ConfigError(f"{missing[0]}: variant=agents needs the agents, graph and exchange sections (choose the "
-                              "variant with symnmf/variant=agents, which brings them)")
-        if cfg.agents.exchange != cfg.exchange.kind:
-            raise ConfigError(f"agents.exchange: {cfg.agents.exchange!r} is not the exchange group's kind "
-                              f"{cfg.exchange.kind!r}; choose the exchange with exchange=<kind>")
-        if cfg.agents.min_degree != cfg.graph.min_degree:
-            raise ConfigError("agents.min_degree: set it as graph.min_degree (the graph's rule)")
-    else:
-        extra = [k for k, v in sections.items() if v is not None]
-        if extra:
-            raise ConfigError(f"{extra[0]}: only variant=agents takes it (symnmf/variant=agents)")
+    check_variant_sections("symnmf", "agents", "agents", cfg.variant == "agents", sections,
+                           cfg.exchange.kind if cfg.exchange is not None else None)
+    if cfg.variant == "agents" and cfg.agents.min_degree != cfg.graph.min_degree:
+        raise ConfigError("agents.min_degree: set it as graph.min_degree (the graph's rule)")
 
 
 #: the API's parameter names and the config keys they come from
