@@ -46,7 +46,7 @@ __all__ = ["SiteConfig", "CONFIG_NAME", "main", "rendezvous_url", "load_own_data
 #: the site app's primary config: ``conf/config.yaml`` and the ``site`` section
 CONFIG_NAME = "ppdnmf_site"
 #: the tasks with a site run, and the variant each needs
-SITE_TASKS = ("ppdnmf",)
+SITE_TASKS = ("ppdnmf", "symnmf")
 
 
 @dataclass
@@ -69,6 +69,9 @@ class SiteConfig:
         Every agent's column count ``M_i`` (public: the shapes every site must know).
     assignment : list of int, optional
         The site of every agent (default: agent ``i`` on site ``i``).
+    parts : list of list of int, optional
+        Symmetric NMF: every agent's nodes ``S_i`` (public; default: contiguous blocks of
+        ``columns``, the agents' node counts; :mod:`.site_symnmf`).
     backend : {"auto", "gloo", "nccl"}
     timeout : float
         Seconds the rendezvous and any one exchange may wait for the other sites.
@@ -82,6 +85,7 @@ class SiteConfig:
     data: str | None = None
     columns: list | None = None
     assignment: list | None = None
+    parts: list | None = None
     backend: str = "auto"
     timeout: float = 300.0
     heartbeat: float = 60.0
@@ -175,6 +179,7 @@ def run_site(cfg, opts: SiteConfig, own: dict, out: Path, comm: Comm, *, resume:
     from .outputs import write_summary, write_yaml
     from .runner import make_logger
     from .site_ppdnmf import run_ppdnmf_site
+    from .site_symnmf import run_symnmf_site
 
     task = task_of(cfg)
     t_start = time.perf_counter()
@@ -188,7 +193,8 @@ def run_site(cfg, opts: SiteConfig, own: dict, out: Path, comm: Comm, *, resume:
         else NullLogger()
     try:
         with logger:
-            summary = run_ppdnmf_site(cfg, opts, own, out, comm, logger, resume=resume, callback=callback)
+            run = run_symnmf_site if task.name == "symnmf" else run_ppdnmf_site
+            summary = run(cfg, opts, own, out, comm, logger, resume=resume, callback=callback)
     except PPDNMFError as exc:
         raise exc.renamed(task.keys_of(cfg)) from None
     summary["wall_time"]["total"] = time.perf_counter() - t_start
@@ -242,6 +248,7 @@ def _fail(exc: BaseException, code: int, rank=None) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def _app(cfg: DictConfig):
     from .distributed import device_of, hold_folder
+    from .site_symnmf import format_symnmf_site, own_similarity_columns, symnmf_site_data
 
     lock = run_cfg = out_dir = rank = None
     try:
@@ -252,7 +259,9 @@ def _app(cfg: DictConfig):
         name = task_of(raw).name
         if name not in SITE_TASKS:
             raise ConfigError(f"task: {name!r} has no site run in this version; site runs: {SITE_TASKS}")
-        raw["data"] = _site_data(raw.get("data") or {}, opts)
+        if opts.parts is not None and name != "symnmf":
+            raise ConfigError("site.parts: the node sets of symmetric NMF (task=symnmf); leave it out")
+        raw["data"] = symnmf_site_data(raw, opts) if name == "symnmf" else _site_data(raw.get("data") or {}, opts)
         if "centralized" in raw and "centralized" not in overridden(HydraConfig.get().overrides.task):
             raw["centralized"] = False  # a site has no baseline: it would need every site's data
         run_cfg = to_run_config(OmegaConf.create(raw))
@@ -267,7 +276,8 @@ def _app(cfg: DictConfig):
             run_cfg, out_dir, _ = resume_target(run_cfg.resume, run_cfg, HydraConfig.get().overrides.task)
             resume = True
         rank, world = opts.identity()
-        own = _own_blocks(run_cfg, opts, rank, world)  # a wrong file: one line, before connecting
+        own = (own_similarity_columns(run_cfg, opts, rank, world, load_own_data(opts.data)) if task.name == "symnmf"
+               else _own_blocks(run_cfg, opts, rank, world))  # a wrong file: one line, before connecting
         lock = hold_folder(str(out_dir), resume)
         with Comm.connect(rendezvous_url(opts.rendezvous), rank=rank, world_size=world, backend=opts.backend,
                           device=device_of(run_cfg, 0), timeout=opts.timeout,
@@ -286,7 +296,7 @@ def _app(cfg: DictConfig):
             lock.release()
     if not run_cfg.keep_checkpoints:
         remove_checkpoints(Path(out_dir), task.checkpoint_patterns)
-    text = task.format_summary(summary)
+    text = (format_symnmf_site if task.name == "symnmf" else task.format_summary)(summary)
     print(text, flush=True)
     to_log_files(text)
     return task.objective(summary)
