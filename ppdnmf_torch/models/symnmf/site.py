@@ -5,7 +5,9 @@ What a site holds corresponds to real data as a graph whose parties each hold th
 links: party ``i`` knows the similarities (edges, weights) of its nodes ``S_i`` to every node of
 the graph, a column block of the symmetric ``X`` (a social network whose operators each hold
 their users' links, hospitals that each hold their patients' similarities to a shared reference
-panel). The node sets ``parts`` and the graph of agents are public.
+panel). The node sets ``parts`` and the graph of agents are public. A party makes its file from
+the links it knows with :func:`columns_from_links`; a similarity of samples (Kuang et al.'s kNN
+graph, :mod:`.similarity`) is not a site's own data: it needs every party's samples.
 
 A site is one rank of :func:`~.distributed.fit_symnmf_rank` given its own columns only
 (:class:`SiteColumns`, whose other columns are zero and never read): the ranks compare the
@@ -18,6 +20,7 @@ process's to rounding (``||X||^2`` is summed in another order).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,7 +30,7 @@ from ...errors import ConfigError, DataError
 from .distributed import SymRankResult, fit_symnmf_rank
 from .operator import Similarity
 
-__all__ = ["SiteColumns", "fit_symnmf_site"]
+__all__ = ["SiteColumns", "fit_symnmf_site", "columns_from_links", "cut_columns"]
 
 
 class SiteColumns(Similarity):
@@ -97,3 +100,69 @@ def fit_symnmf_site(comm: Comm, X_own, rank: int, *, n: int, parts, n_agents: in
     sim = SiteColumns(site_matrix(X_own, parts, own_agents(owner, comm.rank), int(n)))
     return fit_symnmf_rank(comm, sim, rank, n_agents=n_agents, graph=graph, parts=parts, assignment=owner,
                            share="sums", **kwargs)
+
+
+def columns_from_links(links, nodes, n: int, *, dtype=torch.float64) -> torch.Tensor:
+    """A site's file from its own raw data: the links it knows, as its columns ``X[:, nodes]``.
+
+    Parameters
+    ----------
+    links : array-like (E, 2) or (E, 3)
+        The links this party knows, one per row: node ids ``i``, ``j`` (``0 .. n-1``, the public
+        numbering) and a weight ``w`` (default 1); each has an endpoint among ``nodes``. A link
+        is undirected: ``X[i, j] = X[j, i] = w`` (``i == j``: the diagonal); repeated links add up.
+    nodes : sequence of int
+        The party's nodes, in its agents' order (the public ``S_i`` side by side).
+    n : int
+        The number of nodes of the whole graph (public).
+
+    Returns
+    -------
+    Tensor (n, len(nodes))
+        Column ``c`` holds node ``nodes[c]``'s links to every node; save it as the site's file
+        (``numpy.save("own.npy", X_own.numpy())``).
+
+    Raises
+    ------
+    DataError
+        A node id outside ``0 .. n-1``, a repeated own node, or a link that touches none of ``nodes``
+        (one line naming ``links`` or ``nodes``).
+    """
+    n = int(n)
+    own = torch.as_tensor([int(j) for j in nodes], dtype=torch.long)
+    if own.numel() == 0 or bool(((own < 0) | (own >= n)).any()) or own.unique().numel() != own.numel():
+        raise DataError(f"give distinct node ids in 0..{n - 1}, got {own.tolist()[:10]}", key="nodes")
+    try:
+        L = torch.as_tensor(np.asarray(links, dtype=np.float64))
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"expected rows (i, j) or (i, j, w) of numbers: {exc}", key="links") from None
+    if L.dim() != 2 or L.shape[1] not in (2, 3):
+        raise DataError(f"expected rows (i, j) or (i, j, w), got shape {tuple(L.shape)}", key="links")
+    ij = L[:, :2].round().to(torch.long)
+    if bool((ij != L[:, :2]).any()) or bool(((ij < 0) | (ij >= n)).any()):
+        raise DataError(f"node ids must be integers in 0..{n - 1}", key="links")
+    w = L[:, 2] if L.shape[1] == 3 else torch.ones(L.shape[0], dtype=torch.float64)
+    col = torch.full((n,), -1, dtype=torch.long)
+    col[own] = torch.arange(own.numel())
+    ci, cj = col[ij[:, 0]], col[ij[:, 1]]
+    stray = ((ci < 0) & (cj < 0)).nonzero()
+    if stray.numel():
+        k = int(stray[0])
+        raise DataError(f"row {k} links nodes {ij[k].tolist()}, neither of them this party's", key="links")
+    out = torch.zeros((n, own.numel()), dtype=torch.float64)
+    a = cj >= 0  # X[i, j]: column j's row i
+    out.index_put_((ij[a, 0], cj[a]), w[a], accumulate=True)
+    b = (ci >= 0) & (ij[:, 0] != ij[:, 1])  # X[j, i], once for a self-link
+    out.index_put_((ij[b, 1], ci[b]), w[b], accumulate=True)
+    return out.to(dtype)
+
+
+def cut_columns(X, parts, agents) -> torch.Tensor:
+    """A site's file cut from a whole similarity (a public toy, or a simulation): ``X[:, S_i]`` of
+    ``agents`` side by side, in increasing agent id, each in its ``S_i``'s order (padding ``>= n``
+    dropped); ``(n, sum of their |S_i|)``."""
+    X = torch.as_tensor(X)
+    n = X.shape[0]
+    cols = [int(j) for i in sorted(int(a) for a in agents) for j in torch.as_tensor(parts[i]).reshape(-1).tolist()
+            if 0 <= int(j) < n]
+    return X[:, cols].clone()
