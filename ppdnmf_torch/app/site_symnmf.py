@@ -38,11 +38,11 @@ def symnmf_site_data(raw: dict, opts) -> dict:
     """The run's ``data`` section for a site: the site's file as a ``similarity`` preset (its own
     columns; no labels: a clustering score needs every node's label and every site's ``U_i``)."""
     if raw.get("variant") != "agents":
-        raise ConfigError("symnmf/variant: a site runs the fit across agents; add symnmf/variant=agents",
+        raise ConfigError("a site runs the fit across agents; add symnmf/variant=agents",
                           key="symnmf/variant")
     given = dict(raw.get("data") or {})
     if given.get("labels_path"):
-        raise ConfigError("data.labels_path: a site's run scores no clustering (it would need every node's label "
+        raise ConfigError("a site's run scores no clustering (it would need every node's label "
                           "and every site's factors); leave it out", key="data.labels_path")
     return dict(given, preset="similarity", path=opts.data)
 
@@ -52,7 +52,7 @@ def public_parts(opts, n_agents: int) -> list:
     ``site.columns`` nodes in node order; checked to cover the ``n = sum(site.columns)`` nodes once."""
     columns = [int(c) for c in opts.columns]
     if len(columns) != n_agents:
-        raise ConfigError(f"site.columns: {len(columns)} counts, the run has agents.n_agents={n_agents}",
+        raise ConfigError(f"{len(columns)} counts, the run has agents.n_agents={n_agents}",
                           key="site.columns")
     n = sum(columns)
     parts = getattr(opts, "parts", None)
@@ -62,12 +62,12 @@ def public_parts(opts, n_agents: int) -> list:
     if (not isinstance(parts, list) or len(parts) != n_agents
             or any(not isinstance(p, list) or any(not isinstance(j, int) or isinstance(j, bool) for j in p)
                    for p in parts)):
-        raise ConfigError(f"site.parts: give every agent's node ids, {n_agents} lists of integers", key="site.parts")
+        raise ConfigError(f"give every agent's node ids, {n_agents} lists of integers", key="site.parts")
     sizes = [len(p) for p in parts]
     if sizes != columns:
-        raise ConfigError(f"site.parts: the agents hold {sizes} nodes, site.columns says {columns}", key="site.parts")
+        raise ConfigError(f"the agents hold {sizes} nodes, site.columns says {columns}", key="site.parts")
     if sorted(j for p in parts for j in p) != list(range(n)):
-        raise ConfigError(f"site.parts: must cover the nodes 0..{n - 1} (n = sum of site.columns) exactly once",
+        raise ConfigError(f"must cover the nodes 0..{n - 1} (n = sum of site.columns) exactly once",
                           key="site.parts")
     return [list(p) for p in parts]
 
@@ -84,7 +84,7 @@ def _check_penalty_sums(cfg) -> None:
         kind if kind in AGGREGATION_KINDS and a.n_agents > 1 else "plain")
     if resolved != "plain":
         why = "" if a.aggregation is not None else f" (null takes the exchange's kind, {kind!r})"
-        raise ConfigError(f"agents.aggregation: {resolved!r}{why} has no protocol across sites; the adaptive "
+        raise ConfigError(f"{resolved!r}{why} has no protocol across sites; the adaptive "
                           "penalty's three sums cross the sites in a plain all-reduce (3 numbers per site and outer "
                           "iteration): accept that with agents.aggregation=plain, or fix lambda with "
                           "agents.penalty=<number>", key="agents.aggregation")
