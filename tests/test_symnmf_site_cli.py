@@ -162,6 +162,7 @@ def test_a_symnmf_site_that_dies_ends_the_other_and_both_resume_from_their_check
     assert time.monotonic() - killed < 20 + 30
     errors = [ln for ln in out.splitlines() if ln.startswith("ppdnmf: error:")]
     assert code == 3 and len(errors) == 1 and "rank 1" in errors[0], out
-    outs = _sites(tmp_path, [a if a != "agents.max_iter=100000" else "agents.max_iter=400" for a in long] + ["resume=run"])
+    again = [a if a != "agents.max_iter=100000" else "agents.max_iter=400" for a in long]
+    outs = _sites(tmp_path, [*again, "resume=run"])
     assert [c for c, _ in outs] == [0, 0], outs
     _assert_factors(tmp_path, _reference(0.5, "secagg", max_iter=400), exact=True)
