@@ -110,17 +110,19 @@ def test_two_symnmf_sites_from_the_command_line_give_the_factors_of_one_process(
     assert len(h[0]["E"]) == 4 and {k: h[1][k] for k in ("E", "objective")} == {k: h[0][k] for k in ("E", "objective")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, line", [
     ([], "ppdnmf: error: site.data (own.npy): has shape (12, 4), this site's agents [1] hold (12, 7) by the public "
          "description (n = 12 nodes, columns [7])"),
-    pytest.param(["agents.penalty=adaptive"],
-                 "ppdnmf: error: agents.aggregation: 'secagg' (null takes the exchange's kind, 'secagg') has no "
-                 "protocol across sites; the adaptive penalty's three sums cross the sites in a plain all-reduce (3 "
-                 "numbers per site and outer iteration): accept that with agents.aggregation=plain, or fix lambda "
-                 "with agents.penalty=<number>", marks=pytest.mark.slow),
+    (["agents.penalty=adaptive"],
+     "ppdnmf: error: agents.aggregation: 'secagg' (null takes the exchange's kind, 'secagg') has no "
+     "protocol across sites; the adaptive penalty's three sums cross the sites in a plain all-reduce (3 "
+     "numbers per site and outer iteration): accept that with agents.aggregation=plain, or fix lambda "
+     "with agents.penalty=<number>"),
 ])
 def test_what_a_symnmf_site_cannot_run_is_one_line_before_connecting(tmp_path, args, line):
-    """No other site is running: the refusal comes before the rendezvous (exit 2, at once)."""
+    """No other site is running: the refusal comes before the rendezvous (exit 2, at once); the
+    checks themselves run in the default suite (tests/test_symnmf_site_files.py)."""
     _data(tmp_path)
     np.save(tmp_path / "site1" / "own.npy", _X()[:, :4])
     from ppdnmf_torch.distributed import free_port

@@ -60,7 +60,8 @@ def _pieces(r: int) -> set:
     return out
 
 
-@pytest.mark.parametrize("kind", ["secagg", pytest.param("quantized", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["secagg", "quantized"])
 def test_no_symnmf_site_sends_or_writes_another_sites_columns(tmp_path, kind):
     from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 
