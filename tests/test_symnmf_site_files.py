@@ -78,6 +78,7 @@ def test_a_site_holds_its_agents_columns_by_the_public_parts():
     (_cfg(), _opts(parts=[[0, 1]]), "site.parts", "give every agent's node ids, 2 lists of integers"),
     (_cfg(), _opts(), "site.data (own.npy)", "has shape (5, 2), this site's agents [1] hold (5, 3) by the public "
                                              "description (n = 5 nodes, columns [3])"),
+    (_cfg(), _opts(assignment=[0, 2]), "site.assignment", "names site 2, the run has sites 0..1"),
     (_cfg(penalty="adaptive"), _opts(), "agents.aggregation", "'secagg' (null takes the exchange's kind, 'secagg') "
                                                               "has no protocol across sites"),
     (_cfg(penalty="adaptive", aggregation="quantized", kind="plain"), _opts(), "agents.aggregation",

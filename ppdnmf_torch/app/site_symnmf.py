@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 
 from ..checkpoint import write_atomically
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, PPDNMFError
 from ..exchange.aggregation import AGGREGATION_KINDS
 from ..distributed.site import own_agents, site_owner
 from ..models.symnmf.run import AGENTS_SCALAR_TAGS
@@ -97,7 +97,10 @@ def own_similarity_columns(cfg, opts, rank: int, world: int, Z: torch.Tensor) ->
     N = cfg.agents.n_agents
     parts = public_parts(opts, N)
     n = sum(len(p) for p in parts)
-    agents = own_agents(site_owner(opts.assignment, N, world), rank)
+    try:
+        agents = own_agents(site_owner(opts.assignment, N, world), rank)
+    except PPDNMFError as exc:
+        raise exc.renamed({"assignment": "site.assignment"}) from None
     want = (n, sum(len(parts[i]) for i in agents))
     if Z.dim() != 2 or tuple(Z.shape) != want:
         raise DataError(f"has shape {tuple(Z.shape)}, this site's agents {agents} hold {want} by the public "
