@@ -97,7 +97,8 @@ def test_two_symnmf_sites_from_the_command_line_give_the_factors_of_one_process(
     args += ["agents.aggregation=plain", "logger=tensorboard"] if penalty == "adaptive" else ["logger=none"]
     outs = _sites(tmp_path, args)
     assert [c for c, _ in outs] == [0, 0], outs
-    _assert_factors(tmp_path, _reference(penalty, kind, max_iter=4), exact=penalty != "adaptive")
+    ref = _reference(penalty, kind, max_iter=4)
+    _assert_factors(tmp_path, ref, exact=penalty != "adaptive")
     runs = [tmp_path / f"site{r}" / "run" for r in range(2)]
     for r, run in enumerate(runs):
         assert sorted(p.name for p in run.parent.iterdir()) == ["own.npy", "run"]
@@ -108,6 +109,9 @@ def test_two_symnmf_sites_from_the_command_line_give_the_factors_of_one_process(
         assert site["agents"] == [r] and site["share"] == "sums" and site["sent"]["metrics"] > 0
     h = [json.loads((run / "history.json").read_text()) for run in runs]
     assert len(h[0]["E"]) == 4 and {k: h[1][k] for k in ("E", "objective")} == {k: h[0][k] for k in ("E", "objective")}
+    for key in ("E", "objective", "consensus"):  # from per-site sums: one process's to rounding
+        one = [float(np.ravel(v)[0]) for v in ref.history[key]]
+        assert np.allclose(h[0][key], one, rtol=1e-9, atol=0), key
 
 
 @pytest.mark.slow
