@@ -1,5 +1,5 @@
 """Symmetric NMF's sites send and write nothing of another site's similarity columns (issue 39):
-every byte each of three sites sends (the comm's sent log) and every file it writes (its
+every byte each site (three of one agent; two of two agents) sends (the comm's sent log) and every file it writes (its
 checkpoints) is scanned for the other sites' entries of ``X[:, S_i]``, under ``secagg`` (the
 default exchange) and ``quantized``; the factors are ``fit_symnmf_agents``' bits. The scan also
 measures what docs/DEPLOYMENT.md says crosses in the clear: the metrics' sum of the site's copies."""
@@ -16,10 +16,21 @@ import ppdnmf_torch as pp
 from ppdnmf_torch.distributed import launch_local
 
 N_NODES = 30
-#: public node sets, not contiguous, of unequal sizes
-PARTS = [[int(j) for j in p] for p in np.split(np.random.default_rng(8).permutation(N_NODES), [9, 20])]
-COMMON = dict(n_agents=3, max_iter=3, x_iters=3, y_iters=2, tol=0.0, seed=3, start_seed=7, penalty=0.5)
+COMMON = dict(max_iter=3, x_iters=3, y_iters=2, tol=0.0, seed=3, start_seed=7, penalty=0.5)
 KINDS = {"secagg": {}, "quantized": {"exchange_options": {"n_max": 1e6}}}
+#: (sites, the site of every agent, where the node permutation is split): under secagg one agent
+#: per site; under quantized two agents on each of two sites, not contiguous
+LAYOUTS = {"secagg": (3, None, [9, 20]), "quantized": (2, [0, 1, 0, 1], [7, 15, 23])}
+
+
+def _parts(kind: str) -> list:
+    """Public node sets, not contiguous, of unequal sizes."""
+    return [[int(j) for j in p] for p in np.split(np.random.default_rng(8).permutation(N_NODES), LAYOUTS[kind][2])]
+
+
+def _agents(kind: str, site: int) -> list:
+    sites, assignment, _ = LAYOUTS[kind]
+    return [site] if assignment is None else [i for i, a in enumerate(assignment) if a == site]
 
 
 def _X():
@@ -28,9 +39,14 @@ def _X():
     return torch.from_numpy(W @ W.T)
 
 
-def _padded():
-    m = max(map(len, PARTS))
-    return torch.tensor([p + [N_NODES] * (m - len(p)) for p in PARTS])
+def _padded(kind: str):
+    parts = _parts(kind)
+    m = max(map(len, parts))
+    return torch.tensor([p + [N_NODES] * (m - len(p)) for p in parts])
+
+
+def _graph(kind: str):
+    return pp.graph.ring(len(_parts(kind)))
 
 
 def _site(kind: str, folder: str):
@@ -40,19 +56,22 @@ def _site(kind: str, folder: str):
     from ppdnmf_torch.models.symnmf.site import cut_columns, fit_symnmf_site
 
     r = int(os.environ["RANK"])
-    own = cut_columns(_X(), PARTS, [r])
+    own = cut_columns(_X(), _parts(kind), _agents(kind, r))
     with Comm.connect("env://", timeout=120, record=True) as comm:
-        out = fit_symnmf_site(comm, own, 2, n=N_NODES, parts=_padded(), graph=pp.graph.ring(3), exchange=kind,
+        out = fit_symnmf_site(comm, own, 2, n=N_NODES, parts=_padded(kind), n_agents=len(_parts(kind)),
+                              graph=_graph(kind), assignment=LAYOUTS[kind][1], exchange=kind,
                               checkpoint_dir=os.path.join(folder, f"site{r}"), checkpoint_every=1, **COMMON,
                               **KINDS[kind])
         log = [(category, m) for category, _, m in comm.sent_log]
     return {"log": log, "own": out.own}
 
 
-def _pieces(r: int) -> set:
+def _pieces(kind: str, r: int) -> set:
     """Site ``r``'s columns as they would appear on the wire: every entry as float64, every pair of
     neighbouring entries (along a row, and along a column) as float32."""
-    Z = _X()[:, PARTS[r]]
+    from ppdnmf_torch.models.symnmf.site import cut_columns
+
+    Z = cut_columns(_X(), _parts(kind), _agents(kind, r))
     out = {bytes(v.numpy().tobytes()) for v in Z.reshape(-1)}
     z32 = Z.to(torch.float32)
     for M in (z32, z32.T.contiguous()):
@@ -65,14 +84,17 @@ def _pieces(r: int) -> set:
 def test_no_symnmf_site_sends_or_writes_another_sites_columns(tmp_path, kind):
     from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 
-    outs = launch_local(3, _site, (kind, str(tmp_path)), timeout=300, grace=60)
-    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
-    ref = fit_symnmf_agents(_X(), 2, graph=pp.graph.ring(3), parts=_padded(), exchange=kind, device="cpu",
-                            **COMMON, **KINDS[kind])
-    held = [_pieces(r) for r in range(3)]
+    sites = LAYOUTS[kind][0]
+    outs = launch_local(sites, _site, (kind, str(tmp_path)), timeout=300, grace=60)
+    assert [o.exitcode for o in outs] == [0] * sites, [o.error for o in outs]
+    ref = fit_symnmf_agents(_X(), 2, n_agents=len(_parts(kind)), graph=_graph(kind), parts=_padded(kind),
+                            exchange=kind, device="cpu", **COMMON, **KINDS[kind])
+    held = [_pieces(kind, r) for r in range(sites)]
     for r, o in enumerate(outs):
         own = o.value["own"]
-        assert own["agents"] == [r] and torch.equal(own["U"][0], ref.U_agents[0, r])
+        assert own["agents"] == _agents(kind, r)
+        for k, i in enumerate(own["agents"]):
+            assert torch.equal(own["U"][k], ref.U_agents[0, i])
         for s, other in enumerate(outs):
             if s == r:
                 continue
@@ -86,9 +108,9 @@ def test_no_symnmf_site_sends_or_writes_another_sites_columns(tmp_path, kind):
             files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{s}").rglob("*") if p.is_file())
             assert files and not [p for p in pieces if p in files], f"site {s} wrote site {r}'s columns"
         # what crosses in the clear (docs/DEPLOYMENT.md): the metrics' mean copy is an all-reduce of
-        # each site's sum of its agents' copies, here its one agent's U_i; the exchange's messages
+        # each site's sum of its agents' copies (with one agent, its U_i); the exchange's messages
         # under secagg carry no row of it. The scan finds it where it is, so it would find X.
-        rows = {row.numpy().tobytes() for row in own["U"][0].to(torch.float64)}
+        rows = {row.numpy().tobytes() for row in own["U"].sum(0).to(torch.float64)}
         by = {}
         for category, m in o.value["log"]:
             by[category] = by.get(category, b"") + m
@@ -96,4 +118,5 @@ def test_no_symnmf_site_sends_or_writes_another_sites_columns(tmp_path, kind):
         if kind == "secagg":
             assert not [row for row in rows if any(row in m for c, m in by.items() if c != "metrics")]
         own_files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{r}").rglob("*") if p.is_file())
-        assert any(row in own_files for row in rows)  # its own checkpoints hold its copy
+        copies = {row.numpy().tobytes() for row in own["U"].reshape(-1, own["U"].shape[-1]).to(torch.float64)}
+        assert any(row in own_files for row in copies)  # its own checkpoints hold its copies
