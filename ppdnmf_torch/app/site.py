@@ -8,7 +8,8 @@ description (every other override: the graph, the model's settings, the seed, an
 ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` as torchrun sets them), compare their public
 descriptions (a site started with another one is refused with one line saying what differs),
 and run the model's rank fit with ``share="sums"``: nothing but the protocol, the stopping
-rule's flags and the metrics' per-site sums crosses. Each site writes its own run folder: its
+rule's flags and the metrics' per-site sums crosses (symmetric NMF's also carry each site's sum
+of its agents' copies ``U_i``: :mod:`.site_symnmf`). Each site writes its own run folder: its
 agents' factors (``factors.pt``), the history (``history.csv``/``.json``, the same on every
 site), TensorBoard scalars, ``summary.json`` (with a ``site`` section), and its checkpoints;
 ``resume=<its run folder>`` with the same command continues it.
