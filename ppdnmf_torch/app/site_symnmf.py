@@ -7,6 +7,11 @@ The public description of a symmetric-NMF site: ``site.columns`` (every agent's 
 blocks in node order, agent 0 the first ``|S_0|`` nodes), the agents' graph (``graph=``), the
 model's settings (``agents.*``, ``rank``), the exchange and the ``seed``. The site's file holds
 its agents' columns ``X[:, S_i]`` side by side, ``(n, sum of its agents' |S_i|)``.
+
+Besides the exchange's messages, the history's metrics cross the sites in the clear every outer
+iteration, among them each site's sum of its agents' copies ``U_i`` (the mean copy's all-reduce);
+the adaptive ``lambda``'s three sums too, which ``agents.aggregation=plain`` must accept
+(docs/DEPLOYMENT.md, "Symmetric NMF across agents", lists every number).
 """
 from __future__ import annotations
 
