@@ -747,3 +747,23 @@ def test_the_stop_ends_at_a_kkt_point_to_tol():
     Xc, _ = _spiked_scaled(1e2)  # scale-free: the same number for the data times c
     torch.testing.assert_close(_stationarity(fit_fsspca(Xc, 2, groups=g, **_STOP_KW), Xc, g),
                                _stationarity(done, X, g), rtol=1e-3, atol=1e-9)
+
+
+@pytest.mark.parametrize("per_worker", [False, True])
+def test_stationarity_vanishes_exactly_at_the_kkt_duals(per_worker):
+    """``g_i = P_T(-2 C_i w_i + lambda_2 psi'(w_i) + u_i)``: zero for ``u_i = 2 C_i w_i - lambda_2
+    psi'(w_i) + w_i S`` with any symmetric ``S`` (the orthogonality constraint's multiplier, which
+    the tangent projection removes), and ``||P_T(e)|| / rho_i`` RMS when ``u_i`` is moved by ``e``."""
+    problem, state, lam, rho, psi = _setup(smoothing="sqrt")
+    T, K, d, r = state.w.shape
+    if per_worker:
+        rho = rho[:, None] * torch.linspace(0.5, 2.0, K, dtype=torch.float64)
+    w = state.w
+    S = torch.randn((T, K, r, r), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    u = 2.0 * problem.gram @ w - lam[:, None, None, None] * psi.grad(w, 1e-3) + w @ (S + S.mT)
+    assert float(admm.stationarity(problem, w, u, lam, rho, psi, 1e-3).abs().max()) < 1e-12
+    e = 1e-2 * torch.randn(w.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    got = admm.stationarity(problem, w, u + e, lam, rho, psi, 1e-3)
+    g = manifold.project_tangent(w, e) / admm._rho4(rho)
+    torch.testing.assert_close(got, torch.linalg.matrix_norm(g).square().sum(1).div(K * r).sqrt())
+    assert bool((got > 1e-5).all())
