@@ -34,7 +34,7 @@ def _entry_points():
     solver = ("method", "penalty", "init", "max_iter")
     fss = list(defaults(fcfg.FSSPCASpec))
     run = list(defaults(scfg.RunSpec))
-    est = ("lambda_2", "smoothing", "mu", "rho", "line_search", "inner_steps", "aggregation", "max_iter", "tol")
+    est = ("lambda_2", "smoothing", "mu", "rho", "line_search", "inner_steps", "aggregation", "tol")
     return [
         # (entry point, {spec: the spec's fields it takes})
         (fit_symnmf, {scfg.SPEC: [f for f in defaults(scfg.SymNMFSpec) if f != "init"], scfg.RUN: run}),

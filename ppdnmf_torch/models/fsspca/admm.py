@@ -23,7 +23,7 @@ from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
            "dual_step", "objective", "augmented_lagrangian", "adjusted_variance", "adjusted_variance_components", "residuals", "LINE_SEARCHES",
-           "LOCAL_SOLVERS", "iteration_values"]
+           "LOCAL_SOLVERS", "iteration_values", "stationarity"]
 
 LINE_SEARCHES = ("armijo", "wolfe")
 
@@ -248,6 +248,36 @@ def residuals(w, z, z_old, rho):
     weight = rho * K ** 0.5 if rho.dim() == 1 else torch.linalg.vector_norm(rho, dim=1)
     dual = weight * torch.linalg.matrix_norm(z - z_old)
     return primal, dual, gap.amax(dim=1)
+
+
+def stationarity(problem, w, u, lambda_2, rho, smoothing, mu):
+    """The workers' KKT residual of problem (6) in consensus form, in the units of the loadings.
+
+    At a KKT point of ``sum_i [f_i(w_i) + lambda_2 r(w_i)] + lambda_1 ||z||_1`` subject to
+    ``w_i = z`` on ``St(d, r)``, each worker's Riemannian gradient of its part of the Lagrangian
+    vanishes, ``g_i = P_{T_{w_i}}(-2 C_i w_i + lambda_2 psi'(w_i) + u_i) = 0`` (eq. (15)); the
+    z-step (12)-(13) meets its own condition ``sum_i u_i in lambda_1 d||z||_1`` exactly after
+    every iteration, and :func:`residuals` measures ``w_i = z``. ``g_i / rho_i`` is what one
+    ADMM iteration would move ``w_i`` for it, so ``sqrt(sum_i ||g_i / rho_i||^2 / (K r))`` is
+    scale-free (data times ``c`` multiplies ``C_i``, ``u_i`` and ``rho_i`` by ``c^2``), comparable
+    with the stopping rule's RMS consensus gap and change of ``z``.
+
+    Parameters
+    ----------
+    w, u : Tensor (T, K, d, r)
+    lambda_2 : Tensor (T,)
+    rho : Tensor (T,) or (T, K)
+
+    Returns
+    -------
+    Tensor (T,)
+    """
+    # local_objective with z = w: its gradient is -2 C_i w_i + lambda_2 psi'(w_i) + u_i
+    # (projected by deflation's G, as the local step sees it)
+    _, egrad = local_objective(problem, w, w, u, lambda_2, rho, smoothing, mu)
+    g = manifold.riemannian_gradient(w, egrad) / _rho4(rho)
+    K, r = w.shape[1], w.shape[-1]
+    return torch.linalg.matrix_norm(g).square().sum(dim=1).div(K * r).sqrt()
 
 
 def iteration_values(problem, pooled, w, z, z_old, u, lambda_1, lambda_2, rho, smoothing, mu):

@@ -59,7 +59,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     alpha : float
         The weight of ``||z||_1`` relative to the data: ``lambda_1 = alpha sum_i lambda_max(C_i)``
         (``alpha_scale="gram"`` of :func:`.fit.fit_fsspca`), so one ``alpha`` means the same
-        sparsity at any scale of the data.
+        sparsity at any scale of the data (the default: docs/FSSPCA.md, "The estimator's alpha").
     lambda_2 : float or None
         The smooth term's weight; None follows ``alpha`` (``alpha / K``).
     smoothing : {"sqrt", "huber", "logexp", "erf"}
@@ -78,7 +78,10 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         How the server sums the workers' uploads (:func:`.fit.fit_fsspca`).
     n_workers : int
         Workers of an IID split when ``fit`` gets one array without ``groups``.
-    max_iter, tol : as :func:`.fit.fit_fsspca`
+    max_iter : int
+        ADMM iterations at most (1000, ``SparsePCA``'s; the functions' default is 500).
+    tol : float
+        As :func:`.fit.fit_fsspca`'s.
     random_state : int >= 0, numpy RandomState / Generator or None
         The start and the IID split: an integer is the seed of :func:`.fit.fit_fsspca` itself
         (:func:`~ppdnmf_torch.driver.seed_of`, as every estimator of the library reads it).
@@ -111,7 +114,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     def __init__(self, n_components=ESTIMATOR.n_components, *, alpha=ESTIMATOR.alpha, lambda_2=SPEC.lambda_2,
                  smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho, line_search=SPEC.line_search,
                  inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver, aggregation=SPEC.aggregation,
-                 n_workers=ESTIMATOR.n_workers, max_iter=SPEC.max_iter, tol=SPEC.tol, random_state=None,
+                 n_workers=ESTIMATOR.n_workers, max_iter=ESTIMATOR.max_iter, tol=SPEC.tol, random_state=None,
                  device=ESTIMATOR.device, dtype=ESTIMATOR.dtype, threads=ESTIMATOR.threads, verbose=ESTIMATOR.verbose):
         self.n_components = n_components
         self.alpha = alpha
