@@ -10,11 +10,11 @@ in two steps:
    batches: a bounded amount of work, whatever the machine;
 2. the run's own path (:func:`~.exchange.time_path`, through :func:`~.exchange.calibrate_for`):
    a :class:`~.exchange.PaillierExchange` with the run's protocol, packing and fast switches,
-   bound to a triangle of three agents with the keys of step 1, times a few
-   ADMM iterations of messages of :data:`PATH_VALUES` values (:data:`PATH_VALUES_UNPACKED`
-   without packing); the seconds
-   it takes over what step 1's costs price its counted operations at is the path's factor, and
-   every operation's cost is scaled by it. It carries what the counts leave out (the masked
+   bound to a triangle of three agents with the keys of step 1, times ADMM iterations (at least
+   :data:`PATH_ROUNDS` and :data:`PATH_SECONDS`) of messages of :data:`PATH_VALUES` values
+   (:data:`PATH_VALUES_UNPACKED` without packing); the seconds they take over what step 1's
+   costs price their counted operations at is the path's factor, and every operation's cost is
+   scaled by it. It carries what the counts leave out (the masked
    protocol's mask streams, packing, the workers' traffic) and what the fast paths save.
 
 :func:`~ppdnmf_torch.exchange.costmodel.run_seconds` turns a run's counts into seconds with the
@@ -32,8 +32,8 @@ from ..costmodel import PaillierOpCosts
 from . import keys as _keys
 from .keys import RawPaillier
 
-__all__ = ["calibrate", "path_settings", "KEYGENS", "BATCH_SECONDS", "BATCH_CALLS", "PATH_ROUNDS", "PATH_VALUES",
-           "PATH_VALUES_UNPACKED"]
+__all__ = ["calibrate", "path_settings", "KEYGENS", "BATCH_SECONDS", "BATCH_CALLS", "PATH_ROUNDS", "PATH_SECONDS",
+           "PATH_MAX_ROUNDS", "PATH_VALUES", "PATH_VALUES_UNPACKED"]
 
 _CACHE: dict = {}
 #: key pairs :func:`calibrate` generates (the triangle's three; ``keygen`` is their mean)
@@ -41,8 +41,12 @@ KEYGENS = 3
 #: the least wall time of one timed batch of an operation, and the most calls a batch makes
 BATCH_SECONDS = 0.02
 BATCH_CALLS = 64
-#: ADMM iterations of the path timed after a first one (the workers' start, the first obfuscators)
+#: ADMM iterations of the path timed after a first one (the workers' start, the first obfuscators):
+#: at least PATH_ROUNDS, more until they have taken PATH_SECONDS (a short key's rounds are short, and
+#: a busy machine's pauses would weigh on one or two), at most PATH_MAX_ROUNDS
 PATH_ROUNDS = 2
+PATH_SECONDS = 0.5
+PATH_MAX_ROUNDS = 20
 #: values per message of the path (the paper-synthetic run's ``L K``), and without packing
 #: (every operation of an unpacked round is per value: fewer suffice)
 PATH_VALUES = 150

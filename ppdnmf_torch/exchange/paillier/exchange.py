@@ -70,7 +70,6 @@ The rounds themselves, on a naive and a fast host path with the same numbers, ar
 """
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 
@@ -83,7 +82,8 @@ from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, PaillierO
 from ..integer import Step1Penalties, encode_inputs, integer_penalty_sums
 from ..packing import check_protocol_range, derive_layout
 from ..spec import SECURE_KEY_BITS, PaillierSpec
-from .calibration import PATH_ROUNDS, PATH_VALUES, PATH_VALUES_UNPACKED, calibrate, path_settings
+from .calibration import (PATH_MAX_ROUNDS, PATH_ROUNDS, PATH_SECONDS, PATH_VALUES, PATH_VALUES_UNPACKED, calibrate,
+                          path_settings)
 from .keys import InsecureKeyWarning, RawPaillier, make_agents
 from .masked import MaskPlan, agree_seeds
 from .network import Network
@@ -411,9 +411,11 @@ def calibrate_for(spec) -> PaillierOpCosts:
 
 def time_path(keys, raw: PaillierOpCosts, path: dict) -> float:
     """The path's factor: an exchange of the settings ``path`` with ``keys`` (three pairs, moved
-    into its agents) on a triangle, :data:`~.calibration.PATH_ROUNDS` ADMM iterations after a first
-    one (the workers' start, the first stock), each one's seconds over what ``raw`` prices its
-    counted operations at; the median. The exchange is closed at the end: its keys die with it."""
+    into its agents) on a triangle; after a first ADMM iteration (the workers' start, the first
+    stock), at least :data:`~.calibration.PATH_ROUNDS` more and as many as
+    :data:`~.calibration.PATH_SECONDS` take (at most :data:`~.calibration.PATH_MAX_ROUNDS`): their
+    seconds over what ``raw`` prices their counted operations at. The exchange is closed at the
+    end: its keys die with it."""
     codec = IntegerCodec(n_max=path["n_max"], key_bits=raw.key_bits, g_bits=path["g_bits"])
     with warnings.catch_warnings():  # a short key is the run's to warn about, not its measurement's
         warnings.simplefilter("ignore", InsecureKeyWarning)
@@ -423,19 +425,21 @@ def time_path(keys, raw: PaillierOpCosts, path: dict) -> float:
         exch.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
         lk = PATH_VALUES if exch.layout is not None and exch.layout.slots > 1 else PATH_VALUES_UNPACKED
         gen = torch.Generator().manual_seed(0)
-        ratios = []
-        for m in range(PATH_ROUNDS + 1):
+        wall = priced = 0.0
+        for m in range(PATH_MAX_ROUNDS + 1):
             g = 0.03 + 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
             U = torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
             before = exch.costs()
             t0 = time.perf_counter()
             exch.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
             exch.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
-            wall = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
             after = exch.costs()
             if m:
-                priced = estimate_seconds({k: after[k] - before[k] for k in COUNT_KEYS}, raw)
-                ratios.append(wall / max(priced, 1e-12))
+                wall += seconds
+                priced += estimate_seconds({k: after[k] - before[k] for k in COUNT_KEYS}, raw)
+                if m >= PATH_ROUNDS and wall >= PATH_SECONDS:
+                    break
     finally:
         exch.close()
-    return statistics.median(ratios)
+    return wall / max(priced, 1e-12)
