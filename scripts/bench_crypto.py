@@ -39,14 +39,16 @@ and extrapolated per value: the exchange round's time is scaled by ``150 / small
 is. Extrapolated entries are marked ``*``. Packed configurations are always measured at
 ``L K = 150``.
 
-The summary estimates one full paper-synthetic trial (100 BCD x 30 ADMM = 3,000 ADMM
+The summary extrapolates one full paper-synthetic trial (100 BCD x 30 ADMM = 3,000 ADMM
 iterations) at the largest key size, for ``default`` and ``all``, from the measured
 seconds per iteration (plus key generation for the 10 agents), and the speedup of the
 Paillier stage over the naive path. It then runs a real paper-synthetic fit end to end
 (trial 0's data, column split and graph; ``--fit-bcd`` BCD iterations of 30 ADMM
 iterations, fresh keys, ``--fit-configs``, default ``all``), checks ``X`` and ``Y`` bit for
-bit against ``exchange="quantized"``, and extrapolates its seconds per ADMM iteration to
-the 3,000 of a full trial.
+bit against ``exchange="quantized"``, extrapolates its seconds per ADMM iteration to
+the 3,000 of a full trial, and shows beside its wall time the estimate the CLI prints
+before such a run (:func:`ppdnmf_torch.app.costs.paillier_estimate`, the cost model's one
+figure; ``scripts/bench_estimate.py`` sets the two side by side at several key sizes).
 """
 from __future__ import annotations
 
@@ -205,6 +207,8 @@ def fit_check(bits, bcd_iters, configs, protocols, log):
     seconds per ADMM iteration leave out the key generation and the masked setup, which the
     trial estimate adds once."""
     from ppdnmf_torch import fit
+    from ppdnmf_torch.app.costs import paillier_estimate
+    from ppdnmf_torch.exchange import PaillierSpec
     from ppdnmf_torch.models.ppdnmf.experiments import PAPER_EXPERIMENTS, make_trial
 
     spec = PAPER_EXPERIMENTS["paper_synthetic"]
@@ -219,6 +223,9 @@ def fit_check(bits, bcd_iters, configs, protocols, log):
             opts = dict(CONFIGS[name])
             if opts.get("workers", 0) is None:
                 opts["workers"] = os.cpu_count()
+            # what the CLI would say before this run (the cost model's one figure; its calibration untimed)
+            est = paillier_estimate(PaillierSpec(protocol=protocol, n_max=1e6, key_bits=bits, **opts), graph,
+                                    blocks[0].shape[0], sol["rank"], sol["x_iters"], bcd_iters)["seconds"]
             t0 = time.perf_counter()
             res = fit(blocks, graph, sol["rank"], exchange="paillier", protocol=protocol, exchange_options=opts, **kw)
             wall = time.perf_counter() - t0
@@ -231,11 +238,13 @@ def fit_check(bits, bcd_iters, configs, protocols, log):
             setup = res.costs.get("time_setup", 0.0)
             per_admm = (wall - keygen - setup) / admm
             rows.append(dict(bits=bits, config=name, protocol=protocol, bcd_iters=bcd_iters, admm_iters=admm,
-                             wall_s=wall, keygen_s=keygen, setup_s=setup, seconds_per_admm_iter=per_admm,
+                             wall_s=wall, estimate_s=est, keygen_s=keygen, setup_s=setup,
+                             seconds_per_admm_iter=per_admm,
                              trial_minutes=(per_admm * TRIAL_ITERS + keygen + setup) / 60,
                              encryptions=res.costs["encryptions"], decryptions=res.costs["decryptions"],
                              setup_encryptions=res.costs.get("setup_encryptions", 0), bit_identical=True))
             log(f"  fit {name:8s} {protocol:10s} {bits} bits: {bcd_iters} BCD x {sol['x_iters']} ADMM in {wall:.1f} s "
+                f"(estimated {est:.1f} s before it) "
                 f"(keygen {keygen:.1f} s, setup {setup:.2f} s) -> {per_admm:.3f} s per ADMM iteration")
     return rows
 
@@ -379,8 +388,9 @@ def main(argv=None):
           f"({platform.machine()}), load average {load0[0]:.1f} -> {load1[0]:.1f}" if load0 else "")
     print(table(rows, args.bits))
     print()
-    print(f"Estimate at {big} bits, one full paper-synthetic trial ({TRIAL_ITERS} ADMM iterations, exchange stage "
-          f"only, plus {keygen[big]:.1f} s of key generation and, masked, its setup):")
+    print(f"Extrapolated at {big} bits from the seconds per iteration measured above, one full paper-synthetic trial "
+          f"({TRIAL_ITERS} ADMM iterations, exchange stage only, plus {keygen[big]:.1f} s of key generation and, "
+          "masked, its setup):")
     for p, est in ests.items():
         if "naive_seconds_per_iter" in est:
             print(f"  {p:10s} naive   {est['naive_seconds_per_iter']:8.3f} s/iter -> {est['naive_trial_hours']:8.1f} "
@@ -393,7 +403,8 @@ def main(argv=None):
                   f"{est[f'{c}_trial_minutes']:8.1f} minutes{speed}")
     for f in fits:
         print(f"  end-to-end fit ({f['config']}, {f['protocol']}): {f['bcd_iters']} BCD x 30 ADMM iterations of the "
-              f"paper-synthetic trial in {f['wall_s']:.1f} s with fresh keys ({f['keygen_s']:.1f} s keygen, "
+              f"paper-synthetic trial in {f['wall_s']:.1f} s (the CLI's estimate: {f['estimate_s']:.1f} s) with fresh "
+              f"keys ({f['keygen_s']:.1f} s keygen, "
               f"{f['setup_s']:.2f} s setup) -> {f['seconds_per_admm_iter']:.3f} s per ADMM iteration -> "
               f"{f['trial_minutes']:.1f} minutes for {TRIAL_ITERS} (X-step, Y-step and exchange; X, Y, U "
               "bit-identical to quantized)")

@@ -90,15 +90,19 @@ def test_run_outputs_hold_no_private_key(tmp_path, recorded_keys, recorded_seeds
         "exchange": {"kind": "paillier", "protocol": protocol, "n_max": 1e3, "key_bits": 128},
         "logger": {"kind": "tensorboard"},
     })
+    from ppdnmf_torch.exchange.paillier import calibration
+
+    calibration._CACHE.clear()  # the estimate before the run calibrates here, its keys and seeds recorded too
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(cfg, tmp_path / "run")
     assert any(issubclass(w.category, InsecureKeyWarning) for w in caught)
-    # one key pair per agent, twice: the run's, and those of the estimate before it (the run's own
-    # exchange, timed for two ADMM iterations and closed: app/costs.measure_rounds)
-    assert len(recorded_keys) == 2 * 4
-    # masked: a seed per pair of neighbours of each agent (4 on the ring) and per edge (4), twice
-    assert len(recorded_seeds) == (2 * 8 if protocol == "masked" else 0)
+    # one key pair per agent (the run's), and the calibration's before it (calibration.KEYGENS, on a
+    # triangle of agents whose exchange is timed and closed: exchange/paillier/calibration.py)
+    assert len(recorded_keys) == 4 + calibration.KEYGENS
+    # masked: a seed per pair of neighbours of each agent (4 on the ring) and per edge (4), and the
+    # calibration triangle's (3 and 3)
+    assert len(recorded_seeds) == (8 + 6 if protocol == "masked" else 0)
     secrets = _secrets(recorded_keys, recorded_seeds)
     files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
     names = {p.name for p in files}

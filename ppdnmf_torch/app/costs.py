@@ -2,33 +2,22 @@
 
 :func:`paillier_estimate` counts the operations and the ciphertext bytes of a whole run from
 the cost model's formulas (:mod:`ppdnmf_torch.exchange.costmodel`: every ADMM iteration of
-every BCD iteration, the packed counts when the fast path packs), and prices the run by
-measuring it (:func:`measure_rounds`): the run's own exchange (its key size, protocol, fast
-paths, workers), bound to the run's graph, runs a few ADMM iterations of messages of the run's
-size on this machine; the estimate is its key generation and seed agreement plus the seconds of
-one ADMM iteration times the run's ADMM iterations. Pricing the counted operations one by one
-(the cost model's :func:`~ppdnmf_torch.exchange.costmodel.estimate_seconds`, ``op_costs=``) leaves
-out what is not an operation of the model (the masked protocol's mask streams and their
-inverses, packing, the workers' traffic): at 128 bits it said 1.6 s of a 7-9 s run, where the
-measured rounds said 6.7 s (docs: the commands in the report). :func:`format_estimate` says
-it, and names the switches that make the run faster with what each one assumes;
-:func:`format_costs` writes a run's cost counters with units.
+every BCD iteration, the packed counts when the fast path packs, the masked protocol's seed
+agreement) and prices them with the cost model's one computation
+(:func:`~ppdnmf_torch.exchange.costmodel.run_seconds`) at per-operation costs measured on this
+machine: the figure a ``quantized`` run of the same settings writes as its
+``estimated_seconds_total``. How close it lands to a real run at each key size is measured in
+docs/SECURE_EXCHANGE.md ("What a run costs"). :func:`format_estimate` says it, and names the
+switches that make the run faster with what each one assumes; :func:`format_costs` writes a
+run's cost counters with units.
 """
 from __future__ import annotations
 
-import statistics
-import time
-
-from ..exchange.costmodel import estimate_seconds, round_counts, round_edge_bytes
+from ..exchange.costmodel import COUNT_KEYS, add_estimates, round_counts, round_edge_bytes, setup_counts
 from ..exchange.packing import derive_layout
 from .progress import format_seconds
 
-__all__ = ["paillier_estimate", "measure_rounds", "format_estimate", "format_costs", "format_bytes",
-           "MEASURED_ROUNDS"]
-
-#: ADMM iterations :func:`measure_rounds` times after a first one (the workers' start, the first
-#: obfuscators), whose median prices the run's
-MEASURED_ROUNDS = 1
+__all__ = ["paillier_estimate", "seconds_per_iteration", "format_estimate", "format_costs", "format_bytes"]
 
 
 def format_bytes(n: float) -> str:
@@ -40,58 +29,39 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _run_counts(spec, graph, lk: int, x_iters: int, bcd_iters: int) -> tuple:
-    """``(operation counts, ciphertext bytes)`` of the whole run: one penalty round (the
-    aggregated protocol's step 1) and one exchange round per ADMM iteration."""
+def _run_costs(spec, graph, lk: int, rounds: int, trials: int) -> tuple:
+    """The whole run's counts as a run of ``trials`` side by side would count them (the cost
+    dict of :meth:`~ppdnmf_torch.exchange.Exchange.costs`: :data:`COUNT_KEYS`, ``key_pairs``,
+    the masked protocol's :data:`SETUP_KEYS`), and the slots per plaintext: one penalty round
+    and one exchange round per ADMM iteration, the seed agreement once."""
     src = [i for i, j in graph.edges] + [j for i, j in graph.edges]
     dst = [j for i, j in graph.edges] + [i for i, j in graph.edges]
     senders = int((graph.degree > 0).sum())
     slots = derive_layout(spec.codec(), packing=spec.packing, slot_bits=spec.slot_bits).slots if spec.fast else 1
-    rounds = x_iters * bcd_iters
-    counts, nbytes = {}, 0
+    costs = dict.fromkeys(COUNT_KEYS, 0)
     for phase, p in (("penalty", 0), ("exchange", lk)):
         c = round_counts(spec.protocol, phase, n_edges=len(src), n_senders=senders, lk=p, slots=slots)
         for k, v in c.items():
-            counts[k] = counts.get(k, 0) + v * rounds
-        nbytes += rounds * sum(b for _, _, b in round_edge_bytes(spec.protocol, phase, src, dst,
-                                                                 key_bits=spec.key_bits, lk=p, slots=slots))
-    return counts, nbytes, slots
-
-
-def measure_rounds(spec, graph, lk: int, rounds: int = MEASURED_ROUNDS) -> dict:
-    """Time the run's exchange on this machine: ``spec`` made and bound to ``graph`` (its key
-    generation and seed agreement: ``seconds_setup``), then ``rounds + 1`` ADMM iterations (the
-    penalty round and the exchange of ``lk`` values per agent, values and penalties in the run's
-    ranges), the first one left out (the workers' start); ``seconds_round`` is the median of the
-    others. The exchange is closed at the end: its keys die with it."""
-    import torch
-
-    from ..exchange import make_exchange
-    from ..graph import Topology
-
-    topo = Topology.from_graphs([graph])
-    gen = torch.Generator().manual_seed(0)
-    t0 = time.perf_counter()
-    exch = make_exchange(spec)
-    try:
-        exch.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
-        setup = time.perf_counter() - t0
-        times = []
-        for m in range(int(rounds) + 1):
-            g = 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
-            U = torch.rand((topo.n_nodes, int(lk)), generator=gen, dtype=torch.float64)
-            t1 = time.perf_counter()
-            exch.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
-            exch.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
-            times.append(time.perf_counter() - t1)
-    finally:
-        exch.close()
-    return {"seconds_setup": setup, "seconds_round": statistics.median(times[1:] or times)}
+            costs[k] += v * rounds
+        costs["ciphertext_bytes"] += rounds * sum(b for _, _, b in round_edge_bytes(
+            spec.protocol, phase, src, dst, key_bits=spec.key_bits, lk=p, slots=slots))
+    costs["key_pairs"] = graph.n_agents
+    if spec.protocol == "masked":
+        costs.update(setup_counts(src, dst, key_bits=spec.key_bits))
+    # trials side by side: every count, the keys and the seed agreement once per trial
+    return {k: v * trials for k, v in costs.items()}, slots
 
 
 def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None,
                       trials: int = 1) -> dict:
     """The estimated cost of a Paillier run before it starts.
+
+    The counts are the cost model's formulas for the whole run (every ADMM iteration of every
+    BCD iteration, the packed counts when the fast path packs, the seed agreement under
+    ``masked``), priced by :func:`~ppdnmf_torch.exchange.costmodel.run_seconds`, the computation
+    a ``quantized`` run's cost model and a ``paillier`` run's ``cost_model`` use: the same run
+    gets the same figure from each. The run generates its keys (one pair per agent and trial),
+    so their generation is counted, once.
 
     Parameters
     ----------
@@ -102,32 +72,39 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
         Message size ``P = L K`` values.
     x_iters, bcd_iters : int
     op_costs : PaillierOpCosts, optional
-        Price the counted operations at these per-operation seconds (the cost model) instead of
-        measuring the run's rounds (:func:`measure_rounds`, the default).
+        Seconds per operation; default: measured here on the run's own path
+        (:func:`~ppdnmf_torch.exchange.paillier.exchange.calibrate_for`, as a ``quantized``
+        or ``paillier`` run's ``cost_model=True`` measures them).
     trials : int
-        Trials run side by side (each its own exchange rounds).
+        Trials run side by side (each its own keys, seed agreement and rounds).
 
     Returns
     -------
     dict
-        ``counts`` (operations), ``ciphertext_bytes``, ``slots``, ``key_pairs``, ``rounds``
-        (ADMM iterations), ``seconds`` (the estimate), and either ``seconds_setup``,
-        ``seconds_round`` (measured) or ``seconds_operations``, ``seconds_keygen``, ``op_costs``
-        (the model).
+        ``costs`` (the run's predicted cost dict, with the estimate's
+        :data:`~ppdnmf_torch.exchange.costmodel.ESTIMATE_KEYS`), ``counts`` (operations),
+        ``ciphertext_bytes``, ``slots``, ``key_pairs``, ``rounds`` (ADMM iterations),
+        ``trials``, ``seconds`` (the estimate: ``estimated_seconds_total``),
+        ``seconds_operations``, ``seconds_keygen``, ``seconds_setup``, ``op_costs``.
     """
-    counts, nbytes, slots = _run_counts(spec, graph, int(L) * int(rank), int(x_iters), int(bcd_iters))
+    if op_costs is None:
+        from ..exchange.paillier.exchange import calibrate_for  # imports phe, at the point of use
+
+        op_costs = calibrate_for(spec)
     rounds = int(x_iters) * int(bcd_iters)
-    out = {"counts": counts, "ciphertext_bytes": nbytes, "slots": slots, "key_pairs": graph.n_agents,
-           "rounds": rounds, "trials": int(trials)}
-    if op_costs is not None:
-        ops = estimate_seconds(counts, op_costs)
-        keygen = graph.n_agents * op_costs.keygen
-        out.update(seconds_operations=ops, seconds_keygen=keygen, seconds=(ops + keygen) * int(trials),
-                   op_costs=op_costs)
-        return out
-    measured = measure_rounds(spec, graph, int(L) * int(rank))
-    out.update(measured, seconds=(measured["seconds_setup"] + rounds * measured["seconds_round"]) * int(trials))
-    return out
+    costs, slots = _run_costs(spec, graph, int(L) * int(rank), rounds, int(trials))
+    add_estimates(costs, op_costs, setup=spec.protocol == "masked")
+    return {"costs": costs, "counts": {k: costs[k] for k in COUNT_KEYS if k != "ciphertext_bytes"},
+            "ciphertext_bytes": costs["ciphertext_bytes"], "slots": slots, "key_pairs": costs["key_pairs"],
+            "rounds": rounds, "trials": int(trials), "seconds": costs["estimated_seconds_total"],
+            "seconds_operations": costs["estimated_seconds"], "seconds_keygen": costs["estimated_seconds_keygen"],
+            "seconds_setup": costs.get("estimated_seconds_setup", 0.0), "op_costs": op_costs}
+
+
+def seconds_per_iteration(est: dict, bcd_iters: int) -> float:
+    """The rounds' share of ``est`` (:func:`paillier_estimate`) per BCD iteration: the rate a
+    progress ETA starts from before it has measured one (:class:`~.progress.Progress`)."""
+    return est["seconds_operations"] / max(1, int(bcd_iters))
 
 
 def _faster(spec, slots_packed: int | None) -> list:
@@ -161,15 +138,12 @@ def format_estimate(spec, est: dict) -> str:
                 f"({est['slots']} value{'s' if est['slots'] != 1 else ''} per ciphertext), "
                 f"precompute={str(spec.precompute).lower()}, djn={str(spec.djn).lower()}, "
                 f"workers={'auto' if spec.workers is None else spec.workers}")
-    side = f" for each of {est['trials']} trials side by side" if est.get("trials", 1) > 1 else ""
-    if "seconds_round" in est:
-        how = (f"about {format_seconds(est['seconds'])} for {est['rounds']:,} ADMM iterations (measured here: key "
-               f"generation and seed agreement {format_seconds(est['seconds_setup'])} for {est['key_pairs']} key "
-               f"pairs, {est['seconds_round']:.3g} s per ADMM iteration{side}; a stopping rule may end it sooner)")
-    else:
-        how = (f"about {format_seconds(est['seconds'])} (key generation {format_seconds(est['seconds_keygen'])} for "
-               f"{est['key_pairs']} key pairs, operations {format_seconds(est['seconds_operations'])} priced one by "
-               f"one{side})")
+    side = f", {est['trials']} trials side by side" if est.get("trials", 1) > 1 else ""
+    setup = f", seed agreement {format_seconds(est['seconds_setup'])}" if spec.protocol == "masked" else ""
+    how = (f"about {format_seconds(est['seconds'])} for {est['rounds']:,} ADMM iterations{side} (key generation "
+           f"{format_seconds(est['seconds_keygen'])} for {est['key_pairs']} key pairs{setup}, rounds "
+           f"{format_seconds(est['seconds_operations'])}; every operation priced at its cost on this run's path, "
+           "measured here; a stopping rule may end the run sooner)")
     lines = [
         f"paillier estimate at {spec.key_bits}-bit keys ({switches}): {how}, "
         f"{format_bytes(est['ciphertext_bytes'])} of ciphertexts; {c['encryptions']:,} encryptions, "
@@ -193,7 +167,8 @@ _TIME_NAMES = (("time_keygen", "key generation"), ("time_setup", "seed agreement
                ("time_decrypt", "decryption"), ("time_transfer", "transfer"),
                ("estimated_seconds", "estimated operations (cost model)"),
                ("estimated_seconds_keygen", "estimated key generation (cost model)"),
-               ("estimated_seconds_setup", "estimated seed agreement (cost model)"))
+               ("estimated_seconds_setup", "estimated seed agreement (cost model)"),
+               ("estimated_seconds_total", "estimated in all (cost model)"))
 
 
 def _count(n, name: str) -> str:

@@ -9,13 +9,14 @@ terminal the bar is drawn on; and while a bar is drawn, every other line for the
 (a log record, a warning: :func:`write_line`) is written above it (``tqdm.write``), never onto
 the bar's line.
 
-The ETA is the time per iteration over the last few iterations (:data:`ETA_WINDOW`) times the
-iterations left; it is shown from the second iteration on, so that the first iteration's
-setup (a similarity, a compilation, key generation) does not make it wild.
+The ETA (:class:`~ppdnmf_torch.driver.progress.Eta`) is the time per iteration over the last
+few iterations (:data:`ETA_WINDOW`) times the iterations left, from the second iteration on,
+so that the first iteration's setup (a similarity, a compilation, key generation) does not
+make it wild; before that it is the run's own estimate per iteration when the phase has one
+(``seconds_per_iteration``: a Paillier run's cost estimate), and none otherwise.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import sys
 import time
@@ -107,13 +108,18 @@ class Progress:
         Force the bar on (True) or off (False); default: when stderr is a terminal.
     step : str
         What one iteration is called in the log lines (another model's outer iteration).
+    seconds_per_iteration : float, optional
+        The phase's own estimate of one iteration, its ETA until two iterations are timed.
+    clock : callable, optional
+        Seconds now for the ETA (default :func:`time.perf_counter`; tests pass a fake one).
 
     :meth:`update` after every BCD iteration with the iteration and its metrics; :meth:`close`
     at the end.
     """
 
     def __init__(self, enabled: bool, total: int, label: str, *, interval: float = 5.0, start: int = 0,
-                 bar: bool | None = None, step: str = "BCD iteration"):
+                 bar: bool | None = None, step: str = "BCD iteration", seconds_per_iteration: float | None = None,
+                 clock=None):
         self.enabled, self.total, self.label, self.step = bool(enabled), int(total), label, step
         self.interval, self.start = float(interval), int(start)
         self.bar = None
@@ -121,7 +127,9 @@ class Progress:
         self._last_line = None
         self._filtered = []
         self._swapped = []
-        self._seen = collections.deque(maxlen=ETA_WINDOW + 1)  # (time, iteration) of the latest updates
+        from ..driver.progress import Eta  # here: the driver package imports torch, the help does not
+
+        self._eta = Eta(self.total, window=ETA_WINDOW, seconds_per_iteration=seconds_per_iteration, clock=clock)
         if not self.enabled:
             return
         if bar if bar is not None else _stream_is_tty(sys.stderr):
@@ -147,13 +155,9 @@ class Progress:
                     self._swapped.append((lg, h, above))
 
     def eta(self, iteration: int) -> float | None:
-        """Seconds to the last iteration at the rate of the latest ones (None before the second)."""
-        if len(self._seen) < 2 or iteration >= self.total:
-            return None
-        (t0, i0), (t1, i1) = self._seen[0], self._seen[-1]
-        if i1 <= i0:
-            return None
-        return (t1 - t0) / (i1 - i0) * (self.total - iteration)
+        """Seconds to the last iteration at the rate of the latest ones from the second on; the
+        estimate per iteration before (None without one)."""
+        return self._eta.seconds(iteration)
 
     def line(self, iteration: int, metrics: dict) -> str:
         """The log line of ``iteration`` (``metrics``: floats; ``nmse``, ``consensus``, ``central``,
@@ -177,7 +181,7 @@ class Progress:
     def update(self, iteration: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        self._seen.append((time.perf_counter(), int(iteration)))
+        self._eta.mark(iteration)
         if self.bar is not None:
             shown = {"nmse": f"{metrics['nmse']:.4g}"} if "nmse" in metrics else {}
             if "consensus" in metrics:

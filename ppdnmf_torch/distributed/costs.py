@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, estimate_seconds, round_counts, round_edge_bytes,
-                                  setup_counts, setup_seconds)
+from ..exchange.costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, add_estimates, estimate_seconds, round_counts,
+                                  round_edge_bytes, setup_counts)
 from ..exchange.packing import derive_layout
 from ..exchange.spec import QuantizedSpec
 
@@ -88,9 +88,9 @@ class RankLedger:
         if self._op_costs is None:
             oc = None
             if self.comm.rank == 0:
-                from ..exchange.paillier.calibration import calibrate  # imports phe, at the point of use
+                from ..exchange.paillier.exchange import calibrate_for  # imports phe, at the point of use
 
-                oc = calibrate(self.codec.key_bits)
+                oc = calibrate_for(self.spec)
             self._op_costs = self.comm.broadcast_object(oc, 0, what="the calibration of the cost model")
         return self._op_costs
 
@@ -102,15 +102,12 @@ class RankLedger:
     def costs(self) -> dict:
         out = self._summed([self.led.total])[0]
         out["key_pairs"] = self.layout.n_agents
-        oc = self.op_costs()
-        out["estimated_seconds"] = estimate_seconds(out, oc)
-        out["estimated_seconds_keygen"] = self.layout.n_agents * oc.keygen
-        if self.protocol == "masked":
+        masked = self.protocol == "masked"
+        if masked:
             t = torch.tensor([float(self.led.total[k]) for k in SETUP_KEYS], dtype=torch.float64)
             t = self.comm.all_reduce(t, category="metrics", what="the sum of the setup counters").cpu()
             out.update({k: int(v) for k, v in zip(SETUP_KEYS, t.tolist())})
-            out["estimated_seconds_setup"] = setup_seconds(out, oc)
-        return out
+        return add_estimates(out, self.op_costs(), setup=masked)
 
     def pop(self) -> list:
         records = self.led.pop()

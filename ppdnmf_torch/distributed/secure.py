@@ -84,6 +84,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         # the keys handed in (tests) are checked on every rank alike; the rank keeps its own
         # agents' pairs only, until bind moves them into the agents, and the spec none
         self._own_keys = _own_keypairs(spec.keypairs, layout.agents.tolist(), graph.n_agents, spec.key_bits)
+        self._generates_keys = spec.keypairs is None  # the cost model prices the key generation only then
         self._spec = dataclasses.replace(spec, keypairs=None)
         spec = self._spec
         self.codec = spec.codec()
@@ -486,9 +487,9 @@ class SecureHalo(HoldsPrivateKey, Exchange):
             if self._calibrated is None:  # calibrated on rank 0 and shared: one set for the run
                 oc = None
                 if self.comm.rank == 0:
-                    from ..exchange.paillier.calibration import calibrate
+                    from ..exchange.paillier.exchange import calibrate_for
 
-                    oc = calibrate(self.codec.key_bits)
+                    oc = calibrate_for(self._spec)
                 self._calibrated = self.comm.broadcast_object(oc, 0, what="the calibration of the cost model")
             return self._calibrated
         return cm
@@ -499,7 +500,7 @@ class SecureHalo(HoldsPrivateKey, Exchange):
         keys = COUNT_KEYS + TIME_KEYS + ((SETUP_KEYS + ("time_setup",)) if masked else ())
         out = self._sum([self.net.ledger.total], keys)[0]
         out["key_pairs"] = self.net.g.n_nodes
-        return add_estimates(out, self._op_costs(), setup=masked)
+        return add_estimates(out, self._op_costs(), setup=masked, generates_keys=self._generates_keys)
 
     def pop_iteration_costs(self) -> list:
         """Per-ADMM-iteration records since the last call, every rank's counts summed."""

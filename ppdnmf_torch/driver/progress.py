@@ -6,6 +6,11 @@ one, which does the same on a smaller scale: ``verbose=0`` says nothing; ``verbo
 tqdm bar when stderr is a terminal and otherwise writes one line every :data:`INTERVAL` seconds
 (and at the first and the last iteration); ``verbose>=2`` writes a line after every iteration.
 Lines go to stderr (the estimators' user asked for them; the library prints nothing else).
+
+:class:`Eta` is the ETA of both reporters: before two iterations have been timed it uses the
+run's own estimate of the time per iteration (a Paillier run's cost estimate, when there is
+one), then the measured rate of the latest iterations, which leaves out whatever preceded the
+first iteration (key generation, a compilation).
 """
 from __future__ import annotations
 
@@ -17,12 +22,59 @@ import warnings
 
 from ..errors import ConfigError
 
-__all__ = ["FitProgress", "check_verbose", "INTERVAL"]
+__all__ = ["FitProgress", "Eta", "check_verbose", "INTERVAL"]
 
 #: seconds between two lines under ``verbose=1`` off a terminal
 INTERVAL = 5.0
 #: the ETA's rate is measured over at most this many of the latest iterations
 _WINDOW = 20
+
+
+class Eta:
+    """Seconds to the last iteration of a run of ``total`` iterations.
+
+    Parameters
+    ----------
+    total : int
+    window : int
+        The measured rate is taken over at most this many of the latest iterations.
+    seconds_per_iteration : float, optional
+        The run's estimate, used until two iterations have been timed (None: no ETA until then).
+    clock : callable, optional
+        Seconds now (default :func:`time.perf_counter`, read at each call; tests pass a fake one).
+
+    :meth:`mark` after each iteration; :meth:`seconds` the ETA after iteration ``iteration``.
+    """
+
+    def __init__(self, total: int, *, window: int = _WINDOW, seconds_per_iteration: float | None = None,
+                 clock=None):
+        self.total = int(total)
+        self.estimate = None if seconds_per_iteration is None else max(0.0, float(seconds_per_iteration))
+        self._clock = clock
+        self._seen = collections.deque(maxlen=int(window) + 1)  # (time, iteration) of the latest marks
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else time.perf_counter()
+
+    def mark(self, iteration: int) -> None:
+        self._seen.append((self.now(), int(iteration)))
+
+    @property
+    def last(self) -> int | None:
+        """The latest iteration marked (None before the first)."""
+        return self._seen[-1][1] if self._seen else None
+
+    def seconds(self, iteration: int) -> float | None:
+        """The ETA after ``iteration``: the measured rate once two iterations are timed, the
+        estimate before (None without one), None at the end."""
+        left = self.total - int(iteration)
+        if left <= 0:
+            return None
+        if len(self._seen) >= 2:
+            (t0, i0), (t1, i1) = self._seen[0], self._seen[-1]
+            if i1 > i0:
+                return (t1 - t0) / (i1 - i0) * left
+        return None if self.estimate is None else self.estimate * left
 
 
 def check_verbose(verbose) -> int:
@@ -68,7 +120,7 @@ class FitProgress:
         self.file = sys.stderr if file is None else file
         self._t0 = time.perf_counter()
         self._last = None
-        self._seen = collections.deque(maxlen=_WINDOW + 1)
+        self._eta = Eta(self.total)
         self.bar = None
         if self.level == 1 and (bar if bar is not None else _is_tty(self.file)):
             from tqdm.auto import tqdm
@@ -83,10 +135,7 @@ class FitProgress:
 
     def eta(self, iteration: int) -> float | None:
         """Seconds to the cap at the rate of the latest iterations (None before the second)."""
-        if len(self._seen) < 2 or iteration >= self.total:
-            return None
-        (t0, i0), (t1, i1) = self._seen[0], self._seen[-1]
-        return (t1 - t0) / (i1 - i0) * (self.total - iteration) if i1 > i0 else None
+        return self._eta.seconds(iteration)
 
     def line(self, iteration: int, metrics: dict) -> str:
         """``"<label>: <step> k/total, name value, ..., elapsed ..., ETA ..."``."""
@@ -103,7 +152,7 @@ class FitProgress:
         if not self.level:
             return
         now = time.perf_counter()
-        self._seen.append((now, int(iteration)))
+        self._eta.mark(iteration)
         if self.bar is not None:
             self.bar.update(int(iteration) - self.bar.n)
             self.bar.set_postfix({k: f"{float(v):.4g}" for k, v in metrics.items() if v is not None}, refresh=False)
@@ -115,7 +164,8 @@ class FitProgress:
 
     def done(self, n_iter: int, metrics: dict | None = None) -> None:
         """The last line (the iterations run, when the fit stopped before its cap), then :meth:`close`."""
-        if self.level and self.bar is None and self._seen and self._seen[-1][1] < self.total:
+        last = self._eta.last
+        if self.level and self.bar is None and last is not None and last < self.total:
             extra = ", ".join(f"{k} {float(v):.6g}" for k, v in (metrics or {}).items() if v is not None)
             print(f"{self.label}: stopped after {n_iter} {self.step}s" + (f", {extra}" if extra else "")
                   + f", elapsed {_seconds(time.perf_counter() - self._t0)}", file=self.file, flush=True)

@@ -81,7 +81,19 @@ encryption, each ciphertext product one homomorphic addition, each ``powmod`` by
 one scalar multiplication.
 
 The timing model (:class:`PaillierOpCosts`, :func:`estimate_seconds`) prices every operation at
-the naive serial cost (``r^n mod n^2`` per encryption), an upper bound for the fast paths.
+the naive serial cost (``r^n mod n^2`` per encryption). The fast paths make some operations
+cheaper (CRT obfuscators, workers) and add work the counts leave out (the masked protocol's
+mask streams, packing): how far the two land from a real run at each key size is measured in
+docs/SECURE_EXCHANGE.md ("What a run costs").
+
+One figure per run
+------------------
+:func:`run_seconds` is the one computation of a run's estimated seconds, whichever command
+asks (the CLI before a ``paillier`` run, the cost model of a ``quantized`` run in its
+summary and TensorBoard, a ``paillier`` run's own ``cost_model``, the ranks' counters): the
+rounds (:func:`estimate_seconds` of the counts), the masked protocol's seed agreement
+(:func:`setup_seconds`), and the key generation, counted once and only for the key pairs
+the run generates (none when its keys are handed in).
 """
 from __future__ import annotations
 
@@ -106,6 +118,8 @@ __all__ = [
     "seed_chunks",
     "setup_counts",
     "setup_seconds",
+    "run_seconds",
+    "ESTIMATE_KEYS",
 ]
 
 #: operation and traffic counters every cost dict has
@@ -309,6 +323,8 @@ class PaillierOpCosts:
 
     ``scalar_multiplication`` is timed with an ``exponent_bits``-bit exponent
     (the integer penalties are ~10-20 bits; the cost grows linearly with the bits).
+    ``path_factor``: the scale of the run's own exchange path over the raw operations,
+    already applied to the four operation costs (key generation is not scaled).
     """
 
     key_bits: int
@@ -319,6 +335,9 @@ class PaillierOpCosts:
     scalar_multiplication: float
     exponent_bits: int = 32
     repeats: int = 0
+    #: the scale of the run's own path over the raw operations that the costs above carry
+    #: (:func:`~ppdnmf_torch.exchange.paillier.calibration.calibrate`; 1: the raw costs)
+    path_factor: float = 1.0
 
 
 def estimate_seconds(counts: dict, op_costs: PaillierOpCosts) -> float:
@@ -337,13 +356,47 @@ def setup_seconds(costs: dict, op_costs: PaillierOpCosts) -> float:
             + costs.get("setup_decryptions", 0) * op_costs.decryption)
 
 
-def add_estimates(costs: dict, op_costs, *, setup: bool) -> dict:
-    """``costs`` with the cost model's ``estimated_seconds`` (the rounds), ``_keygen`` (its
-    ``key_pairs``) and, with ``setup``, ``_setup`` (the seed agreement); unchanged for
-    ``op_costs=None``."""
+#: the estimate of a whole run (:func:`run_seconds`): the rounds, the key generation, the seed
+#: agreement (masked), and their sum
+ESTIMATE_KEYS = ("estimated_seconds", "estimated_seconds_keygen", "estimated_seconds_setup",
+                 "estimated_seconds_total")
+
+
+def run_seconds(costs: dict, op_costs: PaillierOpCosts, *, key_pairs: int) -> dict:
+    """The estimated seconds of a run: the one computation every command's figure comes from.
+
+    Parameters
+    ----------
+    costs : dict
+        The run's counts (:data:`COUNT_KEYS`; the masked protocol's :data:`SETUP_KEYS` when it
+        has a seed agreement), predicted before the run or counted by it.
+    op_costs : PaillierOpCosts
+        Seconds per operation.
+    key_pairs : int
+        Key pairs the run generates (0 when its keys are handed in): each priced at
+        ``op_costs.keygen``, once.
+
+    Returns
+    -------
+    dict
+        :data:`ESTIMATE_KEYS`: ``estimated_seconds`` (the rounds' operations),
+        ``estimated_seconds_keygen``, ``estimated_seconds_setup`` (0 without a seed agreement)
+        and ``estimated_seconds_total``, their sum.
+    """
+    rounds = estimate_seconds(costs, op_costs)
+    keygen = int(key_pairs) * op_costs.keygen
+    setup = setup_seconds(costs, op_costs)
+    return {"estimated_seconds": rounds, "estimated_seconds_keygen": keygen, "estimated_seconds_setup": setup,
+            "estimated_seconds_total": rounds + keygen + setup}
+
+
+def add_estimates(costs: dict, op_costs, *, setup: bool, generates_keys: bool = True) -> dict:
+    """``costs`` with :func:`run_seconds`'s figures (``estimated_seconds_setup`` only with
+    ``setup``, the masked protocol; the key generation only with ``generates_keys``: its
+    ``key_pairs``); unchanged for ``op_costs=None``."""
     if op_costs is not None:
-        costs["estimated_seconds"] = estimate_seconds(costs, op_costs)
-        costs["estimated_seconds_keygen"] = costs["key_pairs"] * op_costs.keygen
-        if setup:
-            costs["estimated_seconds_setup"] = setup_seconds(costs, op_costs)
+        est = run_seconds(costs, op_costs, key_pairs=costs.get("key_pairs", 0) if generates_keys else 0)
+        if not setup:
+            del est["estimated_seconds_setup"]
+        costs.update(est)
     return costs

@@ -13,8 +13,8 @@ import torch
 
 from .base import Exchange, ExchangeOutput
 from .codec import IntegerCodec
-from .costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, PaillierOpCosts, estimate_seconds, round_counts,
-                        round_edge_bytes, setup_counts, setup_seconds)
+from .costmodel import (COUNT_KEYS, SETUP_KEYS, CostLedger, PaillierOpCosts, add_estimates, estimate_seconds,
+                        round_counts, round_edge_bytes, setup_counts)
 from .integer import Step1Penalties, encode_inputs, integer_neighbour_sums, integer_penalty_sums
 from .packing import check_protocol_range, derive_layout
 from .spec import QuantizedSpec
@@ -160,9 +160,9 @@ class QuantizedExchange(Exchange):
     def op_costs(self) -> PaillierOpCosts:
         """Per-operation seconds at ``codec.key_bits`` (measured on first access)."""
         if self._op_costs is None:
-            from .paillier.calibration import calibrate  # at the point of use: it imports phe
+            from .paillier.exchange import calibrate_for  # at the point of use: it imports phe
 
-            self._op_costs = calibrate(self.codec.key_bits)
+            self._op_costs = calibrate_for(self._spec)
         return self._op_costs
 
     def costs(self) -> dict:
@@ -172,19 +172,19 @@ class QuantizedExchange(Exchange):
         ``estimated_seconds`` (the operations, serial, on this host) and
         ``estimated_seconds_keygen`` (one key pair per node, serial); under ``masked`` also
         :data:`~ppdnmf_torch.exchange.costmodel.SETUP_KEYS` and ``estimated_seconds_setup``
-        (the seed agreement, once per run, apart from the rounds).
+        (the seed agreement, once per run, apart from the rounds); ``estimated_seconds_total``,
+        their sum (:func:`~ppdnmf_torch.exchange.costmodel.run_seconds`, the figure the CLI
+        prints before a ``paillier`` run of the same settings).
         """
         if self._ledger is None:
             return {}
         out = {k: self._ledger.total[k] for k in COUNT_KEYS}
         out["key_pairs"] = self.topology.n_nodes
-        oc = self.op_costs
-        out["estimated_seconds"] = estimate_seconds(out, oc)
-        out["estimated_seconds_keygen"] = self.topology.n_nodes * oc.keygen
-        if self.protocol == "masked":
+        masked = self.protocol == "masked"
+        if masked:
             out.update({k: self._ledger.total[k] for k in SETUP_KEYS})
-            out["estimated_seconds_setup"] = setup_seconds(out, oc)
-        return out
+        # the run it stands in for generates one key pair per node
+        return add_estimates(out, self.op_costs, setup=masked)
 
     def pop_iteration_costs(self) -> list:
         """Per-ADMM-iteration predicted counts since the last call, with ``estimated_seconds``."""

@@ -36,7 +36,7 @@ from ...models.ppdnmf.config import X_SOLVER_KEYS, RunConfig, SolverConfig, from
 from ...models.ppdnmf.result import FitResult
 from ...models.ppdnmf.inputs import RunInputs, build_graph, build_inputs, load_data
 from ...driver import RunInterrupted
-from ..costs import format_estimate, paillier_estimate
+from ..costs import format_estimate, paillier_estimate, seconds_per_iteration
 from ..loggers import RunLogger
 from ..outputs import (dataset_name, format_summary, run_name, summary_of, trials_summary, write_factors,
                        write_histories, write_trials)
@@ -106,15 +106,19 @@ def _fit_centralized(cfg: RunConfig, inputs: RunInputs, common: dict, show: bool
             ) from None
 
 
-def _announce(cfg: RunConfig, inputs: RunInputs, resumed_at: int) -> None:
-    """Log what takes time before the first BCD iteration: the Paillier cost, a compilation."""
+def _announce(cfg: RunConfig, inputs: RunInputs, resumed_at: int) -> float | None:
+    """Log what takes time before the first BCD iteration: the Paillier cost, a compilation.
+    Returns the Paillier estimate's seconds per BCD iteration (the progress ETA's start), or None."""
     s, e = cfg.solver, cfg.exchange
+    per_iteration = None
     if e.kind == "paillier":
         est = paillier_estimate(e, inputs.graph, inputs.Z.shape[0], s.rank, s.x_iters, s.bcd_iters - resumed_at)
         log.info(format_estimate(e, est))
+        per_iteration = seconds_per_iteration(est, s.bcd_iters - resumed_at)
     if s.fuse:
         log.info("fuse=true: compiling the solver's iterations with TorchInductor before the first BCD iteration "
                  "(seconds per new problem shape; later runs of the same shape in this process reuse it)")
+    return per_iteration
 
 
 #: the centralized baseline of a run, kept beside its checkpoints so that a resumed run need not
@@ -183,10 +187,10 @@ def fit_run(cfg: RunConfig, inputs: RunInputs, logger: RunLogger, out: Path, *, 
                 _save_baseline(out / "checkpoints", cfg, central, seconds["centralized"])
         logger.centralized(central.history)
     c_hist = central.history.get("nmse", []) if central is not None else []
-    _announce(cfg, inputs, resumed_at)
+    per_iteration = _announce(cfg, inputs, resumed_at)
     first = {}
     with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind})", interval=cfg.progress_interval,
-                  start=resumed_at) as bar:
+                  start=resumed_at, seconds_per_iteration=per_iteration) as bar:
 
         def cb(info):
             logger.iteration(info, s.x_iters)
@@ -324,13 +328,16 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
 
     s, e = cfg.solver, cfg.exchange
     device = resolve_device(cfg.device)
+    per_iteration = None
     if e.kind == "paillier":
         graph = build_graph(cfg)
         L = load_data(cfg)[0].shape[0]
         est = paillier_estimate(e, graph, L, s.rank, s.x_iters, s.bcd_iters, trials=cfg.trials)
         log.info(format_estimate(e, est))
+        per_iteration = seconds_per_iteration(est, s.bcd_iters)
     central: list = []  # the baseline's Progress, made at its first iteration (it runs second)
-    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval) as bar:
+    with Progress(show, s.bcd_iters, f"PPDNMF ({e.kind}, {cfg.trials} trials)", interval=cfg.progress_interval,
+                  seconds_per_iteration=per_iteration) as bar:
 
         def cb(info):
             mean = _MeanInfo(info)

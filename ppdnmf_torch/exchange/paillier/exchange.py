@@ -70,17 +70,20 @@ The rounds themselves, on a naive and a fast host path with the same numbers, ar
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
 
+from ...graph import Topology, ring
 from ..base import Exchange, ExchangeOutput
 from ..codec import IntegerCodec
-from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, add_estimates, estimate_seconds
+from ..costmodel import COUNT_KEYS, SETUP_KEYS, TIME_KEYS, CostLedger, PaillierOpCosts, add_estimates, estimate_seconds
 from ..integer import Step1Penalties, encode_inputs, integer_penalty_sums
 from ..packing import check_protocol_range, derive_layout
 from ..spec import SECURE_KEY_BITS, PaillierSpec
-from .calibration import calibrate
+from .calibration import (PATH_MAX_ROUNDS, PATH_ROUNDS, PATH_SECONDS, PATH_VALUES, PATH_VALUES_UNPACKED, calibrate,
+                          path_settings)
 from .keys import InsecureKeyWarning, RawPaillier, make_agents
 from .masked import MaskPlan, agree_seeds
 from .network import Network
@@ -88,7 +91,7 @@ from .obfuscation import HoldsPrivateKey, default_djn_exponent_bits
 from .pool import resolve_workers
 from .rounds import FastRounds, NaiveRounds
 
-__all__ = ["PaillierExchange", "warn_if_insecure"]
+__all__ = ["PaillierExchange", "warn_if_insecure", "calibrate_for", "time_path"]
 
 
 class PaillierExchange(HoldsPrivateKey, Exchange):
@@ -185,6 +188,8 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         self.workers = resolve_workers(workers, kb) if fast else 0
         self._cost_model = cost_model
         self._pending_keys = list(keypairs) if keypairs is not None else None
+        #: whether bind generates the keys (the cost model prices their generation only then)
+        self._generates_keys = keypairs is None
         self._agents: tuple = ()
         self._net = None
         self._rounds = None
@@ -328,13 +333,16 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         if cm is False:
             return None
         if cm is True:
-            cm = self._cost_model = calibrate(self.codec.key_bits)
+            cm = self._cost_model = calibrate_for(self._spec)
         return cm
 
     def costs(self) -> dict:
         """Cumulative counts (:data:`~ppdnmf_torch.exchange.costmodel.COUNT_KEYS`), ``key_pairs``
         and times (:data:`~ppdnmf_torch.exchange.costmodel.TIME_KEYS`, seconds); with
-        ``cost_model`` also ``estimated_seconds``."""
+        ``cost_model`` also the estimate of the run
+        (:func:`~ppdnmf_torch.exchange.costmodel.run_seconds`: ``estimated_seconds`` and the rest of
+        :data:`~ppdnmf_torch.exchange.costmodel.ESTIMATE_KEYS`; no key generation when the keys
+        were handed in)."""
         led = self._ledger
         out = {k: led.total[k] for k in COUNT_KEYS + TIME_KEYS}
         out["key_pairs"] = 0 if self.topology is None else self.topology.n_nodes
@@ -342,7 +350,7 @@ class PaillierExchange(HoldsPrivateKey, Exchange):
         if masked:
             out.update({k: led.total.get(k, 0) for k in SETUP_KEYS})
             out["time_setup"] = led.total.get("time_setup", 0.0)
-        return add_estimates(out, self._estimates(), setup=masked)
+        return add_estimates(out, self._estimates(), setup=masked, generates_keys=self._generates_keys)
 
     def pop_iteration_costs(self) -> list:
         """Per-ADMM-iteration counts and times since the last call (``bcd_iter``, ``admm_iter``, ...)."""
@@ -390,3 +398,48 @@ def warn_if_insecure(key_bits: int, djn_exponent_bits) -> None:
             f"2^{djn_exponent_bits // 2} steps and read every ciphertext; for experiments only",
             InsecureKeyWarning, stacklevel=4,
         )
+
+
+# -- the estimate's calibration on a run's own path ---------------------------------------
+def calibrate_for(spec) -> PaillierOpCosts:
+    """The per-operation costs of ``spec``'s run (a ``PaillierSpec``, or a ``QuantizedSpec``
+    standing in for one): :func:`~.calibration.calibrate` at ``spec.key_bits``, scaled by the
+    run's own path (:func:`~.calibration.path_settings`, :func:`time_path`). The one calibration
+    of every command's Paillier estimate (docs/SECURE_EXCHANGE.md, "What a run costs")."""
+    return calibrate(spec.key_bits, path=path_settings(spec), time_path=time_path)
+
+
+def time_path(keys, raw: PaillierOpCosts, path: dict) -> float:
+    """The path's factor: an exchange of the settings ``path`` with ``keys`` (three pairs, moved
+    into its agents) on a triangle; after a first ADMM iteration (the workers' start, the first
+    stock), at least :data:`~.calibration.PATH_ROUNDS` more and as many as
+    :data:`~.calibration.PATH_SECONDS` take (at most :data:`~.calibration.PATH_MAX_ROUNDS`): their
+    seconds over what ``raw`` prices their counted operations at. The exchange is closed at the
+    end: its keys die with it."""
+    codec = IntegerCodec(n_max=path["n_max"], key_bits=raw.key_bits, g_bits=path["g_bits"])
+    with warnings.catch_warnings():  # a short key is the run's to warn about, not its measurement's
+        warnings.simplefilter("ignore", InsecureKeyWarning)
+        exch = PaillierExchange(codec, keypairs=keys, **{k: v for k, v in path.items() if k not in ("n_max", "g_bits")})
+    try:
+        topo = Topology.from_graphs([ring(3)])
+        exch.bind(topo, dtype=torch.float64, device=torch.device("cpu"))
+        lk = PATH_VALUES if exch.layout is not None and exch.layout.slots > 1 else PATH_VALUES_UNPACKED
+        gen = torch.Generator().manual_seed(0)
+        wall = priced = 0.0
+        for m in range(PATH_MAX_ROUNDS + 1):
+            g = 0.03 + 0.03 * torch.rand(topo.n_directed_edges, generator=gen, dtype=torch.float64)
+            U = torch.rand((topo.n_nodes, lk), generator=gen, dtype=torch.float64)
+            before = exch.costs()
+            t0 = time.perf_counter()
+            exch.penalty_sums(g, bcd_iter=1, admm_iter=m + 1)
+            exch.exchange(U, g, bcd_iter=1, admm_iter=m + 1)
+            seconds = time.perf_counter() - t0
+            after = exch.costs()
+            if m:
+                wall += seconds
+                priced += estimate_seconds({k: after[k] - before[k] for k in COUNT_KEYS}, raw)
+                if m >= PATH_ROUNDS and wall >= PATH_SECONDS:
+                    break
+    finally:
+        exch.close()
+    return wall / max(priced, 1e-12)
