@@ -90,8 +90,8 @@ def _rank(kind: str, share: str, assignment):
     return {"own": out.own, "history": out.history, "n_iter": out.n_iter}
 
 
-@pytest.mark.parametrize("kind", ["plain", pytest.param("quantized", marks=pytest.mark.slow),
-                                  pytest.param("secagg", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "quantized", "secagg"])
 def test_three_ranks_give_the_bits_of_one_process(kind):
     """Two workers a rank (a cut ring): every rank's z, w, u and the history are one process's
     bits; under secagg too (the masked sums are exact integers, as in one process)."""
