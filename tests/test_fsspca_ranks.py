@@ -56,6 +56,7 @@ def test_one_rank_is_the_single_process_run(comm, consensus):
     _check_bits(out.own, out.history, ref)
     assert out.n_iter == SHORT["max_iter"] and out.own["workers"] == list(range(len(ROWS)))
     assert out.settings["rho"] == ref.settings["rho"] and out.settings["alpha"] == ref.settings["alpha"]
+    assert torch.equal(out.z_all, ref.z[0])
 
 
 def test_one_rank_stops_where_the_single_process_stops(comm):
@@ -87,7 +88,7 @@ def _rank(kind: str, share: str, assignment):
     with Comm.connect("env://", timeout=120) as comm:
         out = fit_serverless_rank(comm, [blocks[i] for i in mine], 2, _graph(), assignment=assignment, share=share,
                                   exchange=kind, exchange_options=OPTIONS[kind] or None, **SHORT)
-    return {"own": out.own, "history": out.history, "n_iter": out.n_iter}
+    return {"own": out.own, "history": out.history, "n_iter": out.n_iter, "z_all": out.z_all}
 
 
 @pytest.mark.slow
@@ -102,3 +103,4 @@ def test_three_ranks_give_the_bits_of_one_process(kind):
     for r, o in enumerate(outs):
         assert o.value["own"]["workers"] == [2 * r, 2 * r + 1]
         _check_bits(o.value["own"], o.value["history"], ref)
+    assert torch.equal(outs[0].value["z_all"], ref.z[0]) and outs[1].value["z_all"] is None

@@ -68,7 +68,8 @@ def _check_bits(outs, ref):
         assert "disagreement" not in o.value["history"]
 
 
-@pytest.mark.parametrize("kind", ["plain", pytest.param("quantized", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["plain", "quantized"])
 def test_three_sites_give_the_bits_of_one_process(kind):
     outs = launch_local(3, _site, (kind, None), timeout=300)
     assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]

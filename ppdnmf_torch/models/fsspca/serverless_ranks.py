@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ...distributed.comm import Comm
 from ...distributed.halo import HaloExchange, RankSampler
-from ...distributed.layout import RankLayout, block_period
+from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.site import agree_description
 from ..._utils import CALLBACK, OPTIONS
@@ -88,6 +88,9 @@ class ServerlessRankResult:
     bytes : float
         The exchange's count summed over the ranks (``plain``: the plain count, every edge).
     costs : dict
+    z_all : Tensor (K, d, r) or None
+        With ``share="all"``, on rank 0: every worker's ``z_i`` (gathered at the end, evaluation
+        only); None elsewhere.
     """
 
     own: dict
@@ -99,6 +102,7 @@ class ServerlessRankResult:
     exchange_calls: int = 0
     bytes: float = 0.0
     costs: dict = field(default_factory=dict)
+    z_all: torch.Tensor | None = None
 
 
 class RankSums(WorkerSums):
@@ -177,12 +181,11 @@ def _settings(given: dict) -> dict:
     params = inspect.signature(fit_serverless).parameters
     unknown = sorted(set(given) - set(SETTINGS))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: not a setting of fit_serverless_rank (its settings: {', '.join(SETTINGS)})",
-                          key=unknown[0])
+        raise ConfigError(f"{unknown[0]}: not a setting of fit_serverless_rank (its settings: {', '.join(SETTINGS)})")
     kw = {k: params[k].default for k in SETTINGS}
     kw.update(given)
     if kw["trials"] != 1:
-        raise ConfigError(f"trials: a run over ranks is one trial, got {kw['trials']!r}", key="trials")
+        raise ConfigError(f"trials: a run over ranks is one trial, got {kw['trials']!r}")
     return kw
 
 
@@ -263,11 +266,11 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     if not isinstance(comm, Comm):
         raise ConfigError(f"comm: must be a Comm (ppdnmf_torch.distributed.Comm), got {type(comm).__name__}")
     if share not in SHARE_MODES:
-        raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}", key="share")
+        raise ConfigError(f"share: must be one of {SHARE_MODES}, got {share!r}")
     o = serverless_options(kw)
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     if not isinstance(graph, Graph):
-        raise ConfigError(f"graph: expected a Graph (one agent per worker), got {graph!r}", key="graph")
+        raise ConfigError(f"graph: expected a Graph (one agent per worker), got {graph!r}")
     part = partition_agents(graph, comm.world_size, partition, assignment)
     mine = part.agents(comm.rank)
     blocks = as_blocks(list(data_own) if isinstance(data_own, (list, tuple)) else [data_own], device=comm.device,
@@ -279,7 +282,7 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     if not 1 <= r <= d:
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
     spec = _spec(exchange, exchange_options)
-    agree_description(comm, description(o, kw, graph, part, spec, d, r, kw["max_iter"]), key="description")
+    agree_description(comm, description(o, kw, graph, part, spec, d, r, kw["max_iter"]))
     z0 = initial_z(d, r, 1, kw["seed"], kw["init"], like.dtype, like.device)
     lay = RankLayout.build(part, graph, comm.rank, period=block_period((d * d, d * r), like.element_size()))
     held = _held(blocks, lay, like, d)
@@ -300,9 +303,13 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
         counted = sum(exch.bytes_per_edge().values())
         costs = dict(ledgers.costs("exchange"))
     slots, st = lay.slots.to(like.device), run.st
+    z_all = None
+    if share == "all":  # evaluation only: rank 0 gathers every worker's z_i (a site gathers nothing)
+        z_all = gather_agents(comm, lay, st.z, part.counts(), part.agents, what="the output gather of z")
+        z_all = None if z_all is None else z_all[0]
     own = {"workers": lay.agents.tolist(), "z": st.z[0, slots].clone(), "w": st.w[0, slots].clone(),
            "u": st.u[0, slots].clone()}
     history = {k: torch.stack(v)[:, 0] for k, v in out.history.items() if k in ("disagreement", "consensus")}
     return ServerlessRankResult(own, history, int(run.n_iter[0]), bool(run.conv[0]), part, settings_out,
                                 exchange_calls=run.calls, bytes=float(counted if counted else run.plain_bytes),
-                                costs=costs)
+                                costs=costs, z_all=z_all)

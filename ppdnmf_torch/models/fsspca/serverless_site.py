@@ -95,11 +95,11 @@ def fit_fsspca_site(comm: Comm, X_own, n_components: int, graph: Graph, *, n_fea
     """
     for k in ("share", "partition"):
         if k in kwargs:
-            raise ConfigError(f"{k}: a site's run sets it (share='sums', the partition is the assignment)", key=k)
+            raise ConfigError(f"{k}: a site's run sets it (share='sums', the partition is the assignment)")
     if not isinstance(comm, Comm):
         raise ConfigError(f"comm: must be a Comm (ppdnmf_torch.distributed.Comm), got {type(comm).__name__}")
     if not isinstance(graph, Graph):
-        raise ConfigError(f"graph: expected a Graph (one agent per worker), got {graph!r}", key="graph")
+        raise ConfigError(f"graph: expected a Graph (one agent per worker), got {graph!r}")
     owner = site_owner(assignment, graph.n_agents, comm.world_size)
     blocks = site_blocks(X_own, own_agents(owner, comm.rank), int(n_features))
     return fit_serverless_rank(comm, blocks, n_components, graph, assignment=owner, share="sums", **kwargs)

@@ -1,0 +1,100 @@
+"""Serverless FSSPCA from the command line over ranks and as sites (issue 39): each entry point
+once, short, with the single process's bits; a site's faults before connecting are one line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+D, ROWS = 5, [12, 9]
+PUBLIC = ["task=fsspca", "fsspca/variant=serverless", "graph=ring", "n_workers=2", f"data.n_features={D}",
+          "exchange=plain", "solver.max_iter=4", "solver.tol=0", "serverless.center_iters=5", "alpha=0.05",
+          "logger=none", "progress=false"]
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _rows(r):
+    return np.random.default_rng(20 + r).standard_normal((ROWS[r], D)) + r
+
+
+def _start(tmp_path, r, port, args=()):
+    folder = tmp_path / f"site{r}"
+    folder.mkdir(exist_ok=True)
+    np.save(folder / "own.npy", _rows(r))
+    cmd = [sys.executable, "-m", "ppdnmf_torch", f"site.rank={r}", "site.world=2", f"site.rendezvous=127.0.0.1:{port}",
+           "site.data=own.npy", "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run", *PUBLIC, *args]
+    return subprocess.Popen(cmd, cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _reference(config: Path):
+    """fit_serverless of both sites' rows with the settings a site ran (its config.yaml)."""
+    from ppdnmf_torch.app.tasks import _common as common
+    from ppdnmf_torch.app.tasks.fsspca import TASK
+    from ppdnmf_torch.models.fsspca.serverless import fit_serverless
+
+    cfg = TASK.config_from_dict(yaml.safe_load(config.read_text()))
+    kw = {k: v for k, v in TASK.rank_kwargs(cfg, config.parent, False).items()
+          if k not in ("checkpoint_dir", "checkpoint_every", "resume")}
+    graph = common.make_graphs(cfg.graph, cfg.n_workers, [cfg.seed])[0]
+    return fit_serverless([torch.from_numpy(_rows(r)) for r in range(2)], cfg.n_components, graph, **kw)
+
+
+def test_two_fsspca_sites_from_the_command_line_give_one_process_bits(tmp_path):
+    from ppdnmf_torch.distributed import free_port
+
+    port = free_port()
+    procs = [_start(tmp_path, r, port) for r in range(2)]
+    outs = [(p.wait(timeout=240), p.stdout.read()) for p in procs]
+    assert [c for c, _ in outs] == [0, 0], outs
+    ref = _reference(tmp_path / "site0" / "run" / "config.yaml")
+    for r in range(2):
+        run = tmp_path / f"site{r}" / "run"
+        assert np.array_equal(np.load(run / "z.npy")[0], ref.z[0, r].numpy())
+        assert (run / "history.csv").is_file() and not (run / "z_mean.npy").exists()
+        assert f"outputs: {run}" in outs[r][1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, line", [
+    (["data.n_features=6"], "ppdnmf: error: site.data (own.npy): has shape (12, 5); a worker's rows are "
+                            "(n_i >= 1, data.n_features=6)"),
+    (["n_workers=3"], "ppdnmf: error: n_workers: one worker per site, got n_workers=3 for site.world=2"),
+    (["site.columns=[3,4]"], "ppdnmf: error: site.columns: PPDNMF's column counts; an FSSPCA site's file holds its "
+                             "worker's rows, of the public width data.n_features"),
+])
+def test_what_an_fsspca_site_cannot_run_is_one_line_before_connecting(tmp_path, args, line):
+    from ppdnmf_torch.distributed import free_port
+
+    p = _start(tmp_path, 0, free_port(), args)
+    code, out = p.wait(timeout=120), p.stdout.read()
+    assert code == 2 and [ln for ln in out.splitlines() if ln.startswith("ppdnmf:")] == [line], out
+
+
+@pytest.mark.slow
+def test_serverless_fsspca_over_ranks_from_the_command_line_gives_the_one_process_bits(tmp_path):
+    args = [sys.executable, "-m", "ppdnmf_torch", "task=fsspca", "fsspca/variant=serverless", "graph=ring",
+            "n_workers=4", "solver.max_iter=4", "serverless.center_iters=5", "exchange=plain", "logger=none",
+            "progress=false"]
+    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    two = subprocess.run([*args, "distributed.nproc=2", f"hydra.run.dir={tmp_path / 'two'}"], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    assert np.array_equal(np.load(tmp_path / "one" / "z_workers.npy"), np.load(tmp_path / "two" / "z_workers.npy"))
+    assert np.array_equal(np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "two" / "z.npy"))
+    summary = yaml.safe_load((tmp_path / "two" / "summary.json").read_text())
+    assert summary["distributed"]["world_size"] == 2
