@@ -104,3 +104,18 @@ def test_three_ranks_give_the_bits_of_one_process(kind):
         assert o.value["own"]["workers"] == [2 * r, 2 * r + 1]
         _check_bits(o.value["own"], o.value["history"], ref)
     assert torch.equal(outs[0].value["z_all"], ref.z[0]) and outs[1].value["z_all"] is None
+
+
+def test_a_rank_resumes_from_its_own_checkpoint_bit_for_bit(comm, tmp_path):
+    """Checkpoints per rank (rank000/ and partition.json): 3 iterations, then resumed to 6, give an
+    uninterrupted run's bits and history."""
+    kw = dict(SHORT, exchange="plain")
+    fit_serverless_rank(comm, _blocks(), 2, _graph(), checkpoint_dir=tmp_path, checkpoint_every=1,
+                        **dict(kw, max_iter=3))
+    assert (tmp_path / "rank000").is_dir() and (tmp_path / "partition.json").is_file()
+    resumed = fit_serverless_rank(comm, _blocks(), 2, _graph(), checkpoint_dir=tmp_path, resume=True, **kw)
+    whole = fit_serverless_rank(comm, _blocks(), 2, _graph(), **kw)
+    assert resumed.n_iter == whole.n_iter == SHORT["max_iter"]
+    for name in ("z", "w", "u"):
+        assert torch.equal(resumed.own[name], whole.own[name]), name
+    assert torch.equal(resumed.history["consensus"], whole.history["consensus"])
