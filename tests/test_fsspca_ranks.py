@@ -119,3 +119,9 @@ def test_a_rank_resumes_from_its_own_checkpoint_bit_for_bit(comm, tmp_path):
     for name in ("z", "w", "u"):
         assert torch.equal(resumed.own[name], whole.own[name]), name
     assert torch.equal(resumed.history["consensus"], whole.history["consensus"])
+
+
+def test_one_rank_takes_a_given_start(comm):
+    init = torch.linalg.qr(torch.from_numpy(np.random.default_rng(0).standard_normal((D, 2))))[0]
+    out = fit_serverless_rank(comm, _blocks(), 2, _graph(), exchange="plain", init=init, **SHORT)
+    _check_bits(out.own, out.history, _reference("plain", init=init))

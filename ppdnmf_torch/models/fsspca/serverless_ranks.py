@@ -45,7 +45,7 @@ from ...distributed.halo import HaloExchange, RankSampler
 from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.site import agree_description
-from ..._utils import CALLBACK, OPTIONS
+from ..._utils import ARRAY, CALLBACK, OPTIONS
 from ...checkpoint import digest
 from ...driver import Checkpoints, Ledgers, RankCoordinator, Resources, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
@@ -189,7 +189,7 @@ def _settings(given: dict) -> dict:
     return kw
 
 
-def _held(blocks, lay: RankLayout, like, d: int) -> HeldWorkers:
+def _held(blocks, lay: RankLayout, like) -> HeldWorkers:
     """The rank's workers' shares in their slots (free slots: zeros)."""
     one = HeldWorkers.of_blocks(blocks, 0)
     S, dev = lay.n_slots, like.device
@@ -262,7 +262,7 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     check_call(dict(kw, exchange_options=exchange_options, callback=callback, checkpoint_every=checkpoint_every,
                     resume=resume), SERVERLESS, SPEC, TASK, RUN, skip=("exchange", "checkpoint_every", "smoothing"),
                arrays=("alpha", "lambda_2", "rho"),
-               also={"callback": CALLBACK, "exchange_options": OPTIONS})
+               also={"init": ARRAY | str, "callback": CALLBACK, "exchange_options": OPTIONS})
     if not isinstance(comm, Comm):
         raise ConfigError(f"comm: must be a Comm (ppdnmf_torch.distributed.Comm), got {type(comm).__name__}")
     if share not in SHARE_MODES:
@@ -285,7 +285,7 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     agree_description(comm, description(o, kw, graph, part, spec, d, r, kw["max_iter"]))
     z0 = initial_z(d, r, 1, kw["seed"], kw["init"], like.dtype, like.device)
     lay = RankLayout.build(part, graph, comm.rank, period=block_period((d * d, d * r), like.element_size()))
-    held = _held(blocks, lay, like, d)
+    held = _held(blocks, lay, like)
     held.sums = RankSums(comm, lay, share)
     del blocks, data_own
     with Resources() as res:
