@@ -98,3 +98,19 @@ def test_serverless_fsspca_over_ranks_from_the_command_line_gives_the_one_proces
     assert np.array_equal(np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "two" / "z.npy"))
     summary = yaml.safe_load((tmp_path / "two" / "summary.json").read_text())
     assert summary["distributed"]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_fsspca_with_a_server_over_ranks_from_the_command_line_follows_one_process(tmp_path):
+    """The server on rank 0, four workers on ranks 1 and 2, the default secure sum (secagg): z
+    agrees with the one-process run's to the codecs' resolution."""
+    args = [sys.executable, "-m", "ppdnmf_torch", "task=fsspca", "n_workers=4", "solver.max_iter=4", "solver.tol=0",
+            "logger=none", "progress=false"]
+    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    three = subprocess.run([*args, "distributed.nproc=3", f"hydra.run.dir={tmp_path / 'three'}"], cwd=tmp_path,
+                           env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0 and three.returncode == 0, (one.stderr[-2000:], three.stderr[-2000:])
+    assert "3 ranks" in three.stdout
+    z1, z3 = np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "three" / "z.npy")
+    assert np.abs(z1 - z3).max() < 1e-5

@@ -8,8 +8,9 @@ the ``graph`` through the ``exchange``, the groups PPDNMF has; the ``serverless`
 :class:`~ppdnmf_torch.models.fsspca.config.FSSPCASpec`. Over ranks (``python -m ppdnmf_torch.distributed
 task=fsspca fsspca/variant=serverless distributed.nproc=2``, :meth:`FSSPCATask.run_rank`) the
 serverless variant runs :func:`~ppdnmf_torch.models.fsspca.serverless_ranks.fit_serverless_rank`: every
-rank loads the data and keeps its own workers' rows; rank 0 writes the outputs. A site's run
-(each party its own rows): :mod:`ppdnmf_torch.app.site_fsspca`.
+rank loads the data and keeps its own workers' rows; rank 0 writes the outputs. With a server
+(``distributed.nproc=3``): :func:`~ppdnmf_torch.models.fsspca.server_ranks.fit_server_rank`, the server
+on rank 0. A site's run (each party its own rows): :mod:`ppdnmf_torch.app.site_fsspca`.
 
 1. :meth:`FSSPCATask.build_inputs`: the device and dtype, and the workers' graph (serverless);
 2. :meth:`FSSPCATask.fit`: the model's :func:`~ppdnmf_torch.models.fsspca.experiments.run_task`
@@ -129,10 +130,9 @@ class FSSPCATask(ModelTask):
         return "solver.max_iter", cfg.solver.max_iter
 
     def n_agents(self, cfg) -> int:
-        if cfg.variant != "serverless":
-            raise ConfigError("variant: FSSPCA over ranks is the serverless variant (fsspca/variant=serverless: a "
-                              "worker's rows per rank); the server variant runs in one process")
-        return cfg.n_workers
+        """The agents over ranks: the workers (serverless), or the server and the workers (the
+        server on rank 0, :func:`~ppdnmf_torch.models.fsspca.server_ranks.fit_server_rank`)."""
+        return cfg.n_workers if cfg.variant == "serverless" else cfg.n_workers + 1
 
     def rank_kwargs(self, cfg: FSSPCARunConfig, out: Path, resume: bool) -> dict:
         """:func:`~ppdnmf_torch.models.fsspca.serverless_ranks.fit_serverless_rank`'s keywords (one trial)."""
@@ -151,7 +151,8 @@ class FSSPCATask(ModelTask):
         from ...models.fsspca.fit import as_blocks
         from ...models.fsspca.serverless_ranks import fit_serverless_rank
 
-        self.n_agents(cfg)
+        if cfg.variant == "server":
+            return self._run_server_rank(cfg, out, comm, logger, assignment=assignment, callback=callback)
         kw = self.rank_kwargs(cfg, out, resume)
         X, groups = _rows(cfg)
         blocks = as_blocks(X, groups)
@@ -247,6 +248,53 @@ class FSSPCATask(ModelTask):
                    "n_iter": n_iter, "wall_time": fits.seconds}
         logger.finished(None, None, hparams=hp, metrics=metrics,
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
+        return summary
+
+    def _run_server_rank(self, cfg: FSSPCARunConfig, out: Path, comm, logger, *, assignment=None,
+                         callback=None) -> dict | None:
+        """One rank of ``task=fsspca fsspca/variant=server`` over ranks: rank 0 the server, the
+        workers' rows on the other ranks (``assignment``: every worker's rank, ``>= 1``); the
+        server's sums through ``solver.aggregation`` (``plain``, ``quantized``, ``secagg``)."""
+        from types import SimpleNamespace
+
+        from ...models.fsspca.fit import as_blocks
+        from ...models.fsspca.server_ranks import SERVER_SETTINGS, fit_server_rank
+
+        if cfg.trials != 1:
+            raise ConfigError(f"trials: a run over ranks is one trial, got trials={cfg.trials}")
+        if assignment is not None and len(assignment) == cfg.n_workers + 1:
+            assignment = assignment[1:]  # the server's own entry (rank 0) given with the workers'
+        s = {k: v for k, v in {**asdict(cfg.solver), "alpha": cfg.alpha, "seed": cfg.seed}.items()
+             if k in SERVER_SETTINGS}
+        X, groups = _rows(cfg)
+        blocks = as_blocks(X, groups)
+        P, K = comm.world_size, cfg.n_workers
+        owner = list(assignment) if assignment is not None else [1 + (i * (P - 1)) // K for i in range(K)]
+        mine = [blocks[i] for i in range(K) if owner[i] == comm.rank] or None
+        show = cfg.progress and comm.rank == 0
+        with Progress(show, cfg.solver.max_iter, f"FSSPCA ({cfg.data.kind}, a server and {K} workers over {P} ranks)",
+                      interval=cfg.progress_interval, step=self.step) as bar:
+            def cb(k, row):
+                means = common.trial_means(row, "fsspca")
+                logger.scalars(k, means)
+                bar.update(k, {"consensus": means["fsspca/consensus"]})
+                return False
+
+            t0 = time.perf_counter()
+            res = fit_server_rank(comm, mine, cfg.n_components, n_workers=K, n_features=int(X.shape[1]),
+                                  assignment=owner, exchange=cfg.solver.aggregation, callback=cb,
+                                  dtype=getattr(torch, cfg.dtype), **s)
+        seconds = time.perf_counter() - t0
+        if comm.rank != 0:
+            return None
+        like = SimpleNamespace(z_all=res.z[None], own={}, history=res.history, n_iter=res.n_iter,
+                               converged=res.converged, bytes=float(sum(comm.sent.values())), exchange_calls=0,
+                               costs={}, settings=dict(res.settings, center=cfg.solver.center))
+        summary, arrays = rank_outputs(like, blocks, X.shape, K)
+        arrays.pop("z_workers")
+        inputs = DeviceInputs(comm.device, getattr(torch, cfg.dtype), None)
+        summary = self.write_outputs(cfg, inputs, ModelFits(summary, arrays, seconds), out, logger)
+        summary["distributed"] = {"world_size": P, "server": 0, "owner": owner}
         return summary
 
     def format_summary(self, summary: dict) -> str:

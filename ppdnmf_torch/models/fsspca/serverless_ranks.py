@@ -58,7 +58,7 @@ from .fit import as_blocks, initial_z
 from .serverless import SETTINGS, HeldWorkers, fit_serverless, serverless_model, serverless_options
 from .serverless_run import WorkerSums
 
-__all__ = ["fit_serverless_rank", "ServerlessRankResult", "RankSums", "RANK_KINDS", "SHARE_MODES"]
+__all__ = ["fit_serverless_rank", "rank_exchange_spec", "ServerlessRankResult", "RankSums", "RANK_KINDS", "SHARE_MODES"]
 
 #: the exchange kinds with a protocol across ranks here
 RANK_KINDS = ("plain", "quantized", "secagg")
@@ -164,7 +164,8 @@ def _like(t, shape):
     return base.permute([order.index(i) for i in range(t.dim())])
 
 
-def _spec(exchange, exchange_options):
+def rank_exchange_spec(exchange, exchange_options):
+    """The exchange spec of a run over ranks: a kind with a protocol across ranks (:data:`RANK_KINDS`)."""
     if isinstance(exchange, Exchange):
         raise ConfigError("exchange: a run over ranks builds its exchange on every rank; pass a kind name or a spec")
     opts = dict(exchange_options or {})
@@ -281,7 +282,7 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     d, r, like = blocks[0].shape[1], int(n_components), blocks[0]
     if not 1 <= r <= d:
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
-    spec = _spec(exchange, exchange_options)
+    spec = rank_exchange_spec(exchange, exchange_options)
     agree_description(comm, description(o, kw, graph, part, spec, d, r, kw["max_iter"]))
     z0 = initial_z(d, r, 1, kw["seed"], kw["init"], like.dtype, like.device)
     lay = RankLayout.build(part, graph, comm.rank, period=block_period((d * d, d * r), like.element_size()))
