@@ -32,10 +32,23 @@ def _rank(kind):
     r = int(os.environ["RANK"])
     assignment = [1, 1, 2, 2]
     mine = [b for i, b in enumerate(_blocks()) if assignment[i] == r]
-    with Comm.connect("env://", timeout=120) as comm:
+    with Comm.connect("env://", timeout=120, record=True) as comm:
         out = fit_server_rank(comm, mine or None, 2, n_workers=len(ROWS), n_features=D, assignment=assignment,
                               exchange=kind, exchange_options=OPTIONS[kind], **SHORT)
-    return {"z": out.z, "own": out.own, "history": out.history}
+        log = b"".join(m for _, _, m in comm.sent_log)
+    return {"z": out.z, "own": out.own, "history": out.history, "log": log}
+
+
+def _pieces(workers) -> list:
+    """The workers' rows as they would appear on the wire: every entry as float64, every pair of
+    neighbouring entries as float32."""
+    out = []
+    for i in workers:
+        X = _blocks()[i]
+        out += [bytes(v.numpy().tobytes()) for v in X.reshape(-1)]
+        x32 = X.to(torch.float32)
+        out += [x32[a, b:b + 2].numpy().tobytes() for a in range(x32.shape[0]) for b in range(x32.shape[1] - 1)]
+    return out
 
 
 @pytest.mark.slow
@@ -50,3 +63,7 @@ def test_a_server_rank_and_two_worker_ranks_follow_fit_fsspca(kind, tol):
                               rtol=1e-6 if kind == "secagg" else 1e-9)
     assert outs[0].value["own"]["workers"] == [] and outs[1].value["own"]["workers"] == [0, 1]
     assert torch.allclose(outs[2].value["own"]["w"], ref.w[0, 2:], rtol=0, atol=tol)
+    if kind == "secagg":  # the workers' ranks send no entry of their rows (masked integers, public penalties)
+        for r, workers in ((1, [0, 1]), (2, [2, 3])):
+            blob = outs[r].value["log"]
+            assert len(blob) > 1000 and not [p for p in _pieces(workers) if p in blob]
