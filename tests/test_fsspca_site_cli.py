@@ -114,3 +114,48 @@ def test_fsspca_with_a_server_over_ranks_from_the_command_line_follows_one_proce
     assert "3 ranks" in three.stdout
     z1, z3 = np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "three" / "z.npy")
     assert np.abs(z1 - z3).max() < 1e-5
+
+
+@pytest.mark.slow
+def test_an_fsspca_site_with_another_description_is_refused_saying_what_differs(tmp_path):
+    from ppdnmf_torch.distributed import free_port
+
+    port = free_port()
+    procs = [_start(tmp_path, 0, port), _start(tmp_path, 1, port, ["alpha=0.07"])]
+    outs = [(p.wait(timeout=240), p.stdout.read()) for p in procs]
+    assert [c for c, _ in outs] == [2, 2], outs
+    assert ("ppdnmf: error: site: site 1 has alpha=0.07, this site (site 0) alpha=0.05: every site must start with "
+            "the same public description") in outs[0][1]
+
+
+@pytest.mark.slow
+def test_an_fsspca_site_that_dies_ends_the_other_with_one_line_and_both_resume_from_their_checkpoints(tmp_path):
+    """Site 1 killed mid-run: site 0 stops (exit 3) with one line naming it; started again with
+    ``resume=run`` (and a cap past the newest checkpoint), both finish with one process's bits."""
+    import signal
+    import time
+
+    from ppdnmf_torch.distributed import free_port
+
+    long = ["solver.max_iter=1000000", "checkpoint_every=5", "keep_checkpoints=true", "site.timeout=20"]
+    port = free_port()
+    procs = [_start(tmp_path, r, port, long) for r in range(2)]
+    ck = tmp_path / "site1" / "run" / "checkpoints" / "rank001"
+    t0 = time.monotonic()
+    while not (ck.is_dir() and any(ck.glob("*.pt"))) and time.monotonic() - t0 < 180:
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGKILL)
+    code, out = procs[0].wait(timeout=120), procs[0].stdout.read()
+    errors = [ln for ln in out.splitlines() if ln.startswith("ppdnmf: error:")]
+    assert code == 3 and len(errors) == 1 and "rank 1" in errors[0], out
+    done = max(int("".join(c for c in p.stem if c.isdigit()))
+               for r in range(2) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob("*.pt"))
+    cap = f"solver.max_iter={done + 4}"
+    port = free_port()
+    procs = [_start(tmp_path, r, port, [*long, "resume=run", cap]) for r in range(2)]
+    outs = [(p.wait(timeout=240), p.stdout.read()) for p in procs]
+    assert [c for c, _ in outs] == [0, 0], outs
+    ref = _reference(tmp_path / "site0" / "run" / "config.yaml")
+    assert int(ref.n_iter[0]) == done + 4
+    for r in range(2):
+        assert np.array_equal(np.load(tmp_path / f"site{r}" / "run" / "z.npy")[0], ref.z[0, r].numpy())
