@@ -256,8 +256,8 @@ ENTRY_POINTS = {"models.ppdnmf.api.fit", "models.ppdnmf.api.fit_trials", "models
                 "models.ppdnmf.estimator.PPDNMF.__init__", "models.ppdnmf.audit.run.run_audit",
                 "models.symnmf.agents.fit_symnmf_agents", "models.symnmf.distributed.fit_symnmf_rank",
                 "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless"}
-#: over a limit, to empty: ServerlessRun's settings
-SIZE_PENDING = {"models.fsspca.serverless_run.ServerlessRun.__init__"}
+#: over a limit, to empty
+SIZE_PENDING: set = set()
 
 
 def _functions(tree, prefix=""):

@@ -256,21 +256,10 @@ def test_a_failed_job_of_a_sweep_is_listed_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_task_without_a_run_over_ranks_says_so_by_name():
-    with pytest.raises(ConfigError, match=r"^task: FSSPCA has no run over ranks in this version"):
-        get_task("fsspca").n_agents(_cfg("fsspca"))
+    assert get_task("fsspca").n_agents(_cfg("fsspca", n_workers=4)) == 5  # the server and the workers
     with pytest.raises(ConfigError, match=r"^variant: a run over ranks places agents on ranks"):
         get_task("symnmf").n_agents(_cfg("symnmf"))
     assert get_task("ppdnmf").n_agents(_cfg("ppdnmf", n_agents=7)) == 7
-
-
-@pytest.mark.slow
-def test_fsspca_over_ranks_is_refused_with_one_line(tmp_path):
-    r = _cli(["task=fsspca", "distributed.nproc=2", f"hydra.run.dir={tmp_path / 'r'}"], tmp_path)
-    assert r.returncode == 2
-    assert r.stderr.strip() == ("ppdnmf: error: task: FSSPCA has no run over ranks in this version (a worker per "
-                                "rank comes with issue 39); leave the distributed.* settings out to run it in one "
-                                "process")
-    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

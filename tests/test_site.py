@@ -121,8 +121,8 @@ def test_a_file_of_the_wrong_shape_is_one_line_before_connecting(tmp_path):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["task=fsspca", "progress=false"],
-     "ppdnmf: error: task: 'fsspca' has no site run in this version; site runs: ('ppdnmf', 'symnmf')"),
+    (["task=fsspca", "progress=false"], "ppdnmf: error: site.columns: PPDNMF's column counts; an FSSPCA site's file "
+                                        "holds its worker's rows, of the public width data.n_features"),
     pytest.param(["centralized=true"], "ppdnmf: error: centralized: a site holds its own data only; the centralized "
                  "baseline needs all of it (centralized=false)", marks=pytest.mark.slow),
     pytest.param(["site.rendezvous=nowhere"], "ppdnmf: error: site.rendezvous: 'nowhere' is neither 'env' nor "

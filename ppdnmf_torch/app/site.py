@@ -47,7 +47,7 @@ __all__ = ["SiteConfig", "CONFIG_NAME", "main", "rendezvous_url", "load_own_data
 #: the site app's primary config: ``conf/config.yaml`` and the ``site`` section
 CONFIG_NAME = "ppdnmf_site"
 #: the tasks with a site run, and the variant each needs
-SITE_TASKS = ("ppdnmf", "symnmf")
+SITE_TASKS = ("ppdnmf", "symnmf", "fsspca")
 
 
 @dataclass
@@ -255,6 +255,10 @@ def _app(cfg: DictConfig):
     try:
         cfg = _compose(cfg)
         raw = OmegaConf.to_container(cfg, resolve=True)
+        if task_of(raw).name == "fsspca":  # a worker's rows: its own section rules and run (.site_fsspca)
+            from .site_fsspca import fsspca_site_main
+
+            return fsspca_site_main(raw, SiteConfig, load_own_data, rendezvous_url)
         opts = SiteConfig.from_dict(raw.pop("site", None))
         raw.pop("distributed", None)
         name = task_of(raw).name

@@ -5,8 +5,12 @@ the server sums the workers' uploads through ``solver.aggregation``) and ``serve
 (:func:`~ppdnmf_torch.models.fsspca.serverless.fit_serverless`: the workers agree on ``z`` over
 the ``graph`` through the ``exchange``, the groups PPDNMF has; the ``serverless`` section,
 :class:`~ppdnmf_torch.models.fsspca.config.ServerlessSpec`). The ``solver`` section is the model's
-:class:`~ppdnmf_torch.models.fsspca.config.FSSPCASpec`. FSSPCA has no run over ranks in this
-version (issue 39): a ``distributed.*`` setting is refused with one line.
+:class:`~ppdnmf_torch.models.fsspca.config.FSSPCASpec`. Over ranks (``python -m ppdnmf_torch.distributed
+task=fsspca fsspca/variant=serverless distributed.nproc=2``, :meth:`FSSPCATask.run_rank`) the
+serverless variant runs :func:`~ppdnmf_torch.models.fsspca.serverless_ranks.fit_serverless_rank`: every
+rank loads the data and keeps its own workers' rows; rank 0 writes the outputs. With a server
+(``distributed.nproc=3``): :func:`~ppdnmf_torch.models.fsspca.server_ranks.fit_server_rank`, the server
+on rank 0. A site's run (each party its own rows): :mod:`ppdnmf_torch.app.site_fsspca`.
 
 1. :meth:`FSSPCATask.build_inputs`: the device and dtype, and the workers' graph (serverless);
 2. :meth:`FSSPCATask.fit`: the model's :func:`~ppdnmf_torch.models.fsspca.experiments.run_task`
@@ -23,6 +27,8 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import torch
 
 from ...checkpoint import PREFIX
 from ...errors import ConfigError
@@ -47,10 +53,13 @@ VARIANTS = ("server", "serverless")
 
 @dataclass
 class FSSPCAData:
-    """The rows to decompose: a preset, or a user's ``.npy``/``.csv`` (``kind=npy|csv``, ``path``)."""
+    """The rows to decompose: a preset, or a user's ``.npy``/``.csv`` (``kind=npy|csv``, ``path``);
+    ``n_features``: the rows' width, public in a site's run (:mod:`ppdnmf_torch.app.site_fsspca`:
+    each site's file is checked against it before connecting), unused otherwise."""
 
     kind: str = rule("spiked", choices=DATA_KINDS)
     path: str | None = None
+    n_features: int | None = rule(None, ge=1)
 
 
 @dataclass
@@ -121,8 +130,49 @@ class FSSPCATask(ModelTask):
         return "solver.max_iter", cfg.solver.max_iter
 
     def n_agents(self, cfg) -> int:
-        raise ConfigError("task: FSSPCA has no run over ranks in this version (a worker per rank comes with issue "
-                          "39); leave the distributed.* settings out to run it in one process")
+        """The agents over ranks: the workers (serverless), or the server and the workers (the
+        server on rank 0, :func:`~ppdnmf_torch.models.fsspca.server_ranks.fit_server_rank`)."""
+        return cfg.n_workers if cfg.variant == "serverless" else cfg.n_workers + 1
+
+    def rank_kwargs(self, cfg: FSSPCARunConfig, out: Path, resume: bool) -> dict:
+        """:func:`~ppdnmf_torch.models.fsspca.serverless_ranks.fit_serverless_rank`'s keywords (one trial)."""
+        if cfg.trials != 1:
+            raise ConfigError(f"trials: a run over ranks is one trial, got trials={cfg.trials}")
+        kw = self._fit_kwargs(cfg, DeviceInputs(None, None, [None]), out, resume)
+        kw.pop("graph")
+        return dict(kw, seed=cfg.seed, dtype=getattr(torch, cfg.dtype))
+
+    def run_rank(self, cfg: FSSPCARunConfig, out: Path, comm, logger, *, partition="rcm", assignment=None,
+                 share="all", resume=False, callback=None) -> dict | None:
+        """One rank of ``task=fsspca fsspca/variant=serverless`` over ranks: every rank loads the
+        rows and keeps its own workers'; rank 0 writes the outputs (with ``share="all"`` the
+        workers' mean ``z``; with ``"sums"`` its own workers' ``z_i``) and returns the summary."""
+        from ...distributed.partition import partition_agents
+        from ...models.fsspca.fit import as_blocks
+        from ...models.fsspca.serverless_ranks import fit_serverless_rank
+
+        if cfg.variant == "server":
+            return self._run_server_rank(cfg, out, comm, logger, assignment=assignment, callback=callback)
+        kw = self.rank_kwargs(cfg, out, resume)
+        X, groups = _rows(cfg)
+        blocks = as_blocks(X, groups)
+        graph = common.make_graphs(cfg.graph, cfg.n_workers, [cfg.seed])[0]
+        part = partition_agents(graph, comm.world_size, partition, assignment)
+        show = cfg.progress and comm.rank == 0
+        with Progress(show, cfg.solver.max_iter, f"FSSPCA ({cfg.data.kind}, serverless over {cfg.n_workers} workers, "
+                      f"{comm.world_size} ranks)", interval=cfg.progress_interval, step=self.step) as bar:
+            cb = rank_callback(logger, bar, callback)
+            t0 = time.perf_counter()
+            res = fit_serverless_rank(comm, [blocks[i] for i in part.agents(comm.rank)], cfg.n_components, graph,
+                                      assignment=list(part.owner), share=share, callback=cb, **kw)
+        seconds = time.perf_counter() - t0
+        if comm.rank != 0:
+            return None
+        summary, arrays = rank_outputs(res, blocks if res.z_all is not None else None, X.shape, cfg.n_workers)
+        inputs = DeviceInputs(comm.device, getattr(torch, cfg.dtype), [graph])
+        summary = self.write_outputs(cfg, inputs, ModelFits(summary, arrays, seconds), out, logger)
+        summary["distributed"] = {"world_size": comm.world_size, "partition": part.method, "share": share}
+        return summary
 
     def resume_point(self, resume_from) -> int:
         return common.resume_point(resume_from)
@@ -200,6 +250,53 @@ class FSSPCATask(ModelTask):
                         config_text="```\n" + json.dumps(self.config_to_dict(cfg), indent=2) + "\n```")
         return summary
 
+    def _run_server_rank(self, cfg: FSSPCARunConfig, out: Path, comm, logger, *, assignment=None,
+                         callback=None) -> dict | None:
+        """One rank of ``task=fsspca fsspca/variant=server`` over ranks: rank 0 the server, the
+        workers' rows on the other ranks (``assignment``: every worker's rank, ``>= 1``); the
+        server's sums through ``solver.aggregation`` (``plain``, ``quantized``, ``secagg``)."""
+        from types import SimpleNamespace
+
+        from ...models.fsspca.fit import as_blocks
+        from ...models.fsspca.server_ranks import SERVER_SETTINGS, fit_server_rank
+
+        if cfg.trials != 1:
+            raise ConfigError(f"trials: a run over ranks is one trial, got trials={cfg.trials}")
+        if assignment is not None and len(assignment) == cfg.n_workers + 1:
+            assignment = assignment[1:]  # the server's own entry (rank 0) given with the workers'
+        s = {k: v for k, v in {**asdict(cfg.solver), "alpha": cfg.alpha, "seed": cfg.seed}.items()
+             if k in SERVER_SETTINGS}
+        X, groups = _rows(cfg)
+        blocks = as_blocks(X, groups)
+        P, K = comm.world_size, cfg.n_workers
+        owner = list(assignment) if assignment is not None else [1 + (i * (P - 1)) // K for i in range(K)]
+        mine = [blocks[i] for i in range(K) if owner[i] == comm.rank] or None
+        show = cfg.progress and comm.rank == 0
+        with Progress(show, cfg.solver.max_iter, f"FSSPCA ({cfg.data.kind}, a server and {K} workers over {P} ranks)",
+                      interval=cfg.progress_interval, step=self.step) as bar:
+            def cb(k, row):
+                means = common.trial_means(row, "fsspca")
+                logger.scalars(k, means)
+                bar.update(k, {"consensus": means["fsspca/consensus"]})
+                return False
+
+            t0 = time.perf_counter()
+            res = fit_server_rank(comm, mine, cfg.n_components, n_workers=K, n_features=int(X.shape[1]),
+                                  assignment=owner, exchange=cfg.solver.aggregation, callback=cb,
+                                  dtype=getattr(torch, cfg.dtype), **s)
+        seconds = time.perf_counter() - t0
+        if comm.rank != 0:
+            return None
+        like = SimpleNamespace(z_all=res.z[None], own={}, history=res.history, n_iter=res.n_iter,
+                               converged=res.converged, bytes=float(sum(comm.sent.values())), exchange_calls=0,
+                               costs={}, settings=dict(res.settings, center=cfg.solver.center))
+        summary, arrays = rank_outputs(like, blocks, X.shape, K)
+        arrays.pop("z_workers")
+        inputs = DeviceInputs(comm.device, getattr(torch, cfg.dtype), None)
+        summary = self.write_outputs(cfg, inputs, ModelFits(summary, arrays, seconds), out, logger)
+        summary["distributed"] = {"world_size": P, "server": 0, "owner": owner}
+        return summary
+
     def format_summary(self, summary: dict) -> str:
         s = summary
         conv = sum(bool(c) for c in s["converged"])
@@ -214,13 +311,77 @@ class FSSPCATask(ModelTask):
         if "disagreement" in s:
             lines.append(f"  workers' disagreement {common.stat(s['disagreement'], '.3g')} | "
                          f"{s['exchange_calls']:,} exchange calls, {s['bytes']:.4g} bytes")
-        lines += [f"wall time: fit {s['wall_time']['fit']:.2f} s ({s['device']}, {s['dtype']})",
+        where = (f", site {s['site']['rank']} of {s['site']['world']}" if s.get("site") else
+                 f", {s['distributed']['world_size']} ranks" if s.get("distributed") else "")
+        lines += [f"wall time: fit {s['wall_time']['fit']:.2f} s ({s['device']}, {s['dtype']}{where})",
                   f"outputs: {s['out_dir']}"]
         return "\n".join(lines)
 
     def objective(self, summary: dict) -> float:
         """The explained variance (its mean over trials)."""
         return common.mean(summary["explained_variance"])
+
+
+def _rows(cfg: FSSPCARunConfig) -> tuple:
+    """``(X (n, d), groups (n,))``: the config's rows and their workers, as
+    :func:`~ppdnmf_torch.models.fsspca.experiments.run_task` makes them."""
+    from ...models.fsspca.data import load_dataset, load_rows, spiked_covariance, split_rows
+
+    y, kind = None, cfg.data.kind
+    if kind == "spiked":
+        X = spiked_covariance(seed=cfg.seed).X
+    elif kind in ("npy", "csv"):
+        X = load_rows(cfg.data.path)
+    else:
+        X, y = load_dataset(kind)
+    groups = split_rows(cfg.split.kind, cfg.n_workers, y=y, n=len(X), seed=cfg.seed,
+                        concentration=cfg.split.concentration)
+    return X, groups
+
+
+def rank_callback(logger, bar, callback=None):
+    """The per-iteration callback of a rank's (or a site's) run: its history values to the logger
+    (``fsspca/<key>``) and the progress, then ``callback(IterationInfo)``."""
+    from ...models.fsspca.result import IterationInfo
+
+    def cb(k, values):
+        row = {key: values[key] for key in ("disagreement", "consensus") if key in values}
+        means = common.trial_means(row, "fsspca")
+        logger.scalars(k, means)
+        bar.update(k, {key: means[f"fsspca/{key}"] for key in row})
+        return bool(callback(IterationInfo(k, row, None))) if callback is not None else False
+
+    return cb
+
+
+def rank_outputs(res, blocks, shape, n_workers: int) -> tuple:
+    """``(summary, arrays)`` as :func:`~ppdnmf_torch.models.fsspca.experiments.run_serverless` gives them,
+    from a rank's result: with every worker's ``z_i`` (``res.z_all``) and ``blocks``, the workers'
+    mean and its explained variance on the pooled rows; else (a site) its own workers' ``z_i`` and
+    no explained variance (it would need every worker's data)."""
+    import numpy as np
+
+    from ...models.fsspca.admm import adjusted_variance
+    from ...models.fsspca.fit import prepare_problem
+    from ...models.fsspca.manifold import qf
+
+    z = res.z_all if res.z_all is not None else res.own["z"]
+    zm = z.mean(0)
+    variance = [float("nan")]
+    if blocks is not None:
+        pooled = prepare_problem(blocks, 1, center=bool(res.settings.get("center", True)))[0].pooled_gram()[0]
+        variance = adjusted_variance(pooled, zm[None]).tolist()
+    img = np.abs(zm.cpu().numpy())
+    hist = {k: v.cpu().numpy()[:, None] for k, v in res.history.items()}
+    summary = dict(n_iter=[res.n_iter], converged=[res.converged], explained_variance=variance,
+                   sparsity=[float((z == 0).to(zm.dtype).mean())], bytes=float(res.bytes),
+                   exchange_calls=int(res.exchange_calls), costs=res.costs, n_workers=n_workers,
+                   n_rows=int(shape[0]), n_features=int(shape[1]), settings=res.settings)
+    if "disagreement" in hist:
+        summary["disagreement"] = hist["disagreement"][-1].tolist()
+    arrays = dict(z=zm[None].cpu().numpy(), components=qf(zm[None]).cpu().numpy(), z_workers=z.cpu().numpy(),
+                  loadings_image=img / max(img.max(), 1e-300), **{f"history_{k}": v for k, v in hist.items()})
+    return summary, arrays
 
 
 #: the task :mod:`ppdnmf_torch.app.tasks` finds under ``task=fsspca``

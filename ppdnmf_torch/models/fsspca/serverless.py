@@ -66,12 +66,13 @@ from ...specs import check_call
 from . import admm
 from .centring import worker_sums
 from .config import CONSENSUS_METHODS, RUN, SERVERLESS, SPEC, TASK
-from .fit import auto_rho, initial_z, per_trial, alpha_unit, as_blocks, check_alpha_scale, prepare_problem
+from .fit import as_blocks, check_alpha_scale, initial_z, per_trial
 from .manifold import qf
-from .serverless_run import ServerlessRun, laplacian_eps, laplacian_step
+from .serverless_run import ServerlessOptions, ServerlessRun, WorkerSums, laplacian_eps, laplacian_step
 from .smoothing import get_smoothing
 
-__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "CONSENSUS_METHODS"]
+__all__ = ["ServerlessResult", "fit_serverless", "agreed_centring", "agreed_problem", "HeldWorkers", "serverless_model",
+           "serverless_options", "SETTINGS", "CONSENSUS_METHODS"]
 
 # the defaults of fit_serverless beyond fit_fsspca's, and the consensus methods: .config (ServerlessSpec)
 
@@ -123,6 +124,43 @@ class ServerlessResult:
     costs: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     mean_error: torch.Tensor | None = None
+
+
+#: fit_serverless's method settings (what :func:`serverless_options` resolves), by name
+SETTINGS = ("consensus", "inner_iters", "g_cap", "penalty_mode", "alpha", "lambda_2", "smoothing", "mu", "rho",
+            "rho_scale", "line_search", "inner_steps", "local_solver", "center", "center_iters", "alpha_scale",
+            "max_iter", "tol", "trials", "seed", "init")
+
+
+def serverless_options(kw) -> dict:
+    """The method's settings of a call (``kw``: :data:`SETTINGS` by name) checked, as the run takes
+    them (the smoothing resolved to ``psi``); one :class:`~ppdnmf_torch.errors.ConfigError` naming
+    the first bad one."""
+    if kw["consensus"] not in CONSENSUS_METHODS:
+        raise ConfigError(f"consensus: unknown method {kw['consensus']!r}; use one of {CONSENSUS_METHODS}")
+    inner_iters, g_cap = kw["inner_iters"], kw["g_cap"]
+    if isinstance(inner_iters, bool) or int(inner_iters) != inner_iters or int(inner_iters) < 1:
+        raise ConfigError(f"inner_iters: must be an integer >= 1, got {inner_iters!r}")
+    if not (isinstance(g_cap, (int, float)) and g_cap > 0):
+        raise ConfigError(f"g_cap: must be a number > 0, got {g_cap!r}")
+    psi = get_smoothing(kw["smoothing"])
+    admm.check_settings(kw["line_search"], kw["inner_steps"], kw["mu"], kw["local_solver"], psi)
+    for name in ("center_iters", "max_iter", "trials"):
+        v = kw[name]
+        if isinstance(v, bool) or int(v) != v or int(v) < 1:
+            raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
+    if not kw["tol"] >= 0:
+        raise ConfigError(f"tol: must be >= 0, got {kw['tol']}")
+    rho = kw["rho"]
+    if isinstance(rho, str) and rho != "auto":
+        raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
+    if isinstance(kw["init"], str):
+        raise ConfigError(f"init: the serverless variant takes None or an array, got {kw['init']!r} (no pooled Gram)")
+    check_alpha_scale(kw["alpha_scale"])
+    o = {k: kw[k] for k in SETTINGS if k not in ("smoothing", "max_iter", "trials", "init")}
+    o.update(inner_iters=int(inner_iters), g_cap=float(g_cap), psi=psi, center=bool(kw["center"]),
+             center_iters=int(kw["center_iters"]))
+    return o
 
 
 def _check_exchange_graph(exch, graph, g_cap, value_scale):
@@ -196,38 +234,16 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
     check_call(locals(), SERVERLESS, SPEC, TASK, RUN, skip=("exchange", "checkpoint_every", "smoothing"),
                arrays=("alpha", "lambda_2", "rho"),
                also={"init": ARRAY | str, "callback": CALLBACK, "exchange_options": OPTIONS})
-    if consensus not in CONSENSUS_METHODS:
-        raise ConfigError(f"consensus: unknown method {consensus!r}; use one of {CONSENSUS_METHODS}")
-    if isinstance(inner_iters, bool) or int(inner_iters) != inner_iters or int(inner_iters) < 1:
-        raise ConfigError(f"inner_iters: must be an integer >= 1, got {inner_iters!r}")
-    if not (isinstance(g_cap, (int, float)) and g_cap > 0):
-        raise ConfigError(f"g_cap: must be a number > 0, got {g_cap!r}")
+    o = serverless_options(locals())
+    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     blocks = as_blocks(data, groups, device=device, dtype=dtype)
     K, d, like = len(blocks), blocks[0].shape[1], blocks[0]
     if not isinstance(graph, Graph) or graph.n_agents != K:
         raise ConfigError(f"graph: expected a Graph of {K} agents (one per worker), got {graph!r}")
-    r, T, M = int(n_components), int(trials), int(inner_iters)
+    r, T = int(n_components), int(trials)
     if not 1 <= r <= d:
         raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
-    psi = get_smoothing(smoothing)
-    admm.check_settings(line_search, inner_steps, mu, local_solver, psi)
-    for name, v in (("center_iters", center_iters), ("max_iter", max_iter), ("trials", trials)):
-        if isinstance(v, bool) or int(v) != v or int(v) < 1:
-            raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
-    if not tol >= 0:
-        raise ConfigError(f"tol: must be >= 0, got {tol}")
-    if isinstance(rho, str) and rho != "auto":
-        raise ConfigError(f"rho: expected a positive number or 'auto', got {rho!r}")
-    if isinstance(init, str):
-        raise ConfigError(f"init: the serverless variant takes None or an array, got {init!r} (no pooled Gram)")
-    check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
-    check_alpha_scale(alpha_scale)
     z0 = initial_z(d, r, T, seed, init, like.dtype, like.device)
-    o = dict(consensus=consensus, inner_iters=M, g_cap=float(g_cap), penalty_mode=penalty_mode, alpha=alpha,
-             alpha_scale=alpha_scale,
-             lambda_2=lambda_2, rho=rho, rho_scale=rho_scale, psi=psi, mu=mu, line_search=line_search,
-             inner_steps=inner_steps, local_solver=local_solver, center=bool(center), center_iters=int(center_iters),
-             tol=tol, seed=seed)
     with Resources() as res:
         exch = res.exchange(exchange, exchange_options)
         run, settings, mean_error = _serverless_run(blocks, graph, z0, exch, o)
@@ -244,26 +260,68 @@ def fit_serverless(data, n_components, graph: Graph, *, consensus=SERVERLESS.con
                                 costs=dict(ledgers.costs("exchange")), settings=settings, mean_error=mean_error)
 
 
-def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
-    """The model of a run (the exchange bound, the mean agreed, the penalties), the run's settings as
-    the result reports them, and the agreed mean's error (None without centring)."""
-    T, K, like = z0.shape[0], len(blocks), blocks[0]
-    topo = Topology.from_graphs([graph] * T)
-    exch.bind(topo, dtype=like.dtype, device=like.device)
+@dataclass
+class HeldWorkers:
+    """What a process holds of the workers, one slot each (every worker in one process; a rank's
+    own, with free slots of zeros, in a run over ranks): each worker's Gram matrix, squared norm,
+    row sum and row count, computed by the worker from its own rows.
+
+    Attributes
+    ----------
+    gram : Tensor (S, d, d)
+    sqnorm, n : Tensor (S,)
+    s : Tensor (S, d)
+    n_workers : int
+        ``K``, every worker of the run.
+    n_edges : int
+        The draws ``g`` of the process's directed edges (what its exchange takes).
+    sums : WorkerSums
+        The reductions over every worker.
+    own : BoolTensor (S,), optional
+        The slots that hold a worker (None: every slot).
+    """
+
+    gram: torch.Tensor
+    sqnorm: torch.Tensor
+    s: torch.Tensor
+    n: torch.Tensor
+    n_workers: int
+    n_edges: int
+    sums: WorkerSums = field(default_factory=WorkerSums)
+    own: torch.Tensor | None = None
+
+    @classmethod
+    def of_blocks(cls, blocks, n_edges: int) -> "HeldWorkers":
+        """Every worker's share from its block ``(n_i, d)`` (one process)."""
+        s, n = worker_sums(blocks)
+        gram = torch.stack([b.mT @ b for b in blocks])
+        sqnorm = torch.stack([b.square().sum() for b in blocks])
+        return cls(gram, sqnorm, s, n, len(blocks), int(n_edges))
+
+
+def serverless_model(held: HeldWorkers, graph, z0, exch, sampler, o: dict) -> tuple:
+    """The model of a run on the workers a process holds (``exch`` bound, ``sampler`` the agreed
+    penalties): the mean agreed (with ``center``), the penalties, the run's settings as the result
+    reports them and the centring's ``start`` (:func:`agreed_problem`)."""
+    T, K, like = z0.shape[0], held.n_workers, z0
     _check_exchange_graph(exch, graph, o["g_cap"], value_scale=2.0)
-    start = dict(calls=0, bytes=0.0, mean_error=None)
+    start = dict(calls=0, bytes=0.0, mean=None)
     if o["center"]:
-        problem, start = agreed_centring(blocks, exch, graph, T, o["g_cap"], o["center_iters"])
+        problem, start = agreed_problem(held, exch, graph, T, o["g_cap"], o["center_iters"])
     else:
-        problem, _ = prepare_problem(blocks, T, center=False)
-    # the sum of the workers' lambda_max(C_i), as rho="auto"'s mean: one evaluation-side number here
-    lam1 = per_trial(o["alpha"], T, "alpha", like) * alpha_unit(problem, o["alpha_scale"])
+        g = held.gram
+        problem = admm.FSSPCAProblem(g.expand(T, *g.shape), held.sqnorm.expand(T, *held.sqnorm.shape),
+                                     held.n.expand(T, *held.n.shape), None)
+    # the workers' lambda_max(C_i): their mean is rho="auto"'s (and alpha_scale="gram"'s unit, times K)
+    lam = None
+    if o["alpha_scale"] != "none" or isinstance(o["rho"], str):
+        lam = torch.linalg.eigvalsh(problem.gram).amax(dim=-1)
+    unit = (torch.ones(T, dtype=like.dtype, device=like.device) if o["alpha_scale"] == "none"
+            else (1.0 * held.sums.mean(lam)) * K)
+    lam1 = per_trial(o["alpha"], T, "alpha", like) * unit
     lam2 = lam1 / K if o["lambda_2"] is None else per_trial(o["lambda_2"], T, "lambda_2", like)
-    rho_t = auto_rho(problem, o["rho_scale"]) if isinstance(o["rho"], str) else per_trial(o["rho"], T, "rho", like)
-    seeds = [int(o["seed"]) + t for t in range(T)]
-    sampler = PenaltySampler(torch.full((T * K,), o["g_cap"], dtype=torch.float64, device=like.device),
-                             topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, o["penalty_mode"],
-                             o["inner_iters"], shared=True)
+    rho_t = o["rho_scale"] * held.sums.mean(lam) if isinstance(o["rho"], str) else per_trial(o["rho"], T, "rho",
+                                                                                              like)
     settings = dict(consensus=o["consensus"], inner_iters=o["inner_iters"], g_cap=o["g_cap"],
                     penalty_mode=o["penalty_mode"], exchange=exch.name, n_workers=K, rho=rho_t.tolist(),
                     alpha=lam1.tolist(), lambda_2=lam2.tolist(), center=o["center"], center_iters=o["center_iters"],
@@ -273,16 +331,47 @@ def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
                    line_search=o["line_search"], inner_steps=int(o["inner_steps"]),
                    local_solver=o["local_solver"], tol=o["tol"], trials=T,
                    arithmetic=None if codec is None else [float(codec.n_max), int(codec.g_bits)])
-    run = ServerlessRun(problem, z0, exch, sampler, graph, lam1=lam1, lam2=lam2, rho=rho_t, method=o["consensus"],
-                        inner_iters=o["inner_iters"], g_cap=o["g_cap"], smoothing=o["psi"], mu=o["mu"],
-                        line_search=o["line_search"], inner_steps=o["inner_steps"],
-                        local_solver=o["local_solver"], tol=o["tol"], start=start,
-                        settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
-                                                          "graph": digest(graph.src, graph.dst), "start": digest(z0)})
-    return run, settings, start["mean_error"]
+    opts = ServerlessOptions(lam1=lam1, lam2=lam2, rho=rho_t, method=o["consensus"], inner_iters=o["inner_iters"],
+                             g_cap=o["g_cap"], smoothing=o["psi"], mu=o["mu"], line_search=o["line_search"],
+                             inner_steps=o["inner_steps"], local_solver=o["local_solver"], tol=o["tol"], n_workers=K)
+    run = ServerlessRun(problem, z0, exch, sampler, graph, opts, start=start, settings=checked, sums=held.sums,
+                        inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
+                                        "graph": digest(graph.src, graph.dst), "start": digest(z0)})
+    return run, settings, start
+
+
+def _serverless_run(blocks, graph, z0, exch, o: dict) -> tuple:
+    """The model of a run in one process (the exchange bound, the mean agreed, the penalties), the
+    run's settings as the result reports them, and the agreed mean's error (None without centring)."""
+    T, K, like = z0.shape[0], len(blocks), blocks[0]
+    topo = Topology.from_graphs([graph] * T)
+    exch.bind(topo, dtype=like.dtype, device=like.device)
+    seeds = [int(o["seed"]) + t for t in range(T)]
+    sampler = PenaltySampler(torch.full((T * K,), o["g_cap"], dtype=torch.float64, device=like.device),
+                             topo.src.to(like.device), [graph.n_edges * 2] * T, seeds, o["penalty_mode"],
+                             o["inner_iters"], shared=True)
+    held = HeldWorkers.of_blocks(blocks, exch.topology.n_directed_edges)
+    run, settings, start = serverless_model(held, graph, z0, exch, sampler, o)
+    return run, settings, None if start["mean"] is None else _mean_error(held, start["mean"])
+
+
+def _mean_error(held: HeldWorkers, mean) -> torch.Tensor:
+    """``max_i ||m_i - m|| / ||m||`` ``(T,)`` against the exact mean (evaluation only)."""
+    exact = held.s.sum(0) / held.n.sum()
+    return (torch.linalg.vector_norm(mean - exact, dim=-1).amax(-1)
+            / torch.linalg.vector_norm(exact).clamp_min(1e-300))
 
 
 def agreed_centring(blocks, exch, graph, T, g_cap, iters):
+    """:func:`agreed_problem` of every worker's block in one process (``exch`` bound to ``T`` copies
+    of ``graph``), with the agreed mean's error: ``start["mean_error"]`` ``(T,)``,
+    ``max_i ||m_i - m|| / ||m||`` against the exact mean (evaluation only)."""
+    held = HeldWorkers.of_blocks(blocks, exch.topology.n_directed_edges)
+    problem, start = agreed_problem(held, exch, graph, T, g_cap, iters)
+    return problem, dict(start, mean_error=_mean_error(held, start["mean"]))
+
+
+def agreed_problem(held: HeldWorkers, exch, graph, T, g_cap, iters):
     """Each worker's centred Gram matrix with the global mean agreed over the graph.
 
     Worker ``i`` holds ``y_i = [s_i, n_i] / c`` (its row sum and count, ``d + 1`` numbers, over a
@@ -292,33 +381,31 @@ def agreed_centring(blocks, exch, graph, T, g_cap, iters):
     ``x_i[d] > 0``). It then centres its own Gram matrix with its own ``m_i`` (as
     :func:`.centring.centred_gram` does with the server's ``m``). ``c`` only keeps the
     messages in the codec's range: here the largest ``|s_i|`` entry or ``n_i`` of any worker, a
-    public bound a deployment would agree on.
+    public bound a deployment would agree on (over ranks: one maximum across them).
 
     Returns
     -------
     problem : FSSPCAProblem
-        ``gram (T, K, d, d)``, ``sqnorm``, ``n_rows (T, K)``.
+        ``gram (T, S, d, d)``, ``sqnorm``, ``n_rows (T, S)``.
     start : dict
         ``calls``, ``bytes`` (plain count: ``d + 1`` values per directed edge and call) and
-        ``mean_error`` (``(T,)``: ``max_i ||m_i - m|| / ||m||`` against the exact mean; evaluation only).
+        ``mean`` ``(T, S, d)``, each worker's own estimate (free slots: zero).
     """
-    s, n = worker_sums(blocks)
-    K, d = s.shape
+    s, n = held.s, held.n
+    S, d = s.shape
     y = torch.cat([s, n[:, None]], dim=1)
-    x = (y / y.abs().amax()).expand(T, K, d + 1).reshape(T * K, d + 1).clone()
-    g = torch.full((exch.topology.n_directed_edges,), g_cap, dtype=torch.float64, device=x.device)
+    x = (y / held.sums.largest(y.abs())).expand(T, S, d + 1).reshape(T * S, d + 1).clone()
+    g = torch.full((held.n_edges,), g_cap, dtype=torch.float64, device=x.device)
     eps = laplacian_eps(graph, g_cap)
     for m in range(iters):  # bcd_iter 0: before the first ADMM iteration
         exch.penalty_sums(g, bcd_iter=0, admm_iter=m + 1)
         x = laplacian_step(x, exch.exchange(x, g, bcd_iter=0, admm_iter=m + 1).S.to(x.dtype), eps)
-    x = x.view(T, K, d + 1)
-    mean = x[..., :d] / x[..., d:]  # (T, K, d), every worker its own
-    gram = torch.stack([b.mT @ b for b in blocks])
-    sqnorm = torch.stack([b.square().sum() for b in blocks])
+    x = x.view(T, S, d + 1)
+    mean = x[..., :d] / x[..., d:]  # (T, S, d), every worker its own
+    if held.own is not None:  # a free slot has no rows (0 / 0)
+        mean = torch.where(held.own[:, None].to(mean.device), mean, torch.zeros_like(mean))
     sm = s[:, :, None] * mean[..., None, :]
-    C = gram - sm - sm.mT + n[:, None, None] * (mean[..., :, None] * mean[..., None, :])
-    q = sqnorm - 2.0 * (s * mean).sum(-1) + n * mean.square().sum(-1)
-    exact = s.sum(0) / n.sum()
-    err = torch.linalg.vector_norm(mean - exact, dim=-1).amax(-1) / torch.linalg.vector_norm(exact).clamp_min(1e-300)
-    start = dict(calls=iters, bytes=float(iters * 2 * graph.n_edges * (d + 1) * x.element_size()), mean_error=err)
-    return admm.FSSPCAProblem(C, q, n.expand(T, K)), start
+    C = held.gram - sm - sm.mT + n[:, None, None] * (mean[..., :, None] * mean[..., None, :])
+    q = held.sqnorm - 2.0 * (s * mean).sum(-1) + n * mean.square().sum(-1)
+    start = dict(calls=iters, bytes=float(iters * 2 * graph.n_edges * (d + 1) * x.element_size()), mean=mean)
+    return admm.FSSPCAProblem(C, q, n.expand(T, S)), start

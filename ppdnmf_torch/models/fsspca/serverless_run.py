@@ -7,6 +7,7 @@ variables and draws, the generators' states and the counters."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -14,7 +15,7 @@ from ...consensus.xstep import ConsensusVars, consensus_admm, draw_penalties, ne
 from ...driver import LoopModel
 from . import admm
 
-__all__ = ["ServerlessRun", "admm_local_step", "laplacian_step", "laplacian_eps"]
+__all__ = ["ServerlessRun", "ServerlessOptions", "WorkerSums", "admm_local_step", "laplacian_step", "laplacian_eps"]
 
 
 def admm_local_step(v, z, Q, Q_prev, rho_i, tau):
@@ -46,47 +47,111 @@ def laplacian_eps(graph, g_cap: float) -> float:
     return 1.0 / (g_cap ** 2 * (int(graph.degree.max()) + 1))
 
 
+class WorkerSums:
+    """The sums and maxima over every worker that the run needs beyond the exchange (the penalty's
+    ``rho="auto"`` and ``alpha_scale="gram"`` means, the stopping test, the history): in one
+    process over the worker dimension of its tensors. A run over ranks reduces across the ranks
+    instead (:class:`~.serverless_ranks.RankSums`)."""
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``(T, K) -> (T,)``: the sum over the workers."""
+        return t.sum(1)
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """``(T, K) -> (T,)``: the mean over the workers."""
+        return t.mean(dim=1)
+
+    def largest(self, t: torch.Tensor) -> torch.Tensor:
+        """The largest entry of ``t (S, ...)`` over every worker (a 0-dim tensor)."""
+        return t.amax()
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """``(T, K) -> (T,)``: the largest value over the workers."""
+        return t.amax(1)
+
+    def disagreement(self, z: torch.Tensor):
+        """``max_i ||z_i - mean_j z_j||`` ``(T,)`` of ``z (T, K, d, r)`` (evaluation only)."""
+        return torch.linalg.matrix_norm(z - z.mean(1, keepdim=True)).amax(1)
+
+
+@dataclass(frozen=True)
+class ServerlessOptions:
+    """The method's settings as :class:`ServerlessRun` takes them (:func:`~.serverless.fit_serverless`
+    resolves them).
+
+    Attributes
+    ----------
+    lam1, lam2, rho : Tensor (T,)
+    method : {"admm", "laplacian"}
+    inner_iters : int
+    g_cap : float
+    smoothing : Smoothing
+    mu : float
+    line_search, local_solver : str
+    inner_steps : int
+    tol : float
+    n_workers : int
+        ``K``, every worker of the run (a rank's tensors hold its own).
+    """
+
+    lam1: torch.Tensor
+    lam2: torch.Tensor
+    rho: torch.Tensor
+    method: str
+    inner_iters: int
+    g_cap: float
+    smoothing: object
+    mu: float
+    line_search: str
+    inner_steps: int
+    local_solver: str
+    tol: float
+    n_workers: int
+
+
 class ServerlessRun(LoopModel):
     """The driver's hooks of :func:`~.serverless.fit_serverless` (see the module).
 
     Parameters
     ----------
     problem : FSSPCAProblem
+        ``(T, S, ...)``: the workers this process holds (every worker in one process).
     z0 : Tensor (T, d, r)
         The common start.
     exchange, sampler
         The bound exchange and the agreed penalties' sampler.
     graph : Graph
-    lam1, lam2, rho : Tensor (T,)
-    method : {"admm", "laplacian"}
-    inner_iters : int
-    g_cap : float
-    smoothing, mu, line_search, inner_steps, local_solver, tol
+    options : ServerlessOptions
     start : dict
         The centring's ``calls`` and ``bytes``.
     settings : dict
     inputs : callable
+    sums : WorkerSums, optional
+        The reductions over every worker (default: over this process's workers).
     """
 
     name = "fsspca_serverless"
     step_name = "ADMM iteration"
 
-    def __init__(self, problem, z0, exchange, sampler, graph, *, lam1, lam2, rho, method, inner_iters, g_cap, smoothing,
-                 mu, line_search, inner_steps, local_solver, tol, start: dict, settings: dict, inputs):
-        T, K, d, _ = problem.gram.shape
+    def __init__(self, problem, z0, exchange, sampler, graph, options: ServerlessOptions, *, start: dict,
+                 settings: dict, inputs, sums: WorkerSums | None = None):
+        o = options
+        T, S, d, _ = problem.gram.shape
         self.problem, self.exch, self.sampler, self.graph = problem, exchange, sampler, graph
-        self.lam1, self.lam2, self.rho, self.method, self.M = lam1, lam2, rho, method, inner_iters
-        self.psi, self.mu, self.line_search, self.inner_steps, self.tol = smoothing, mu, line_search, inner_steps, tol
-        self.local_solver = local_solver
+        self.lam1, self.lam2, self.rho, self.method, self.M = o.lam1, o.lam2, o.rho, o.method, o.inner_iters
+        self.psi, self.mu, self.line_search, self.inner_steps, self.tol = (o.smoothing, o.mu, o.line_search,
+                                                                           o.inner_steps, o.tol)
+        self.local_solver, self.n_workers = o.local_solver, int(o.n_workers)
+        self.sums = WorkerSums() if sums is None else sums
         self._settings, self._inputs = settings, inputs
-        scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + rho[:, None] + lam2[:, None] / mu
-        zk = z0[:, None].expand(T, K, d, z0.shape[-1]).clone()
+        scale = 2.0 * torch.linalg.matrix_norm(problem.gram) + o.rho[:, None] + o.lam2[:, None] / o.mu
+        zk = z0[:, None].expand(T, S, d, z0.shape[-1]).clone()
         self.st = admm.ADMMState(w=zk.clone(), u=torch.zeros_like(zk), z=zk, theta=1.0 / scale)
         self.Q, self.Q_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # admm: the X-step's duals
         self.x, self.v_prev = torch.zeros_like(zk), torch.zeros_like(zk)  # laplacian: the tracked averages
         self.g = sampler.initial()
-        self.eps = laplacian_eps(graph, g_cap)
-        self.tau = (lam1 / (K * rho))[:, None, None, None]
+        self.eps = laplacian_eps(graph, o.g_cap)
+        self.tau = (o.lam1 / (self.n_workers * o.rho))[:, None, None, None]
         self.active = torch.ones(T, dtype=torch.bool, device=z0.device)
         self.n_iter = torch.zeros(T, dtype=torch.long, device=z0.device)
         self.conv = torch.zeros(T, dtype=torch.bool, device=z0.device)
@@ -112,8 +177,8 @@ class ServerlessRun(LoopModel):
         return admm.soft_threshold(self.x, self.tau)
 
     def step(self, k: int, clock) -> dict:
-        p, st, active, rho = self.problem, self.st, self.active, self.rho
-        K, d, r = st.z.shape[1:]
+        p, st, active, rho, sums = self.problem, self.st, self.active, self.rho, self.sums
+        K, (d, r) = self.n_workers, st.z.shape[2:]
         w = admm.local_step(p, st, self.lam2, rho, self.psi, self.mu, line_search=self.line_search,
                             inner_steps=self.inner_steps, active=active, solver=self.local_solver)  # step 1, eq. (14)
         v = w + st.u / rho[:, None, None, None]
@@ -124,11 +189,13 @@ class ServerlessRun(LoopModel):
         z_new = torch.where(a4, z, st.z)
         u_new = torch.where(a4, admm.dual_step(st.u, w, z_new, rho), st.u)  # step 3, per worker
         # the server's stopping rule with each worker's own z_i (equal to it when the z_i agree)
-        primal = torch.linalg.matrix_norm(w - z_new).square().sum(1).sqrt()
-        dual = rho * torch.linalg.matrix_norm(z_new - st.z).square().sum(1).sqrt()
+        gap = torch.linalg.matrix_norm(w - z_new)
+        primal = sums.sum(gap.square()).sqrt()
+        dual = rho * sums.sum(torch.linalg.matrix_norm(z_new - st.z).square()).sqrt()
         st.w, st.z, st.u = w, z_new, u_new
-        row = {"disagreement": torch.linalg.matrix_norm(z_new - z_new.mean(1, keepdim=True)).amax(1),
-               "consensus": torch.linalg.matrix_norm(w - z_new).amax(1)}
+        spread = sums.disagreement(z_new)
+        row = {} if spread is None else {"disagreement": spread}
+        row["consensus"] = sums.max(gap)
         self.n_iter = torch.where(active, self.n_iter + 1, self.n_iter)
         done = (primal / math.sqrt(K * r) <= self.tol) & (dual / (rho * math.sqrt(K * r)) <= self.tol) & active
         self.conv = self.conv | done
