@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ...distributed.comm import Comm
+from ...distributed.masked_sum import PlainSums
 from ...distributed.site import agree_description, own_agents, site_owner
 from ...errors import ConfigError, DataError
 from .distributed import SymRankResult, fit_symnmf_rank
@@ -41,11 +42,14 @@ class SiteColumns(Similarity):
         super().__init__(data)
         self.site = self
 
-    def agree(self, comm: Comm, description: dict) -> None:
-        """Compare the public description with every other site's, then sum ``||X||^2``."""
+    def agree(self, comm: Comm, description: dict, sums=None) -> None:
+        """Compare the public description with every other site's, then sum ``||X||^2`` (with ``sums``:
+        masked under ``exchange="secagg"``, :class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`;
+        default the plain all-reduce)."""
         agree_description(comm, description)
         total = self.sq_norm.detach().to(torch.float64).reshape(1).clone()
-        self.sq_norm = comm.all_reduce(total, category="metrics", what="the sum of ||X||^2 over the sites",
+        sums = sums if sums is not None else PlainSums(comm)
+        self.sq_norm = sums.all_reduce(total, category="metrics", what="the sum of ||X||^2 over the sites",
                                        op=dist.ReduceOp.SUM).reshape(()).to(self.data.dtype)
 
 
