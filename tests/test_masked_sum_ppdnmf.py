@@ -1,0 +1,59 @@
+"""PPDNMF's sites under ``exchange="secagg"`` (issue 39): the per-site metric sums of
+``share="sums"`` cross in a masked all-reduce
+(:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`); the factors are ``fit``'s bits (the
+metrics do not feed the iterates), the history's NMSE and objective equal ``fit``'s to 1e-12,
+and a site's own residual, in the clear under ``quantized``, is in no byte it sends under secagg."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ppdnmf_torch as pp
+from ppdnmf_torch.distributed import launch_local
+
+COLUMNS = [7, 9, 8]
+SHORT = dict(bcd_iters=3, x_iters=4, y_iters=3, seed=2, tol=0.0)
+KINDS = {"secagg": dict(exchange="secagg"), "quantized": dict(exchange="quantized", n_max=1e6)}
+
+
+def _whole():
+    rng = np.random.default_rng(3)
+    return torch.from_numpy(rng.random((10, 3)) @ rng.random((3, sum(COLUMNS))))
+
+
+def _own(r):
+    start = sum(COLUMNS[:r])
+    return _whole()[:, start:start + COLUMNS[r]].clone()
+
+
+def _site(kind: str):
+    from ppdnmf_torch.distributed.comm import Comm
+    from ppdnmf_torch.models.ppdnmf.distributed import fit_site
+
+    r = int(os.environ["RANK"])
+    with Comm.connect("env://", timeout=120, record=True) as comm:
+        out = fit_site(comm, _own(r), pp.graph.ring(3), 3, columns=COLUMNS, **SHORT, **KINDS[kind])
+        metrics = b"".join(m for c, _, m in comm.sent_log if c == "metrics")
+    return {"own": out.own, "history": out.result.history, "metrics": metrics}
+
+
+@pytest.mark.parametrize("kind", ["secagg", pytest.param("quantized", marks=pytest.mark.slow)])
+def test_ppdnmf_sites_mask_their_metric_sums_under_secagg(kind):
+    outs = launch_local(3, _site, (kind,), timeout=300)
+    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
+    ref = pp.fit(_whole(), pp.graph.ring(3), 3, columns=COLUMNS, fuse=False, **SHORT, **KINDS[kind])
+    for r, o in enumerate(outs):
+        own = o.value["own"]
+        assert torch.equal(own["X"][0], ref.X[r]) and torch.equal(own["Y"][0], ref.Y[r])
+        for key in ("nmse", "objective"):
+            np.testing.assert_allclose(np.ravel(o.value["history"][key]), np.ravel(ref.history[key]), rtol=1e-12)
+        # the site's own ||Z_i - X_i Y_i||^2 of the last iteration, as its metrics computed it
+        Z = _own(r)
+        res = torch.linalg.matrix_norm(Z - own["X"][0] @ own["Y"][0]).square()
+        near = {np.float64(v).tobytes() for v in np.nextafter(float(res), [-np.inf, 0, np.inf])}
+        near.add(np.float64(float(res)).tobytes())
+        found = any(p in o.value["metrics"] for p in near)
+        assert found == (kind == "quantized"), (kind, r)
