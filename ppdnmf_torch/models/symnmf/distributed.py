@@ -24,10 +24,14 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   every rank sums the agents in the single-process order: the run's factors equal
   :func:`~.agents.fit_symnmf_agents`'s bit for bit. ``share="sums"`` all-reduces each rank's
   three partial sums (3 numbers per rank, no per-agent value): ``lambda`` and the factors
-  then agree with one process to rounding, not bit for bit.
-  Both are the ``plain`` aggregation's arithmetic, and neither is a protected sum: one process's
-  secure aggregations (``aggregation="quantized"``, ``"paillier"``, and ``None``'s default for
-  those exchanges) have no cross-rank protocol here and are refused
+  then agree with one process to rounding, not bit for bit. Under ``exchange="secagg"`` the
+  ``"sums"`` all-reduce is masked (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`: only
+  the totals revealed; to about ``2^-60`` of the largest term, so ``lambda`` and the factors agree
+  with one process's ``aggregation="plain"`` to rounding), and ``aggregation`` may be ``None``,
+  ``"secagg"`` or ``"plain"``. Otherwise both are the ``plain`` aggregation's arithmetic, not a
+  protected sum: one process's other secure aggregations (``aggregation="quantized"``,
+  ``"paillier"``, ``None``'s default for those exchanges, and ``secagg`` with ``share="all"``)
+  have no cross-rank protocol here and are refused
   (:class:`~ppdnmf_torch.errors.ConfigError`; ``aggregation="plain"`` or a fixed ``penalty``).
 
 A sparse ``X`` stays sparse (:func:`~.agent_columns.agent_columns` over the rank's slots).
@@ -48,7 +52,8 @@ of, bit for bit: the factors equal an uninterrupted run's, and the single proces
 ``share="all"``.
 
 The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come from per-rank
-sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
+sums (masked under ``exchange="secagg"``, in both ``share`` modes: :func:`~ppdnmf_torch.distributed.masked_sum.rank_sums`):
+the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
 ``(n, r)``, then one all-reduce of three per-rank scalar sums (``sum_i <X_i^T Ubar, Ubar[S_i]>``,
 ``sum_i <X_i^T Ubar, V_i>``, ``||Ubar - V||^2`` over the rank's agents) with the rank's
 ``sum_i V_i^T V_i`` ``(r, r)``, the fits by :mod:`.objective`'s expansion from ``||X||^2`` (taken
@@ -348,9 +353,11 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
         ``plain``, ``quantized`` (the halo) or ``paillier`` (its fast path, :class:`SecureHalo`),
         with the options of :func:`~ppdnmf_torch.exchange.make_exchange`.
     aggregation, aggregation_options
-        Only ``"plain"`` with an adaptive penalty (:func:`rank_lambda`'s all-reduce is its
-        arithmetic): ``None`` resolves as in one process, to the exchange's kind, so a
-        ``quantized`` or ``paillier`` exchange needs ``aggregation="plain"``; anything else raises
+        With an adaptive penalty ``"plain"`` (:func:`rank_lambda`'s all-reduce is its
+        arithmetic), or under ``exchange="secagg"`` with ``share="sums"`` also ``"secagg"`` (the
+        masked all-reduce, whatever the name): ``None`` resolves as in one process, to the
+        exchange's kind, so a ``quantized`` or ``paillier`` exchange (or ``secagg`` with
+        ``share="all"``) needs ``aggregation="plain"``; anything else raises
         :class:`~ppdnmf_torch.errors.ConfigError`. Unused with a fixed ``penalty``.
     checkpoint_dir : path, optional
         Per-rank checkpoints in ``checkpoint_dir/rank<r>/`` (every ``checkpoint_every`` outer

@@ -13,7 +13,8 @@ A site is one rank of :func:`~.distributed.fit_symnmf_rank` given its own column
 (:class:`SiteColumns`, whose other columns are zero and never read): the ranks compare the
 public description field by field at rendezvous
 (:func:`~ppdnmf_torch.distributed.site.agree_description`), not a digest of ``X``; ``||X||^2``
-for the metrics is summed over the sites (one all-reduce of one number per site); nothing is
+for the metrics is summed over the sites (one all-reduce of one number per site, masked under
+``exchange="secagg"`` as the run's other sums); nothing is
 gathered at the end: each site keeps its agents' ``U_i``, ``V_i`` and the history. The factors'
 bits are :func:`~.agents.fit_symnmf_agents`'s with the same seeds; the metrics equal one
 process's to rounding (``||X||^2`` is summed in another order).
