@@ -49,7 +49,8 @@ def _site(kind: str):
     return {"own": out.own, "history": out.result.history, "sent": sent, "local": local}
 
 
-@pytest.mark.parametrize("kind", ["secagg", pytest.param("quantized", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["secagg", "quantized"])
 def test_ppdnmf_sites_mask_their_metric_sums_under_secagg(kind):
     outs = launch_local(3, _site, (kind,), timeout=300)
     assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]

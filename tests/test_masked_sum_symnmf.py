@@ -3,7 +3,8 @@ sums, the metric sums, the sum of copies and ``||X||^2`` cross in masked all-red
 (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`), so the run needs no
 ``aggregation="plain"``; the factors equal one process's (``aggregation="plain"``, the exact float
 sums) to 1e-10 (the masked totals are the sums to about 2^-60 of their largest entry, in another
-order than one process's), not bit for bit."""
+order than one process's), not bit for bit; no seed of the masked sums or of the exchange is in any
+byte a site sends or any file it writes (``slow``: three spawned sites)."""
 from __future__ import annotations
 
 import os
@@ -27,23 +28,37 @@ def _X():
     return torch.from_numpy(W @ W.T)
 
 
-def _site():
+def _site(folder: str):
     from ppdnmf_torch.distributed.comm import Comm
+    from ppdnmf_torch.exchange.secagg import party
     from ppdnmf_torch.models.symnmf.site import fit_symnmf_site
 
+    secrets, real = [], party._derive_seed
+
+    def spy(shared, info):  # the test's copy of every seed and shared secret this site derives
+        s = real(shared, info)
+        secrets.extend([s, shared])
+        return s
+
+    party._derive_seed = spy
     r = int(os.environ["RANK"])
     own = _X()[:, PARTS[r]].clone()
     with Comm.connect("env://", timeout=120, record=True) as comm:
         out = fit_symnmf_site(comm, own, 2, n=N_NODES, parts=PARTS, graph=pp.graph.ring(3), exchange="secagg",
-                              **COMMON)
+                              checkpoint_dir=os.path.join(folder, f"site{r}"), checkpoint_every=2, **COMMON)
         sent = b"".join(m for c, _, m in comm.sent_log if c == "metrics")
-    return {"own": out.own, "history": out.history, "metrics": sent, "x2": float(own.square().sum())}
+        every = b"".join(m for _, _, m in comm.sent_log)
+    return {"own": out.own, "history": out.history, "metrics": sent, "x2": float(own.square().sum()),
+            "secrets": secrets, "sent": every}
 
 
-def test_three_symnmf_sites_run_the_adaptive_penalty_under_secagg_to_rounding():
+@pytest.mark.slow
+def test_three_symnmf_sites_run_the_adaptive_penalty_under_secagg_to_rounding(tmp_path):
+    from pathlib import Path
+
     from ppdnmf_torch.models.symnmf.agents import fit_symnmf_agents
 
-    outs = launch_local(3, _site, timeout=300)
+    outs = launch_local(3, _site, (str(tmp_path),), timeout=300)
     assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
     ref = fit_symnmf_agents(_X(), 2, graph=pp.graph.ring(3), parts=torch.tensor(PARTS), exchange="secagg",
                             device="cpu", aggregation="plain", **COMMON)
@@ -57,6 +72,10 @@ def test_three_symnmf_sites_run_the_adaptive_penalty_under_secagg_to_rounding():
         # the site's sum of copies and its ||X_i||^2 are not in its metrics bytes (masked)
         mine = [row.numpy().tobytes() for row in own["U"].sum(0)] + [np.float64(o.value["x2"]).tobytes()]
         assert len(o.value["metrics"]) > 0 and not [p for p in mine if p in o.value["metrics"]]
+        # no seed or shared secret (the exchange's and the masked sums') in any byte sent or file written
+        files = b"".join(p.read_bytes() for p in Path(tmp_path).rglob("*") if p.is_file())
+        assert len(o.value["secrets"]) >= 4 and files
+        assert not [x for x in o.value["secrets"] for other in outs if x in other.value["sent"] or x in files]
 
 
 @pytest.mark.parametrize("kw, text", [
