@@ -94,7 +94,7 @@ def test_two_symnmf_sites_from_the_command_line_give_the_factors_of_one_process(
     _data(tmp_path)
     args = [f"exchange={kind}", f"agents.penalty={penalty}", "agents.max_iter=4"]
     args += ["exchange.n_max=1e4"] if kind == "quantized" else []
-    args += ["agents.aggregation=plain", "logger=tensorboard"] if penalty == "adaptive" else ["logger=none"]
+    args += ["logger=tensorboard"] if penalty == "adaptive" else ["logger=none"]  # secagg: masked sums
     outs = _sites(tmp_path, args)
     assert [c for c, _ in outs] == [0, 0], outs
     ref = _reference(penalty, kind, max_iter=4)
@@ -118,8 +118,8 @@ def test_two_symnmf_sites_from_the_command_line_give_the_factors_of_one_process(
 @pytest.mark.parametrize("args, line", [
     ([], "ppdnmf: error: site.data (own.npy): has shape (12, 4), this site's agents [1] hold (12, 7) by the public "
          "description (n = 12 nodes, columns [7])"),
-    (["agents.penalty=adaptive"],
-     "ppdnmf: error: agents.aggregation: 'secagg' (null takes the exchange's kind, 'secagg') has no "
+    (["agents.penalty=adaptive", "exchange=quantized"],
+     "ppdnmf: error: agents.aggregation: 'quantized' (null takes the exchange's kind, 'quantized') has no "
      "protocol across sites; the adaptive penalty's three sums cross the sites in a plain all-reduce (3 "
      "numbers per site and outer iteration): accept that with agents.aggregation=plain, or fix lambda "
      "with agents.penalty=<number>"),

@@ -79,8 +79,8 @@ def test_a_site_holds_its_agents_columns_by_the_public_parts():
     (_cfg(), _opts(), "site.data (own.npy)", "has shape (5, 2), this site's agents [1] hold (5, 3) by the public "
                                              "description (n = 5 nodes, columns [3])"),
     (_cfg(), _opts(assignment=[0, 2]), "site.assignment", "names site 2, the run has sites 0..1"),
-    (_cfg(penalty="adaptive"), _opts(), "agents.aggregation", "'secagg' (null takes the exchange's kind, 'secagg') "
-                                                              "has no protocol across sites"),
+    (_cfg(penalty="adaptive", kind="quantized"), _opts(), "agents.aggregation",
+     "'quantized' (null takes the exchange's kind, 'quantized') has no protocol across sites"),
     (_cfg(penalty="adaptive", aggregation="quantized", kind="plain"), _opts(), "agents.aggregation",
      "'quantized' has no protocol across sites"),
 ])
@@ -93,7 +93,7 @@ def test_what_does_not_match_the_public_description_is_one_line_before_connectin
 
 
 @pytest.mark.parametrize("penalty, aggregation, kind", [("adaptive", "plain", "secagg"), ("adaptive", None, "plain"),
-                                                        (0.5, None, "secagg")])
+                                                        (0.5, None, "secagg"), ("adaptive", None, "secagg")])
 def test_the_plain_sums_pass_where_they_are_named_or_not_needed(penalty, aggregation, kind):
     from ppdnmf_torch.app.site_symnmf import own_similarity_columns
 

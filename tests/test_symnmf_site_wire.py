@@ -2,7 +2,9 @@
 every byte each site (three of one agent; two of two agents) sends (the comm's sent log) and every file it writes (its
 checkpoints) is scanned for the other sites' entries of ``X[:, S_i]``, under ``secagg`` (the
 default exchange) and ``quantized``; the factors are ``fit_symnmf_agents``' bits. The scan also
-measures what docs/DEPLOYMENT.md says crosses in the clear: the metrics' sum of the site's copies."""
+measures what docs/DEPLOYMENT.md says about the metrics' sum of the site's copies: masked under
+``secagg`` (no byte of it on the wire, :class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`),
+in the clear under ``quantized``."""
 from __future__ import annotations
 
 import os
@@ -107,16 +109,18 @@ def test_no_symnmf_site_sends_or_writes_another_sites_columns(tmp_path, kind):
             assert not hits, f"site {s} sent {len(hits)} pieces of site {r}'s columns"
             files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{s}").rglob("*") if p.is_file())
             assert files and not [p for p in pieces if p in files], f"site {s} wrote site {r}'s columns"
-        # what crosses in the clear (docs/DEPLOYMENT.md): the metrics' mean copy is an all-reduce of
-        # each site's sum of its agents' copies (with one agent, its U_i); the exchange's messages
-        # under secagg carry no row of it. The scan finds it where it is, so it would find X.
+        # the metrics' mean copy is an all-reduce of each site's sum of its agents' copies (with one
+        # agent, its U_i): under quantized in the clear, where the scan finds it (so it would find X);
+        # under secagg masked, and no byte that any site sends holds a row of any site's sum
         rows = {row.numpy().tobytes() for row in own["U"].sum(0).to(torch.float64)}
         by = {}
         for category, m in o.value["log"]:
             by[category] = by.get(category, b"") + m
-        assert all(row in by["metrics"] for row in rows)
-        if kind == "secagg":
-            assert not [row for row in rows if any(row in m for c, m in by.items() if c != "metrics")]
+        if kind == "quantized":
+            assert all(row in by["metrics"] for row in rows)
+        else:
+            assert by["metrics"] and not [row for row in rows for other in outs
+                                          for _, m in other.value["log"] if row in m]
         own_files = b"".join(p.read_bytes() for p in Path(tmp_path, f"site{r}").rglob("*") if p.is_file())
         copies = {row.numpy().tobytes() for row in own["U"].reshape(-1, own["U"].shape[-1]).to(torch.float64)}
         assert any(row in own_files for row in copies)  # its own checkpoints hold its copies

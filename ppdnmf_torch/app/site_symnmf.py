@@ -8,10 +8,12 @@ blocks in node order, agent 0 the first ``|S_0|`` nodes), the agents' graph (``g
 model's settings (``agents.*``, ``rank``), the exchange and the ``seed``. The site's file holds
 its agents' columns ``X[:, S_i]`` side by side, ``(n, sum of its agents' |S_i|)``.
 
-Besides the exchange's messages, the history's metrics cross the sites in the clear every outer
-iteration, among them each site's sum of its agents' copies ``U_i`` (the mean copy's all-reduce);
-the adaptive ``lambda``'s three sums too, which ``agents.aggregation=plain`` must accept
-(docs/DEPLOYMENT.md, "Symmetric NMF across agents", lists every number).
+Besides the exchange's messages, the history's metrics cross the sites every outer iteration:
+each site's sum of its agents' copies ``U_i`` (the mean copy's all-reduce), its metric sums and
+the adaptive ``lambda``'s three sums. Under ``exchange=secagg`` (the default) they are masked
+(:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`: only the totals are revealed); under
+``quantized`` or ``plain`` they cross in the clear, and the adaptive ``lambda``'s sums need
+``agents.aggregation=plain`` (docs/DEPLOYMENT.md, "Symmetric NMF across agents", lists every number).
 """
 from __future__ import annotations
 
@@ -78,16 +80,18 @@ def public_parts(opts, n_agents: int) -> list:
 
 
 def _check_penalty_sums(cfg) -> None:
-    """The adaptive penalty's three sums cross the sites in a plain all-reduce: refused unless
-    ``agents.aggregation=plain`` says so (as :func:`~ppdnmf_torch.models.symnmf.distributed.fit_symnmf_rank`
-    refuses it, here with the keys that fix it)."""
+    """The adaptive penalty's three sums cross the sites in a masked all-reduce under
+    ``exchange=secagg`` (``agents.aggregation`` null, ``secagg`` or ``plain``), in a plain one
+    otherwise: refused there unless ``agents.aggregation=plain`` says so (as
+    :func:`~ppdnmf_torch.models.symnmf.distributed.fit_symnmf_rank` refuses it, here with the keys
+    that fix it)."""
     a = cfg.agents
     if a.penalty != "adaptive":
         return
     kind = cfg.exchange.kind
     resolved = a.aggregation if a.aggregation is not None else (
         kind if kind in AGGREGATION_KINDS and a.n_agents > 1 else "plain")
-    if resolved != "plain":
+    if resolved != "plain" and not (kind == "secagg" and resolved == "secagg"):
         why = "" if a.aggregation is not None else f" (null takes the exchange's kind, {kind!r})"
         raise ConfigError(f"{resolved!r}{why} has no protocol across sites; the adaptive "
                           "penalty's three sums cross the sites in a plain all-reduce (3 numbers per site and outer "

@@ -24,10 +24,14 @@ which keep the single-process memory alignment of every per-agent block: ``(n, m
   every rank sums the agents in the single-process order: the run's factors equal
   :func:`~.agents.fit_symnmf_agents`'s bit for bit. ``share="sums"`` all-reduces each rank's
   three partial sums (3 numbers per rank, no per-agent value): ``lambda`` and the factors
-  then agree with one process to rounding, not bit for bit.
-  Both are the ``plain`` aggregation's arithmetic, and neither is a protected sum: one process's
-  secure aggregations (``aggregation="quantized"``, ``"paillier"``, and ``None``'s default for
-  those exchanges) have no cross-rank protocol here and are refused
+  then agree with one process to rounding, not bit for bit. Under ``exchange="secagg"`` the
+  ``"sums"`` all-reduce is masked (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`: only
+  the totals revealed; to about ``2^-60`` of the largest term, so ``lambda`` and the factors agree
+  with one process's ``aggregation="plain"`` to rounding), and ``aggregation`` may be ``None``,
+  ``"secagg"`` or ``"plain"``. Otherwise both are the ``plain`` aggregation's arithmetic, not a
+  protected sum: one process's other secure aggregations (``aggregation="quantized"``,
+  ``"paillier"``, ``None``'s default for those exchanges, and ``secagg`` with ``share="all"``)
+  have no cross-rank protocol here and are refused
   (:class:`~ppdnmf_torch.errors.ConfigError`; ``aggregation="plain"`` or a fixed ``penalty``).
 
 A sparse ``X`` stays sparse (:func:`~.agent_columns.agent_columns` over the rank's slots).
@@ -48,7 +52,8 @@ of, bit for bit: the factors equal an uninterrupted run's, and the single proces
 ``share="all"``.
 
 The history's metrics (``E``, ``objective``, ``uv_dist``, ``consensus``) come from per-rank
-sums: the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
+sums (masked under ``exchange="secagg"``, in both ``share`` modes: :func:`~ppdnmf_torch.distributed.masked_sum.rank_sums`):
+the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
 ``(n, r)``, then one all-reduce of three per-rank scalar sums (``sum_i <X_i^T Ubar, Ubar[S_i]>``,
 ``sum_i <X_i^T Ubar, V_i>``, ``||Ubar - V||^2`` over the rank's agents) with the rank's
 ``sum_i V_i^T V_i`` ``(r, r)``, the fits by :mod:`.objective`'s expansion from ``||X||^2`` (taken
@@ -73,6 +78,7 @@ import torch.distributed as dist
 from ...distributed.comm import EXIT_PEER_FAILED, Comm, DistributedError
 from ...distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ...distributed.launch import check_local_ranks, launch_local
+from ...distributed.masked_sum import PlainSums, rank_sums
 from ...distributed.layout import RankLayout, block_period, gather_agents
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.secure import SecureHalo
@@ -133,25 +139,29 @@ class SymRankResult:
 
 
 def rank_lambda(lam: torch.Tensor, U_own: torch.Tensor, V: torch.Tensor, layout: RankLayout, comm: Comm, *,
-                share: str, what: str) -> torch.Tensor:
+                share: str, what: str, sums=None) -> torch.Tensor:
     """Eq. (20) over every rank's agents: ``lambda (||U||^2 + ||V||^2) / (2 <U, V>)`` from this
     rank's ``U_own = U_i[S_i]`` and ``V_i``, ``(1, n_slots, m, r)`` each; ``(1,)``, the same on
     every rank (see the module: ``share="all"`` sums the agents in the single-process order,
-    ``"sums"`` adds the ranks' partial sums)."""
+    ``"sums"`` adds the ranks' partial sums with ``sums``, a
+    :class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums` under ``exchange="secagg"``, default
+    the plain all-reduce)."""
     slots = layout.slots.to(U_own.device)
     terms = lambda_terms(U_own, V)[0, slots]  # (n_own, 3)
     if share == "all":
         table = terms.new_zeros(layout.n_agents, 3)
         table[layout.agents.to(terms.device)] = terms
-        sums = comm.all_reduce(table, category="metrics", what=what).to(terms.device)[None].sum(1)
+        total = comm.all_reduce(table, category="metrics", what=what).to(terms.device)[None].sum(1)
     else:
-        sums = comm.all_reduce(terms.sum(0), category="metrics", what=what).to(terms.device)[None]
-    return lambda_from_sums(lam, sums)
+        sums = sums if sums is not None else PlainSums(comm)
+        total = sums.all_reduce(terms.sum(0), category="metrics", what=what, split=(1, 1, 1)).to(terms.device)[None]
+    return lambda_from_sums(lam, total)
 
 
-def _rank_metrics(Z, st: AgentsState, idx, layout: RankLayout, comm: Comm, x_norm2, k: int):
+def _rank_metrics(Z, st: AgentsState, idx, layout: RankLayout, comm: Comm, x_norm2, k: int, sums=None):
     """The history's ``E``, ``objective``, ``uv_dist``, ``consensus`` of outer iteration ``k`` from
-    per-rank sums, and ``Ubar (1, n, r)`` (module docstring); every value the same on every rank.
+    per-rank sums (``sums``: masked under ``exchange="secagg"``, default plain), and ``Ubar (1, n, r)``
+    (module docstring); every value the same on every rank.
 
     As :mod:`.objective` (``||X - U W^T||^2 = ||X||^2 - 2 <X W, U> + <U^T U, W^T W>``), summed over
     the agents' column blocks: ``<X W, Ubar> = sum_i <X_i^T Ubar, W_i>`` and
@@ -159,7 +169,8 @@ def _rank_metrics(Z, st: AgentsState, idx, layout: RankLayout, comm: Comm, x_nor
     sparse."""
     slots = layout.slots.to(st.Xc.device)
     N = layout.n_agents
-    Ubar = comm.all_reduce(st.Xc[0, slots].sum(0), category="metrics",
+    red = sums if sums is not None else PlainSums(comm)
+    Ubar = red.all_reduce(st.Xc[0, slots].sum(0), category="metrics",
                            what=f"the mean copy of outer iteration {k}").to(st.Xc.device)[None] / N
     XtU = local_t_product(Z, Ubar[:, None].expand_as(st.Xc))[:, slots]  # X_i^T Ubar, (1, n_own, m, r)
     Xc, Vo, io = st.Xc[:, slots], st.V[:, slots], idx[:, slots]
@@ -167,7 +178,8 @@ def _rank_metrics(Z, st: AgentsState, idx, layout: RankLayout, comm: Comm, x_nor
     r = Vo.shape[-1]
     local = torch.cat([torch.stack([(XtU * Urows).sum(), (XtU * Vo).sum(), (Urows - Vo).square().sum()]),
                        (Vo.mT @ Vo).sum(dim=(0, 1)).reshape(-1)])  # and this rank's share of V^T V
-    sums = comm.all_reduce(local, category="metrics", what=f"the metrics of outer iteration {k}").to(Xc.device)
+    sums = red.all_reduce(local, category="metrics", what=f"the metrics of outer iteration {k}",
+                           split=(1, 1, 1, r * r)).to(Xc.device)
     G = Ubar[0].mT @ Ubar[0]
     UtU = torch.linalg.matrix_norm(G).square()  # <Ubar^T Ubar, Ubar^T Ubar>
     VtV = sums[3:].view(r, r)
@@ -208,23 +220,29 @@ def _spec(exchange, exchange_options):
     return spec
 
 
-def _rank_aggregation(aggregation, options, kind: str, penalty, n_agents: int) -> None:
-    """Refuse an adaptive penalty's aggregation other than ``plain``: across ranks its three sums are
-    an all-reduce (:func:`rank_lambda`), which is the ``plain`` aggregation's arithmetic; the
-    secure kinds have no cross-rank protocol here. ``None`` resolves as in one process (the
-    exchange's kind), so a secure exchange with an adaptive penalty needs ``aggregation="plain"``."""
+def _rank_aggregation(aggregation, options, kind: str, penalty, n_agents: int, share: str = "sums") -> None:
+    """Refuse an adaptive penalty's aggregation that has no protocol across ranks: its three sums are
+    an all-reduce (:func:`rank_lambda`), the ``plain`` aggregation's arithmetic, or under
+    ``exchange="secagg"`` with ``share="sums"`` the masked sum
+    (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`, which ``aggregation="secagg"`` or
+    ``"plain"`` accept); ``share="all"`` shares per-agent values (``"plain"`` only), and the
+    ``quantized`` and ``paillier`` aggregations have no cross-rank protocol. ``None`` resolves as in
+    one process (the exchange's kind)."""
     if penalty != "adaptive":
         return  # a fixed lambda needs no sums (one process ignores the aggregation too)
     if aggregation is not None and not isinstance(aggregation, str):
         raise ConfigError("aggregation: a run over ranks takes a kind name ('plain'), not an Aggregator object")
     resolved = aggregation if aggregation is not None else (
         kind if kind in AGGREGATION_KINDS and n_agents > 1 else "plain")
-    if resolved != "plain":
+    masked = kind == "secagg" and share == "sums"
+    if resolved != "plain" and not (masked and resolved == "secagg"):
         why = "" if aggregation is not None else f" (None takes the exchange's kind, {kind!r})"
+        how = ("share='all' all-reduces per-agent values; share='sums' masks the ranks' sums under "
+               "exchange='secagg'. " if kind == "secagg" and resolved == "secagg" else "")
         raise ConfigError(
             f"aggregation: {resolved!r}{why} has no protocol across ranks; the adaptive penalty's three sums "
-            "cross ranks in a plain all-reduce (share=). Pass aggregation='plain' (fit_symnmf_agents with "
-            "aggregation='plain' gives the same bits) or a fixed penalty")
+            f"cross ranks in a plain all-reduce (share={share!r}). {how}Pass aggregation='plain' "
+            "(fit_symnmf_agents with aggregation='plain' gives the same bits) or a fixed penalty")
     if options:
         raise ConfigError(f"aggregation_options: the plain all-reduce takes none, got {sorted(options)}")
 
@@ -235,18 +253,19 @@ class RankAgentsRun(AgentsRun):
     ranks, and a checkpoint holds the rank's own slots."""
 
     def __init__(self, setup: AgentsSetup, state: AgentsState, U_prev, *, settings: dict, inputs, layout: RankLayout,
-                 comm: Comm, share: str):
+                 comm: Comm, share: str, sums=None):
         super().__init__(setup, state, U_prev, settings=settings, inputs=inputs)
         self.lay, self.comm, self.share = layout, comm, share
+        self.sums = sums if sums is not None else PlainSums(comm)
         self._slots = layout.slots.to(state.Xc.device)
 
     def update_lambda(self, k: int) -> torch.Tensor:
         st = self.st
         return rank_lambda(st.lam, gather_rows(st.Xc, self.s.idx), st.V, self.lay, self.comm, share=self.share,
-                           what=f"the adaptive penalty of outer iteration {k}")
+                           what=f"the adaptive penalty of outer iteration {k}", sums=self.sums)
 
     def metrics(self, k: int) -> tuple:
-        return _rank_metrics(self.s.Z, self.st, self.s.idx, self.lay, self.comm, self.s.x_norm2, k)
+        return _rank_metrics(self.s.Z, self.st, self.s.idx, self.lay, self.comm, self.s.x_norm2, k, self.sums)
 
     def not_converged(self, k: int, tol: float) -> str:
         return f"fit_symnmf_rank: no convergence to tol={tol} in {k} iterations"
@@ -334,9 +353,11 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
         ``plain``, ``quantized`` (the halo) or ``paillier`` (its fast path, :class:`SecureHalo`),
         with the options of :func:`~ppdnmf_torch.exchange.make_exchange`.
     aggregation, aggregation_options
-        Only ``"plain"`` with an adaptive penalty (:func:`rank_lambda`'s all-reduce is its
-        arithmetic): ``None`` resolves as in one process, to the exchange's kind, so a
-        ``quantized`` or ``paillier`` exchange needs ``aggregation="plain"``; anything else raises
+        With an adaptive penalty ``"plain"`` (:func:`rank_lambda`'s all-reduce is its
+        arithmetic), or under ``exchange="secagg"`` with ``share="sums"`` also ``"secagg"`` (the
+        masked all-reduce, whatever the name): ``None`` resolves as in one process, to the
+        exchange's kind, so a ``quantized`` or ``paillier`` exchange (or ``secagg`` with
+        ``share="all"``) needs ``aggregation="plain"``; anything else raises
         :class:`~ppdnmf_torch.errors.ConfigError`. Unused with a fixed ``penalty``.
     checkpoint_dir : path, optional
         Per-rank checkpoints in ``checkpoint_dir/rank<r>/`` (every ``checkpoint_every`` outer
@@ -387,7 +408,7 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
     idx = node_parts(parts, sim.n, N, seeds)
     U0 = common_start(U0, sim.n, r, seeds, comm.device, sim.dtype)[0]
     spec = _spec(exchange, exchange_options)
-    _rank_aggregation(aggregation, aggregation_options, spec.kind, penalty, N)
+    _rank_aggregation(aggregation, aggregation_options, spec.kind, penalty, N, share)
     part = partition if isinstance(partition, Partition) else partition_agents(g, comm.world_size, partition,
                                                                                assignment)
     if part.world_size != comm.world_size or part.n_agents != N:
@@ -400,21 +421,18 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
     sim_digest = sim.digest()
     common = {k: v for k, v in settings.items() if k != "process"}
     site = getattr(sim, "site", None)  # a site's own columns (:class:`.site.SiteColumns`)
-    if site is not None:  # the public description, field by field; ||X||^2 summed over the sites
-        site.agree(comm, dict(common, max_iter=int(max_iter), exchange=repr(spec), lam0=float(lam0),
-                              parts=digest(idx), graph=digest(g.src, g.dst), n=sim.n))
-    digests = [] if site is not None else comm.all_gather_object(
-        _digest(sim_digest, g, idx, U0, dict(common, max_iter=int(max_iter), spec=repr(spec), lam0=float(lam0))),
-        category="setup", what="the check that every rank runs the same problem")
-    odd = [q for q, d in enumerate(digests) if d != digests[0]]
-    if odd:
-        raise DistributedError(f"ranks {odd} run another problem than rank 0 (similarity, graph, parts, start or "
-                               "settings differ): give every rank the same inputs")
-    inputs = {"X": sim_digest, "U0": digest(U0), "parts": digest(idx), "graph": digest(g.src, g.dst)}
-    coordinator = RankCoordinator(comm, part.summary())
-    with Resources() as res:
+    with Resources() as res:  # the sums of "metrics" across ranks: masked under exchange="secagg"
+        sums = res.own(rank_sums(comm, spec.kind))
+        if site is not None:  # the public description, field by field; ||X||^2 summed over the sites
+            site.agree(comm, dict(common, max_iter=int(max_iter), exchange=repr(spec), lam0=float(lam0),
+                                  parts=digest(idx), graph=digest(g.src, g.dst), n=sim.n), sums=sums)
+        else:
+            _agree_problem(comm, _digest(sim_digest, g, idx, U0, dict(common, max_iter=int(max_iter), spec=repr(spec),
+                                                                      lam0=float(lam0))))
+        inputs = {"X": sim_digest, "U0": digest(U0), "parts": digest(idx), "graph": digest(g.src, g.dst)}
+        coordinator = RankCoordinator(comm, part.summary())
         run = _rank_run(comm, sim, idx, U0, g, caps, part, spec, o, res, settings=settings, inputs=inputs,
-                        share=share)
+                        share=share, sums=sums)
         del sim, X  # the rank keeps its agents' columns only
         exch = run.s.exchange
         ledgers = Ledgers(exchange=exch)
@@ -425,8 +443,17 @@ def fit_symnmf_rank(comm: Comm, X, rank: int, *, n_agents: int = AGENTS.n_agents
     return _rank_result(comm, run, out, costs, part, idx, site=site is not None)
 
 
+def _agree_problem(comm: Comm, mine: str) -> None:
+    """Every rank's digest of the problem (:func:`_digest`) equals rank 0's."""
+    digests = comm.all_gather_object(mine, category="setup", what="the check that every rank runs the same problem")
+    odd = [q for q, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise DistributedError(f"ranks {odd} run another problem than rank 0 (similarity, graph, parts, start or "
+                               "settings differ): give every rank the same inputs")
+
+
 def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict, res: Resources, *, settings: dict,
-              inputs: dict, share: str) -> RankAgentsRun:
+              inputs: dict, share: str, sums=None) -> RankAgentsRun:
     """The model of this rank's run: the rank's layout and agents' columns, its halo exchange (bound),
     its penalties and its start."""
     n, r, dev, dt = sim.n, U0.shape[-1], comm.device, sim.dtype
@@ -458,7 +485,7 @@ def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict,
                         x_iters=o["x_iters"], y_iters=o["y_iters"], adaptive=adaptive, tol=o["tol"], sampler=sampler,
                         exchange=exch, aggregator=None, plain_bytes=g.src.numel() * n * r * itemsize * o["x_iters"])
     return RankAgentsRun(setup, st, U0[None], settings=settings, inputs=lambda: inputs, layout=lay, comm=comm,
-                         share=share)
+                         share=share, sums=sums)
 
 
 def _rank_result(comm: Comm, run: RankAgentsRun, out, costs: dict, part: Partition, idx,

@@ -13,7 +13,8 @@ A site is one rank of :func:`~.distributed.fit_symnmf_rank` given its own column
 (:class:`SiteColumns`, whose other columns are zero and never read): the ranks compare the
 public description field by field at rendezvous
 (:func:`~ppdnmf_torch.distributed.site.agree_description`), not a digest of ``X``; ``||X||^2``
-for the metrics is summed over the sites (one all-reduce of one number per site); nothing is
+for the metrics is summed over the sites (one all-reduce of one number per site, masked under
+``exchange="secagg"`` as the run's other sums); nothing is
 gathered at the end: each site keeps its agents' ``U_i``, ``V_i`` and the history. The factors'
 bits are :func:`~.agents.fit_symnmf_agents`'s with the same seeds; the metrics equal one
 process's to rounding (``||X||^2`` is summed in another order).
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ...distributed.comm import Comm
+from ...distributed.masked_sum import PlainSums
 from ...distributed.site import agree_description, own_agents, site_owner
 from ...errors import ConfigError, DataError
 from .distributed import SymRankResult, fit_symnmf_rank
@@ -41,11 +43,14 @@ class SiteColumns(Similarity):
         super().__init__(data)
         self.site = self
 
-    def agree(self, comm: Comm, description: dict) -> None:
-        """Compare the public description with every other site's, then sum ``||X||^2``."""
+    def agree(self, comm: Comm, description: dict, sums=None) -> None:
+        """Compare the public description with every other site's, then sum ``||X||^2`` (with ``sums``:
+        masked under ``exchange="secagg"``, :class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`;
+        default the plain all-reduce)."""
         agree_description(comm, description)
         total = self.sq_norm.detach().to(torch.float64).reshape(1).clone()
-        self.sq_norm = comm.all_reduce(total, category="metrics", what="the sum of ||X||^2 over the sites",
+        sums = sums if sums is not None else PlainSums(comm)
+        self.sq_norm = sums.all_reduce(total, category="metrics", what="the sum of ||X||^2 over the sites",
                                        op=dist.ReduceOp.SUM).reshape(()).to(self.data.dtype)
 
 

@@ -52,6 +52,7 @@ from ....distributed.comm import Comm, DistributedError
 from ....distributed.costs import AGREED_DECISION_BYTES, cut_protocol_bytes, flag_bytes, halo_bytes
 from ....distributed.halo import HALO_KINDS, HaloExchange, RankSampler
 from ....distributed.layout import RankLayout, gather_agents
+from ....distributed.masked_sum import rank_sums
 from .layout import rank_problem
 from ....distributed.partition import PARTITION_METHODS, Partition, partition_agents
 from .topology import rank_topology
@@ -302,8 +303,9 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
     plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
                                                              missing_ok=False)
     exch.bind(problem.topology, dtype=dtype, device=device, fuse=params.fuse)
+    sums = rank_sums(comm, spec.kind)  # share="sums": masked under exchange="secagg"
     agents = (RankReduction(lay, comm, part, mu=mu, eta=eta, y_solver=y_solver) if share == "all"
-              else RankSums(lay, comm, mu=mu, eta=eta, y_solver=y_solver))
+              else RankSums(lay, comm, mu=mu, eta=eta, y_solver=y_solver, sums=sums))
 
     def cb(info):
         info.metrics = {k: float(v[0]) for k, v in info.metrics.items()}
@@ -321,6 +323,7 @@ def fit_rank(comm: Comm, Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.e
             costs = dict(costs, bytes_per_edge=_edge_order(per_edge, graph))
     finally:
         exch.close()
+        sums.close()
     return _rank_result(comm, state, history, info, costs, part, lay, graph, spec, params, counts, share,
                         exch.layout.slots if spec.kind == "paillier" else None, site=site)
 

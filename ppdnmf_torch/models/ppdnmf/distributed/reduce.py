@@ -12,8 +12,10 @@ shares it; each rank then measures its agents' ``||X_i - Xbar||`` itself.
 
 :class:`RankSums` is the deployment's reduction (``fit_rank(..., share="sums")``): no
 per-agent value leaves its rank. Each rank sums (or takes the maximum of) its own agents'
-scalars and the ranks add those partial results (``Comm.all_reduce``); the metrics that
-need other agents' ``X_i`` (the consensus error, ``nmse_worst``) are not measured.
+scalars and the ranks add those partial results: under ``exchange="secagg"`` in a masked
+all-reduce (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`: only the totals are
+revealed), else the plain ``Comm.all_reduce``; the metrics that need other agents' ``X_i`` (the
+consensus error, ``nmse_worst``) are not measured.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from ..solver.bcd import NumericalError, nonfinite_agents, raise_nonfinite, zero
 from ..solver.refit import farthest_agent, refit_errors
 from ....distributed.comm import Comm
 from ....distributed.layout import RankLayout, gather_agents
+from ....distributed.masked_sum import PlainSums
 
 __all__ = ["RankReduction", "RankSums", "SUMS_KEYS"]
 
@@ -149,13 +152,17 @@ class RankSums(_RankMetrics):
     Each BCD iteration a rank sends two small vectors to the all-reduces, per trial: the sums
     over its agents of ``||Z_i - X_i Y_i|| / ||Z_i||``, ``||Z_i - X_i Y_i||^2``, the squared
     ADMM residuals of both steps (the dual ones weighed as :class:`RankReduction` does), the
-    ADMM iteration counts and the count of agents with a NaN or Inf (summed over the ranks),
-    and the largest ADMM iteration counts (their maximum). The history then holds
+    ADMM iteration counts and the count of agents with a NaN or Inf (summed over the ranks;
+    masked under ``exchange="secagg"``, one public scale per quantity: ``sums``), and the
+    largest ADMM iteration counts (their maximum, in the clear: a max over sites). Before
+    the first iteration the count of the rank's data blocks of norm 0 is summed in the clear
+    (an integer: a count of flagged agents). The history then holds
     :data:`SUMS_KEYS`: the NMSE and objective (eq. 1) and the ADMM residual norms as one
     process computes them but summed in another order (equal to the last bits: about
-    ``1e-16`` relative), and per step the mean and the largest per-agent ADMM iteration
-    count (exact) in place of the per-agent ``x_iters``/``y_iters``. The consensus error and
-    ``nmse_worst`` need other agents' ``X_i`` and are left out of the history.
+    ``1e-16`` relative; masked: about ``2^-60`` of each quantity's largest per-rank value),
+    and per step the mean and the largest per-agent ADMM iteration count (exact) in place of
+    the per-agent ``x_iters``/``y_iters``. The consensus error and ``nmse_worst`` need other
+    agents' ``X_i`` and are left out of the history.
 
     Parameters
     ----------
@@ -163,11 +170,16 @@ class RankSums(_RankMetrics):
     comm : Comm
     mu, eta, y_solver
         As :class:`RankReduction`.
+    sums : MaskedSums or PlainSums, optional
+        The SUM all-reduce (:func:`~ppdnmf_torch.distributed.masked_sum.rank_sums` of the run's
+        exchange kind); default the plain one.
     """
 
-    def __init__(self, layout: RankLayout, comm: Comm, *, mu: float, eta: float, y_solver: str = "admm"):
+    def __init__(self, layout: RankLayout, comm: Comm, *, mu: float, eta: float, y_solver: str = "admm",
+                 sums=None):
         super().__init__(mu=mu, eta=eta, y_solver=y_solver)
         self.layout, self.comm = layout, comm
+        self.sums = sums if sums is not None else PlainSums(comm)
 
     def _own(self, t: torch.Tensor) -> torch.Tensor:
         """``t (..., n_slots)`` -> ``(..., n_own)``: the rank's agents (the dummy slots dropped)."""
@@ -215,7 +227,7 @@ class RankSums(_RankMetrics):
                             *self._own(x_sq).to(f64).sum(-1), *self._own(yi["residuals_sq"]).to(f64).sum(-1),
                             x_it.sum(-1), y_it.sum(-1), bad.to(f64).sum(-1)])  # (9, T)
         what = f"the metrics of BCD iteration {bcd_iter}"
-        sums = self.comm.all_reduce(sums, category="metrics", what=what)
+        sums = self.sums.all_reduce(sums, category="metrics", what=what, split=[sums.shape[1]] * sums.shape[0])
         peaks = torch.stack([x_it.amax(-1), y_it.amax(-1)]) if x_it.shape[-1] else torch.zeros(
             (2, x_it.shape[0]), dtype=f64, device=x_it.device)
         peaks = self.comm.all_reduce(peaks, category="metrics", what=what, op=dist.ReduceOp.MAX)
