@@ -24,9 +24,12 @@ driver's rank coordination), step for step:
   in the single-process order: ``z``, ``w``, ``u`` and the history equal
   :func:`~.serverless.fit_serverless`'s bit for bit; the history's ``disagreement``
   (``max_i ||z_i - mean_j z_j||``) all-reduces every worker's ``z_i`` for it (evaluation only).
-  ``share="sums"`` (a deployment, :mod:`.serverless_site`) sends one number per rank and sum
-  (its workers' partial sum) and no ``z_i``: the history has no ``disagreement``, and the bits
-  are one process's where every rank holds one worker (else to rounding).
+  ``share="sums"`` (a deployment, :mod:`.serverless_site`) reduces each sum from the ranks'
+  partial sums and sends no ``z_i``: the history has no ``disagreement``. Under ``exchange="secagg"``
+  the partial sums are masked (:class:`~ppdnmf_torch.distributed.masked_sum.MaskedSums`: only the
+  total is revealed; the iterates then equal one process's to rounding); under ``plain`` and
+  ``quantized`` each rank's partial sum crosses in the clear, and the bits are one process's where
+  every rank holds one worker (else to rounding). The maxima cross in the clear in every mode.
 
 Checkpoints are per rank, ``<checkpoint_dir>/rank<r>/`` (the engine's format: the rank's slots'
 iterates, consensus variables and draws, its generators' states and counters; no key or mask
@@ -43,6 +46,7 @@ import torch.distributed as dist
 from ...distributed.comm import Comm
 from ...distributed.halo import HaloExchange, RankSampler
 from ...distributed.layout import RankLayout, block_period, gather_agents
+from ...distributed.masked_sum import rank_sums
 from ...distributed.partition import Partition, partition_agents
 from ...distributed.site import agree_description
 from ..._utils import ARRAY, CALLBACK, OPTIONS
@@ -115,9 +119,13 @@ class RankSums(WorkerSums):
     share : {"all", "sums"}
     """
 
-    def __init__(self, comm: Comm, layout: RankLayout, share: str):
+    def __init__(self, comm: Comm, layout: RankLayout, share: str, sums=None):
         self.comm, self.lay, self.share = comm, layout, share
+        self.sums = sums  # share="sums" under secagg: a MaskedSums, which reveals the total only
         self._slots, self._agents = layout.slots, layout.agents
+
+    def _masked(self) -> bool:
+        return self.share == "sums" and bool(getattr(self.sums, "masked", False))
 
     def _own(self, t):
         return t[:, self._slots.to(t.device)]
@@ -134,10 +142,20 @@ class RankSums(WorkerSums):
         got = self.comm.all_reduce(table, category="metrics", what=what).to(t.device)
         return _like(t, got.shape).copy_(got)
 
+    def _total(self, t, what: str):
+        """The masked total over every worker (no rank's partial sum crosses in the clear)."""
+        own = self._own(t).sum(1)
+        got = self.sums.all_reduce(own, category="metrics", what=what).to(t.device)
+        return _like(own, got.shape).copy_(got)
+
     def sum(self, t):
+        if self._masked():
+            return self._total(t, "a sum over the workers")
         return self._table(t, "a sum over the workers").sum(1)
 
     def mean(self, t):
+        if self._masked():
+            return self._total(t, "a mean over the workers") / self.lay.n_agents
         table = self._table(t, "a mean over the workers")
         return table.mean(dim=1) if self.share == "all" else table.sum(1) / self.lay.n_agents
 
@@ -287,9 +305,9 @@ def fit_serverless_rank(comm: Comm, data_own, n_components: int, graph: Graph, *
     z0 = initial_z(d, r, 1, kw["seed"], kw["init"], like.dtype, like.device)
     lay = RankLayout.build(part, graph, comm.rank, period=block_period((d * d, d * r), like.element_size()))
     held = _held(blocks, lay, like)
-    held.sums = RankSums(comm, lay, share)
     del blocks, data_own
     with Resources() as res:
+        held.sums = RankSums(comm, lay, share, res.own(rank_sums(comm, spec.kind)) if share == "sums" else None)
         exch = res.own(HaloExchange(spec, lay, comm))
         exch.bind(lay.local_topology(graph), dtype=like.dtype, device=like.device)
         sampler = RankSampler(torch.full((lay.n_slots,), o["g_cap"], dtype=torch.float64, device=like.device),
