@@ -63,24 +63,40 @@ def _solve_masked(G, C, P, cols):
         if t.numel() * r * r < GROUPED_MIN_ENTRIES:  # few small systems: finding the sets costs more
             Pk = Pb.to(G.dtype)
             Gk = G[t]
-            L = torch.linalg.cholesky(Gk * Pk[:, :, None] * Pk[:, None, :] + torch.diag_embed(1 - Pk))
-            x = torch.cholesky_solve((ck * Pk)[..., None], L)[..., 0] * Pk
+            x = _cholesky_solve(torch.linalg.cholesky(_masked_system(G, t, Pk)), ck * Pk) * Pk
             xs.append(x)
             ys.append((Gk @ x[..., None])[..., 0] - ck)
             continue
         sets, inverse = _passive_sets(t, Pb)
         Ps = sets[:, 1:].to(G.dtype)
-        M = G[sets[:, 0]] * Ps[:, :, None] * Ps[:, None, :] + torch.diag_embed(1 - Ps)
-        L = torch.linalg.cholesky(M)
+        L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))
         if sets.shape[0] <= GROUPED_SETS and sets.shape[0] * GROUPED_RATIO <= t.numel():
             x, y = _solve_grouped(G, L, sets, inverse, Ps, ck)
         else:
             Pk = Pb.to(G.dtype)
-            x = torch.cholesky_solve((ck * Pk)[..., None], L[inverse])[..., 0] * Pk
+            x = _cholesky_solve(L[inverse], ck * Pk) * Pk
             y = (G[t] @ x[..., None])[..., 0] - ck
         xs.append(x)
         ys.append(y)
     return torch.cat(xs), torch.cat(ys)
+
+
+def _masked_system(G, t, Pk):
+    """``P G_t P + I - P`` ``(k, r, r)`` for 0/1 passive sets ``Pk (k, r)`` of trials ``t (k,)``
+    (``P = diag(Pk)``). Products by 0 and 1 and sums with 0 are exact, so these are the numbers
+    of ``G_t * p_i * p_j + diag(1 - p)`` in any order; ``G`` is expanded, not copied, with one
+    trial."""
+    Gt = G.expand(t.shape[0], -1, -1) if G.shape[0] == 1 else G[t]
+    M = Gt * (Pk[:, :, None] * Pk[:, None, :])
+    M.diagonal(dim1=-2, dim2=-1).add_(1 - Pk)
+    return M
+
+
+def _cholesky_solve(L, b):
+    """``(L L^T)^{-1} b`` for ``L (k, r, r)`` lower and ``b (k, r)``: two triangular solves
+    (LAPACK's ``potrs`` is the same two, but batched it runs one matrix at a time)."""
+    z = torch.linalg.solve_triangular(L, b[..., None], upper=False)
+    return torch.linalg.solve_triangular(L.transpose(-2, -1), z, upper=True)[..., 0]
 
 
 def _solve_grouped(G, L, sets, inverse, Ps, ck):
