@@ -5,7 +5,9 @@ tolerance (1e-10 relative in float64: a few hundred roundings of ``1e-16``, with
 run with a stopping tolerance stops at the same iteration."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import scipy.optimize
 import torch
 
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
@@ -67,3 +69,23 @@ def test_fused_fit_equals_the_unfused_one_and_stops_at_the_same_iteration(method
     assert _rel(new.U, old.U) <= 1e-10 and _rel(new.V, old.V) <= 1e-10
     torch.testing.assert_close(new.history["E"], old.history["E"], rtol=1e-10, atol=1e-14)
 
+
+
+@pytest.mark.parametrize("r,m", [(4, 50), (20, 200)])  # the per-column path, and the per-set one
+def test_nnls_residual_by_one_product_per_block_batched_equals_alone(r, m):
+    """``y = G x - c`` is one product per block: ``x G^T`` with one trial, a ``(T, m, r)`` block
+    with several; both give the NNLS solution (scipy's, to 1e-9), and a trial batched with others
+    is the same as alone to rounding."""
+    from ppdnmf_torch.models.symnmf.nnls import nnls_bpp
+
+    gen = torch.Generator().manual_seed(r * m)
+    A = torch.randn((3, r + 6, r), generator=gen, dtype=torch.float64)
+    B = torch.randn((3, r + 6, m), generator=gen, dtype=torch.float64)
+    G, C = A.transpose(1, 2) @ A, A.transpose(1, 2) @ B
+    init = torch.rand((3, r, m), generator=gen, dtype=torch.float64) - 0.5
+    batched = nnls_bpp(G, C, init=init)
+    for t in range(3):
+        alone = nnls_bpp(G[t:t + 1], C[t:t + 1], init=init[t:t + 1])
+        torch.testing.assert_close(batched[t], alone[0], rtol=1e-12, atol=1e-12 * float(alone.abs().max()))
+    want = np.stack([scipy.optimize.nnls(A[0].numpy(), B[0, :, j].numpy())[0] for j in range(m)], 1)
+    np.testing.assert_allclose(batched[0].numpy(), want, rtol=1e-9, atol=1e-12)
