@@ -25,6 +25,9 @@ CHUNK_ENTRIES = 1 << 22
 #: most this many distinct passive sets and at least GROUPED_RATIO columns per set
 GROUPED_SETS = 64
 GROUPED_RATIO = 8
+#: otherwise a set's factor is made once and copied to its columns when the columns number at
+#: least this many times the sets (else each column is factored alone: the same numbers)
+SHARED_RATIO = 2
 #: below this many entries of the masked systems (columns x r^2) each column is factored
 #: alone: grouping costs more torch calls than it saves there
 GROUPED_MIN_ENTRIES = 1 << 16
@@ -68,12 +71,16 @@ def _solve_masked(G, C, P, cols):
             continue
         sets, inverse = _passive_sets(t, Pb)
         Ps = sets[:, 1:].to(G.dtype)
-        L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))
         if sets.shape[0] <= GROUPED_SETS and sets.shape[0] * GROUPED_RATIO <= t.numel():
+            L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))
             x, y = _solve_grouped(G, L, sets, inverse, Ps, ck)
         else:
             Pk = Pb.to(G.dtype)
-            x = _cholesky_solve(L[inverse], ck * Pk) * Pk
+            if sets.shape[0] * SHARED_RATIO <= t.numel():  # each set's factor, shared by its columns
+                L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))[inverse]
+            else:  # most columns hold a set of their own: one factor per column, no copies
+                L = torch.linalg.cholesky(_masked_system(G, t, Pk))
+            x = _cholesky_solve(L, ck * Pk) * Pk
             y = _residual(G, C, t, j, x, ck)
         xs.append(x)
         ys.append(y)
