@@ -356,9 +356,22 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
     return rows
 
 
+def _ours(name: str) -> bool:
+    return name == "ppdnmf_torch" or name.startswith("ppdnmf_torch.")
+
+
+def _swap_modules(modules: dict) -> dict:
+    """Put ``modules`` (the package's) in ``sys.modules`` and return the ones they replace."""
+    out = {k: sys.modules.pop(k) for k in [k for k in sys.modules if _ours(k)]}
+    sys.modules.update(modules)
+    return out
+
+
 def _fit_of_commit(commit: str):
     """``fit_symnmf`` of the package at ``commit`` (``git archive`` into a temporary folder),
-    imported beside the current one: both run in this process."""
+    imported beside the current one: both run in this process. While it runs, that commit's
+    modules stand in ``sys.modules`` (and its folder on the path), so that its lazy imports
+    (``make_method``'s ``from .symanls import ...``) load its own code, not the current one's."""
     import importlib
     import tempfile
 
@@ -366,17 +379,20 @@ def _fit_of_commit(commit: str):
     folder = tempfile.mkdtemp(prefix="bench_symnmf_")
     archive = subprocess.run(["git", "-C", root, "archive", commit, "ppdnmf_torch"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
-    current = {k: v for k, v in sys.modules.items() if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")}
-    for k in current:
-        del sys.modules[k]
-    sys.path.insert(0, folder)
-    try:
-        fit = importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf
-    finally:
-        sys.path.remove(folder)
-        for k in [k for k in sys.modules if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")]:
-            del sys.modules[k]
-        sys.modules.update(current)
+    theirs = {}
+
+    def run(fn_name, *args, **kwargs):
+        current = _swap_modules(theirs)
+        sys.path.insert(0, folder)
+        try:
+            return getattr(importlib.import_module("ppdnmf_torch.models.symnmf"), fn_name)(*args, **kwargs)
+        finally:
+            sys.path.remove(folder)
+            theirs.update(_swap_modules(current))
+
+    def fit(*args, **kwargs):
+        return run("fit_symnmf", *args, **kwargs)
+
     return fit
 
 
