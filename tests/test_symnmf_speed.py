@@ -89,3 +89,22 @@ def test_nnls_residual_by_one_product_per_block_batched_equals_alone(r, m):
         torch.testing.assert_close(batched[t], alone[0], rtol=1e-12, atol=1e-12 * float(alone.abs().max()))
     want = np.stack([scipy.optimize.nnls(A[0].numpy(), B[0, :, j].numpy())[0] for j in range(m)], 1)
     np.testing.assert_allclose(batched[0].numpy(), want, rtol=1e-9, atol=1e-12)
+
+
+def test_nnls_in_small_cpu_chunks_equals_one_large_chunk(monkeypatch):
+    """On the CPU the masked systems are solved in chunks of ``CHUNK_ENTRIES_CPU`` entries; a
+    chunk decides alone whether its columns share factors (by set), which rounds differently
+    from one large chunk, so equal to it to rounding (1e-12 relative), not bit for bit."""
+    from ppdnmf_torch.models.symnmf import nnls as nnls_mod
+
+    gen = torch.Generator().manual_seed(9)
+    r, m = 20, 1500  # 6e5 entries: two chunks of 2^19, one of 2^22
+    A = torch.rand((1, 60, r), generator=gen, dtype=torch.float64)
+    B = torch.randn((1, 60, m), generator=gen, dtype=torch.float64) + 0.5
+    G, C = A.transpose(1, 2) @ A + 0.1 * torch.eye(r, dtype=torch.float64), A.transpose(1, 2) @ B
+    init = torch.rand((1, r, m), generator=gen, dtype=torch.float64) - 0.5
+    small = nnls_mod.nnls_bpp(G, C, init=init)
+    monkeypatch.setattr(nnls_mod, "CHUNK_ENTRIES_CPU", 1 << 22)
+    large = nnls_mod.nnls_bpp(G, C, init=init)
+    torch.testing.assert_close(small, large, rtol=1e-12, atol=1e-12 * float(large.abs().max()))
+    assert bool((small > 0).any() and (small == 0).any())

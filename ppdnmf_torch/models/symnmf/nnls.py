@@ -19,8 +19,11 @@ __all__ = ["nnls_bpp", "nnls"]
 
 #: full exchanges allowed before the backup rule (Kim and Park's ``pbar``)
 PBAR = 3
-#: entries of the masked systems per batched solve
+#: entries of the masked systems per batched solve on a GPU (fewer, larger launches)
 CHUNK_ENTRIES = 1 << 22
+#: the same on the CPU: chunks small enough that their tensors come from memory the allocator
+#: has freed before, not from fresh pages the kernel must map and zero on every chunk
+CHUNK_ENTRIES_CPU = 1 << 19
 #: a chunk's columns are solved set by set (many right-hand sides per solve) when it holds at
 #: most this many distinct passive sets and at least GROUPED_RATIO columns per set
 GROUPED_SETS = 64
@@ -58,7 +61,7 @@ def _solve_masked(G, C, P, cols):
     t_idx, j_idx = cols[:, 0], cols[:, 1]
     r = G.shape[-1]
     xs, ys = [], []
-    step = max(1, CHUNK_ENTRIES // (r * r))
+    step = max(1, (CHUNK_ENTRIES_CPU if G.device.type == "cpu" else CHUNK_ENTRIES) // (r * r))
     for s in range(0, t_idx.numel(), step):  # memory chunks of one batched solve
         t, j = t_idx[s:s + step], j_idx[s:s + step]
         Pb = P[t, :, j]
