@@ -356,13 +356,9 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
     return rows
 
 
-def _ours(name: str) -> bool:
-    return name == "ppdnmf_torch" or name.startswith("ppdnmf_torch.")
-
-
 def _swap_modules(modules: dict) -> dict:
     """Put ``modules`` (the package's) in ``sys.modules`` and return the ones they replace."""
-    out = {k: sys.modules.pop(k) for k in [k for k in sys.modules if _ours(k)]}
+    out = {k: sys.modules.pop(k) for k in [k for k in sys.modules if k.split(".")[0] == "ppdnmf_torch"]}
     sys.modules.update(modules)
     return out
 
@@ -381,17 +377,14 @@ def _fit_of_commit(commit: str):
     subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
     theirs = {}
 
-    def run(fn_name, *args, **kwargs):
+    def fit(*args, **kwargs):
         current = _swap_modules(theirs)
         sys.path.insert(0, folder)
         try:
-            return getattr(importlib.import_module("ppdnmf_torch.models.symnmf"), fn_name)(*args, **kwargs)
+            return importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf(*args, **kwargs)
         finally:
             sys.path.remove(folder)
             theirs.update(_swap_modules(current))
-
-    def fit(*args, **kwargs):
-        return run("fit_symnmf", *args, **kwargs)
 
     return fit
 
