@@ -49,16 +49,15 @@ def _passive_sets(t, Pb):
     return torch.unique(torch.cat([t[:, None], Pb.to(t.dtype)], dim=1), dim=0, return_inverse=True)
 
 
-def _solve_masked(G, C, P, cols):
-    """``x`` with ``x_F = G_FF^{-1} c_F`` and ``x_G = 0`` for the columns ``cols`` (``(K, 2)``
-    indices ``(t, j)``): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``.
+def _solve_masked(G, C, P, t_idx, j_idx):
+    """``x`` with ``x_F = G_FF^{-1} c_F`` and ``x_G = 0`` for the columns at ``(t_idx, j_idx)``
+    (``(K,)`` each): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``.
 
     The columns of one trial with the same passive set solve the same system, so, as Kim and
     Park do, each distinct ``(t, F)`` is factored once (above :data:`GROUPED_MIN_ENTRIES`). Where few sets hold many columns (near
     convergence a block of thousands of rows holds a few dozen sets: :data:`GROUPED_SETS`),
     each set's columns are solved together (one triangular solve with many right-hand sides,
     one product for ``y``); otherwise every column alone, with its set's factor."""
-    t_idx, j_idx = cols[:, 0], cols[:, 1]
     r = G.shape[-1]
     xs, ys = [], []
     step = max(1, (CHUNK_ENTRIES_CPU if G.device.type == "cpu" else CHUNK_ENTRIES) // (r * r))
@@ -179,11 +178,11 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         Y = -C
     else:
         P = init > 0
-        cols = torch.ones((T, m), dtype=torch.bool, device=C.device).nonzero()
-        x, y = _solve_masked(G, C, P, cols)
-        X[cols[:, 0], :, cols[:, 1]] = x
+        t, j = torch.ones((T, m), dtype=torch.bool, device=C.device).nonzero().unbind(1)
+        x, y = _solve_masked(G, C, P, t, j)
+        X[t, :, j] = x
         Y = torch.empty_like(C)
-        Y[cols[:, 0], :, cols[:, 1]] = y
+        Y[t, :, j] = y
     X = _flush_relative(X, tiny)
     Y = _flush(Y, tiny * scale_c)
     nonopt = (Y < 0) & ~P
@@ -194,25 +193,25 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
     ninf = torch.full((T, m), r + 1, dtype=torch.int64, device=C.device)
     rows = torch.arange(r, device=C.device)[None, :, None]
     it = 0
+    scale_cols = scale_c[:, 0, :]
     while bool(notopt.any()) and it < max_iter:
         it += 1
         cols1 = notopt & (notgood < ninf)
         cols2 = notopt & (notgood >= ninf) & (p >= 1)
-        cols3 = notopt & ~cols1 & ~cols2
+        exchange = cols1 | cols2
         p = torch.where(cols1, PBAR, torch.where(cols2, p - 1, p))
         ninf = torch.where(cols1, notgood, ninf)
-        full = (cols1 | cols2)[:, None, :]
-        P = torch.where(full & nonopt, True, torch.where(full & infea, False, P))
-        # backup rule: flip only the largest-index infeasible variable
+        # nonopt (not in P) and infea (in P) are disjoint: moving them in or out of P is a flip.
+        # Full exchange: every infeasible variable; backup rule: only the largest-index one
         bad = nonopt | infea
-        last = torch.where(bad, rows, -1).amax(dim=1)
-        P = P ^ ((rows == last[:, None, :]) & cols3[:, None, :])
-        cols = notopt.nonzero()
-        x, y = _solve_masked(G, C, P, cols)
+        last = torch.where(bad, rows, -1).amax(dim=1, keepdim=True)
+        P = P ^ torch.where(exchange[:, None, :], bad, (rows == last) & (notopt & ~exchange)[:, None, :])
+        t, j = notopt.nonzero().unbind(1)
+        x, y = _solve_masked(G, C, P, t, j)
         x = _flush_relative(x, tiny)
-        y = _flush(y, tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None])
-        X[cols[:, 0], :, cols[:, 1]] = x
-        Y[cols[:, 0], :, cols[:, 1]] = y
+        y = _flush(y, tiny * scale_cols[t, j][:, None])
+        X[t, :, j] = x
+        Y[t, :, j] = y
         mask = notopt[:, None, :]
         nonopt = mask & (Y < 0) & ~P
         infea = mask & (X < 0) & P
