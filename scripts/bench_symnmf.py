@@ -21,6 +21,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --out bench_one.json
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --against 477b2ec   # and a commit
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
@@ -244,19 +245,22 @@ ONE_TRIAL_SIZES = ((150, 6), (1000, 20), (3000, 40))
 
 
 def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None, iters=None, repeats=None,
-                   lam=0.5):
+                   lam=0.5, against=None):
     """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) against :func:`np_fit` (issue
     41): per size and method, ``repeats`` alternating runs of ``iters`` iterations on each side;
     seconds per iteration from the in-loop clocks (``history["time"]`` and ``np_fit``'s, the
     iterations alone) and of the whole call, the best of the repeats and the ratio's range over
     them (numpy over torch: above 1 the torch side is faster), and the largest ``|U|``
-    difference of the two sides' iterates."""
+    difference of the two sides' iterates. ``against``: a commit whose package runs as a third
+    side in the same alternation (``before_*``: its times and its ratio to numpy's)."""
     sizes = ((60, 4),) if quick else (tuple(zip(ns, ranks)) if ns and ranks else ONE_TRIAL_SIZES)
     methods = methods or ("symhals", "symanls")
     rows = []
+    old_fit = _fit_of_commit(against) if against else None
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
     for method in methods:
-        fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
+        for fit in (fit_symnmf, old_fit or fit_symnmf):
+            fit(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n, r in sizes:
         X, _ = synthetic_similarity(n, r, 0.1, seed=n)
@@ -265,8 +269,11 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
         its = iters or (2 if quick else 200 if n <= 300 else 10 if n <= 1000 else 3)
         reps = repeats or (1 if quick else 5 if n <= 1000 else 3)
         for method in methods:
-            torch_loop, torch_call, np_loop, np_call = [], [], [], []
+            torch_loop, torch_call, np_loop, np_call, before_loop = [], [], [], [], []
             for _ in range(reps):
+                if old_fit is not None:
+                    old = old_fit(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
+                    before_loop.append(float(old.history["time"][-1, 0]) / its)
                 t0 = time.perf_counter()
                 res = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
                 torch_call.append((time.perf_counter() - t0) / its)
@@ -283,6 +290,11 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
                          "numpy_over_torch_min": min(ratios), "numpy_over_torch_max": max(ratios),
                          "torch_call_s_per_iter": min(torch_call), "numpy_call_s_per_iter": min(np_call),
                          "max_abs_diff_U": float(np.abs(Un - res.U[0].cpu().numpy()).max())})
+            if old_fit is not None:
+                before = [a / b for a, b in zip(np_loop, before_loop)]
+                rows[-1].update({"against": against, "before_loop_s_per_iter": min(before_loop),
+                                 "numpy_over_before_min": min(before), "numpy_over_before_max": max(before),
+                                 "max_rel_diff_U_before": float((old.U - res.U).abs().max() / old.U.abs().max())})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -344,9 +356,18 @@ def part_time_to_e(quick: bool, device="cpu", ns=None, methods=None, max_iter=No
     return rows
 
 
+def _swap_modules(modules: dict) -> dict:
+    """Put ``modules`` (the package's) in ``sys.modules`` and return the ones they replace."""
+    out = {k: sys.modules.pop(k) for k in [k for k in sys.modules if k.split(".")[0] == "ppdnmf_torch"]}
+    sys.modules.update(modules)
+    return out
+
+
 def _fit_of_commit(commit: str):
     """``fit_symnmf`` of the package at ``commit`` (``git archive`` into a temporary folder),
-    imported beside the current one: both run in this process."""
+    imported beside the current one: both run in this process. While it runs, that commit's
+    modules stand in ``sys.modules`` (and its folder on the path), so that its lazy imports
+    (``make_method``'s ``from .symanls import ...``) load its own code, not the current one's."""
     import importlib
     import tempfile
 
@@ -354,26 +375,27 @@ def _fit_of_commit(commit: str):
     folder = tempfile.mkdtemp(prefix="bench_symnmf_")
     archive = subprocess.run(["git", "-C", root, "archive", commit, "ppdnmf_torch"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
-    current = {k: v for k, v in sys.modules.items() if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")}
-    for k in current:
-        del sys.modules[k]
-    sys.path.insert(0, folder)
-    try:
-        fit = importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf
-    finally:
-        sys.path.remove(folder)
-        for k in [k for k in sys.modules if k == "ppdnmf_torch" or k.startswith("ppdnmf_torch.")]:
-            del sys.modules[k]
-        sys.modules.update(current)
+    theirs = {}
+
+    def fit(*args, **kwargs):
+        current = _swap_modules(theirs)
+        sys.path.insert(0, folder)
+        try:
+            return importlib.import_module("ppdnmf_torch.models.symnmf").fit_symnmf(*args, **kwargs)
+        finally:
+            sys.path.remove(folder)
+            theirs.update(_swap_modules(current))
+
     return fit
 
 
 def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=None, ranks=None, iters=None,
                       repeats=None):
     """One trial of SymHALS and A-SymHALS (or ``methods``): the package at commit ``against``
-    and the current one, alternating in this process (and the numpy reference for SymHALS),
-    ``repeats`` runs of ``iters`` iterations each, medians of the in-loop times. Both must give
-    the same ``U`` bit for bit."""
+    and the current one, alternating in this process (and the numpy reference for SymHALS and
+    SymANLS), ``repeats`` runs of ``iters`` iterations each, medians and ranges of the in-loop
+    times. Reports whether both gave the same ``U`` bit for bit, and else their largest
+    difference relative to ``max |U|`` (a change of rounding); above 1e-8 it raises."""
     ns = ns or ([60] if quick else [300, 1000])
     ranks = ranks or ([4] if quick else [20, 40])
     methods = methods or ("symhals", "a_symhals")
@@ -387,24 +409,30 @@ def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=
             U0 = initial_factor(n, r, trials=1, seed=1)
             for method in methods:
                 times = {"before": [], "after": [], "numpy": []}
+                same, rel = True, 0.0
                 for _ in range(reps):
                     for key, fit in (("before", old_fit), ("after", fit_symnmf)):
                         res = fit(Xt, r, method=method, U0=U0, lam0=0.5, max_iter=its, tol=0)
                         times[key].append(float(res.history["time"][-1, 0]) / its)
                         U = res.U if key == "before" else U
-                        same = key == "before" or torch.equal(U, res.U)
-                        if not same:
-                            raise AssertionError(f"{method}, n = {n}, r = {r}: the two versions' U differ")
-                    if method == "symhals":
+                        if key == "after" and not torch.equal(U, res.U):
+                            same = False
+                            rel = max(rel, float((U - res.U).abs().max() / U.abs().max()))
+                    if method in ("symhals", "symanls"):
                         clock = []
                         np_fit(Xn, U0[0].numpy(), 0.5, its, method, clock)
                         times["numpy"].append(clock[0] / its)
+                if rel > 1e-8:
+                    raise AssertionError(f"{method}, n = {n}, r = {r}: the two versions' U differ by {rel:.3g}")
                 med = {k: float(np.median(v)) if v else float("nan") for k, v in times.items()}
+                ratio = [b / a for a, b in zip(times["after"], times["before"])]
                 rows.append({"n": n, "r": r, "method": method, "iters": its, "repeats": reps, "against": against,
                              "before_s_per_iter": med["before"], "after_s_per_iter": med["after"],
                              "numpy_s_per_iter": med["numpy"], "before_over_after": med["before"] / med["after"],
+                             "before_over_after_min": min(ratio), "before_over_after_max": max(ratio),
                              "numpy_over_before": med["numpy"] / med["before"],
-                             "numpy_over_after": med["numpy"] / med["after"], "same_bits": True})
+                             "numpy_over_after": med["numpy"] / med["after"], "same_bits": same,
+                             "max_rel_diff_U": rel, "threads": torch.get_num_threads()})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -514,7 +542,8 @@ def main(argv=None):
     ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "time-to-E", "sparse", "before-after", "gemm",
                                                   "all"],
                     default=["all"], help="all: numpy, time-to-E and sparse")
-    ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD)")
+    ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD); one-trial "
+                                      "part: a commit run as a third side")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--out", "--json", dest="out", help="write the rows as JSON here")
     ap.add_argument("--device", default="cpu", help="the torch side's device (cpu, cuda)")
@@ -527,6 +556,8 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
+    ap.add_argument("--ba-methods", nargs="+", choices=["symhals", "a_symhals", "symanls"],
+                    help="before-after part: the methods (default symhals a_symhals)")
     ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
     ap.add_argument("--tte-iters", type=int, help="time-to-E part: iterations per method (default 300)")
     ap.add_argument("--tte-rank", type=int, help="time-to-E part: r (default 20; n is --ns's first)")
@@ -549,9 +580,11 @@ def main(argv=None):
                       repeats=args.repeats, numpy_max_n=args.numpy_max_n) if name == "numpy" else
                  dict(methods=args.tte_methods, max_iter=args.tte_iters, rank=args.tte_rank,
                       penalty=args.tte_penalty) if name == "time-to-E"
-                 else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats)
+                 else dict(against=args.against, ranks=args.ranks, iters=args.grid_iters, repeats=args.repeats,
+                           methods=args.ba_methods)
                  if name == "before-after" else
-                 dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats)
+                 dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats,
+                      against=args.against)
                  if name == "one-trial" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)

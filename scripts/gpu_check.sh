@@ -45,8 +45,9 @@ else
     symnmf=(--ns 300 1000 5000 --numpy-max-n 300 --grid-iters 2 --repeats 1 --sparse-ns 50000)
     # issue 41: FSSPCA's polar step on the device against the NumPy ADMM on the host (time to the same support)
     fsspca_grid=(--sizes 1000:40:1,1000:40:10,10000:40:100 --repeats 1)
-    # issue 41: one trial of SymHALS and SymANLS on the device against numpy on the host
-    one_trial=(--ns 150 1000 --ranks 6 20 --repeats 1)
+    # issue 41: one trial of SymHALS (two calls per column, round 5) and SymANLS on the device
+    # against numpy on the host, at the issue's three sizes
+    one_trial=(--ns 150 1000 3000 --ranks 6 20 40 --repeats 1)
 fi
 # 1. the tests on the device (the gpu-marked ones, and every device-parametrized test)
 if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi

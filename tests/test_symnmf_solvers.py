@@ -272,10 +272,10 @@ def test_nnls_columns_grouped_by_passive_set_equal_each_column_alone(r, monkeypa
     C = G @ X_true + 1e-3 * torch.randn((T, r, m), generator=gen, dtype=torch.float64)
     P = X_true > 0
     cols = torch.ones((T, m), dtype=torch.bool).nonzero()
-    grouped = nnls_mod._solve_masked(G, C, P, cols)
+    grouped = nnls_mod._solve_masked(G, C, P, *cols.unbind(1))
     X_grouped = nnls_bpp(G, C, init=X_true)
     monkeypatch.setattr(nnls_mod, "GROUPED_SETS", 0)
-    alone = nnls_mod._solve_masked(G, C, P, cols)
+    alone = nnls_mod._solve_masked(G, C, P, *cols.unbind(1))
     X_alone = nnls_bpp(G, C, init=X_true)
     # x relative to its size; y = G x - c is 0 on the passive set up to rounding: relative to c's
     for a, b, scale in zip(grouped, alone, (float(alone[0].abs().max()), float(C.abs().max()))):

@@ -206,7 +206,9 @@ class CentralRun(LoopModel):
     def _row(self, now: float) -> dict:
         W, T = self.W, self.U0.shape[0]
         m = metrics(self.sqX, W["U"], _v(W), self.prods["XU"], self.prods["XV"], self.lam)
-        row = {key: m[key].detach().to("cpu", torch.float64) for key in HISTORY_KEYS[:-1]}
+        # one copy to the host for every key (with few trials each call costs more than its data)
+        vals = torch.stack([m[key] for key in HISTORY_KEYS[:-1]]).detach().to("cpu", torch.float64)
+        row = dict(zip(HISTORY_KEYS[:-1], vals.unbind()))
         row["time"] = torch.full((T,), now, dtype=torch.float64)
         return row
 
@@ -225,7 +227,7 @@ class CentralRun(LoopModel):
         if self.sim.device.type == "cuda":
             torch.cuda.synchronize(self.sim.device)
         row = self._row(clock())
-        if not all(bool(torch.isfinite(row[key]).all()) for key in ("E", "objective")):
+        if not bool(torch.isfinite(torch.stack([row["E"], row["objective"]])).all()):
             raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
                             f"(penalty {self.rule.describe()}); check the scale of X")
         W = self.W

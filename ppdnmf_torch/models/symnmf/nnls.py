@@ -19,12 +19,18 @@ __all__ = ["nnls_bpp", "nnls"]
 
 #: full exchanges allowed before the backup rule (Kim and Park's ``pbar``)
 PBAR = 3
-#: entries of the masked systems per batched solve
+#: entries of the masked systems per batched solve on a GPU (fewer, larger launches)
 CHUNK_ENTRIES = 1 << 22
+#: the same on the CPU: chunks small enough that their tensors come from memory the allocator
+#: has freed before, not from fresh pages the kernel must map and zero on every chunk
+CHUNK_ENTRIES_CPU = 1 << 19
 #: a chunk's columns are solved set by set (many right-hand sides per solve) when it holds at
 #: most this many distinct passive sets and at least GROUPED_RATIO columns per set
 GROUPED_SETS = 64
 GROUPED_RATIO = 8
+#: otherwise a set's factor is made once and copied to its columns when the columns number at
+#: least this many times the sets (else each column is factored alone: the same numbers)
+SHARED_RATIO = 2
 #: below this many entries of the masked systems (columns x r^2) each column is factored
 #: alone: grouping costs more torch calls than it saves there
 GROUPED_MIN_ENTRIES = 1 << 16
@@ -43,44 +49,75 @@ def _passive_sets(t, Pb):
     return torch.unique(torch.cat([t[:, None], Pb.to(t.dtype)], dim=1), dim=0, return_inverse=True)
 
 
-def _solve_masked(G, C, P, cols):
-    """``x`` with ``x_F = G_FF^{-1} c_F`` and ``x_G = 0`` for the columns ``cols`` (``(K, 2)``
-    indices ``(t, j)``): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``.
+def _solve_masked(G, C, P, t_idx, j_idx):
+    """``x`` with ``x_F = G_FF^{-1} c_F`` and ``x_G = 0`` for the columns at ``(t_idx, j_idx)``
+    (``(K,)`` each): returns ``x (K, r)`` and ``y = G x - c`` ``(K, r)``.
 
     The columns of one trial with the same passive set solve the same system, so, as Kim and
     Park do, each distinct ``(t, F)`` is factored once (above :data:`GROUPED_MIN_ENTRIES`). Where few sets hold many columns (near
     convergence a block of thousands of rows holds a few dozen sets: :data:`GROUPED_SETS`),
     each set's columns are solved together (one triangular solve with many right-hand sides,
     one product for ``y``); otherwise every column alone, with its set's factor."""
-    t_idx, j_idx = cols[:, 0], cols[:, 1]
     r = G.shape[-1]
     xs, ys = [], []
-    step = max(1, CHUNK_ENTRIES // (r * r))
+    step = max(1, (CHUNK_ENTRIES_CPU if G.device.type == "cpu" else CHUNK_ENTRIES) // (r * r))
     for s in range(0, t_idx.numel(), step):  # memory chunks of one batched solve
         t, j = t_idx[s:s + step], j_idx[s:s + step]
         Pb = P[t, :, j]
         ck = C[t, :, j]
         if t.numel() * r * r < GROUPED_MIN_ENTRIES:  # few small systems: finding the sets costs more
             Pk = Pb.to(G.dtype)
-            Gk = G[t]
-            L = torch.linalg.cholesky(Gk * Pk[:, :, None] * Pk[:, None, :] + torch.diag_embed(1 - Pk))
-            x = torch.cholesky_solve((ck * Pk)[..., None], L)[..., 0] * Pk
+            x = _cholesky_solve(torch.linalg.cholesky(_masked_system(G, t, Pk)), ck * Pk) * Pk
             xs.append(x)
-            ys.append((Gk @ x[..., None])[..., 0] - ck)
+            ys.append(_residual(G, C, t, j, x, ck))
             continue
         sets, inverse = _passive_sets(t, Pb)
         Ps = sets[:, 1:].to(G.dtype)
-        M = G[sets[:, 0]] * Ps[:, :, None] * Ps[:, None, :] + torch.diag_embed(1 - Ps)
-        L = torch.linalg.cholesky(M)
         if sets.shape[0] <= GROUPED_SETS and sets.shape[0] * GROUPED_RATIO <= t.numel():
+            L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))
             x, y = _solve_grouped(G, L, sets, inverse, Ps, ck)
         else:
             Pk = Pb.to(G.dtype)
-            x = torch.cholesky_solve((ck * Pk)[..., None], L[inverse])[..., 0] * Pk
-            y = (G[t] @ x[..., None])[..., 0] - ck
+            if sets.shape[0] * SHARED_RATIO <= t.numel():  # each set's factor, shared by its columns
+                L = torch.linalg.cholesky(_masked_system(G, sets[:, 0], Ps))[inverse]
+            else:  # most columns hold a set of their own: one factor per column, no copies
+                L = torch.linalg.cholesky(_masked_system(G, t, Pk))
+            x = _cholesky_solve(L, ck * Pk) * Pk
+            y = _residual(G, C, t, j, x, ck)
         xs.append(x)
         ys.append(y)
+    if len(xs) == 1:  # one chunk (the usual case): no copy
+        return xs[0], ys[0]
     return torch.cat(xs), torch.cat(ys)
+
+
+def _masked_system(G, t, Pk):
+    """``P G_t P + I - P`` ``(k, r, r)`` for 0/1 passive sets ``Pk (k, r)`` of trials ``t (k,)``
+    (``P = diag(Pk)``). Products by 0 and 1 and sums with 0 are exact, so these are the numbers
+    of ``G_t * p_i * p_j + diag(1 - p)`` in any order; ``G`` is expanded, not copied, with one
+    trial."""
+    Gt = G.expand(t.shape[0], -1, -1) if G.shape[0] == 1 else G[t]
+    M = Gt * (Pk[:, :, None] * Pk[:, None, :])
+    M.diagonal(dim1=-2, dim2=-1).add_(1 - Pk)
+    return M
+
+
+def _cholesky_solve(L, b):
+    """``(L L^T)^{-1} b`` for ``L (k, r, r)`` lower and ``b (k, r)``: two triangular solves
+    (LAPACK's ``potrs`` is the same two, but batched it runs one matrix at a time)."""
+    z = torch.linalg.solve_triangular(L, b[..., None], upper=False)
+    return torch.linalg.solve_triangular(L.transpose(-2, -1), z, upper=True)[..., 0]
+
+
+def _residual(G, C, t, j, x, ck):
+    """``y = G_t x - c`` ``(k, r)`` for the columns ``x (k, r)`` at ``(t, j)``: one product per
+    block, ``X G^T`` with the columns placed in a ``(T, m, r)`` block (``T r^2 m`` flops, against
+    one matrix-vector call per column)."""
+    if G.shape[0] == 1:
+        return x @ G[0].transpose(-2, -1) - ck
+    full = x.new_zeros((G.shape[0], C.shape[-1], x.shape[-1]))
+    full[t, j] = x
+    return torch.bmm(full, G.transpose(-2, -1))[t, j] - ck
 
 
 def _solve_grouped(G, L, sets, inverse, Ps, ck):
@@ -143,11 +180,11 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
         Y = -C
     else:
         P = init > 0
-        cols = torch.ones((T, m), dtype=torch.bool, device=C.device).nonzero()
-        x, y = _solve_masked(G, C, P, cols)
-        X[cols[:, 0], :, cols[:, 1]] = x
+        t, j = torch.ones((T, m), dtype=torch.bool, device=C.device).nonzero().unbind(1)
+        x, y = _solve_masked(G, C, P, t, j)
+        X[t, :, j] = x
         Y = torch.empty_like(C)
-        Y[cols[:, 0], :, cols[:, 1]] = y
+        Y[t, :, j] = y
     X = _flush_relative(X, tiny)
     Y = _flush(Y, tiny * scale_c)
     nonopt = (Y < 0) & ~P
@@ -158,25 +195,25 @@ def nnls_bpp(G: torch.Tensor, C: torch.Tensor, init: torch.Tensor | None = None,
     ninf = torch.full((T, m), r + 1, dtype=torch.int64, device=C.device)
     rows = torch.arange(r, device=C.device)[None, :, None]
     it = 0
+    scale_cols = scale_c[:, 0, :]
     while bool(notopt.any()) and it < max_iter:
         it += 1
         cols1 = notopt & (notgood < ninf)
         cols2 = notopt & (notgood >= ninf) & (p >= 1)
-        cols3 = notopt & ~cols1 & ~cols2
+        exchange = cols1 | cols2
         p = torch.where(cols1, PBAR, torch.where(cols2, p - 1, p))
         ninf = torch.where(cols1, notgood, ninf)
-        full = (cols1 | cols2)[:, None, :]
-        P = torch.where(full & nonopt, True, torch.where(full & infea, False, P))
-        # backup rule: flip only the largest-index infeasible variable
+        # nonopt (not in P) and infea (in P) are disjoint: moving them in or out of P is a flip.
+        # Full exchange: every infeasible variable; backup rule: only the largest-index one
         bad = nonopt | infea
-        last = torch.where(bad, rows, -1).amax(dim=1)
-        P = P ^ ((rows == last[:, None, :]) & cols3[:, None, :])
-        cols = notopt.nonzero()
-        x, y = _solve_masked(G, C, P, cols)
+        last = torch.where(bad, rows, -1).amax(dim=1, keepdim=True)
+        P = P ^ torch.where(exchange[:, None, :], bad, (rows == last) & (notopt & ~exchange)[:, None, :])
+        t, j = notopt.nonzero().unbind(1)
+        x, y = _solve_masked(G, C, P, t, j)
         x = _flush_relative(x, tiny)
-        y = _flush(y, tiny * scale_c[cols[:, 0], 0, cols[:, 1]][:, None])
-        X[cols[:, 0], :, cols[:, 1]] = x
-        Y[cols[:, 0], :, cols[:, 1]] = y
+        y = _flush(y, tiny * scale_cols[t, j][:, None])
+        X[t, :, j] = x
+        Y[t, :, j] = y
         mask = notopt[:, None, :]
         nonopt = mask & (Y < 0) & ~P
         infea = mask & (X < 0) & P

@@ -19,7 +19,8 @@ def inner(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return (A * B).sum(dim=(-2, -1))
 
 
-def fit_sq(sq_norm_X: torch.Tensor, U: torch.Tensor, V: torch.Tensor, XV: torch.Tensor) -> torch.Tensor:
+def fit_sq(sq_norm_X: torch.Tensor, U: torch.Tensor, V: torch.Tensor, XV: torch.Tensor, UtU=None,
+           VtV=None) -> torch.Tensor:
     """``||X - U V^T||_F^2`` per trial, ``(T,)``, from ``XV = X V`` (clamped at 0 against rounding).
 
     Parameters
@@ -28,10 +29,16 @@ def fit_sq(sq_norm_X: torch.Tensor, U: torch.Tensor, V: torch.Tensor, XV: torch.
         ``||X||_F^2``, ``(T,)``.
     U, V, XV : torch.Tensor
         ``(T, n, r)``.
+    UtU, VtV : torch.Tensor, optional
+        ``U^T U`` and ``V^T V`` ``(T, r, r)`` when the caller has them (the same numbers).
     """
-    UtU = U.transpose(-2, -1) @ U
-    VtV = V.transpose(-2, -1) @ V
-    return (sq_norm_X - 2 * inner(XV, U) + inner(UtU, VtV)).clamp_min(0)
+    UtU = U.transpose(-2, -1) @ U if UtU is None else UtU
+    VtV = V.transpose(-2, -1) @ V if VtV is None else VtV
+    return _fit_sq(sq_norm_X, inner(XV, U), UtU, VtV)
+
+
+def _fit_sq(sq_norm_X, xvu, UtU, VtV):
+    return (sq_norm_X - 2 * xvu + inner(UtU, VtV)).clamp_min(0)
 
 
 def gap_sq(U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -80,12 +87,15 @@ def stationarity(sq_norm_X: torch.Tensor, U: torch.Tensor, XU: torch.Tensor) -> 
 def metrics(sq_norm_X, U, V, XU, XV, lam) -> dict:
     """Every per-iteration metric, each ``(T,)``: ``E`` (2)'s normalized error,
     ``objective`` (3), ``gap`` ``||U - V||_F^2``, ``rel_gap`` ``||U - V||_F / ||V||_F`` and
-    ``lam``."""
+    ``lam``. The Gram matrices are formed once for both fits (the numbers of
+    :func:`fitting_error` and :func:`split_objective`)."""
+    UtU = U.transpose(-2, -1) @ U
+    VtV = V.transpose(-2, -1) @ V
     g2 = gap_sq(U, V)
     vn = inner(V, V).sqrt().clamp_min(torch.finfo(U.dtype).tiny)
     return {
-        "E": fitting_error(sq_norm_X, U, XU),
-        "objective": 0.5 * fit_sq(sq_norm_X, U, V, XV) + 0.5 * lam * g2,
+        "E": _fit_sq(sq_norm_X, inner(XU, U), UtU, UtU) / sq_norm_X,
+        "objective": 0.5 * _fit_sq(sq_norm_X, inner(XV, U), UtU, VtV) + 0.5 * lam * g2,
         "gap": g2,
         "rel_gap": g2.sqrt() / vn,
         "lam": lam.clone(),
