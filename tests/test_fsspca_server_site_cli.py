@@ -80,18 +80,13 @@ def test_a_server_site_and_two_worker_sites_from_the_command_line_follow_fit_fss
     """The default secure sum (solver.aggregation=secagg): every site writes the same z, within the
     server-over-ranks tests' 1e-6 of fit_fsspca's (aggregation="plain") with the settings the
     sites ran; the server's folder holds no rows and its summary says so."""
-    from ppdnmf_torch.app.tasks.fsspca import TASK
     from ppdnmf_torch.distributed import free_port
-    from ppdnmf_torch.models.fsspca import fit_fsspca
-    from ppdnmf_torch.models.fsspca.server_ranks import SERVER_SETTINGS
 
     port = free_port()
     procs = [_start(tmp_path, r, port) for r in range(3)]
     outs = [(p.wait(timeout=300), p.stdout.read()) for p in procs]
     assert [c for c, _ in outs] == [0, 0, 0], outs
-    cfg = TASK.config_from_dict(yaml.safe_load((tmp_path / "site1" / "run" / "config.yaml").read_text()))
-    s = {k: v for k, v in {**asdict(cfg.solver), "alpha": cfg.alpha, "seed": cfg.seed}.items() if k in SERVER_SETTINGS}
-    ref = fit_fsspca([torch.from_numpy(_rows(i)) for i in range(2)], cfg.n_components, aggregation="plain", **s)
+    ref = _reference(tmp_path / "site1" / "run" / "config.yaml")
     zs = [np.load(tmp_path / f"site{r}" / "run" / "z.npy") for r in range(3)]
     assert all(np.array_equal(zs[0], z) for z in zs)
     assert np.abs(zs[0][0] - ref.z[0].numpy()).max() < 1e-6
@@ -110,3 +105,50 @@ def test_a_server_site_run_with_another_description_is_refused_naming_the_field(
     assert [c for c, _ in outs] == [2, 2, 2], outs
     assert _errors(outs[0][1]) == ["ppdnmf: error: site: site 2 has alpha=0.07, this site (site 0) alpha=0.05: every "
                                    "site must start with the same public description"], outs[0][1]
+
+
+def _reference(config: Path):
+    """fit_fsspca (aggregation="plain") of both workers' rows with the settings the sites ran."""
+    from ppdnmf_torch.app.tasks.fsspca import TASK
+    from ppdnmf_torch.models.fsspca import fit_fsspca
+    from ppdnmf_torch.models.fsspca.server_ranks import SERVER_SETTINGS
+
+    cfg = TASK.config_from_dict(yaml.safe_load(config.read_text()))
+    s = {k: v for k, v in {**asdict(cfg.solver), "alpha": cfg.alpha, "seed": cfg.seed}.items() if k in SERVER_SETTINGS}
+    return fit_fsspca([torch.from_numpy(_rows(i)) for i in range(2)], cfg.n_components, aggregation="plain", **s)
+
+
+@pytest.mark.slow
+@pytest.mark.crypto
+def test_a_killed_worker_site_ends_the_others_and_all_resume_from_their_run_folders(tmp_path):
+    """Worker site 2 killed mid-run: the others stop (exit 3) with one line naming it; the same
+    commands with ``resume=run`` (a cap past the newest checkpoint) finish with z within 1e-6 of
+    fit_fsspca's to that cap (the Python test shows the resumed bits equal the uninterrupted run's)."""
+    import signal
+    import time
+
+    from ppdnmf_torch.distributed import free_port
+
+    long = ["solver.max_iter=1000000", "checkpoint_every=5", "keep_checkpoints=true", "site.timeout=20"]
+    port = free_port()
+    procs = [_start(tmp_path, r, port, long) for r in range(3)]
+    ck = tmp_path / "site2" / "run" / "checkpoints" / "rank002"
+    t0 = time.monotonic()
+    while not (ck.is_dir() and any(ck.glob("*.pt"))) and time.monotonic() - t0 < 180:
+        time.sleep(0.2)
+    procs[2].send_signal(signal.SIGKILL)
+    for p in procs[:2]:
+        code, out = p.wait(timeout=120), p.stdout.read()
+        errors = [ln for ln in out.splitlines() if ln.startswith("ppdnmf: error:")]
+        assert code == 3 and len(errors) == 1 and "rank 2" in errors[0], out
+    done = max(int("".join(c for c in p.stem if c.isdigit()))
+               for r in range(3) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob("*.pt"))
+    port = free_port()
+    procs = [_start(tmp_path, r, port, [*long, "resume=run", f"solver.max_iter={done + 4}"]) for r in range(3)]
+    outs = [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+    assert [c for c, _ in outs] == [0, 0, 0], outs
+    ref = _reference(tmp_path / "site1" / "run" / "config.yaml")
+    assert int(ref.n_iter[0]) == done + 4
+    for r in range(3):
+        z = np.load(tmp_path / f"site{r}" / "run" / "z.npy")
+        assert np.abs(z[0] - ref.z[0].numpy()).max() < 1e-6, r
