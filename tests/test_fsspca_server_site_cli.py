@@ -127,6 +127,7 @@ def test_a_killed_worker_site_ends_the_others_and_all_resume_from_their_run_fold
     import signal
     import time
 
+    from ppdnmf_torch.checkpoint import PREFIX
     from ppdnmf_torch.distributed import free_port
 
     long = ["solver.max_iter=1000000", "checkpoint_every=5", "keep_checkpoints=true", "site.timeout=20"]
@@ -134,7 +135,8 @@ def test_a_killed_worker_site_ends_the_others_and_all_resume_from_their_run_fold
     procs = [_start(tmp_path, r, port, long) for r in range(3)]
     ck = tmp_path / "site2" / "run" / "checkpoints" / "rank002"
     t0 = time.monotonic()
-    while not (ck.is_dir() and any(ck.glob("*.pt"))) and time.monotonic() - t0 < 180:
+    # a finished checkpoint (the writer's temporary .tmp_*.pt would match "*.pt" before its rename)
+    while not (ck.is_dir() and any(ck.glob(f"{PREFIX}*.pt"))) and time.monotonic() - t0 < 180:
         time.sleep(0.2)
     procs[2].send_signal(signal.SIGKILL)
     for p in procs[:2]:
@@ -142,7 +144,7 @@ def test_a_killed_worker_site_ends_the_others_and_all_resume_from_their_run_fold
         errors = [ln for ln in out.splitlines() if ln.startswith("ppdnmf: error:")]
         assert code == 3 and len(errors) == 1 and "rank 2" in errors[0], out
     done = max(int("".join(c for c in p.stem if c.isdigit()))
-               for r in range(3) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob("*.pt"))
+               for r in range(3) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob(f"{PREFIX}*.pt"))
     port = free_port()
     procs = [_start(tmp_path, r, port, [*long, "resume=run", f"solver.max_iter={done + 4}"]) for r in range(3)]
     outs = [(p.wait(timeout=300), p.stdout.read()) for p in procs]
