@@ -13,11 +13,14 @@ run's cost counters with units.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 from ..exchange.costmodel import COUNT_KEYS, add_estimates, round_counts, round_edge_bytes, setup_counts
 from ..exchange.packing import derive_layout
 from .progress import format_seconds
 
-__all__ = ["paillier_estimate", "seconds_per_iteration", "format_estimate", "format_costs", "format_bytes"]
+__all__ = ["paillier_estimate", "exchange_estimate", "announce", "announcing", "seconds_per_iteration", "format_estimate", "format_costs", "format_bytes"]
 
 
 def format_bytes(n: float) -> str:
@@ -54,7 +57,7 @@ def _run_costs(spec, graph, lk: int, rounds: int, trials: int) -> tuple:
 
 def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None,
                       trials: int = 1) -> dict:
-    """The estimated cost of a Paillier run before it starts.
+    """The estimated cost of a PPDNMF Paillier run before it starts.
 
     The counts are the cost model's formulas for the whole run (every ADMM iteration of every
     BCD iteration, the packed counts when the fast path packs, the seed agreement under
@@ -74,9 +77,38 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
     op_costs : PaillierOpCosts, optional
         Seconds per operation; default: measured here on the run's own path
         (:func:`~ppdnmf_torch.exchange.paillier.exchange.calibrate_for`, as a ``quantized``
-        or ``paillier`` run's ``cost_model=True`` measures them).
+        or ``paillier`` run's ``cost_model=True`` measures them; kept per machine, so that
+        another process gets the same).
     trials : int
         Trials run side by side (each its own keys, seed agreement and rounds).
+
+    Returns
+    -------
+    dict
+        As :func:`exchange_estimate`.
+    """
+    return exchange_estimate(spec, [graph] * int(trials), int(L) * int(rank), int(x_iters) * int(bcd_iters),
+                             op_costs=op_costs)
+
+
+def exchange_estimate(spec, graphs, lk: int, rounds: int, *, op_costs=None) -> dict:
+    """The estimated cost of any model's run through a Paillier exchange before it starts: one
+    penalty round and one exchange round of ``lk`` values per ADMM iteration, ``rounds`` of them,
+    over each trial's graph (``graphs``, side by side), priced by
+    :func:`~ppdnmf_torch.exchange.costmodel.run_seconds` (the figure the ``quantized`` twin's cost
+    model writes as ``estimated_seconds_total``).
+
+    Parameters
+    ----------
+    spec : PaillierSpec
+    graphs : list of Graph
+        One per trial.
+    lk : int
+        Values per message.
+    rounds : int
+        ADMM iterations (exchange calls) of the whole run.
+    op_costs : PaillierOpCosts, optional
+        As :func:`paillier_estimate`.
 
     Returns
     -------
@@ -91,14 +123,38 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
         from ..exchange.paillier.exchange import calibrate_for  # imports phe, at the point of use
 
         op_costs = calibrate_for(spec)
-    rounds = int(x_iters) * int(bcd_iters)
-    costs, slots = _run_costs(spec, graph, int(L) * int(rank), rounds, int(trials))
+    rounds, costs, slots = int(rounds), {}, 1
+    for g in graphs:
+        one, slots = _run_costs(spec, g, int(lk), rounds, 1)
+        for k, v in one.items():
+            costs[k] = costs.get(k, 0) + v
     add_estimates(costs, op_costs, setup=spec.protocol == "masked")
     return {"costs": costs, "counts": {k: costs[k] for k in COUNT_KEYS if k != "ciphertext_bytes"},
             "ciphertext_bytes": costs["ciphertext_bytes"], "slots": slots, "key_pairs": costs["key_pairs"],
-            "rounds": rounds, "trials": int(trials), "seconds": costs["estimated_seconds_total"],
+            "rounds": rounds, "trials": len(graphs), "seconds": costs["estimated_seconds_total"],
             "seconds_operations": costs["estimated_seconds"], "seconds_keygen": costs["estimated_seconds_keygen"],
             "seconds_setup": costs.get("estimated_seconds_setup", 0.0), "op_costs": op_costs}
+
+
+def announce(spec, graphs, lk: int, rounds: int) -> dict:
+    """Log the lines a Paillier run says before it starts (:func:`format_estimate` of
+    :func:`exchange_estimate`, to the ``ppdnmf_torch.runner`` logger) and return the estimate."""
+    est = exchange_estimate(spec, graphs, lk, rounds)
+    logging.getLogger("ppdnmf_torch.runner").info(format_estimate(spec, est))
+    return est
+
+
+def announcing(fit, spec, graphs, rounds: int):
+    """``fit(X, rank, **kw)`` that first :func:`announce` s its run: messages of ``X.shape[0] rank``
+    values (symmetric NMF's ``U_i``), ``rounds`` exchange calls; for a fit whose data and rank
+    are known only once its preset is loaded."""
+
+    @functools.wraps(fit)
+    def announced(X, rank, **kw):
+        announce(spec, graphs, int(X.shape[0]) * int(rank), rounds)
+        return fit(X, rank, **kw)
+
+    return announced
 
 
 def seconds_per_iteration(est: dict, bcd_iters: int) -> float:
