@@ -1,5 +1,6 @@
 """Issue 43: every CLI task says the Paillier estimate before a ``paillier`` run (``task=symnmf``
-``variant=agents``, PPDNMF and symmetric NMF over ranks, as PPDNMF in one process), from the same
+``variant=agents``, ``task=fsspca variant=serverless``, PPDNMF and symmetric NMF over ranks, as
+PPDNMF in one process), from the same
 :func:`~ppdnmf_torch.exchange.costmodel.run_seconds` and the run's predicted counts: equal to the
 last bit to the figure of the ``quantized`` twin's cost model (the same op costs handed in; the
 calibration itself is tests/test_calibration_cache.py's)."""
@@ -62,7 +63,7 @@ def test_symnmf_across_agents_says_the_figure_of_its_quantized_twin(tmp_path, es
 
 
 @pytest.mark.crypto
-@pytest.mark.parametrize("task", ["ppdnmf", "symnmf"])
+@pytest.mark.parametrize("task", ["ppdnmf", pytest.param("symnmf", marks=pytest.mark.slow)])
 def test_a_run_over_ranks_says_the_figure_of_its_quantized_twin(tmp_path, estimates, comm, task):
     from ppdnmf_torch.app.distributed import run_rank
 
@@ -72,3 +73,20 @@ def test_a_run_over_ranks_says_the_figure_of_its_quantized_twin(tmp_path, estima
     run_rank(_compose(overrides + COMMON + ["exchange=paillier"]), tmp_path / "ranks", comm)
     assert len(estimates) == 1
     assert estimates[0]["seconds"] == _twin(overrides, tmp_path)
+
+
+FSSPCA = ["task=fsspca", "fsspca/variant=serverless", "graph=ring", "n_workers=3", "solver.max_iter=3", "solver.tol=0",
+          "serverless.inner_iters=2", "serverless.center_iters=2"]
+
+
+@pytest.mark.crypto
+@pytest.mark.parametrize("consensus", ["laplacian", pytest.param("admm", marks=pytest.mark.slow)])
+def test_fsspca_serverless_says_the_figure_of_its_quantized_twin(tmp_path, estimates, caplog, consensus):
+    task = FSSPCA + [f"serverless.consensus={consensus}"]
+    with caplog.at_level(logging.INFO, logger="ppdnmf_torch.runner"):
+        summary = run(_compose(task + COMMON + ["exchange=paillier"]), tmp_path / "paillier")
+    assert len(estimates) == 1 and "paillier estimate at 128-bit keys" in caplog.text
+    est = estimates[0]
+    # the centring's calls (d + 1 values) and the ADMM iterations' (d r values), as the run counted them
+    assert {k: summary["costs"][k] for k in est["counts"]} == est["counts"]
+    assert est["seconds"] == _twin(task, tmp_path)
