@@ -127,6 +127,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 CBCL_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "cbcl_faces_train.mat"
 
 
+@pytest.fixture(scope="session")
+def _calibration_cache_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("paillier_calibration")
+
+
+@pytest.fixture(autouse=True)
+def calibration_cache(request, monkeypatch, _calibration_cache_root):
+    """Every test's Paillier calibration cache in a folder of its own (created at the first write):
+    no test reads or writes the user's real cache (exchange/paillier/calibration_cache.py), nor
+    another test's; subprocesses inherit it."""
+    folder = _calibration_cache_root / f"t{abs(hash(request.node.nodeid)):x}"
+    monkeypatch.setenv("PPDNMF_CACHE", str(folder))
+    monkeypatch.delenv("PPDNMF_RECALIBRATE", raising=False)
+    return folder
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
     """Every device test runs on CPU, and on CUDA where there is one."""

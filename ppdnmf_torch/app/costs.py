@@ -13,11 +13,14 @@ run's cost counters with units.
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 from ..exchange.costmodel import COUNT_KEYS, add_estimates, round_counts, round_edge_bytes, setup_counts
 from ..exchange.packing import derive_layout
 from .progress import format_seconds
 
-__all__ = ["paillier_estimate", "seconds_per_iteration", "format_estimate", "format_costs", "format_bytes"]
+__all__ = ["paillier_estimate", "exchange_estimate", "announce", "announcing", "seconds_per_iteration", "format_estimate", "format_costs", "format_bytes"]
 
 
 def format_bytes(n: float) -> str:
@@ -29,32 +32,32 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _run_costs(spec, graph, lk: int, rounds: int, trials: int) -> tuple:
-    """The whole run's counts as a run of ``trials`` side by side would count them (the cost
-    dict of :meth:`~ppdnmf_torch.exchange.Exchange.costs`: :data:`COUNT_KEYS`, ``key_pairs``,
-    the masked protocol's :data:`SETUP_KEYS`), and the slots per plaintext: one penalty round
-    and one exchange round per ADMM iteration, the seed agreement once."""
+def _run_costs(spec, graph, phases) -> tuple:
+    """One trial's counts (the cost dict of :meth:`~ppdnmf_torch.exchange.Exchange.costs`:
+    :data:`COUNT_KEYS`, ``key_pairs``, the masked protocol's :data:`SETUP_KEYS`), and the slots per
+    plaintext: for each ``(lk, rounds)`` of ``phases``, ``rounds`` ADMM iterations of one penalty
+    round and one exchange round of ``lk`` values; the keys and the seed agreement once."""
     src = [i for i, j in graph.edges] + [j for i, j in graph.edges]
     dst = [j for i, j in graph.edges] + [i for i, j in graph.edges]
     senders = int((graph.degree > 0).sum())
     slots = derive_layout(spec.codec(), packing=spec.packing, slot_bits=spec.slot_bits).slots if spec.fast else 1
     costs = dict.fromkeys(COUNT_KEYS, 0)
-    for phase, p in (("penalty", 0), ("exchange", lk)):
-        c = round_counts(spec.protocol, phase, n_edges=len(src), n_senders=senders, lk=p, slots=slots)
-        for k, v in c.items():
-            costs[k] += v * rounds
-        costs["ciphertext_bytes"] += rounds * sum(b for _, _, b in round_edge_bytes(
-            spec.protocol, phase, src, dst, key_bits=spec.key_bits, lk=p, slots=slots))
+    for lk, rounds in phases:
+        for phase, p in (("penalty", 0), ("exchange", int(lk))):
+            c = round_counts(spec.protocol, phase, n_edges=len(src), n_senders=senders, lk=p, slots=slots)
+            for k, v in c.items():
+                costs[k] += v * int(rounds)
+            costs["ciphertext_bytes"] += int(rounds) * sum(b for _, _, b in round_edge_bytes(
+                spec.protocol, phase, src, dst, key_bits=spec.key_bits, lk=p, slots=slots))
     costs["key_pairs"] = graph.n_agents
     if spec.protocol == "masked":
         costs.update(setup_counts(src, dst, key_bits=spec.key_bits))
-    # trials side by side: every count, the keys and the seed agreement once per trial
-    return {k: v * trials for k, v in costs.items()}, slots
+    return costs, slots
 
 
 def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: int, *, op_costs=None,
                       trials: int = 1) -> dict:
-    """The estimated cost of a Paillier run before it starts.
+    """The estimated cost of a PPDNMF Paillier run before it starts.
 
     The counts are the cost model's formulas for the whole run (every ADMM iteration of every
     BCD iteration, the packed counts when the fast path packs, the seed agreement under
@@ -74,9 +77,37 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
     op_costs : PaillierOpCosts, optional
         Seconds per operation; default: measured here on the run's own path
         (:func:`~ppdnmf_torch.exchange.paillier.exchange.calibrate_for`, as a ``quantized``
-        or ``paillier`` run's ``cost_model=True`` measures them).
+        or ``paillier`` run's ``cost_model=True`` measures them; kept per machine, so that
+        another process gets the same).
     trials : int
         Trials run side by side (each its own keys, seed agreement and rounds).
+
+    Returns
+    -------
+    dict
+        As :func:`exchange_estimate`.
+    """
+    return exchange_estimate(spec, [graph] * int(trials), [(int(L) * int(rank), int(x_iters) * int(bcd_iters))],
+                             op_costs=op_costs)
+
+
+def exchange_estimate(spec, graphs, phases, *, op_costs=None) -> dict:
+    """The estimated cost of any model's run through a Paillier exchange before it starts: per
+    ``(lk, rounds)`` of ``phases``, ``rounds`` ADMM iterations (exchange calls) of one penalty
+    round and one exchange round of ``lk`` values, over each trial's graph (``graphs``, side by side), priced by
+    :func:`~ppdnmf_torch.exchange.costmodel.run_seconds` (the figure the ``quantized`` twin's cost
+    model writes as ``estimated_seconds_total``).
+
+    Parameters
+    ----------
+    spec : PaillierSpec
+    graphs : list of Graph
+        One per trial.
+    phases : list of (int, int)
+        ``(lk, rounds)``: values per message and the calls of that size (FSSPCA's centring agrees
+        ``d + 1`` values, its ADMM iterations ``d r``).
+    op_costs : PaillierOpCosts, optional
+        As :func:`paillier_estimate`.
 
     Returns
     -------
@@ -91,14 +122,38 @@ def paillier_estimate(spec, graph, L: int, rank: int, x_iters: int, bcd_iters: i
         from ..exchange.paillier.exchange import calibrate_for  # imports phe, at the point of use
 
         op_costs = calibrate_for(spec)
-    rounds = int(x_iters) * int(bcd_iters)
-    costs, slots = _run_costs(spec, graph, int(L) * int(rank), rounds, int(trials))
+    rounds, costs, slots = sum(int(r) for _, r in phases), {}, 1
+    for g in graphs:
+        one, slots = _run_costs(spec, g, phases)
+        for k, v in one.items():
+            costs[k] = costs.get(k, 0) + v
     add_estimates(costs, op_costs, setup=spec.protocol == "masked")
     return {"costs": costs, "counts": {k: costs[k] for k in COUNT_KEYS if k != "ciphertext_bytes"},
             "ciphertext_bytes": costs["ciphertext_bytes"], "slots": slots, "key_pairs": costs["key_pairs"],
-            "rounds": rounds, "trials": int(trials), "seconds": costs["estimated_seconds_total"],
+            "rounds": rounds, "trials": len(graphs), "seconds": costs["estimated_seconds_total"],
             "seconds_operations": costs["estimated_seconds"], "seconds_keygen": costs["estimated_seconds_keygen"],
             "seconds_setup": costs.get("estimated_seconds_setup", 0.0), "op_costs": op_costs}
+
+
+def announce(spec, graphs, phases) -> dict:
+    """Log the lines a Paillier run says before it starts (:func:`format_estimate` of
+    :func:`exchange_estimate`, to the ``ppdnmf_torch.runner`` logger) and return the estimate."""
+    est = exchange_estimate(spec, graphs, phases)
+    logging.getLogger("ppdnmf_torch.runner").info(format_estimate(spec, est))
+    return est
+
+
+def announcing(fit, spec, graphs, rounds: int):
+    """``fit(X, rank, **kw)`` that first :func:`announce` s its run: messages of ``X.shape[0] rank``
+    values (symmetric NMF's ``U_i``), ``rounds`` exchange calls; for a fit whose data and rank
+    are known only once its preset is loaded."""
+
+    @functools.wraps(fit)
+    def announced(X, rank, **kw):
+        announce(spec, graphs, [(int(X.shape[0]) * int(rank), rounds)])
+        return fit(X, rank, **kw)
+
+    return announced
 
 
 def seconds_per_iteration(est: dict, bcd_iters: int) -> float:

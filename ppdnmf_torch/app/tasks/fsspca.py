@@ -36,6 +36,7 @@ from ...exchange.spec import ExchangeSpec
 from ...models.fsspca.config import DATA_PRESETS, TASK as TASK_SPEC, FSSPCASpec, ServerlessSpec
 from ...models.fsspca.data import SPLITS
 from ...models.fsspca.experiments import run_task
+from ..costs import announce
 from ..figures import write_figures
 from ..outputs import write_arrays, write_history_csv
 from ..progress import Progress
@@ -159,6 +160,8 @@ class FSSPCATask(ModelTask):
         graph = common.make_graphs(cfg.graph, cfg.n_workers, [cfg.seed])[0]
         part = partition_agents(graph, comm.world_size, partition, assignment)
         show = cfg.progress and comm.rank == 0
+        if comm.rank == 0:  # resumed: the whole run's figure (the ranks' checkpoints are per rank)
+            _announce(cfg, [graph], 0, d=X.shape[1])
         with Progress(show, cfg.solver.max_iter, f"FSSPCA ({cfg.data.kind}, serverless over {cfg.n_workers} workers, "
                       f"{comm.world_size} ranks)", interval=cfg.progress_interval, step=self.step) as bar:
             cb = rank_callback(logger, bar, callback)
@@ -199,6 +202,7 @@ class FSSPCATask(ModelTask):
         start = self.resume_point(out / "checkpoints") if resume_from is not None else 0
         where = f", serverless over {cfg.n_workers} workers" if cfg.variant == "serverless" else ""
         label = f"FSSPCA ({cfg.data.kind}{where}" + (f", {cfg.trials} trials)" if cfg.trials > 1 else ")")
+        _announce(cfg, inputs.graphs, start)
         with Progress(show, s.max_iter, label, interval=cfg.progress_interval, start=start, step=self.step) as bar:
 
             def cb(info):
@@ -320,6 +324,20 @@ class FSSPCATask(ModelTask):
     def objective(self, summary: dict) -> float:
         """The explained variance (its mean over trials)."""
         return common.mean(summary["explained_variance"])
+
+
+def _announce(cfg: FSSPCARunConfig, graphs, start: int, d: int | None = None) -> None:
+    """Log the Paillier estimate of a serverless run before it starts (app/costs.py): the centring's
+    ``center_iters`` calls of ``d + 1`` values (made again by a resumed run), then ``inner_iters``
+    calls of ``d n_components`` values per ADMM iteration left; ``graphs``: the one graph all
+    trials share. Nothing for another exchange or the server variant."""
+    if cfg.variant != "serverless" or cfg.exchange is None or cfg.exchange.kind != "paillier":
+        return
+    d = _rows(cfg)[0].shape[1] if d is None else int(d)
+    s, sl = cfg.solver, cfg.serverless
+    phases = ([(d + 1, sl.center_iters)] if s.center else []) + [
+        (d * cfg.n_components, sl.inner_iters * max(0, s.max_iter - start))]
+    announce(cfg.exchange, list(graphs) * cfg.trials if len(graphs) == 1 else list(graphs), phases)
 
 
 def _rows(cfg: FSSPCARunConfig) -> tuple:

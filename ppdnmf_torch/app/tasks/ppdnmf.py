@@ -30,7 +30,7 @@ from ..._utils import resolve_device
 from ...errors import ConfigError
 from ...diagnostics import degenerate_reasons, x_sketch
 from ...exchange.spec import SPECS
-from ...checkpoint import checkpoint_iteration, latest_checkpoint
+from ...checkpoint import CheckpointError, checkpoint_iteration, latest_checkpoint
 from ...models.ppdnmf.api import fit, fit_centralized
 from ...models.ppdnmf.config import X_SOLVER_KEYS, RunConfig, SolverConfig, from_dict, to_dict
 from ...models.ppdnmf.result import FitResult
@@ -382,6 +382,14 @@ def run_trials(cfg: RunConfig, out: Path, logger: RunLogger, *, show: bool, call
 # --------------------------------------------------------------------------------------
 
 
+def _ranks_resumed_at(out: Path) -> int:
+    """The BCD iterations rank 0's checkpoints hold (the engine's ``checkpoints/rank000``; 0 without one)."""
+    try:
+        return checkpoint_iteration(latest_checkpoint(out / "checkpoints" / "rank000"))
+    except CheckpointError:
+        return 0
+
+
 def run_rank(cfg: RunConfig, out: Path, comm, logger: RunLogger, *, partition="rcm", assignment=None, share="all",
              resume: bool = False, callback=None) -> dict | None:
     """One rank of ``ppdnmf`` over ``comm``'s ranks
@@ -400,7 +408,10 @@ def run_rank(cfg: RunConfig, out: Path, comm, logger: RunLogger, *, partition="r
     kw = _solver_kwargs(cfg, inputs)
     kw.pop("device")
     label = f"PPDNMF ({cfg.exchange.kind}, {comm.world_size} ranks)"
-    with Progress(cfg.progress and comm.rank == 0, s.bcd_iters, label, interval=cfg.progress_interval) as bar:
+    # rank 0 says the Paillier estimate, as a run in one process does (resumed: the BCD iterations left)
+    per_iteration = _announce(cfg, inputs, _ranks_resumed_at(out) if resume else 0) if comm.rank == 0 else None
+    with Progress(cfg.progress and comm.rank == 0, s.bcd_iters, label, interval=cfg.progress_interval,
+                  seconds_per_iteration=per_iteration) as bar:
 
         def cb(info):
             if comm.rank == 0:

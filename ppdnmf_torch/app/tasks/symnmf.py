@@ -32,6 +32,7 @@ from ...errors import ConfigError
 from ...exchange.spec import ExchangeSpec
 from ...models.symnmf.config import AgentsSpec, SymNMFSpec
 from ...models.symnmf.presets import PRESETS, run_preset
+from ..costs import announcing
 from ..figures import write_figures
 from ..outputs import write_arrays, write_history_csv
 from ..progress import Progress
@@ -105,6 +106,17 @@ AGENTS_KEYS = {**CONFIG_KEYS, "penalty": "agents.penalty", "lam0": "agents.lam0"
                "tol": "agents.tol"}
 
 
+def _announcing(cfg: SymNMFRunConfig, inputs: DeviceInputs, fit, iterations: int):
+    """The fit across agents (``fit``, or the one-process :func:`~ppdnmf_torch.models.symnmf.agents.fit_symnmf_agents`
+    with the trials and device :func:`~ppdnmf_torch.models.symnmf.presets.run_preset` would pass it) that
+    first logs the Paillier estimate: ``x_iters`` exchange calls per iteration (app/costs.py)."""
+    if fit is None:
+        from ...models.symnmf.agents import fit_symnmf_agents
+
+        fit = functools.partial(fit_symnmf_agents, trials=cfg.trials, device=inputs.device)
+    return announcing(fit, cfg.exchange, inputs.graphs, cfg.agents.x_iters * max(0, iterations))
+
+
 def _info(k, metrics):
     """A fit across agents reports ``(k, metrics)``; the app's callbacks take one object."""
     return SimpleNamespace(k=k, iteration=k, metrics=metrics)
@@ -156,9 +168,10 @@ class SymNMFTask(ModelTask):
         return {**s, **ckpt, "dtype": inputs.dtype}
 
     def fit(self, cfg: SymNMFRunConfig, inputs: DeviceInputs, logger, out: Path, *, show: bool, callback=None,
-            resume_from=None, rank_fit=None) -> ModelFits:
+            resume_from=None, rank_fit=None, announce: bool = True) -> ModelFits:
         """Step 2; ``rank_fit``: a rank's fit across agents (``functools.partial(fit_symnmf_rank,
-        comm, ...)``, :meth:`run_rank`), whose result is None on the ranks other than 0."""
+        comm, ...)``, :meth:`run_rank`), whose result is None on the ranks other than 0;
+        ``announce``: say a Paillier run's estimate before it starts (rank 0's)."""
         s, d, agents = cfg.solver, cfg.data, cfg.variant == "agents"
         start = self.resume_point(out / "checkpoints") if resume_from is not None else 0
         total = cfg.agents.max_iter if agents else s.max_iter
@@ -186,6 +199,8 @@ class SymNMFTask(ModelTask):
                 kwargs.update(graph=inputs.graphs[0], fit=rank_fit)
             elif agents:
                 kwargs["graph"] = inputs.graphs
+            if agents and cfg.exchange.kind == "paillier" and announce:
+                kwargs["fit"] = _announcing(cfg, inputs, kwargs.get("fit"), total - start)
             t0 = time.perf_counter()
             out_ = run_preset(d.preset, cfg.rank, path=d.path, labels_path=d.labels_path, n=d.n, sigma=d.sigma,
                               n_neighbors=d.n_neighbors, init=s.init, seed=cfg.seed, trials=cfg.trials,
@@ -246,7 +261,7 @@ class SymNMFTask(ModelTask):
         fit = functools.partial(fit_symnmf_rank, comm, partition=partition, assignment=assignment, share=share,
                                 threads=cfg.threads)
         fits = self.fit(cfg, inputs, logger, out, show=cfg.progress and comm.rank == 0, callback=callback,
-                        resume_from=out / "checkpoints" if resume else None, rank_fit=fit)
+                        resume_from=out / "checkpoints" if resume else None, rank_fit=fit, announce=comm.rank == 0)
         if fits is None:
             return None
         summary = self.write_outputs(cfg, inputs, fits, out, logger)

@@ -18,7 +18,9 @@ in two steps:
    protocol's mask streams, packing, the workers' traffic) and what the fast paths save.
 
 :func:`~ppdnmf_torch.exchange.costmodel.run_seconds` turns a run's counts into seconds with the
-result: one computation, one calibration, whichever command asks. ``exchange="quantized"``
+result: one computation, one calibration, whichever command asks; the calibration is kept per
+machine in a small JSON file (:mod:`~.calibration_cache`), so that another process, another
+command, gets the same figure for the same run. ``exchange="quantized"``
 imports this module only when it is first asked for an estimate.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import statistics
 import time
 
 from ..costmodel import PaillierOpCosts
+from . import calibration_cache as _disk
 from . import keys as _keys
 from .keys import RawPaillier
 
@@ -99,7 +102,9 @@ def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 3
     exponent_bits : int
         Bits of the scalar multiplications' exponent.
     refresh : bool
-        Measure again instead of the in-process cache.
+        Measure again instead of the caches (in the process, and on disk:
+        :mod:`~.calibration_cache`; ``$PPDNMF_RECALIBRATE=1`` does the same once per process),
+        and store the new figures.
     path : dict, optional
         The :class:`~.exchange.PaillierExchange` settings whose rounds scale the raw costs
         (``protocol``, ``n_max``, ``g_bits``, ``fast``, ``packing``, ``slot_bits``,
@@ -113,7 +118,9 @@ def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 3
     Returns
     -------
     PaillierOpCosts
-        With ``path_factor`` the scale applied (key generation is never scaled).
+        With ``path_factor`` the scale applied (key generation is never scaled): read from the
+        machine's cache file when it holds these settings (:mod:`~.calibration_cache`, so that
+        every process prices the same run alike), else timed here and written there.
     """
     key_bits, repeats, exponent_bits = int(key_bits), max(1, int(repeats)), int(exponent_bits)
     if path is not None and time_path is None:
@@ -121,6 +128,11 @@ def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 3
     cache_key = (key_bits, repeats, exponent_bits, tuple(sorted((path or {}).items())))
     if not refresh and cache_key in _CACHE:
         return _CACHE[cache_key]
+    disk_key = _disk.entry_key(key_bits, repeats, exponent_bits, path)
+    stored = None if refresh or _disk.recalibrate_requested() else _disk.load(disk_key)
+    if stored is not None:
+        _CACHE[cache_key] = stored
+        return stored
     t0 = time.perf_counter()
     # interruptible; refuses sizes above the limit (looked up on its module: the key-hygiene test sees them)
     keys = [_keys.generate_keypair(key_bits) for _ in range(KEYGENS)]
@@ -133,6 +145,7 @@ def calibrate(key_bits: int = 2048, repeats: int = 12, *, exponent_bits: int = 3
                                    scalar_multiplication=base.scalar_multiplication * f, path_factor=f)
     del keys
     _CACHE[cache_key] = base
+    _disk.store(disk_key, base)
     return base
 
 
