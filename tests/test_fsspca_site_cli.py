@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from ppdnmf_torch.checkpoint import PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 D, ROWS = 5, [12, 9]
 PUBLIC = ["task=fsspca", "fsspca/variant=serverless", "graph=ring", "n_workers=2", f"data.n_features={D}",
@@ -142,14 +144,14 @@ def test_an_fsspca_site_that_dies_ends_the_other_with_one_line_and_both_resume_f
     procs = [_start(tmp_path, r, port, long) for r in range(2)]
     ck = tmp_path / "site1" / "run" / "checkpoints" / "rank001"
     t0 = time.monotonic()
-    while not (ck.is_dir() and any(ck.glob("*.pt"))) and time.monotonic() - t0 < 180:
+    while not (ck.is_dir() and any(ck.glob(f"{PREFIX}*.pt"))) and time.monotonic() - t0 < 180:
         time.sleep(0.2)
     procs[1].send_signal(signal.SIGKILL)
     code, out = procs[0].wait(timeout=120), procs[0].stdout.read()
     errors = [ln for ln in out.splitlines() if ln.startswith("ppdnmf: error:")]
     assert code == 3 and len(errors) == 1 and "rank 1" in errors[0], out
     done = max(int("".join(c for c in p.stem if c.isdigit()))
-               for r in range(2) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob("*.pt"))
+               for r in range(2) for p in (tmp_path / f"site{r}" / "run" / "checkpoints").rglob(f"{PREFIX}*.pt"))
     cap = f"solver.max_iter={done + 4}"
     port = free_port()
     procs = [_start(tmp_path, r, port, [*long, "resume=run", cap]) for r in range(2)]

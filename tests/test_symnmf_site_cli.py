@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from ppdnmf_torch.checkpoint import PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 N_NODES = 12
 #: the public node sets (not contiguous); site.columns are their sizes
@@ -159,7 +161,7 @@ def test_a_symnmf_site_that_dies_ends_the_other_and_both_resume_from_their_check
     procs = [_start(tmp_path, r, port, long) for r in range(2)]
     ck = tmp_path / "site1" / "run" / "checkpoints"
     t0 = time.monotonic()
-    while not any(ck.rglob("*.pt")) and time.monotonic() - t0 < 180:
+    while not any(ck.rglob(f"{PREFIX}*.pt")) and time.monotonic() - t0 < 180:
         time.sleep(0.1)
     procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
