@@ -71,7 +71,7 @@ class SymNMFSpec:
         default (``adaptive`` for the split methods, ``kuang`` for ``kuang``, ``bound`` for
         ``admm``, none for ``pgd``, ``beta``, ``tsvd``).
     lam0 : float or None
-        ``lambda_0`` of ``adaptive`` (None: 1e-5, the paper's) or ``kuang`` (None: ``max X^2``).
+        ``lambda_0`` of ``adaptive`` (None: 1e-5, the paper's) or ``kuang`` (None: 1e-5, what the paper's Fig. 3 implies).
     max_iter : int
         Outer iterations. 5000: SymHALS under the adaptive rule from the paper's ``lambda_0 = 1e-5``
         spends up to ~1000 iterations raising ``lambda`` and ended the noise-free ``n = 150,

@@ -96,7 +96,7 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
         ``"adaptive"`` for the three split methods, ``"kuang"`` for ``kuang``, ``"bound"``
         for ``admm`` (its ``rho``); ``pgd``, ``beta`` and ``tsvd`` take none.
     lam0 : float, optional
-        ``lambda_0`` of ``"adaptive"`` (default 1e-5) or ``"kuang"`` (default ``max X^2``).
+        ``lambda_0`` of ``"adaptive"`` (default 1e-5) or ``"kuang"`` (default 1e-5, the paper's Fig. 3).
     U0 : array_like, optional
         ``(n, r)`` or ``(T, n, r)``; default i.i.d. uniform on ``[0, 1]`` per trial from
         ``seed``. ``V_0 = U_0``.
