@@ -124,7 +124,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     max_iter : int
         Cap on the BCD iterations (:func:`ppdnmf_torch.fit`'s ``bcd_iters``).
     tol : float
-        The stopping rule's tolerance (:func:`ppdnmf_torch.fit`); when ``max_iter`` is hit
+        The stopping rule's tolerance (:func:`ppdnmf_torch.fit`: a fit stops at the first BCD
+        iteration at which every agent's model ``X_i Y_i`` moved by less than ``tol ||Z_i||`` and
+        its copy of the basis disagrees with its neighbours' by less than ``tol``, relative;
+        free of the data's units); when ``max_iter`` is hit
         first, a :class:`~ppdnmf_torch.ConvergenceWarning` says so. ``0`` runs ``max_iter``
         iterations.
     mu, eta, g_max, x_iters, y_iters, admm_tol, exchange, protocol, n_max, key_bits, g_bits,
