@@ -368,7 +368,7 @@ def _loop_hops(lengths, cap: int) -> int:
 
 def _assert_flag_bytes(out, fit: dict):
     """Every rank's ``flags`` bytes are the model's (:func:`~ppdnmf_torch.distributed.costs.flag_bytes`):
-    one hop and one decision per iteration of a tracked ADMM loop, and the BCD-level rule's."""
+    one hop and one decision per iteration of a tracked ADMM loop, and the BCD-level rule's decision."""
     h = out["history"]
     n_bcd = len(h["nmse"])
     x_len = [int(torch.as_tensor(v).max()) for v in h["x_iters"]]
@@ -377,10 +377,9 @@ def _assert_flag_bytes(out, fit: dict):
         model = r["model_per_admm_iteration"]
         # one hop (a byte per boundary agent and peer) + 8 per tracked iteration; the X-step and the
         # BCD loop add the stop agreed over the ranks (two int64 per decision)
-        hop = model["flags"] - 8
         y_bytes = _loop_hops(y_len, fit["y_iters"]) * model["flags"]
         x_bytes = _loop_hops(x_len, fit["x_iters"]) * model["flags_x"]
-        bcd = (n_bcd - 1) * (hop + 16) if fit.get("tol", 0) > 0 else 0
+        bcd = (n_bcd - 1) * 16 if fit.get("tol", 0) > 0 else 0  # the BCD rule's flags do not travel
         assert model["flags_x"] == model["flags"] + 16 and r["sent"]["flags"] == x_bytes + y_bytes + bcd
         assert r["admm_iterations"] == sum(x_len)
         assert r["sent"]["halo"] == r["admm_iterations"] * r["model_per_admm_iteration"]["halo"] > 0
@@ -416,7 +415,9 @@ def test_stopping_rule_on_two_ranks_same_iterations_and_flag_bytes():
     Y-step's agents at different ADMM iterations (its flags cross every cut edge); every rank stops
     where one process does (the same counts, the same converged iteration), with the flag bytes as
     modelled."""
-    fit = dict(SHORT, exchange="quantized", tol=1e-1, admm_tol=1e-3, bcd_iters=10)
+    # the adaptive schedule: under the paper's caps the copies still disagree by 10 % after 10
+    # iterations, and the BCD rule waits for every agent's own test (its flags do not travel)
+    fit = dict(SHORT, exchange="quantized", tol=1e-1, admm_tol=1e-3, bcd_iters=10, penalty_schedule="adaptive")
     case = {"data": dict(N=9, K=3), "fit": fit, "cost_model": True}
     outs = _spawn(2, case)
     assert [o.exitcode for o in outs] == [0, 0], [o.error for o in outs]
@@ -711,7 +712,8 @@ def _assert_own_factors(own, ref):
 def test_share_sums_on_one_rank_with_the_stopping_rule_and_the_adaptive_schedule(solo):
     """One rank in this process: the factors are the single-process bits, the reduced metrics
     agree to 1e-12 (the per-agent counts of a stopping rule's loops as means and maxima)."""
-    fit = dict(SHORT, exchange="quantized", tol=3e-2, admm_tol=1e-3, bcd_iters=10, penalty_schedule="adaptive")
+    # the BCD rule waits for every agent's own test (its flags do not travel): 14 iterations here
+    fit = dict(SHORT, exchange="quantized", tol=3e-2, admm_tol=1e-3, bcd_iters=30, penalty_schedule="adaptive")
     case = {"data": dict(N=6, K=3), "fit": fit, "cost_model": True}
     Z, G, counts = _data(**case["data"])
     r = fit_rank(solo, Z, G, 3, columns=counts, share="sums", **_fit_kwargs(case))

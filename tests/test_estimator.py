@@ -37,11 +37,13 @@ def test_attributes_follow_scikit_learn(fitted, data):
     m = fitted
     assert isinstance(m.components_, torch.Tensor)  # tensor in, tensor out
     assert m.components_.shape == (5, 30) and bool((m.components_ >= 0).all())
-    assert torch.equal(m.components_, m.result_.X_mean.T)
+    # the fit is of X / scale_ (the data's largest absolute entry), components_ in X's units
+    assert m.scale_ == float(Z.abs().max())
+    assert torch.equal(m.components_, m.result_.X_mean.T * m.scale_)
     assert m.n_iter_ == 8 and m.n_features_in_ == 30 and len(m.history_["nmse"]) == 8
-    blocks = torch.split(Z, m.result_.columns, dim=1)
-    err = torch.sqrt(sum(torch.linalg.matrix_norm(b - m.result_.X[i] @ m.result_.Y[i]) ** 2
-                         for i, b in enumerate(blocks)))
+    blocks = torch.split(Z / m.scale_, m.result_.columns, dim=1)
+    err = m.scale_ * torch.sqrt(sum(torch.linalg.matrix_norm(b - m.result_.X[i] @ m.result_.Y[i]) ** 2
+                                    for i, b in enumerate(blocks)))
     assert m.agent_reconstruction_err_ == pytest.approx(float(err), rel=1e-10)
     W = torch.cat(m.result_.Y, dim=1).T  # fit_transform's W, with H = components_ (scikit-learn's meaning)
     assert m.reconstruction_err_ == pytest.approx(float(torch.linalg.matrix_norm(Z.T - W @ m.components_)), rel=1e-10)
@@ -101,9 +103,10 @@ def test_transform_uses_the_fits_y_solver(data, y_solver, other):
     kw = dict(FAST, y_iters=5, **({} if y_solver is None else {"y_solver": y_solver}))  # None: the default
     m = pp.PPDNMF(n_components=5, random_state=0, transform_iters=15, transform_tol=0.0, **kw).fit(Xs)
     m.set_params(y_solver=other)  # transform follows the fit, not a later setting
-    X = m.result_.X_mean
+    X = m.result_.X_mean  # the basis of X / scale_: transform projects new / scale_ on it
     new = pp.data.synthetic(seed=7).Z[:, :12].clamp(min=0)
     Y = m.transform(new.T).T
+    new = new / m.scale_
     refs = {"admm": _admm_projection(X, new, m.eta, 15), "hals": _hals_projection(X, new, 15)}
     used = y_solver or pp.models.ppdnmf.config.SOLVER_DEFAULTS.y_solver
     torch.testing.assert_close(Y, refs[used], rtol=1e-9, atol=1e-12)

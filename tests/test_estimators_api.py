@@ -51,9 +51,10 @@ def test_ppdnmf_reconstruction_err_is_that_of_fit_transform_and_components(X, ne
     assert m.reconstruction_err_ == pytest.approx(rebuilt, rel=1e-9)  # the same sum, another order
     # the agents' own copies of the basis: what the run minimized; after 3 iterations the copies
     # still differ, so the two figures differ
-    blocks = np.split(Xf, np.cumsum(m.result_.columns)[:-1])
-    own = np.sqrt(sum(np.linalg.norm(b - (m.result_.X[i] @ m.result_.Y[i]).T.numpy()) ** 2
-                      for i, b in enumerate(blocks)))
+    # (result_ is the fit of X / scale_)
+    blocks = np.split(Xf / m.scale_, np.cumsum(m.result_.columns)[:-1])
+    own = m.scale_ * np.sqrt(sum(np.linalg.norm(b - (m.result_.X[i] @ m.result_.Y[i]).T.numpy()) ** 2
+                                 for i, b in enumerate(blocks)))
     assert m.agent_reconstruction_err_ == pytest.approx(own, rel=1e-9)
     assert abs(m.agent_reconstruction_err_ - m.reconstruction_err_) > 1e-9 * m.reconstruction_err_
 
@@ -164,7 +165,7 @@ BAD = {
         penalty=(3, "sometimes"), penalty_schedule=(3, "never"), y_solver=(3, "lbfgs"), negative=(3, "ignore"),
         min_degree=("x", 0), device=(3, "tpu"), dtype=([1], "int8"), fuse=("yes", None), threads=("2", 0),
         exchange_options=("x", {"bogus": 1}), transform_iters=(2.5, 0), transform_tol=("x", -1.0),
-        verbose=("x", -1)),
+        scale=([1], 0.0), verbose=("x", -1)),
     pp.SymmetricNMF: dict(
         n_clusters=("3", 0), affinity=(3, "rbf"), n_neighbors=("x", 0), method=(3, "nmf"), penalty=({}, -1.0),
         init=(3, "zeros"), n_init=(2.5, 0), max_iter=(2.5, 0), tol=("0", -1.0), random_state=("x", -1),

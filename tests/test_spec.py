@@ -112,7 +112,7 @@ WRONG = dict(
     name=5, trials="2", centralized="no", central_callback=5,
     # the estimator
     n_components=2.0, graph="abc", n_agents="4", random_state="abc", max_iter=2.0, transform_iters=1.5,
-    transform_tol="a", verbose="loud",
+    transform_tol="a", verbose="loud", scale="big",
 )
 #: the error kinds of the inputs (a ConfigError elsewhere)
 KIND = {"Z": pp.DataError, "adjacency": pp.GraphError, "graph": pp.GraphError}

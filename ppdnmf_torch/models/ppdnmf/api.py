@@ -54,10 +54,12 @@ def fit(Z, adjacency, rank, *, columns=None, mu=_S.mu, eta=_S.eta, g_max=_S.g_ma
     bcd_iters, x_iters, y_iters : int
         Iteration caps.
     tol : float
-        Relative-change tolerance of the Sec. II-C stopping rule; ``0`` runs the fixed counts.
-        The BCD loop checks both factors ``X_i`` and ``Y_i``, from the second BCD iteration
-        on (after the first, with one ADMM iteration per step, both still equal their
-        start); the ADMM loops check ``U_i`` and ``V_i``.
+        Tolerance of the BCD stopping rule: the run stops at the first BCD iteration at which
+        every agent's model change ``||X_i Y_i - X'_i Y'_i||_F / ||Z_i||_F`` and disagreement
+        are below it (:mod:`.solver.stopping`); ``0`` runs the fixed counts. The BCD loop
+        checks from the second BCD iteration on (after the first, with one ADMM iteration per
+        step, both factors still equal their start); the ADMM loops check the relative change
+        of ``U_i`` and ``V_i``.
     admm_tol : float, optional
         Tolerance of the ADMM loops alone (default: ``tol``); ``0`` keeps fixed ADMM counts.
     exchange : {"plain", "quantized", "paillier", "secagg"}, ExchangeSpec or Exchange

@@ -144,7 +144,7 @@ class SolverConfig:
     bcd_iters: int = rule(1000, ge=1, le=MAX_ITERATIONS, doc="the cap on BCD iterations")
     x_iters: int = rule(30, ge=1, le=MAX_ITERATIONS, doc="ADMM iterations per X-step")
     y_iters: int = rule(30, ge=1, le=MAX_ITERATIONS, doc="ADMM iterations (HALS sweeps) per Y-step")
-    tol: float = rule(1e-4, ge=0, doc="the Sec. II-C stopping rule's tolerance (0: fixed counts)")
+    tol: float = rule(1e-4, ge=0, doc="the BCD stop: every agent's model change and disagreement below it (0: fixed counts)")
     admm_tol: float | None = rule(0.0, ge=0, doc="the ADMM loops' tolerance (None: tol; 0: fixed counts)")
     penalty: str = rule("random", choices=PENALTY_MODES, doc="random monotone draws or fixed g_i")
     consensus_form: str = rule("derived", choices=CONSENSUS_FORMS, doc="step 3's consensus term")

@@ -13,6 +13,12 @@ Orientation: scikit-learn's. ``X (n_samples, n_features)`` is the transpose of t
 is a constructor parameter (``graph``; by default a ring of ``n_agents`` agents), so that
 ``fit``'s second argument is scikit-learn's ``y`` (ignored). NumPy (or SciPy sparse) input
 gives NumPy output; a torch tensor gives a tensor on its device.
+
+Units: the penalties ``mu``, ``eta`` and ``g_max`` are absolute numbers chosen for data in
+``[0, 1]``, so the estimator fits ``X / scale_`` (``scale="max"``: the largest absolute entry of
+``X``; or a bound the agents agreed on) and gives ``components_``, ``reconstruction_err_`` and
+``inverse_transform`` in ``X``'s units; the coefficients ``W`` are those of ``X / scale_``. The
+answer on ``c X`` is then the answer on ``X`` with ``components_`` times ``c``, to rounding.
 """
 from __future__ import annotations
 
@@ -80,6 +86,17 @@ def _dense_columns(Z, columns, n_agents: int):
     return [torch.as_tensor(csc[:, a:b].toarray(), dtype=torch.float64) for a, b in zip(starts, starts[1:])], None
 
 
+def _divided(Xs, scale: float):
+    """``Xs / scale`` (the penalties' units, module docstring), entry by entry as torch divides: a
+    ``scipy.sparse`` matrix's stored values divided in NumPy (SciPy's ``/`` multiplies by the
+    reciprocal, which would make a sparse ``X`` fit other bits than the same ``X`` dense)."""
+    if not hasattr(Xs, "toarray"):
+        return Xs / scale
+    out = Xs.copy()
+    out.data = out.data / scale
+    return out
+
+
 class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Privacy-preserving distributed NMF as a scikit-learn estimator: ``X ~ W H`` over N agents.
 
@@ -107,7 +124,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     max_iter : int
         Cap on the BCD iterations (:func:`ppdnmf_torch.fit`'s ``bcd_iters``).
     tol : float
-        The stopping rule's tolerance (:func:`ppdnmf_torch.fit`); when ``max_iter`` is hit
+        The stopping rule's tolerance (:func:`ppdnmf_torch.fit`: a fit stops at the first BCD
+        iteration at which every agent's model ``X_i Y_i`` moved by less than ``tol ||Z_i||`` and
+        its copy of the basis disagrees with its neighbours' by less than ``tol``, relative;
+        free of the data's units); when ``max_iter`` is hit
         first, a :class:`~ppdnmf_torch.ConvergenceWarning` says so. ``0`` runs ``max_iter``
         iterations.
     mu, eta, g_max, x_iters, y_iters, admm_tol, exchange, protocol, n_max, key_bits, g_bits,
@@ -122,6 +142,12 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         whichever ``y_solver`` the fit used), run in rounds of ``y_iters`` until the relative
         change falls below ``transform_tol``.
     transform_tol : float
+    scale : "max" or float
+        The data are divided by this number before the fit (see Units in the module docstring):
+        ``"max"``, the largest absolute entry of ``X`` (in a deployment the max over the agents'
+        maxima, one number every agent learns), or a positive number the agents agreed on in
+        public (e.g. 16 for digits, 255 for 8-bit images: nothing crosses). ``1.0`` fits ``X`` as
+        it is, as :func:`ppdnmf_torch.fit` does.
     verbose : int or bool
         0 (the default): silent. 1: progress of the fit (a tqdm bar when stderr is a terminal,
         else a line every few seconds: BCD iteration, NMSE, consensus error, elapsed time, ETA);
@@ -136,6 +162,9 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     components_ : ndarray or Tensor (n_components, n_features)
         ``X^T`` of the consensus basis (the agents' mean ``X``).
     n_components_ : int
+    scale_ : float
+        The number ``X`` was divided by for the fit (``scale``'s value, or ``X``'s largest
+        absolute entry; 1.0 for all-zero data).
     n_iter_ : int
         BCD iterations run.
     reconstruction_err_ : float
@@ -149,10 +178,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     nmse_, consensus_ : float
         The paper's NMSE and the consensus error ``max_i ||X_i - Xbar|| / ||Xbar||``.
     history_ : dict
-        Per BCD iteration (:attr:`ppdnmf_torch.FitResult.history`).
+        Per BCD iteration (:attr:`ppdnmf_torch.FitResult.history`), of the fit of ``X / scale_``.
     result_ : FitResult
         Everything :func:`ppdnmf_torch.fit` returned (every agent's factors as tensors, the
-        exchange's costs), in the paper's orientation.
+        exchange's costs), in the paper's orientation, for ``X / scale_``.
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         When ``X`` had string column names.
@@ -173,7 +202,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
                  protocol=_O.protocol, n_max=_O.n_max, key_bits=_O.key_bits, g_bits=_O.g_bits, penalty=_S.penalty,
                  penalty_schedule=_S.penalty_schedule, y_solver=_S.y_solver, negative=_O.negative,
                  min_degree=_O.min_degree, device=_O.device, dtype=_O.dtype, fuse=_S.fuse, threads=_O.threads,
-                 exchange_options=_O.exchange_options, transform_iters=3000, transform_tol=1e-8, verbose=0):
+                 exchange_options=_O.exchange_options, transform_iters=3000, transform_tol=1e-8, scale="max",
+                 verbose=0):
         self.n_components = n_components
         self.graph = graph
         self.n_agents = n_agents
@@ -205,6 +235,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self.exchange_options = exchange_options
         self.transform_iters = transform_iters
         self.transform_tol = transform_tol
+        self.scale = scale
         self.verbose = verbose
 
     def __sklearn_tags__(self):
@@ -238,6 +269,10 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if c is not None and (isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or not all(
                 isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in c)):
             raise ConfigError(f"columns: must be None or a list of sample counts, one integer >= 1 per agent, got {c!r}")
+        v = self.scale
+        if not (isinstance(v, str) and v == "max") and (
+                not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"scale: must be 'max' or a finite number > 0, got {v!r}")
         self._torch_dtype()
         check_verbose(self.verbose)
 
@@ -334,6 +369,8 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             raise ConfigError("graph: PPDNMF.fit(X, y=None) takes the graph as the constructor's parameter, "
                               "PPDNMF(graph=...), and X with the samples as rows (the transpose of the paper's Z)")
         Xs, as_tensor = self._as_samples(X, reset=True)
+        scale = self._scale_of(Xs)
+        Xs = _divided(Xs, scale)
         n_samples, n_features = Xs.shape
         g = self._graph(n_samples)
         K = self.n_components if self.n_components is not None else n_features
@@ -351,9 +388,20 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             progress.close()
             raise
         progress.done(result.n_iter, {"NMSE": result.nmse, "consensus": result.consensus})
-        self._set_fitted(result, kw["y_solver"], as_tensor)
-        self.reconstruction_err_ = self._rebuilt_error(Xs, result)
+        self._set_fitted(result, kw["y_solver"], as_tensor, scale)
+        self.reconstruction_err_ = scale * self._rebuilt_error(Xs, result)
         return result
+
+    def _scale_of(self, Xs) -> float:
+        """``scale``'s number: the given bound, or ``X``'s largest absolute entry (1.0 when all
+        are 0: the fit then refuses the data by name)."""
+        if not isinstance(self.scale, str):
+            return float(self.scale)
+        if hasattr(Xs, "toarray"):
+            high = float(abs(Xs).max()) if Xs.nnz else 0.0
+        else:
+            high = float(Xs.detach().abs().max()) if Xs.numel() else 0.0
+        return high if high > 0 else 1.0
 
     def _named(self, exc: PPDNMFError) -> PPDNMFError:
         """``exc`` under the estimator's names: fit's names of its parameters, and a setting of
@@ -379,16 +427,18 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         W = torch.cat(list(result.Y), dim=1).T  # (n_samples, K), sample order
         return float(torch.linalg.matrix_norm(Xd - W @ H))
 
-    def _set_fitted(self, result: FitResult, y_solver: str, as_tensor: bool) -> None:
+    def _set_fitted(self, result: FitResult, y_solver: str, as_tensor: bool, scale: float) -> None:
         self.result_ = result
         self._y_solver = y_solver
         self._as_tensor = as_tensor
-        self._basis = result.X_mean  # (L, K), the fit's dtype and device
-        self.components_ = self._output(result.X_mean.T.contiguous(), as_tensor)
+        self.scale_ = scale
+        self._basis = result.X_mean  # (L, K) of X / scale_, the fit's dtype and device
+        self._components = (result.X_mean.T * scale).contiguous()  # (K, L) in X's units
+        self.components_ = self._output(self._components, as_tensor)
         self.n_components_ = int(result.X_mean.shape[1])
         self.n_iter_ = result.n_iter
         self.history_ = result.history
-        self.agent_reconstruction_err_ = math.sqrt(2.0 * float(result.history["objective"][-1]))
+        self.agent_reconstruction_err_ = scale * math.sqrt(2.0 * float(result.history["objective"][-1]))
         self.nmse_ = result.nmse
         self.consensus_ = result.consensus
 
@@ -440,7 +490,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         if hasattr(Xs, "toarray"):
             Xs = torch.as_tensor(Xs.toarray(), dtype=torch.float64)
         with using_threads(self.threads):
-            W = self._project(Xs.T)
+            W = self._project(Xs.T / self.scale_)
         return self._output(W.T.contiguous(), as_tensor)
 
     def _project(self, Zt: torch.Tensor) -> torch.Tensor:
@@ -474,7 +524,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
               else torch.as_tensor(np.asarray(W, dtype=np.float64), dtype=self._basis.dtype, device=self._basis.device))
         if Wt.dim() != 2 or Wt.shape[1] != self.n_components_:
             raise DataError(f"W: expected (n_samples, {self.n_components_}) coefficients, got shape {tuple(Wt.shape)}")
-        return self._output(Wt @ self._basis.T, as_tensor)
+        return self._output(Wt @ self._components, as_tensor)
 
     def score(self, X, y=None) -> float:
         """Minus the relative reconstruction error of ``X`` on the fitted basis,
@@ -483,7 +533,7 @@ class PPDNMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
         self._check_params()
         Xs, _ = self._as_samples(X, reset=False)
         Xd = torch.as_tensor(Xs.toarray(), dtype=torch.float64) if hasattr(Xs, "toarray") else Xs
-        Xd = Xd.detach().to(device=self._basis.device, dtype=self._basis.dtype)
+        Xd = Xd.detach().to(device=self._basis.device, dtype=self._basis.dtype) / self.scale_
         with using_threads(self.threads):
             rec = self._basis @ self._project(Xd.T)  # (L, n_samples)
         return -float(torch.linalg.matrix_norm(Xd.T - rec) / torch.linalg.matrix_norm(Xd).clamp_min(1e-300))
