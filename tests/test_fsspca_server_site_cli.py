@@ -4,7 +4,6 @@ fsspca/variant=server site.rank=0 ...`` (the server, no ``site.data``) and the w
 test), the rest slow."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -15,18 +14,11 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from site_cli import site_env
+
 D, ROWS = 6, [8, 9]
 PUBLIC = ["task=fsspca", "fsspca/variant=server", "n_workers=2", f"data.n_features={D}", "solver.max_iter=4",
           "solver.tol=0", "alpha=0.05", "logger=none", "progress=false"]
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
 
 
 def _rows(i):
@@ -43,7 +35,7 @@ def _start(tmp_path, r, port, args=(), data=None):
         own = ["site.data=own.npy"]
     cmd = [sys.executable, "-m", "ppdnmf_torch", f"site.rank={r}", "site.world=3", f"site.rendezvous=127.0.0.1:{port}",
            *own, "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run", *PUBLIC, *args]
-    return subprocess.Popen(cmd, cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=folder, env=site_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _errors(out: str) -> list:

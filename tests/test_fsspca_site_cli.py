@@ -2,7 +2,6 @@
 once, short, with the single process's bits; a site's faults before connecting are one line."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,12 @@ import yaml
 
 from ppdnmf_torch.checkpoint import PREFIX
 
-ROOT = Path(__file__).resolve().parents[1]
+from site_cli import site_env
+
 D, ROWS = 5, [12, 9]
 PUBLIC = ["task=fsspca", "fsspca/variant=serverless", "graph=ring", "n_workers=2", f"data.n_features={D}",
           "exchange=plain", "solver.max_iter=4", "solver.tol=0", "serverless.center_iters=5", "alpha=0.05",
           "logger=none", "progress=false"]
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
 
 
 def _rows(r):
@@ -39,7 +31,7 @@ def _start(tmp_path, r, port, args=()):
     np.save(folder / "own.npy", _rows(r))
     cmd = [sys.executable, "-m", "ppdnmf_torch", f"site.rank={r}", "site.world=2", f"site.rendezvous=127.0.0.1:{port}",
            "site.data=own.npy", "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run", *PUBLIC, *args]
-    return subprocess.Popen(cmd, cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=folder, env=site_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _reference(config: Path):
@@ -91,10 +83,10 @@ def test_serverless_fsspca_over_ranks_from_the_command_line_gives_the_one_proces
     args = [sys.executable, "-m", "ppdnmf_torch", "task=fsspca", "fsspca/variant=serverless", "graph=ring",
             "n_workers=4", "solver.max_iter=4", "serverless.center_iters=5", "exchange=plain", "logger=none",
             "progress=false"]
-    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=_env(), capture_output=True,
+    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=site_env(), capture_output=True,
                          text=True, timeout=300)
     two = subprocess.run([*args, "distributed.nproc=2", f"hydra.run.dir={tmp_path / 'two'}"], cwd=tmp_path,
-                         env=_env(), capture_output=True, text=True, timeout=300)
+                         env=site_env(), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     assert np.array_equal(np.load(tmp_path / "one" / "z_workers.npy"), np.load(tmp_path / "two" / "z_workers.npy"))
     assert np.array_equal(np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "two" / "z.npy"))
@@ -108,10 +100,10 @@ def test_fsspca_with_a_server_over_ranks_from_the_command_line_follows_one_proce
     agrees with the one-process run's to the codecs' resolution."""
     args = [sys.executable, "-m", "ppdnmf_torch", "task=fsspca", "n_workers=4", "solver.max_iter=4", "solver.tol=0",
             "logger=none", "progress=false"]
-    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=_env(), capture_output=True,
+    one = subprocess.run([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, env=site_env(), capture_output=True,
                          text=True, timeout=300)
     three = subprocess.run([*args, "distributed.nproc=3", f"hydra.run.dir={tmp_path / 'three'}"], cwd=tmp_path,
-                           env=_env(), capture_output=True, text=True, timeout=300)
+                           env=site_env(), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0 and three.returncode == 0, (one.stderr[-2000:], three.stderr[-2000:])
     assert "3 ranks" in three.stdout
     z1, z3 = np.load(tmp_path / "one" / "z.npy"), np.load(tmp_path / "three" / "z.npy")

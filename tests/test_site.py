@@ -8,24 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from site_cli import site_env
+
 COLUMNS = [20, 15, 25]
 #: the public description every site of these tests runs (the library's defaults otherwise)
 PUBLIC = ["n_agents=3", "graph=ring", "solver.rank=3", "solver.bcd_iters=5", "logger=none", "progress=false"]
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
 
 
 def _data(tmp_path, columns=COLUMNS, seed=0, L=20, K=3):
@@ -47,7 +39,7 @@ def _start(tmp_path, r, port, args, world=3, public=PUBLIC):
            f"site.rendezvous=127.0.0.1:{port}", "site.data=own.npy",
            f"site.columns=[{','.join(map(str, COLUMNS))}]", "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run",
            *public, *args]
-    return subprocess.Popen(cmd, cwd=tmp_path / f"site{r}", env=_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=tmp_path / f"site{r}", env=site_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -64,7 +56,7 @@ def _one_process(tmp_path, args=()):
     out = subprocess.run([sys.executable, "-m", "ppdnmf_torch", "data=npy", "data.path=all.npy",
                           f"data.split.counts=[{','.join(map(str, COLUMNS))}]", "centralized=false",
                           "solver.fuse=false", "hydra.run.dir=one", *PUBLIC, *args], cwd=tmp_path / "whole",
-                         env=_env(), capture_output=True, text=True, timeout=240)
+                         env=site_env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     return torch.load(tmp_path / "whole" / "one" / "factors.pt", weights_only=False)
 
@@ -91,7 +83,8 @@ def test_three_sites_each_with_its_own_file_give_the_bits_of_one_process(tmp_pat
     if kind == "plain":  # the API with the library's defaults, as the command line's (one process fewer)
         import ppdnmf_torch as pp
 
-        ref = pp.fit(torch.from_numpy(Z), pp.graph.ring(3), 3, columns=COLUMNS, bcd_iters=5, seed=0, fuse=False)
+        ref = pp.fit(torch.from_numpy(Z), pp.graph.ring(3), 3, columns=COLUMNS, bcd_iters=5, seed=0, fuse=False,
+                     exchange=kind)
         one = {"X": ref.X, "U": ref.U, "Y": ref.Y}
     else:
         one = _one_process(tmp_path, args)

@@ -4,12 +4,10 @@ factors of ``fit_symnmf_agents`` with the same seeds; faults with one line."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +15,8 @@ import torch
 
 from ppdnmf_torch.checkpoint import PREFIX
 
-ROOT = Path(__file__).resolve().parents[1]
+from site_cli import site_env
+
 N_NODES = 12
 #: the public node sets (not contiguous); site.columns are their sizes
 PARTS = [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9, 10, 11]]
@@ -26,14 +25,6 @@ PUBLIC = ["task=symnmf", "symnmf/variant=agents", "agents.n_agents=2", "graph=co
           "site.parts=[[0,2,4,6,8],[1,3,5,7,9,10,11]]", "progress=false"]
 #: the fit's settings in the API's names (the command line's above)
 API = dict(n_agents=2, seed=3, start_seed=7, x_iters=3)
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", HYDRA_FULL_ERROR="0")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
 
 
 def _X():
@@ -52,7 +43,7 @@ def _data(tmp_path):
 def _start(tmp_path, r, port, args):
     cmd = [sys.executable, "-m", "ppdnmf_torch", f"site.rank={r}", f"site.rendezvous=127.0.0.1:{port}",
            "site.data=own.npy", "site.timeout=60", "site.heartbeat=10", "hydra.run.dir=run", *PUBLIC, *args]
-    return subprocess.Popen(cmd, cwd=tmp_path / f"site{r}", env=_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=tmp_path / f"site{r}", env=site_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
