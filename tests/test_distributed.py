@@ -551,7 +551,8 @@ def test_plain_two_ranks_given_assignment_and_options():
 @pytest.mark.slow
 @pytest.mark.parametrize("act", ["raise", "kill", "hang"])
 def test_a_failing_rank_stops_every_rank_with_a_clear_error(act):
-    case = {"data": dict(N=9, K=3), "fit": {"bcd_iters": 40}, "act": (1, 2, act), "timeout": 20, "heartbeat": 10}
+    case = {"data": dict(N=9, K=3), "fit": {"bcd_iters": 40, "exchange": "quantized"}, "act": (1, 2, act),
+            "timeout": 20, "heartbeat": 10}  # the paper's per-edge weights: an exchange that takes them
     t0 = time.monotonic()
     outs = _spawn(3, case, timeout=200)
     assert time.monotonic() - t0 < 150
@@ -631,9 +632,10 @@ def test_cli_app_writes_what_ppdnmf_writes_from_rank_zero(tmp_path):
 
 @pytest.mark.slow
 def test_cli_app_user_error_exits_2(tmp_path):
-    res = _cli(["solver.x_solver=i_admm", "distributed.nproc=2", f"hydra.run.dir={tmp_path}"], tmp_path)
+    res = _cli(["solver.x_solver=i_admm", "distributed.nproc=2", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
     assert res.returncode == 2 and "rank 0: ConfigError: solver.x_solver: a distributed run takes" in res.stderr
-    res = _cli(["distributed.nproc=0", f"hydra.run.dir={tmp_path}"], tmp_path)
+    # another folder: the refused run's folder is kept as an unfinished run (the folder guard)
+    res = _cli(["distributed.nproc=0", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
     assert res.returncode == 2 and "distributed.nproc" in res.stderr
 
 
