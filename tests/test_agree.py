@@ -370,7 +370,8 @@ def test_bad_new_settings_are_refused(key, value):
 def test_fused_adaptive_run_matches_eager():
     """fuse=True takes the per-agent mu_i of the schedule in its compiled chains."""
     blocks = _synthetic()
-    kw = dict(negative="allow", seed=1, **NEW, **SHORT)
+    # the adaptive schedule's per-edge weights: an exchange that takes them (the secure default refuses)
+    kw = dict(negative="allow", seed=1, exchange="plain", **NEW, **SHORT)
     eager = pp.fit(blocks, graph.ring(6), 3, **kw)
     fused = pp.fit(blocks, graph.ring(6), 3, fuse=True, **kw)
     torch.testing.assert_close(fused.X, eager.X, rtol=1e-9, atol=1e-12)

@@ -177,7 +177,8 @@ def device_of(cfg, local_rank: int):
 
 def _report_like_the_app(rank: int, out_dir: str) -> None:
     """A rank this app's launcher started has no Hydra logging: rank 0 sends the progress lines
-    to stderr and to the run's ``ppdnmf.log``, and shows the library's warnings as the
+    to stdout (where Hydra's console handler sends the one-process app's; stderr keeps the
+    ``ppdnmf:`` lines) and to the run's ``ppdnmf.log``, and shows the library's warnings as the
     one-process app does (one short ``ppdnmf: warning:`` line each); the other ranks keep
     theirs to themselves, so that each warning is shown once."""
     from .cli import SHOWN, show_warning
@@ -204,7 +205,7 @@ def _report_like_the_app(rank: int, out_dir: str) -> None:
     warnings.showwarning = show
     if root.handlers:
         return
-    stream = logging.StreamHandler(sys.stderr)
+    stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(fmt)
     for h in (stream, file):
         if h is not None:
