@@ -248,7 +248,7 @@ def test_rho_rules_cost_one_secure_round():
 @pytest.mark.slow
 def test_rho_worker_reaches_the_answer_of_rho_auto():
     blocks = _small_problem(4, 8, 5)
-    kw = dict(alpha=30.0, max_iter=300, tol=1e-6)
+    kw = dict(alpha=30.0, max_iter=3000, tol=1e-8)  # under the polar step tol 1e-6 left them 1.6e-5 apart
     auto = fit_fsspca(blocks, 2, **kw)
     per = fit_fsspca(blocks, 2, rho="worker", **kw)
     assert bool(auto.converged.all()) and bool(per.converged.all())
