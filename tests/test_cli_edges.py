@@ -359,7 +359,7 @@ def test_a_run_over_two_ranks_reports_and_cleans_up_like_one_process(tmp_path):
     assert not (out / "checkpoints").exists()  # removed once the run finished, as in one process
     log = (out / "ppdnmf.log").read_text(encoding="utf-8")
     assert "BCD iteration 3/3" in log and "final NMSE" in log
-    assert "BCD iteration 3/3" in p.stderr  # the progress lines reach the console too
+    assert "BCD iteration 3/3" in p.stdout  # the progress lines reach the console too (stdout, as Hydra's)
     # the star's leaves have one neighbour: one short warning, once, in the console and the log
     assert p.stderr.count("have a single neighbour") == 1 and "graph.min_degree=2" in p.stderr
     assert "have a single neighbour" in log
