@@ -204,7 +204,7 @@ def test_the_ranks_start_is_the_single_processs(start):
 #: what a rank's checkpoint holds (the engine's format): its agents' variables, its generators,
 #: counters and the shared bookkeeping; nothing else (no key, mask seed or private value of an exchange)
 BODY_KEYS = {"format", "model", "done", "settings", "inputs", "state", "rng", "history", "ledgers", "extra", "hashes"}
-STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam", "U_prev"}
+STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam"}
 
 
 def _iterations(folder):
