@@ -125,3 +125,47 @@ def test_one_rank_stops_where_one_process_does(solo, share):
         assert np.array_equal(want, have)
     else:
         np.testing.assert_allclose(have, want, rtol=1e-10, atol=0)
+
+
+SITE_PARTS = [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+SITE_KW = dict(n_agents=3, tol=1e-3, max_iter=300, seed=1, start_seed=1)
+
+
+def _site_X():
+    X = _noise_free(n=30)
+    return X / torch.linalg.matrix_norm(X, ord=2)
+
+
+def _site_run():
+    """One site of three under the defaults' secure sum (module level: the spawned sites import it)."""
+    import os
+
+    import ppdnmf_torch as pp
+    from ppdnmf_torch.models.symnmf.site import fit_symnmf_site
+
+    r = int(os.environ["RANK"])
+    with Comm.connect("env://", timeout=120) as comm:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fit_symnmf_site(comm, _site_X()[:, SITE_PARTS[r]].clone(), 3, n=30, parts=SITE_PARTS,
+                                  graph=pp.graph.ring(3), **SITE_KW)
+    return out.history
+
+
+@pytest.mark.slow
+def test_three_sites_under_secagg_stop_where_one_process_does():
+    """The residual's sums masked across the sites (only the totals): the same residual to rounding
+    and the same stop iteration as one process (whose lambda sums are plain: the sites' are masked)."""
+    import ppdnmf_torch as pp
+    from ppdnmf_torch.distributed import launch_local
+
+    outs = launch_local(3, _site_run, (), timeout=400)
+    assert [o.exitcode for o in outs] == [0, 0, 0], [o.error for o in outs]
+    ref = fit_symnmf_agents(_site_X(), 3, graph=pp.graph.ring(3), parts=torch.tensor(SITE_PARTS), device="cpu",
+                            aggregation="plain", **SITE_KW)
+    want = np.ravel(ref.history["stationarity"])
+    assert ref.converged and 1 < len(want) < SITE_KW["max_iter"]
+    for o in outs:
+        got = np.ravel(o.value["stationarity"])
+        assert len(got) == len(want)
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=0)
