@@ -67,14 +67,9 @@ class ServerRun(LoopModel):
         total = aggregate(self.aggregation, admm.upload(w, st.u, self.rho, self.rho_bar), 2)
         z_new = torch.where(active[:, None, None], admm.z_step(total, K, self.lam1, self.rho_bar), st.z)
         u_new = torch.where(a4, admm.dual_step(st.u, w, z_new, self.rho), st.u)
-        primal, dual, consensus = admm.residuals(w, z_new, st.z, self.rho)
-        change = torch.linalg.matrix_norm(z_new - st.z) / math.sqrt(r)
-        values = dict(objective=admm.objective(p, w, z_new, self.lam1, self.lam2, self.psi, self.mu),
-                      lagrangian=admm.augmented_lagrangian(p, w, z_new, u_new, self.lam1, self.lam2, self.rho,
-                                                           self.psi, self.mu),
-                      explained_variance=admm.adjusted_variance(self.pooled, z_new),
-                      sparsity=(z_new == 0).to(st.z.dtype).mean(dim=(-2, -1)),
-                      consensus=consensus, primal_residual=primal, dual_residual=dual)
+        values, change = admm.iteration_values(p, self.pooled, w, z_new, st.z, u_new, self.lam1, self.lam2, self.rho,
+                                               self.psi, self.mu)
+        primal = values["primal_residual"]
         last = self._last if self._last is not None else values
         row = {key: torch.where(active, values[key], last[key]) for key in HISTORY_KEYS}
         st.w, st.z, st.u = w, z_new, u_new
