@@ -18,7 +18,7 @@ import torch
 
 from ...errors import ConfigError
 from . import manifold
-from .polar import CURVATURE, LOCAL_SOLVERS, polar_steps
+from .polar import CURVATURE, LOCAL_SOLVERS, kernels_for, polar_steps
 from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
@@ -227,7 +227,8 @@ def dual_step(u, w, z, rho):
 
 def objective(problem, w, z, lambda_1, lambda_2, smoothing, mu):
     """Objective (6) at the iterates: ``sum_i [f_i(w_i) + lambda_2 r(w_i)] + lambda_1 ||z||_1``; ``(T,)``."""
-    f = problem.sqnorm - manifold.inner(w, problem.gram @ w)
+    # C_i w_i by the polar steps' kernels (NumPy's product on the CPU: polar.kernels_for)
+    f = problem.sqnorm - manifold.inner(w, kernels_for(w).times(problem.gram, w))
     return (f + lambda_2[:, None] * smooth_l1(w, smoothing, mu)).sum(dim=1) + lambda_1 * z.abs().sum(dim=(-2, -1))
 
 
