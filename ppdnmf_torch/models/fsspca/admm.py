@@ -137,7 +137,7 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
 
 
 def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="armijo", inner_steps=1,
-               active=None, solver="riemannian"):
+               active=None, solver="riemannian", smooth=None):
     """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` steps of every worker from its current
     ``w_i`` on its subproblem.
 
@@ -150,6 +150,8 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
     active : Tensor (T,) bool, optional
         Trials still running; the others are left as they are.
     solver : {"riemannian", "polar"}
+    smooth : bool, optional
+        The polar step's: whether any ``lambda_2`` is nonzero (None: checked per call).
 
     Returns
     -------
@@ -158,7 +160,7 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
     if solver == "polar":
         target = _rho4(rho) * _per_worker(state.z, state.w) - state.u
         w = polar_steps(problem.gram, state.w, target, lambda_2, smoothing, mu, inner_steps,
-                        projector=problem.projector)
+                        projector=problem.projector, smooth=smooth)
         return w if active is None else torch.where(active[:, None, None, None], w, state.w)
     search = {"armijo": manifold.armijo, "wolfe": manifold.strong_wolfe}[line_search]
     z, u = state.z, state.u

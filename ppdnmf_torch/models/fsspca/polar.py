@@ -235,7 +235,8 @@ class _Layout:
         return x.repeat_interleave(self.K)[:, None, None]
 
 
-def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, projector=None, kernels=None):
+def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, projector=None, kernels=None,
+                smooth=None):
     """``steps`` MM polar steps of every worker on its subproblem (14), from ``w``.
 
     Parameters
@@ -254,6 +255,9 @@ def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, p
         Deflation's ``G``: each step is ``polar(G M)``.
     kernels : TorchKernels or NumpyKernels, optional
         The products and the polar factor (default: :func:`kernels_for` of ``w``).
+    smooth : bool, optional
+        Whether any ``lambda_2`` is nonzero, where the caller knows it (a fit's loop: once per
+        fit); None: checked here (one host synchronization).
 
     Returns
     -------
@@ -262,7 +266,7 @@ def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, p
     ker = kernels_for(w) if kernels is None else kernels
     lay = _Layout(gram, w.shape)
     b, x = lay.put(target), lay.put(w)
-    smooth = bool((lambda_2 != 0).any())
+    smooth = bool((lambda_2 != 0).any()) if smooth is None else smooth
     if smooth:
         lam = lay.per_trial(lambda_2)
         lam_L = lam * smooth_weight(smoothing, mu)

@@ -57,6 +57,7 @@ class ServerRun(LoopModel):
         self._last = None  # the last row of the history (a stopped trial repeats it)
         self._values = None
         self._full = True  # every trial running (the host's copy of active.all())
+        self._smooth = bool((lam2 != 0).any())  # the polar step's smooth term, known once per fit
 
     def step(self, k: int, clock) -> dict:
         p, st, active = self.problem, self.st, self.active
@@ -67,7 +68,7 @@ class ServerRun(LoopModel):
         full = self._full
         w = admm.local_step(p, st, self.lam2, self.rho, self.psi, self.mu, line_search=self.line_search,
                             inner_steps=self.inner_steps, active=None if full and self.local_solver == "polar" else active,
-                            solver=self.local_solver)
+                            solver=self.local_solver, smooth=self._smooth)
         total = aggregate(self.aggregation, admm.upload(w, st.u, self.rho, self.rho_bar), 2)
         z_new = admm.z_step(total, K, self.lam1, self.rho_bar)
         u_new = admm.dual_step(st.u, w, z_new, self.rho)
