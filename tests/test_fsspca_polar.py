@@ -176,6 +176,22 @@ def test_the_fit_is_the_same_with_every_kernel(monkeypatch, lambda_2):
         torch.testing.assert_close(got.history["objective"], ref.history["objective"], rtol=1e-10, atol=0)
 
 
+@pytest.mark.parametrize("T,lam2", [(1, 2.0), (3, 2.0), (3, 0.0)])
+def test_chunked_steps_equal_the_whole_batch_bit_for_bit(monkeypatch, T, lam2):
+    """The steps run over chunks of workers (CHUNK_BYTES) give the numbers of one batch, bit
+    for bit (every kernel works matrix by matrix): one worker per chunk, two, and all at once,
+    in the per-trial and the shared-Gram layouts, with and without the smooth term."""
+    psi, mu = get_smoothing("sqrt"), 1e-3
+    problem, w, z, u, lam, rho = _subproblem(T=T, K=5, d=12, lam2=lam2)
+    target = _target(z, u, rho, w)
+    one = problem.gram[0, 0].numel() * problem.gram.element_size()
+    outs = []
+    for chunk in (one, 2 * one, 2 ** 40):
+        monkeypatch.setattr(polar_module, "CHUNK_BYTES", chunk)
+        outs.append(polar_steps(problem.gram, w, target, lam, psi, mu, 3))
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
+
+
 # -- monotone decrease and fixed points ------------------------------------------------------------
 @pytest.mark.parametrize("name", SMOOTH)
 @pytest.mark.parametrize("lam2,per_worker", [(0.0, False), (3.0, False), (3.0, True)])
