@@ -144,7 +144,7 @@ class _SVDKernels:
     """The polar steps as they were before the Gram form: torch's products and the SVD."""
 
     name = "svd"
-    xtc, times = staticmethod(TORCH.xtc), staticmethod(TORCH.times)
+    xtc, xt = staticmethod(TORCH.xtc), staticmethod(TORCH.xt)
 
     @staticmethod
     def polar_rows(Mt):
@@ -163,7 +163,6 @@ def test_the_fit_is_the_same_with_every_kernel(monkeypatch, lambda_2):
     fits = {}
     for kernels in (NUMPY, TORCH, _SVDKernels):
         monkeypatch.setattr(polar_module, "kernels_for", lambda x, k=kernels: k)
-        monkeypatch.setattr(admm, "kernels_for", lambda x, k=kernels: k)
         fits[kernels.name] = fit_fsspca(sp.X, 2, **kw)
     ref = fits["numpy"]
     assert bool(ref.converged.all())
@@ -190,6 +189,25 @@ def test_chunked_steps_equal_the_whole_batch_bit_for_bit(monkeypatch, T, lam2):
         monkeypatch.setattr(polar_module, "CHUNK_BYTES", chunk)
         outs.append(polar_steps(problem.gram, w, target, lam, psi, mu, 3))
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("kernels", [TORCH, NUMPY], ids=lambda k: k.name)
+@pytest.mark.parametrize("chunk", [1, 2 ** 40])
+def test_the_steps_product_is_the_objectives_bit_for_bit(monkeypatch, kernels, chunk):
+    """C_i w_i handed back by the polar steps (computed per chunk while C_i is in the cache) is
+    gram_times' (the objective's own) to the bit, so the history does not depend on who computed
+    it; with trials sharing their Gram matrices (another product shape) none is handed back."""
+    psi, mu = get_smoothing("sqrt"), 1e-3
+    monkeypatch.setattr(polar_module, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(polar_module, "kernels_for", lambda x: kernels)
+    problem, w, z, u, lam, rho = _subproblem(T=1, K=5, d=12)
+    w_new, Cw = polar_steps(problem.gram, w, _target(z, u, rho, w), lam, psi, mu, 3, product=True)
+    assert torch.equal(Cw, polar_module.gram_times(problem.gram, w_new))
+    lam1 = torch.tensor([2.0], dtype=torch.float64)
+    assert torch.equal(admm.objective(problem, w_new, z, lam1, lam, psi, mu, Cw),
+                       admm.objective(problem, w_new, z, lam1, lam, psi, mu))
+    problem, w, z, u, lam, rho = _subproblem(T=2, K=3, d=12)
+    assert polar_steps(problem.gram, w, _target(z, u, rho, w), lam, psi, mu, 1, product=True)[1] is None
 
 
 # -- monotone decrease and fixed points ------------------------------------------------------------

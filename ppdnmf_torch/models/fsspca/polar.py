@@ -49,7 +49,7 @@ import torch
 
 from .smoothing import Smoothing
 
-__all__ = ["CURVATURE", "GRAM_RATIO", "LOCAL_SOLVERS", "polar", "polar_svd", "smooth_weight", "polar_steps", "kernels_for",
+__all__ = ["CURVATURE", "GRAM_RATIO", "LOCAL_SOLVERS", "polar", "polar_svd", "smooth_weight", "polar_steps", "kernels_for", "gram_times",
            "TorchKernels", "NumpyKernels"]
 
 #: the local solvers of step 1: the polar MM step (this module) and the paper's Riemannian
@@ -121,9 +121,10 @@ class TorchKernels:
         return torch.baddbmm(b, x, C, alpha=alpha)
 
     @staticmethod
-    def times(C, w):
-        """``C w`` for ``C (..., d, d)``, ``w (..., d, r)`` (broadcast batch dimensions)."""
-        return C @ w
+    def xt(x, C):
+        """``x C`` for ``x (..., m, d)``, ``C (..., d, d)`` (broadcast batch dimensions): ``(C w)^T``
+        for ``x = w^T`` and a symmetric ``C``."""
+        return x @ C
 
     @staticmethod
     def polar_rows(Mt):
@@ -152,8 +153,8 @@ class NumpyKernels:
         return torch.from_numpy(out)
 
     @staticmethod
-    def times(C, w):
-        return torch.from_numpy(np.matmul(C.numpy(), w.numpy()))
+    def xt(x, C):
+        return torch.from_numpy(np.matmul(x.numpy(), C.numpy()))
 
     @staticmethod
     def polar_rows(Mt):
@@ -184,6 +185,20 @@ class NumpyKernels:
 
 
 TORCH, NUMPY = TorchKernels(), NumpyKernels()
+
+
+def gram_times(gram: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``C_i w_i`` as the polar steps compute it, ``(w^T C)^T`` by :func:`kernels_for`'s kernel.
+
+    Parameters
+    ----------
+    gram : Tensor (T, K, d, d); w : Tensor (T, K, d, r)
+
+    Returns
+    -------
+    Tensor (T, K, d, r)
+    """
+    return kernels_for(w).xt(w.transpose(-2, -1), gram).transpose(-2, -1)
 
 
 def kernels_for(x: torch.Tensor):
@@ -252,7 +267,7 @@ def _majorizer(ker, b, x, C, lam, lam_L, smoothing, mu):
 
 
 def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, projector=None, kernels=None,
-                smooth=None):
+                smooth=None, product=False):
     """``steps`` MM polar steps of every worker on its subproblem (14), from ``w``.
 
     Parameters
@@ -274,10 +289,14 @@ def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, p
     smooth : bool, optional
         Whether any ``lambda_2`` is nonzero, where the caller knows it (a fit's loop: once per
         fit); None: checked here (one host synchronization).
+    product : bool
+        Also return ``C_i w_i`` at the new points, computed while each chunk's ``C_i`` is in the
+        cache: the bits of :func:`gram_times` (the same kernel call on the same matrices), or None
+        where the layouts differ (trials sharing their Gram matrices, deflation).
 
     Returns
     -------
-    Tensor (T, K, d, r): the points after ``steps`` steps.
+    Tensor (T, K, d, r): the points after ``steps`` steps; with ``product``, ``(points, C w or None)``.
     """
     ker = kernels_for(w) if kernels is None else kernels
     lay = _Layout(gram, w.shape)
@@ -290,7 +309,29 @@ def polar_steps(gram, w, target, lambda_2, smoothing: Smoothing, mu, steps, *, p
         for _ in range(int(steps)):
             M = _majorizer(ker, b, x, lay.C, lam, lam_L, smoothing, mu)
             x = lay.put(polar(G @ lay.get(M)))
+        return (lay.get(x), None) if product else lay.get(x)
+    keep = product and not lay.shared
+
+    def run(b, x, C, lam, lam_L):
+        for _ in range(int(steps)):
+            x = lay.polar(_majorizer(ker, b, x, C, lam, lam_L, smoothing, mu), ker)
+        return (x, ker.xt(x, C)) if keep else (x, None)
+
+    # the workers' steps are independent (b is fixed during them): all steps of a few workers at a
+    # time, so that their Gram matrices stay in the cache from one step to the next (the same
+    # numbers: every kernel works matrix by matrix)
+    n, per = lay.C.shape[0], max(1, CHUNK_BYTES // max(1, lay.C[0].numel() * lay.C.element_size()))
+    if n <= per:
+        x, P = run(b, x, lay.C, lam, lam_L)
+    else:
+        cut = lam is not None and lam.shape[0] > 1  # a factor per worker row (not the shared layout's)
+        parts = [run(b[i:i + per], x[i:i + per], lay.C[i:i + per], lam[i:i + per] if cut else lam,
+                     lam_L[i:i + per] if cut else lam_L) for i in range(0, n, per)]
+        x = torch.cat([q[0] for q in parts])
+        P = torch.cat([q[1] for q in parts]) if keep else None
+    if not product:
         return lay.get(x)
+    return lay.get(x), None if P is None else lay.get(P)
 
     def run(b, x, C, lam, lam_L):
         for _ in range(int(steps)):

@@ -66,9 +66,10 @@ class ServerRun(LoopModel):
         # every trial still running (known on the host from the last stopping test): no masking,
         # the same numbers as torch.where with an all-true mask, a dozen calls fewer
         full = self._full
-        w = admm.local_step(p, st, self.lam2, self.rho, self.psi, self.mu, line_search=self.line_search,
-                            inner_steps=self.inner_steps, active=None if full and self.local_solver == "polar" else active,
-                            solver=self.local_solver, smooth=self._smooth)
+        # the polar steps hand back C_i w_i, computed while C_i is in the cache (the objective's bits)
+        w, Cw = admm.local_step(p, st, self.lam2, self.rho, self.psi, self.mu, line_search=self.line_search,
+                                inner_steps=self.inner_steps, solver=self.local_solver, smooth=self._smooth,
+                                active=None if full and self.local_solver == "polar" else active, product=True)
         total = aggregate(self.aggregation, admm.upload(w, st.u, self.rho, self.rho_bar), 2)
         z_new = admm.z_step(total, K, self.lam1, self.rho_bar)
         u_new = admm.dual_step(st.u, w, z_new, self.rho)
@@ -76,7 +77,7 @@ class ServerRun(LoopModel):
             z_new = torch.where(active[:, None, None], z_new, st.z)
             u_new = torch.where(active[:, None, None, None], u_new, st.u)
         values, change = admm.iteration_values(p, self.pooled, w, z_new, st.z, u_new, self.lam1, self.lam2, self.rho,
-                                               self.psi, self.mu)
+                                               self.psi, self.mu, Cw)
         primal = values["primal_residual"]
         if full:
             row = dict(values)
