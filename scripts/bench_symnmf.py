@@ -7,8 +7,9 @@ Parts, each side by side in one process:
   principal pivoting with the columns grouped by passive set, as in their own code), one
   trial after another, at ``n`` = 300..5000, ``r`` = 20, 40, one and 20 trials; both check
   that they computed the same iterates;
-* ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda`` against the
-  same numpy implementation, at ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
+* ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda``, the torch
+  and the host plan (``fit_symnmf(plan=...)``), against the same numpy implementation, at
+  ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
@@ -231,7 +232,7 @@ def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None,
                         loops_np.append(float("nan"))
                     loop_torch, loop_np = float(np.median(loops_torch)), float(np.median(loops_np))
                     rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": its, "repeats": reps,
-                                 "device": str(device), "threads": torch.get_num_threads(),
+                                 "device": str(device), "threads": torch.get_num_threads(), "plan": res.plan,
                                  "torch_s_per_iter": t_torch / its, "numpy_s_per_iter": t_np / its,
                                  "numpy_over_torch": t_np / t_torch,
                                  "torch_loop_s_per_iter": loop_torch / its, "numpy_loop_s_per_iter": loop_np / its,
@@ -245,22 +246,27 @@ ONE_TRIAL_SIZES = ((150, 6), (1000, 20), (3000, 40))
 
 
 def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None, iters=None, repeats=None,
-                   lam=0.5, against=None):
-    """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) against :func:`np_fit` (issue
-    41): per size and method, ``repeats`` alternating runs of ``iters`` iterations on each side;
-    seconds per iteration from the in-loop clocks (``history["time"]`` and ``np_fit``'s, the
-    iterations alone) and of the whole call, the best of the repeats and the ratio's range over
-    them (numpy over torch: above 1 the torch side is faster), and the largest ``|U|``
-    difference of the two sides' iterates. ``against``: a commit whose package runs as a third
-    side in the same alternation (``before_*``: its times and its ratio to numpy's)."""
+                   lam=0.5, against=None, plans=None):
+    """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) on each of ``plans``
+    against :func:`np_fit` (issue 41): per size and method, ``repeats`` alternating runs of
+    ``iters`` iterations on each side; seconds per iteration from the in-loop clocks
+    (``history["time"]`` and ``np_fit``'s, the iterations alone) and of the whole call, the best of
+    the repeats and the ratio's range over them (numpy over the plan: above 1 the plan is faster),
+    and the largest ``|U|`` difference of each plan's iterates from numpy's. ``plans``: default
+    ``torch`` and ``host`` on the CPU, ``torch`` on a GPU (the host plan runs on the CPU only).
+    ``against``: a commit whose package runs as a further side in the same alternation (its
+    default plan; ``before_*``: its times and its ratio to numpy's)."""
     sizes = ((60, 4),) if quick else (tuple(zip(ns, ranks)) if ns and ranks else ONE_TRIAL_SIZES)
     methods = methods or ("symhals", "symanls")
+    plans = plans or (("torch", "host") if str(device) == "cpu" else ("torch",))
     rows = []
     old_fit = _fit_of_commit(against) if against else None
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
     for method in methods:
-        for fit in (fit_symnmf, old_fit or fit_symnmf):
-            fit(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
+        for plan in plans:
+            fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0, plan=plan)
+        if old_fit is not None:
+            old_fit(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n, r in sizes:
         X, _ = synthetic_similarity(n, r, 0.1, seed=n)
@@ -269,32 +275,46 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
         its = iters or (2 if quick else 200 if n <= 300 else 10 if n <= 1000 else 3)
         reps = repeats or (1 if quick else 5 if n <= 1000 else 3)
         for method in methods:
-            torch_loop, torch_call, np_loop, np_call, before_loop = [], [], [], [], []
+            loop = {p: [] for p in plans}
+            call = {p: [] for p in plans}
+            res = {}
+            np_loop, np_call, before_loop = [], [], []
             for _ in range(reps):
                 if old_fit is not None:
                     old = old_fit(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
                     before_loop.append(float(old.history["time"][-1, 0]) / its)
-                t0 = time.perf_counter()
-                res = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
-                torch_call.append((time.perf_counter() - t0) / its)
-                torch_loop.append(float(res.history["time"][-1, 0]) / its)
+                for plan in plans:
+                    t0 = time.perf_counter()
+                    res[plan] = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0, plan=plan)
+                    call[plan].append((time.perf_counter() - t0) / its)
+                    loop[plan].append(float(res[plan].history["time"][-1, 0]) / its)
                 clock = []
                 t0 = time.perf_counter()
                 Un, _ = np_fit(Xn, U0[0].numpy(), lam, its, method, clock, adaptive=False)
                 np_call.append((time.perf_counter() - t0) / its)
                 np_loop.append(clock[0] / its)
-            ratios = [a / b for a, b in zip(np_loop, torch_loop)]
-            rows.append({"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
-                         "device": str(device), "threads": torch.get_num_threads(),
-                         "torch_loop_s_per_iter": min(torch_loop), "numpy_loop_s_per_iter": min(np_loop),
-                         "numpy_over_torch_min": min(ratios), "numpy_over_torch_max": max(ratios),
-                         "torch_call_s_per_iter": min(torch_call), "numpy_call_s_per_iter": min(np_call),
-                         "max_abs_diff_U": float(np.abs(Un - res.U[0].cpu().numpy()).max())})
+            row = {"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
+                   "device": str(device), "threads": torch.get_num_threads(), "plans": list(plans),
+                   "numpy_loop_s_per_iter": min(np_loop), "numpy_call_s_per_iter": min(np_call),
+                   "load_average": os.getloadavg()[0]}
+            for plan in plans:  # the torch plan's keys keep their names of before the plans
+                key = "torch" if plan == "torch" else plan
+                ratios = [a / b for a, b in zip(np_loop, loop[plan])]
+                row.update({f"{key}_loop_s_per_iter": min(loop[plan]), f"{key}_call_s_per_iter": min(call[plan]),
+                            f"numpy_over_{key}_min": min(ratios), f"numpy_over_{key}_max": max(ratios),
+                            f"max_abs_diff_U_{key}": float(np.abs(Un - res[plan].U[0].cpu().numpy()).max())})
+            if "torch" in res:
+                row["max_abs_diff_U"] = row["max_abs_diff_U_torch"]
+            if "torch" in res and "host" in res:
+                row["max_rel_diff_U_host_torch"] = float((res["host"].U - res["torch"].U).abs().max()
+                                                         / res["torch"].U.abs().max())
             if old_fit is not None:
                 before = [a / b for a, b in zip(np_loop, before_loop)]
-                rows[-1].update({"against": against, "before_loop_s_per_iter": min(before_loop),
-                                 "numpy_over_before_min": min(before), "numpy_over_before_max": max(before),
-                                 "max_rel_diff_U_before": float((old.U - res.U).abs().max() / old.U.abs().max())})
+                ref = res[plans[0]]
+                row.update({"against": against, "before_loop_s_per_iter": min(before_loop),
+                            "numpy_over_before_min": min(before), "numpy_over_before_max": max(before),
+                            "max_rel_diff_U_before": float((old.U - ref.U).abs().max() / old.U.abs().max())})
+            rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -556,6 +576,9 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
+    ap.add_argument("--plans", nargs="+", choices=["torch", "host"],
+                    help="one-trial part: fit_symnmf's plans beside numpy (default: torch host on the CPU, torch on "
+                         "a GPU)")
     ap.add_argument("--ba-methods", nargs="+", choices=["symhals", "a_symhals", "symanls"],
                     help="before-after part: the methods (default symhals a_symhals)")
     ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
@@ -584,7 +607,7 @@ def main(argv=None):
                            methods=args.ba_methods)
                  if name == "before-after" else
                  dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats,
-                      against=args.against)
+                      against=args.against, plans=args.plans)
                  if name == "one-trial" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
