@@ -75,7 +75,7 @@ def _check_int(name, v, low):
 def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=RUN.trials,
                seed=RUN.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
                checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False,
-               method_options=None, plan="torch") -> SymNMFResult:
+               method_options=None, plan="auto") -> SymNMFResult:
     """Symmetric NMF ``X ~ U U^T`` by the splitting (3) or a baseline, batched over trials.
 
     Parameters
@@ -134,8 +134,8 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
         How the iterations run, chosen once for the fit (:func:`~.host.choose_plan`): ``"torch"``
         on tensors on ``X``'s device; ``"host"`` (SymHALS, A-SymHALS, SymANLS and ``kuang`` on
         the CPU) on NumPy views of the same memory, faster on the CPU (docs/PERFORMANCE.md); the
-        same numbers up to rounding. ``"auto"``: the host plan for those methods on a dense
-        ``X`` on the CPU, the torch plan otherwise. The result's ``plan`` says which ran.
+        same numbers up to rounding. ``"auto"`` (default): the host plan for those methods on
+        the CPU, the torch plan otherwise. The result's ``plan`` says which ran.
 
     Returns
     -------
@@ -149,7 +149,7 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     """
     # every keyword's type and rule at once (max_iter may be 0 here: the start's evaluation)
     check_call(locals(), SPEC, RUN, skip=("max_iter", "checkpoint_every"), arrays=("penalty",),
-               also={"U0": ARRAY, "callback": CALLBACK, "method_options": OPTIONS})
+               also={"U0": ARRAY, "callback": CALLBACK, "method_options": OPTIONS, "plan": str})
     rank = _check_int("rank", rank, 1)
     max_iter = _check_int("max_iter", max_iter, 0)
     if not isinstance(tol, numbers.Real) or not tol >= 0:

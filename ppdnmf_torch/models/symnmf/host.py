@@ -40,16 +40,17 @@ HOST_METHODS = ("symhals", "a_symhals", "symanls", "kuang")
 def choose_plan(plan: str, sim, method: str) -> str:
     """The plan of one fit, ``"torch"`` or ``"host"``, chosen once.
 
-    ``"auto"``: the host plan for a dense ``X`` on the CPU and a method of :data:`HOST_METHODS`
-    (measured faster than the torch plan at every size tried, one and 20 trials: docs/PERFORMANCE.md),
-    the torch plan otherwise (CUDA; a sparse ``X``, not measured; the baselines).
+    ``"auto"``: the host plan on the CPU for a method of :data:`HOST_METHODS`, dense or sparse
+    ``X`` (faster than the torch plan or level with it at every size measured, one thread, one
+    and 20 trials: docs/PERFORMANCE.md, "Symmetric NMF"); the torch plan on CUDA and for the
+    baselines.
     """
     if plan not in PLANS:
         raise ConfigError(f"plan: must be one of {PLANS}, got {plan!r}")
     if plan == "host" and (sim.device.type != "cpu" or method not in HOST_METHODS):
         raise ConfigError(f"plan: 'host' runs {HOST_METHODS} on the CPU, not {method!r} on {sim.device.type}")
     if plan == "auto":
-        return "host" if sim.device.type == "cpu" and not sim.sparse and method in HOST_METHODS else "torch"
+        return "host" if sim.device.type == "cpu" and method in HOST_METHODS else "torch"
     return plan
 
 
@@ -128,11 +129,15 @@ def _sweep(E, C, before, s):
     """Eq. (17) over the block's rows ``E[:, :r]`` in place, then the zero-row reset to
     ``1e-16 x`` the largest entry of ``before`` (the block before the sweep)."""
     T, r = C.shape[0], C.shape[1]
-    # one trial: the 2-D views (a NumPy call on them costs less than on a batch of one)
-    e, c, s1 = (E[0], C[0], s[0]) if T == 1 else (E, C, s)
-    for i in range(r):  # sequential by definition (Gauss-Seidel)
-        np.matmul(c[..., i:i + 1, :], e, out=s1)
-        np.maximum(s1, 0, out=e[..., i:i + 1, :])
+    if T == 1:  # vector-matrix products on the rows (np.dot costs less per call than np.matmul)
+        e, s1 = E[0], s[0, 0]
+        for c, z in zip(C[0], e):  # sequential by definition (Gauss-Seidel); r rows of C
+            np.dot(c, e, out=s1)
+            np.maximum(s1, 0, out=z)
+    else:
+        for i in range(r):
+            np.matmul(C[:, i:i + 1, :], E, out=s)
+            np.maximum(s, 0, out=E[:, i:i + 1, :])
     # after the clamp every entry is >= 0: a row is all zero exactly where its largest is not > 0
     Z = E[:, :r]
     live = Z.max(axis=2) > 0
