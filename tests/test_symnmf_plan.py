@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
+import scipy.optimize
 import scipy.sparse as sp
 import torch
 
@@ -18,6 +20,8 @@ from ppdnmf_torch.errors import ConfigError
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
 from ppdnmf_torch.models.symnmf import host
 from ppdnmf_torch.models.symnmf.fit import make_method
+from ppdnmf_torch.models.symnmf.nnls import nnls_bpp
+from ppdnmf_torch.models.symnmf.nnls_numpy import nnls_bpp_numpy
 from ppdnmf_torch.models.symnmf.operator import as_similarity
 
 RTOL = 1e-9
@@ -126,3 +130,31 @@ def test_host_plan_callback_sees_tensors_and_stops():
     k, U, active = seen[-1]
     assert isinstance(U, torch.Tensor) and U.shape == (3, 30, 3) and active.dtype == torch.bool
     assert torch.equal(U, res.U) and not torch.equal(seen[0][1], res.U)
+
+
+@pytest.mark.parametrize("r,m", [(4, 50), (20, 200)])
+def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m):
+    """The host plan's NNLS for small blocks: the same pivoting as ``nnls_bpp``, its masked systems
+    by LU instead of Cholesky: equal to rounding (1e-12 relative), and to scipy's (1e-9)."""
+    gen = torch.Generator().manual_seed(r * m)
+    A = torch.randn((3, r + 6, r), generator=gen, dtype=torch.float64)
+    B = torch.randn((3, r + 6, m), generator=gen, dtype=torch.float64)
+    G, C = A.transpose(1, 2) @ A, A.transpose(1, 2) @ B
+    init = torch.rand((3, r, m), generator=gen, dtype=torch.float64) - 0.5
+    ref = nnls_bpp(G, C, init=init)
+    out = torch.from_numpy(nnls_bpp_numpy(G.numpy(), C.numpy(), init.numpy()))
+    _close(out, ref, 1e-12)
+    assert torch.equal(out == 0, ref == 0)
+    want = np.stack([scipy.optimize.nnls(A[0].numpy(), B[0, :, j].numpy())[0] for j in range(m)], 1)
+    np.testing.assert_allclose(out[0].numpy(), want, rtol=1e-9, atol=1e-12)
+
+
+def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
+    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS keeps the torch NNLS."""
+    X, U0 = _problem()
+    kw = dict(method="symanls", U0=U0, penalty="adaptive", max_iter=300, tol=1e-3)
+    ref = fit_symnmf(X, 4, plan="torch", **kw)
+    monkeypatch.setattr(host, "NUMPY_NNLS_MAX_ENTRIES", 0)
+    out = fit_symnmf(X, 4, plan="host", **kw)
+    assert torch.equal(out.n_iter, ref.n_iter)
+    _close(out.U, ref.U)
