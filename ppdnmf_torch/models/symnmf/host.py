@@ -190,8 +190,12 @@ def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
     C += XWt
     if small:
         return nnls_bpp_numpy(G, C, Zt, max_iter)
-    out = nnls_bpp(torch.from_numpy(G), torch.from_numpy(C), init=torch.from_numpy(Zt), max_iter=max_iter)
-    return out.numpy()
+
+    def columns(a):  # (T, r, n) as a view of (T, n, r) rows: the torch NNLS gathers columns
+        return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1))).transpose(-2, -1)
+
+    out = nnls_bpp(torch.from_numpy(G), columns(C), init=columns(Zt), max_iter=max_iter)
+    return np.ascontiguousarray(out.numpy())
 
 
 def _block_solver(meth, T: int, n: int, r: int):
