@@ -10,6 +10,8 @@ Parts, each side by side in one process:
 * ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda``, the torch
   and the host plan (``fit_symnmf(plan=...)``), against the same numpy implementation, at
   ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
+* ``plans``: the torch plan against the host plan (``fit_symnmf(plan=...)``) with 20 trials and on
+  a sparse ``X``, the sizes behind ``plan="auto"``;
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
@@ -23,6 +25,7 @@ Usage::
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --out bench_one.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --against 477b2ec   # and a commit
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part plans --out bench_plans.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
@@ -457,6 +460,47 @@ def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=
     return rows
 
 
+#: the plans part: ``(n, r, trials, layout)``, the sizes behind ``fit_symnmf``'s ``plan="auto"``
+PLAN_SIZES = ((150, 6, 20, "dense"), (300, 20, 20, "dense"), (1000, 20, 20, "dense"), (150, 6, 1, "sparse"),
+              (2000, 20, 1, "sparse"), (20000, 20, 1, "sparse"))
+
+
+def part_plans(quick: bool, device="cpu", ns=None, methods=None, repeats=None):
+    """The torch plan against the host plan of ``fit_symnmf`` (the rule of ``plan="auto"`` on the
+    CPU), several trials and a sparse ``X``: seconds per iteration from ``history["time"]``, the
+    best of ``repeats`` alternating runs, the ratio's range (torch over host: above 1 the host
+    plan is faster) and the largest relative ``U`` difference of the two."""
+    sizes = ((60, 4, 3, "dense"), (200, 4, 1, "sparse")) if quick else PLAN_SIZES
+    methods = methods or ("symhals", "a_symhals", "symanls")
+    reps = repeats or (1 if quick else 3)
+    rows = []
+    for n, r, T, layout in sizes:
+        if layout == "dense":
+            X = synthetic_similarity(n, r, 0.1, seed=n)[0][0]
+        else:
+            X = knn_similarity(n)[0]
+        U0 = initial_factor(n, r, trials=T, seed=1)
+        its = 2 if quick else max(2, min(50, int(3e8 / (T * n * n * r + 1))))
+        for method in methods:
+            times = {"torch": [], "host": []}
+            out = {}
+            for plan in times:  # warm-up: the first call at a size pays one-time costs
+                fit_symnmf(X, r, method=method, U0=U0, penalty=0.5, max_iter=1, tol=0, plan=plan)
+            for _ in range(reps):
+                for plan in times:
+                    out[plan] = fit_symnmf(X, r, method=method, U0=U0, penalty=0.5, max_iter=its, tol=0, plan=plan)
+                    times[plan].append(float(out[plan].history["time"][-1, 0]) / its)
+            ratios = [a / b for a, b in zip(times["torch"], times["host"])]
+            rows.append({"n": n, "r": r, "trials": T, "layout": layout, "method": method, "iters": its, "repeats": reps,
+                         "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
+                         "torch_s_per_iter": min(times["torch"]), "host_s_per_iter": min(times["host"]),
+                         "torch_over_host_min": min(ratios), "torch_over_host_max": max(ratios),
+                         "max_rel_diff_U": float((out["host"].U - out["torch"].U).abs().max()
+                                                 / out["torch"].U.abs().max())})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def part_gemm(quick: bool, device="cpu", ns=None):
     """The product every iteration makes twice, ``W^T X`` (``(r, n) x (n, n)``), in torch (its
     BLAS) and numpy (its BLAS), side by side: the median of 7 (3 at n = 5000)."""
@@ -559,8 +603,8 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "time-to-E", "sparse", "before-after", "gemm",
-                                                  "all"],
+    ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "plans", "time-to-E", "sparse", "before-after",
+                                                  "gemm", "all"],
                     default=["all"], help="all: numpy, time-to-E and sparse")
     ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD); one-trial "
                                       "part: a commit run as a third side")
@@ -573,7 +617,7 @@ def main(argv=None):
     ap.add_argument("--numpy-max-n", type=int, help="numpy part: above this n only the torch side runs")
     ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
     ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
-    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
+    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy, one-trial and plans parts: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
     ap.add_argument("--plans", nargs="+", choices=["torch", "host"],
@@ -594,7 +638,7 @@ def main(argv=None):
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
     parts = {"numpy": part_numpy, "one-trial": part_one_trial, "time-to-E": part_time_to_e, "sparse": part_sparse,
-             "before-after": part_before_after, "gemm": part_gemm}
+             "before-after": part_before_after, "gemm": part_gemm, "plans": part_plans}
     chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -608,7 +652,8 @@ def main(argv=None):
                  if name == "before-after" else
                  dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats,
                       against=args.against, plans=args.plans)
-                 if name == "one-trial" else {})
+                 if name == "one-trial" else
+                 dict(methods=args.methods, repeats=args.repeats) if name == "plans" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
         if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished
