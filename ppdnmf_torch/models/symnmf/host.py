@@ -7,8 +7,9 @@ times NumPy's on the CPU; from ``n = 1000`` it is bound by the two products ``W^
 NumPy's BLAS measured faster than torch's here (docs/PERFORMANCE.md, "Symmetric NMF"). The host
 plan runs the same iteration (the same updates in the same order: the block data, the column
 sweeps, both products, the history's metrics, the penalty rule and the stopping test) on NumPy
-arrays; SymANLS's NNLS stays :func:`~.nnls.nnls_bpp` (batched over rows, faster than a NumPy
-pivoting loop from ``n = 1000``) on tensors that share the arrays' memory. The state is kept
+arrays; SymANLS's NNLS too for small blocks (:func:`~.nnls_numpy.nnls_bpp_numpy`), and above
+:data:`NUMPY_NNLS_MAX_ENTRIES` :func:`~.nnls.nnls_bpp` (its columns grouped by passive set) on
+tensors sharing the arrays' memory. The state is kept
 in the sweep's layout, ``(T, r, n)`` rows; what leaves the run (the callback's factors, the
 checkpoints, the result) is a torch tensor on the same memory, ``(T, n, r)``.
 
