@@ -296,6 +296,33 @@ def _fmt(s: dict) -> str:
     return f"{s['median']:.3g} ({s['min']:.3g}-{s['max']:.3g})"
 
 
+def _ms(v) -> str:
+    return f"{v * 1e3:.3g} ms"
+
+
+def _tables(report: dict, args) -> tuple[list, list]:
+    """The report as flat rows (one per measured quantity, a column per kind) for docs blocks."""
+    rows = []
+    for size in args.sizes:
+        kinds = report["exchange"][size]["kinds"]
+        row = {"quantity": f"exchange per ADMM iteration, {size} size",
+               **{k: _ms(kinds[k]["median"]) for k in ("plain", "quantized", "secagg")}, "paillier": ""}
+        if "paillier" in report:
+            v = report["paillier"][size]
+            row["paillier"] = f"{v['median']:.3g} s" + (" (extrapolated)" if v["extrapolated"] else "")
+        rows.append(row)
+    for size, f in report["fit"].items():
+        rows.append({"quantity": f"X-step per ADMM iteration, {size} size", "paillier": "",
+                     **{k: _ms(f[k]["x_seconds_per_admm_iteration"]) for k in ("plain", "quantized", "secagg")}})
+    if "trial" in report:
+        t = report["trial"]
+        rows.append({"quantity": "full paper-synthetic trial (agreed schedule)", "paillier": "",
+                     **{k: f"{t[k]['seconds']:.1f} s" for k in ("plain", "quantized", "secagg")}})
+    models = [{"run": name, **{k: f"{v['seconds']:.1f} s" for k, v in per.items()}}
+              for name, per in report.get("models", {}).items()]
+    return rows, models
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", choices=tuple(SIZES), default=list(SIZES))
@@ -361,6 +388,7 @@ def main(argv=None) -> int:
             print(f"  {name}: " + ", ".join(f"{k} {v['seconds']:.1f} s" + (f" (accuracy {v['accuracy']:.3f})"
                                                                           if "accuracy" in v else "")
                                             for k, v in per.items()), flush=True)
+    report["table"], report["models_table"] = _tables(report, args)
     report["load_after"] = _load()
     print("\n" + report["load_after"])
     if args.json:

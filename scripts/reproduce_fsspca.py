@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ppdnmf_torch.models.fsspca.experiments import EXPERIMENTS as LIBRARY  # noqa: E402
+from ppdnmf_torch.models.fsspca.experiments import EXPERIMENTS as LIBRARY, MAX_ITER  # noqa: E402
 from studies.fsspca_serverless import serverless_table  # noqa: E402
 
 #: the library's experiments and the serverless study (the server version against it, spiked model)
-EXPERIMENTS = dict(LIBRARY, serverless=lambda: serverless_table(n_workers=8, alpha=200.0, seed=0, max_iter=300))
+EXPERIMENTS = dict(LIBRARY, serverless=lambda: serverless_table(n_workers=8, alpha=200.0, seed=0, max_iter=MAX_ITER))
 
 
 def _figures(results, fig_dir: Path):
