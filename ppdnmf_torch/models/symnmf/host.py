@@ -108,13 +108,32 @@ def _product(sim):
     return dense
 
 
-def _sweep_data(Zt, gram, XWt, Wt, lam):
+class _Coefficients:
+    """The sweep's coefficients ``C (T, r, 2r)``, made once per fit and rewritten per block: row
+    ``i`` ``[-B_i / B_ii`` with 0 at ``i``, ``e_i]`` (the right half, the identity, never
+    changes)."""
+
+    def __init__(self, T: int, r: int, dtype):
+        self.C = np.zeros((T, r, 2 * r), dtype=dtype)
+        flat = self.C.reshape(T, 2 * r * r)
+        flat[:, r::2 * r + 1] = 1  # (i, r + i)
+        self.left, self.diag = self.C[:, :, :r], flat[:, ::2 * r + 1]  # views: B's part, its (i, i)
+
+    def of(self, gram, neg_diag):
+        """``C`` for ``B`` with the diagonal ``-diag(B)`` ``(T, r, 1)``."""
+        np.divide(gram, neg_diag, out=self.left)
+        self.diag[...] = 0
+        return self.C
+
+
+def _sweep_data(Zt, gram, XWt, Wt, lam, coef):
     """One block's data in the sweep's form: ``E (T, 2r, n)``, its first ``r`` rows a copy of the
     block ``Zt`` (swept in place), the others ``A^T / diag(B)``; ``C (T, r, 2r)``, row ``i``
-    ``[-B_i / B_ii`` with 0 at ``i``, ``e_i]``, so that ``C_i E = a_i / B_ii - sum_{j != i} B_ij /
-    B_ii z_j``: eq. (17)'s column ``i`` (:class:`~.symhals._Rows`' update) in one product, whose
-    clamp at zero is the column's second and last call. ``B = W^T W + lambda I`` and
-    ``A^T = (X W)^T + lambda W^T`` from ``gram = W^T W``, ``XWt`` and the rows ``Wt``."""
+    ``[-B_i / B_ii`` with 0 at ``i``, ``e_i]`` (``coef``: :class:`_Coefficients`), so that
+    ``C_i E = a_i / B_ii - sum_{j != i} B_ij / B_ii z_j``: eq. (17)'s column ``i``
+    (:class:`~.symhals._Rows`' update) in one product, whose clamp at zero is the column's second
+    and last call. ``B = W^T W + lambda I`` and ``A^T = (X W)^T + lambda W^T`` from
+    ``gram = W^T W``, ``XWt`` and the rows ``Wt``."""
     T, r, n = Zt.shape
     diag = (np.diagonal(gram, axis1=1, axis2=2) + lam[:, None])[:, :, None]
     E = np.empty((T, 2 * r, n), dtype=Zt.dtype)
@@ -123,13 +142,7 @@ def _sweep_data(Zt, gram, XWt, Wt, lam):
     np.multiply(lam[:, None, None], Wt, out=A)
     A += XWt
     A /= diag
-    C = np.empty((T, r, 2 * r), dtype=Zt.dtype)
-    np.divide(gram, -diag, out=C[:, :, :r])
-    C[:, :, r:] = 0
-    flat = C.reshape(T, 2 * r * r)
-    flat[:, ::2 * r + 1] = 0  # (i, i)
-    flat[:, r::2 * r + 1] = 1  # (i, r + i)
-    return E, C
+    return E, coef.of(gram, -diag)
 
 
 def _sweep(E, C, before, s):
@@ -153,11 +166,11 @@ def _sweep(E, C, before, s):
         Z[...] = np.where(live[:, :, None], Z, reset[:, None, None])
 
 
-def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float):
+def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coefficients):
     """SymHALS's (``inner_max = 1``) or A-SymHALS's block, :func:`~.symhals._block` on arrays:
     ``Zt (T, r, n)`` (not modified) with the other factor's rows ``Wt``, ``XWt = (X W)^T`` and
     ``gram = W^T W``; returns the new rows ``(T, r, n)`` contiguous."""
-    E, C = _sweep_data(Zt, gram, XWt, Wt, lam)
+    E, C = _sweep_data(Zt, gram, XWt, Wt, lam, coef)
     Z = E[:, :Zt.shape[1]]
     step = np.empty_like(Zt[:, :1])
     if inner_max == 1:
@@ -199,12 +212,13 @@ def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
     return np.ascontiguousarray(out.numpy())
 
 
-def _block_solver(meth, T: int, n: int, r: int):
+def _block_solver(meth, T: int, n: int, r: int, dtype):
     """The block update of ``meth`` on arrays, chosen once for the sizes: SymANLS's NNLS on the
     arrays up to :data:`NUMPY_NNLS_MAX_ENTRIES` entries of masked systems, the torch NNLS (its
     columns grouped by passive set) above."""
     if meth.name in ("symhals", "a_symhals"):
-        return lambda *a: hals_block(*a, meth.inner_max, meth.delta)
+        coef = _Coefficients(T, r, dtype)
+        return lambda *a: hals_block(*a, meth.inner_max, meth.delta, coef)
     small = T * n * r * r <= NUMPY_NNLS_MAX_ENTRIES
     return lambda *a: anls_block(*a, meth.max_pivot_iter, small)
 
@@ -217,7 +231,7 @@ class HostRun(CentralRun):
     def __init__(self, sim, meth, rule, U0, *, tol: float, max_iter: int):
         self.sim, self.meth, self.rule, self.U0, self.tol, self.max_iter = sim, meth, rule, U0, tol, max_iter
         T = U0.shape[0]
-        self.prod, self.block = _product(sim), _block_solver(meth, T, sim.n, U0.shape[-1])
+        self.prod, self.block = _product(sim), _block_solver(meth, T, sim.n, U0.shape[-1], U0.numpy().dtype)
         self.tiny = torch.finfo(U0.dtype).tiny
         self.t = _Trials(T)
         self.sq = self.t.of(sim.sq_norm_per_trial(T).numpy().copy())
@@ -287,7 +301,8 @@ class HostRun(CentralRun):
             raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
                             f"(penalty {self.rule.describe()}); check the scale of X")
         row = self._as_row(vals)
-        self.lam = np.where(active, self._next_lambda(vals[3], vv), lam)
+        if self.rule.kind in ("adaptive", "kuang"):
+            self.lam = np.where(active, self._next_lambda(vals[3], vv), lam)
         if self.tol > 0:
             done = active & (self._stationarity() <= self.tol)
             self.conv = self.conv | done
