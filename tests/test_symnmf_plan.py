@@ -158,3 +158,26 @@ def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
     out = fit_symnmf(X, 4, plan="host", **kw)
     assert torch.equal(out.n_iter, ref.n_iter)
     _close(out.U, ref.U)
+
+
+@pytest.mark.parametrize("inner_max", [1, 4])
+def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max):
+    """A column driven to zero is reset to ``1e-16 x`` the block's largest entry before the sweep
+    on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12)."""
+    from ppdnmf_torch.models.symnmf.alternating import block_data
+    from ppdnmf_torch.models.symnmf.symhals import hals_block
+
+    gen = torch.Generator().manual_seed(inner_max)
+    T, n, r = 2, 30, 4
+    Z, W = (torch.rand((T, n, r), generator=gen, dtype=torch.float64) for _ in range(2))
+    XW = torch.rand((T, n, r), generator=gen, dtype=torch.float64) * n
+    XW[..., 1] = -100.0  # column 1's data pushes it to zero
+    lam = torch.tensor([0.5, 3.0], dtype=torch.float64)
+    A, B = block_data(XW, W, lam)
+    ref = hals_block(Z, A, B, inner_max=inner_max, delta=0.0)
+    rows = lambda t: np.ascontiguousarray(t.transpose(-2, -1).numpy())  # noqa: E731
+    out = host.hals_block(rows(Z), rows(W), rows(XW), (W.transpose(-2, -1) @ W).numpy(), lam.numpy(), inner_max,
+                          0.0, host._Coefficients(T, r, np.float64))
+    out = torch.from_numpy(out).transpose(-2, -1)
+    _close(out, ref, 1e-12)
+    assert bool((ref[..., 1] < 1e-10).all()) and bool((ref[..., 1] > 0).all())

@@ -160,8 +160,9 @@ def _sweep(E, C, before, s):
             np.maximum(s, 0, out=E[:, i:i + 1, :])
     # after the clamp every entry is >= 0: a row is all zero exactly where its largest is not > 0
     Z = E[:, :r]
-    live = Z.max(axis=2) > 0
-    if not live.all():
+    top = Z.max(axis=2)
+    if not top.min() > 0:  # (NaN too)
+        live = top > 0
         reset = before.max(axis=(1, 2)) * ZERO_COLUMN_RESET
         Z[...] = np.where(live[:, :, None], Z, reset[:, None, None])
 
