@@ -52,7 +52,7 @@ MODELS = {
     "symnmf": lambda n, d, e: fit_symnmf(_similarity(), 3, max_iter=n, tol=0.0, device="cpu", checkpoint_dir=d,
                                          checkpoint_every=e),
     "symnmf_agents": lambda n, d, e: fit_symnmf_agents(_similarity(), 3, n_agents=4, x_iters=1, max_iter=n,
-                                                       start_seed=0, device="cpu", checkpoint_dir=d,
+                                                       start_seed=0, tol=0.0, device="cpu", checkpoint_dir=d,
                                                        checkpoint_every=e, exchange="plain"),
     "fsspca": lambda n, d, e: fit_fsspca(_blocks(), 2, alpha=1.0, inner_steps=1, max_iter=n, tol=0.0,
                                          checkpoint_dir=d, checkpoint_every=e, aggregation="plain"),

@@ -51,7 +51,7 @@ def child(layout: str, n: int, agents: int, rank: int, iters: int, seed: int = 0
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = fit_symnmf_agents(X, rank, n_agents=agents, U0=U0, max_iter=iters, start_seed=0, device="cpu",
+        res = fit_symnmf_agents(X, rank, n_agents=agents, U0=U0, max_iter=iters, tol=0.0, start_seed=0, device="cpu",
                                 exchange="plain")
     fit = time.perf_counter() - t
     stamps = np.array([0.0] + [float(v) for v in res.history["time"]])

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     S = similarity_matrix(M[: a.n], device="cpu")
     S = S.to_dense() if S.layout != torch.strided else S
     U0 = scaled_start(S, a.rank, 1, 0, "scaled")[0]  # the start of docs/RESULTS.md's agents runs
-    kw = dict(n_agents=a.agents, max_iter=a.iters, x_iters=a.x_iters, U0=U0, seed=0, start_seed=0,
+    kw = dict(n_agents=a.agents, max_iter=a.iters, tol=0.0, x_iters=a.x_iters, U0=U0, seed=0, start_seed=0,
               exchange=a.exchange,
               exchange_options={"n_max": 1e6} if a.exchange == "quantized" else None,
               aggregation="plain")  # the lambda sums' only aggregation over ranks (plain's default anyway)

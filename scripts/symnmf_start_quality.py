@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     U0 = scaled_start(X, 10, trials, 0)
     for start in ("common", "private"):
         t = time.perf_counter()
-        res = fit_symnmf_agents(X, 10, n_agents=10, U0=U0, trials=trials, seed=0, max_iter=iters, device="cpu",
+        res = fit_symnmf_agents(X, 10, n_agents=10, U0=U0, trials=trials, seed=0, max_iter=iters, tol=0.0, device="cpu",
                                 start=start, start_seed=0, exchange="plain")
         for k in range(trials):
             lab = cluster_labels(res.U[k]).cpu()

@@ -67,7 +67,7 @@ def test_three_symnmf_sites_run_the_adaptive_penalty_under_secagg_to_rounding(tm
     for r, o in enumerate(outs):
         own = o.value["own"]
         assert torch.allclose(own["U"][0], ref.U_agents[0, r], rtol=1e-10, atol=1e-12)
-        for key in ("lambda", "E", "objective"):
+        for key in ("lambda", "E", "objective", "stationarity"):
             np.testing.assert_allclose(np.ravel(o.value["history"][key]), np.ravel(ref.history[key]), rtol=1e-10)
         # the site's sum of copies and its ||X_i||^2 are not in its metrics bytes (masked)
         mine = [row.numpy().tobytes() for row in own["U"].sum(0)] + [np.float64(o.value["x2"]).tobytes()]

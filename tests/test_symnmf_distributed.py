@@ -39,7 +39,7 @@ from ppdnmf_torch.models.symnmf.distributed import fit_symnmf_distributed, fit_s
 FAKE_COSTS = PaillierOpCosts(key_bits=2048, keygen=1e-3, encryption=1e-4, decryption=2e-4,
                              homomorphic_addition=1e-6, scalar_multiplication=1e-5)
 FACTORS = ("U", "V", "U_agents", "lam", "parts")
-METRICS = ("E", "objective", "uv_dist", "consensus")
+METRICS = ("E", "objective", "uv_dist", "consensus", "stationarity")
 
 
 def _similarity(n=24, r=3, seed=0):
@@ -204,7 +204,7 @@ def test_the_ranks_start_is_the_single_processs(start):
 #: what a rank's checkpoint holds (the engine's format): its agents' variables, its generators,
 #: counters and the shared bookkeeping; nothing else (no key, mask seed or private value of an exchange)
 BODY_KEYS = {"format", "model", "done", "settings", "inputs", "state", "rng", "history", "ledgers", "extra", "hashes"}
-STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam", "U_prev"}
+STATE_KEYS = {"Xc", "U", "P", "Q", "Q_prev", "V", "g", "lam"}
 
 
 def _iterations(folder):

@@ -209,8 +209,8 @@ def agents_run(M, y, r, *, n_agents=(10, 20), kinds=("plain",), iters=200, x_ite
         for kind in kinds:
             t = time.perf_counter()
             ag = fit_symnmf_agents(S, r, n_agents=N, exchange=kind, exchange_options=options.get(kind),
-                                   penalty=penalty, lam0=lam0, x_iters=x_iters, max_iter=iters, U0=U0[0], seed=seed,
-                                   start_seed=seed, device=device)  # reproducible private starts
+                                   penalty=penalty, lam0=lam0, x_iters=x_iters, max_iter=iters, tol=0.0, U0=U0[0],
+                                   seed=seed, start_seed=seed, device=device)  # reproducible private starts; every iteration
             labels = cluster_labels(ag.U[0]).cpu()
             h = ag.history
             out[(N, kind)] = {"accuracy": clustering_accuracy(y, labels), "nmi": normalized_mutual_info(y, labels),

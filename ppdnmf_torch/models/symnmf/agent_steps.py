@@ -18,7 +18,7 @@ from ...penalties import PenaltySampler
 from .agent_columns import local_product, local_t_product
 
 __all__ = ["AgentsState", "x_step", "y_step", "auto_mu", "gather_rows", "scatter_rows", "own_rows", "lambda_terms",
-           "lambda_from_sums", "adaptive_lambda", "STATE_NAMES"]
+           "lambda_from_sums", "adaptive_lambda", "stationarity_terms", "stationarity_from_sums", "STATE_NAMES"]
 
 #: the agents' variables, each ``(T, N, ...)`` (``g`` and ``lam`` are not per agent)
 STATE_NAMES = ("Xc", "U", "P", "Q", "Q_prev", "V")
@@ -109,18 +109,27 @@ def x_step(Z, st: AgentsState, idx, mask, sampler: PenaltySampler, exchange: Exc
     st.Xc, st.U, st.P, st.Q, st.Q_prev, st.g = v.X, v.U, v.P, v.Q, v.Q_prev, v.g
 
 
-def y_step(Z, st: AgentsState, idx, *, y_iters: int) -> None:
+def y_step(Z, st: AgentsState, idx, *, y_iters: int) -> tuple:
     """The Y-step: ``y_iters`` HALS sweeps of eq. (17) over the columns of every ``V_i``
     (padded rows stay zero), against the agent's own copy ``U_i``; local, updates ``st.V``.
     ``Z``: as :func:`x_step`.
 
     ``v_c <- max(0, v_c + (A[:, c] - V B[:, c]) / B_cc)`` with ``A = X_i^T U_i + lambda U_i[S_i]``
     and ``B = U_i^T U_i + lambda I`` (the exact minimizer of each column's block).
+
+    Returns
+    -------
+    XtU : Tensor (T, N, m, r)
+        ``X_i^T U_i`` (the rows ``S_i`` of ``X U_i``).
+    UtU : Tensor (T, N, r, r)
+        ``U_i^T U_i``: with ``XtU``, what :func:`stationarity_terms` needs (the copies do not
+        change in the Y-step).
     """
     r = st.V.shape[-1]
     lam = st.lam.view(-1, 1, 1, 1)
-    A = local_t_product(Z, st.Xc) + lam * gather_rows(st.Xc, idx)
-    B = st.Xc.mT @ st.Xc + lam * torch.eye(r, dtype=st.V.dtype, device=st.V.device)
+    XtU, UtU = local_t_product(Z, st.Xc), st.Xc.mT @ st.Xc
+    A = XtU + lam * gather_rows(st.Xc, idx)
+    B = UtU + lam * torch.eye(r, dtype=st.V.dtype, device=st.V.device)
     diag = B.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(B.dtype).tiny)
     V = st.V.clone()
     for _ in range(y_iters):
@@ -128,6 +137,40 @@ def y_step(Z, st: AgentsState, idx, *, y_iters: int) -> None:
             step = (A[..., c] - (V @ B[..., c, None])[..., 0]) / diag[..., c, None]
             V[..., c] = (V[..., c] + step).clamp_min(0.0)
     st.V = V
+    return XtU, UtU
+
+
+def stationarity_terms(U_own: torch.Tensor, UtU: torch.Tensor, XtU: torch.Tensor) -> torch.Tensor:
+    """Each agent's share of the stationarity residual of (2), ``(T, N, 2)``:
+    ``||P(G_i)||_F^2`` and ``||U_i[S_i]||_F^2``, from what agent ``i`` holds.
+
+    ``G_i = U_i[S_i] (U_i^T U_i) - X_i^T U_i`` is the rows ``S_i`` of the gradient
+    ``(U U^T - X) U`` of ``1/4 ||X - U U^T||_F^2`` at the agent's copy (``X_i^T = X[S_i, :]``:
+    ``X`` is symmetric); ``P`` keeps an entry where ``U_i[S_i] > 0`` and its negative part where it
+    is 0, as :func:`~.objective.stationarity`. Padded rows are zero in ``U_own`` and ``XtU`` and
+    add nothing. When every copy is one ``U``, the sums over agents are ``||P[(U U^T - X) U]||^2``
+    and ``||U||^2``: :func:`stationarity_from_sums` is then :func:`~.objective.stationarity`.
+
+    Parameters
+    ----------
+    U_own : Tensor (T, N, m, r)
+        ``U_i[S_i]`` (:func:`own_rows`).
+    UtU : Tensor (T, N, r, r)
+        ``U_i^T U_i``.
+    XtU : Tensor (T, N, m, r)
+        ``X_i^T U_i``.
+    """
+    G = U_own @ UtU - XtU
+    P = torch.where(U_own > 0, G, G.clamp_max(0))
+    return torch.stack([P.square().sum(dim=(-2, -1)), U_own.square().sum(dim=(-2, -1))], dim=-1)
+
+
+def stationarity_from_sums(x_norm2: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """The scaled projected-gradient residual ``||P[(U U^T - X) U]||_F / (||X||_F ||U||_F)``,
+    ``(T,)``, from the network-wide sums ``(T, 2)`` of :func:`stationarity_terms` and
+    ``||X||_F^2`` ``(T,)``."""
+    den = (x_norm2 * sums[..., 1]).sqrt().clamp_min(torch.finfo(sums.dtype).tiny)
+    return sums[..., 0].sqrt() / den
 
 
 def lambda_terms(U_own: torch.Tensor, V: torch.Tensor) -> torch.Tensor:

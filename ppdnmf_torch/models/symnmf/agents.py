@@ -132,7 +132,8 @@ class AgentsResult:
         One entry per outer iteration, each a list of ``(T,)`` arrays (``time`` and the
         cost counters: floats): ``E`` (``||X - U U^T||_F^2 / ||X||_F^2``), ``objective``
         (``g(U, V)``), ``uv_dist`` (``||U - V||_F``), ``consensus``
-        (``max_i ||U_i - U||_F / ||U||_F``), ``lambda``, ``time`` (seconds since the
+        (``max_i ||U_i - U||_F / ||U||_F``), ``stationarity`` (the stopping rule's residual,
+        :func:`~.agent_steps.stationarity_from_sums`), ``lambda``, ``time`` (seconds since the
         start), ``bytes`` (cumulative bytes over all edges: the exchange's count for the
         integer kinds, ``n r`` floats per directed edge and ADMM iteration for ``plain``).
     n_iter : int
@@ -213,8 +214,10 @@ def fit_symnmf_agents(X, rank: int, *, n_agents: int = AGENTS.n_agents, graph=No
     max_iter : int
         Outer iterations (a resumed run's included).
     tol : float
-        Stop when every trial's ``||U_k - U_{k-1}||_F / ||U_k||_F`` falls below it (0: never);
-        a run that does not warns :class:`~ppdnmf_torch.errors.ConvergenceWarning`.
+        Stop after the outer iteration where, in every trial, the stationarity residual of (2) and
+        the consensus error are both ``<= tol`` (:mod:`.agents_run`; the history's
+        ``stationarity`` and ``consensus``); 0: never. A run that does not warns
+        :class:`~ppdnmf_torch.errors.ConvergenceWarning`.
     U0 : array-like or Tensor (n, r) or (T, n, r), optional
         The start (default i.i.d. uniform on [0, 1] per trial seed).
     start : {"private", "common"}
@@ -294,7 +297,7 @@ def _agents_run(sim, idx, U0, graphs, caps, seeds, exch, agg, o: dict) -> Agents
                         exchange=exch, aggregator=agg,
                         plain_bytes=topo.n_directed_edges * n * r * sim.data.element_size() * o["x_iters"])
     settings = dict(settings_of(o, r, dt), seeds=list(seeds), g_cap=caps.tolist(), arithmetic=arithmetic(exch, agg))
-    return AgentsRun(setup, st, U0, settings=settings,
+    return AgentsRun(setup, st, settings=settings,
                      inputs=lambda: {"X": sim.digest(), "U0": digest(U0), "parts": digest(idx),
                                      "graph": digest(topo.src, topo.dst)})
 

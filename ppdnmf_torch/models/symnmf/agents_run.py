@@ -1,11 +1,20 @@
 """Symmetric NMF across agents as the run driver sees it (:class:`AgentsRun`, a
 :class:`~ppdnmf_torch.driver.LoopModel`): one outer iteration is the X-step, the Y-step, the
 adaptive penalty and the metrics; a checkpoint holds the agents' variables, the penalties'
-draws and generators, ``lambda``, the last mean copy and the plain byte count.
+draws and generators, ``lambda`` and the plain byte count.
+
+**Stopping** (``tol > 0``): after outer iteration ``k`` when, in every trial, the scaled
+projected-gradient residual of (2) that the agents compute from what they hold is ``<= tol``
+(:func:`~.agent_steps.stationarity_terms`: agent ``i``'s rows ``S_i`` of the gradient at its own
+copy ``U_i``; the network-wide sums through :meth:`AgentsRun.stationarity_sums`; the history's
+``stationarity``) and the copies agree, the history's ``consensus``
+``max_i ||U_i - Ubar||_F / ||Ubar||_F <= tol`` (the residual alone looks at each agent's rows
+at its own copy: copies that disagree can each be stationary on their own rows).
 
 The run over ranks (:mod:`.distributed`) is the same model on a rank's agents: it overrides the
-penalty's sums, the metrics and which slots a checkpoint holds (:class:`AgentsRun`'s hooks
-:meth:`~AgentsRun.update_lambda`, :meth:`~AgentsRun.metrics`, :meth:`~AgentsRun.slots`).
+penalty's sums, the residual's sums, the metrics and which slots a checkpoint holds
+(:class:`AgentsRun`'s hooks :meth:`~AgentsRun.update_lambda`, :meth:`~AgentsRun.stationarity_sums`,
+:meth:`~AgentsRun.metrics`, :meth:`~AgentsRun.slots`).
 """
 from __future__ import annotations
 
@@ -15,14 +24,14 @@ import torch
 
 from ...driver import LoopModel
 from ...metrics import consensus_error
-from .agent_steps import (STATE_NAMES, AgentsState, lambda_from_sums, lambda_terms, own_rows, scatter_rows, x_step,
-                          y_step)
+from .agent_steps import (STATE_NAMES, AgentsState, lambda_from_sums, lambda_terms, own_rows, scatter_rows,
+                          stationarity_from_sums, stationarity_terms, x_step, y_step)
 from .objective import fitting_error, gap_sq, split_objective
 
 __all__ = ["AgentsRun", "AgentsSetup", "HISTORY_KEYS"]
 
 #: the history's keys, in the result's order
-HISTORY_KEYS = ("E", "objective", "uv_dist", "consensus", "lambda", "time", "bytes")
+HISTORY_KEYS = ("E", "objective", "uv_dist", "consensus", "stationarity", "lambda", "time", "bytes")
 
 
 @dataclass
@@ -46,6 +55,7 @@ class AgentsSetup:
     adaptive : bool
         ``lambda`` by eq. (20) (else fixed).
     tol : float
+        The stopping rule's (see the module; 0: never).
     sampler, exchange, aggregator
         The penalties, the exchange (bound), the lambda sums' aggregation (None: fixed ``lambda``).
     plain_bytes : int
@@ -78,8 +88,6 @@ class AgentsRun(LoopModel):
     setup : AgentsSetup
     state : AgentsState
         The start.
-    U_prev : Tensor (T, n, r)
-        The mean copy before the first iteration (the start ``U_0``).
     settings : dict
         What a checkpoint compares by name on resume.
     inputs : callable
@@ -90,17 +98,20 @@ class AgentsRun(LoopModel):
     name = "symnmf_agents"
     step_name = "outer iteration"
 
-    def __init__(self, setup: AgentsSetup, state: AgentsState, U_prev: torch.Tensor, *, settings: dict, inputs):
-        self.s, self.st, self.U_prev = setup, state, U_prev
+    def __init__(self, setup: AgentsSetup, state: AgentsState, *, settings: dict, inputs):
+        self.s, self.st = setup, state
         self._settings, self._inputs = settings, inputs
         self.plain_bytes = 0
-        self.change = None
 
     # -- the iteration --------------------------------------------------------------------
     def update_lambda(self, k: int) -> torch.Tensor:
         """Eq. (20) from the three sums, through the aggregation."""
         st = self.st
         return lambda_from_sums(st.lam, self.s.aggregator.total(lambda_terms(own_rows(st, self.s.idx), st.V), dim=1))
+
+    def stationarity_sums(self, terms: torch.Tensor, k: int) -> torch.Tensor:
+        """The sums over agents ``(T, 2)`` of :func:`~.agent_steps.stationarity_terms`' ``(T, N, 2)``."""
+        return terms.sum(dim=1)
 
     def metrics(self, k: int) -> tuple:
         """The history's ``E``, ``objective``, ``uv_dist``, ``consensus``, ``lambda`` of outer
@@ -116,27 +127,28 @@ class AgentsRun(LoopModel):
     def step(self, k: int, clock) -> dict:
         s, st = self.s, self.st
         x_step(s.Z, st, s.idx, s.mask, s.sampler, s.exchange, mu=s.mu, x_iters=s.x_iters, bcd_iter=k)
-        y_step(s.Z, st, s.idx, y_iters=s.y_iters)
+        XtU, UtU = y_step(s.Z, st, s.idx, y_iters=s.y_iters)
         if s.adaptive:
             st.lam = self.update_lambda(k)
-        row, Ubar = self.metrics(k)
+        row, _ = self.metrics(k)
+        terms = stationarity_terms(own_rows(st, s.idx), UtU, XtU)
+        row["stationarity"] = stationarity_from_sums(s.x_norm2, self.stationarity_sums(terms, k))
         self.plain_bytes += s.plain_bytes
         counted = sum(s.exchange.bytes_per_edge().values())
         row.update(time=clock(), bytes=float(counted if counted else self.plain_bytes))
-        self.change = torch.linalg.matrix_norm(Ubar - self.U_prev) / torch.linalg.matrix_norm(Ubar).clamp_min(
-            torch.finfo(Ubar.dtype).tiny)
-        self.U_prev = Ubar
         return {key: v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v for key, v in row.items()}
 
     def converged(self, k: int, row: dict) -> bool:
-        """Every trial's ``||U_k - U_{k-1}||_F / ||U_k||_F`` below ``tol``."""
-        return bool((self.change < self.s.tol).all())
+        """Every trial's ``stationarity`` and ``consensus`` ``<= tol`` (see the module; ``tol = 0``: never)."""
+        tol = self.s.tol
+        return tol > 0 and bool(((row["stationarity"] <= tol) & (row["consensus"] <= tol)).all())
 
     def report(self, callback, k: int, row: dict, clock) -> bool:
         return bool(callback(k, {key: v.numpy() if isinstance(v, torch.Tensor) else v for key, v in row.items()}))
 
     def not_converged(self, k: int, tol: float) -> str:
-        return f"fit_symnmf_agents: no convergence to tol={tol} in {k} iterations"
+        return (f"fit_symnmf_agents: the stationarity residual and the consensus error did not both reach tol={tol} "
+                f"in {k} outer iterations")
 
     # -- what a checkpoint holds ----------------------------------------------------------
     def slots(self, t: torch.Tensor) -> torch.Tensor:
@@ -146,7 +158,7 @@ class AgentsRun(LoopModel):
     def state(self) -> dict:
         st = self.st
         out = {key: self.slots(getattr(st, key)) for key in STATE_NAMES}
-        out.update(g=st.g, lam=st.lam, U_prev=self.U_prev)
+        out.update(g=st.g, lam=st.lam)
         if st.mu is not None:
             out["mu"] = self.slots(st.mu)
         return out
@@ -159,8 +171,7 @@ class AgentsRun(LoopModel):
 
     def load_state(self, tensors: dict, extra: dict) -> None:
         dev = self.st.Xc.device
-        self.st = AgentsState(**{k: v.to(dev) for k, v in tensors.items() if k != "U_prev"})
-        self.U_prev = tensors["U_prev"].to(dev)
+        self.st = AgentsState(**{k: v.to(dev) for k, v in tensors.items()})
         self.plain_bytes = int(extra["plain_bytes"])
 
     def rng_state(self):

@@ -44,8 +44,8 @@ rank's slots in its checkpoints), with the driver's rank coordination
 iteration, and checkpoints per rank, ``<checkpoint_dir>/rank<r>/`` (the engine's format), with
 ``partition.json`` beside them (rank 0's). A rank writes its own agents' variables only (their
 slots of the copies, duals and ``V_i``, and ``mu_i``), the penalty draws of its edges and its
-generators' states, its cost counters, and what every rank has alike (``lambda``, the history,
-the last mean copy); no key, mask seed or private value of the exchange (rebuilt on resume, with
+generators' states, its cost counters, and what every rank has alike (``lambda`` and the
+history); no key, mask seed or private value of the exchange (rebuilt on resume, with
 new keys and seeds). A resumed run (the same world size and partition, settings and inputs,
 checked on every rank) continues from the newest outer iteration every rank has a checkpoint
 of, bit for bit: the factors equal an uninterrupted run's, and the single process's under
@@ -59,8 +59,12 @@ the agents' mean copy ``Ubar`` is an all-reduce of each rank's sum of copies
 ``sum_i V_i^T V_i`` ``(r, r)``, the fits by :mod:`.objective`'s expansion from ``||X||^2`` (taken
 before the rank drops the other columns), and one all-reduce of the largest ``||U_i - Ubar||``.
 They equal one process's to rounding (not bit for bit; the metrics do not feed the iterates).
-The stopping rule (``tol``) uses the same ``Ubar`` on every rank (one all-reduce decides); a
-relative change within rounding of ``tol`` could stop one iteration apart from one process. At
+The stopping rule (``tol``: the stationarity residual and the consensus error, :mod:`.agents_run`)
+has the same numbers on every rank (one all-reduce decides): the residual's two sums
+(:meth:`RankAgentsRun.stationarity_sums`) cross as a per-agent table under ``share="all"`` with an
+unmasked sum (the single process's bits, so the same stop), else as the ranks' partial sums
+(masked under ``exchange="secagg"``; to rounding, so a residual within rounding of ``tol`` could
+stop one iteration apart from one process). At
 the end rank 0 gathers every agent's copy and ``V_i`` (evaluation only, as the single-process
 result assembles them) into the same :class:`~.agents.AgentsResult`.
 
@@ -252,9 +256,9 @@ class RankAgentsRun(AgentsRun):
     adaptive penalty's sums (:func:`rank_lambda`) and the metrics (:func:`_rank_metrics`) cross the
     ranks, and a checkpoint holds the rank's own slots."""
 
-    def __init__(self, setup: AgentsSetup, state: AgentsState, U_prev, *, settings: dict, inputs, layout: RankLayout,
+    def __init__(self, setup: AgentsSetup, state: AgentsState, *, settings: dict, inputs, layout: RankLayout,
                  comm: Comm, share: str, sums=None):
-        super().__init__(setup, state, U_prev, settings=settings, inputs=inputs)
+        super().__init__(setup, state, settings=settings, inputs=inputs)
         self.lay, self.comm, self.share = layout, comm, share
         self.sums = sums if sums is not None else PlainSums(comm)
         self._slots = layout.slots.to(state.Xc.device)
@@ -264,11 +268,24 @@ class RankAgentsRun(AgentsRun):
         return rank_lambda(st.lam, gather_rows(st.Xc, self.s.idx), st.V, self.lay, self.comm, share=self.share,
                            what=f"the adaptive penalty of outer iteration {k}", sums=self.sums)
 
+    def stationarity_sums(self, terms: torch.Tensor, k: int) -> torch.Tensor:
+        """The stationarity residual's two sums over every rank's agents, ``(1, 2)``, the same on every
+        rank: under ``share="all"`` (and not masked) a ``(N, 2)`` table of the agents' terms, summed in
+        the single process's order (its bits); otherwise the ranks' partial sums through the run's
+        metric sums (masked under ``exchange="secagg"``: only the totals revealed)."""
+        mine, what = terms[0, self._slots], f"the stationarity residual of outer iteration {k}"
+        if self.share == "all" and not self.sums.masked:
+            table = mine.new_zeros(self.lay.n_agents, 2)
+            table[self.lay.agents.to(mine.device)] = mine
+            return self.comm.all_reduce(table, category="metrics", what=what).to(mine.device)[None].sum(1)
+        return self.sums.all_reduce(mine.sum(0), category="metrics", what=what, split=(1, 1)).to(mine.device)[None]
+
     def metrics(self, k: int) -> tuple:
         return _rank_metrics(self.s.Z, self.st, self.s.idx, self.lay, self.comm, self.s.x_norm2, k, self.sums)
 
     def not_converged(self, k: int, tol: float) -> str:
-        return f"fit_symnmf_rank: no convergence to tol={tol} in {k} iterations"
+        return (f"fit_symnmf_rank: the stationarity residual and the consensus error did not both reach tol={tol} "
+                f"in {k} outer iterations")
 
     def slots(self, t: torch.Tensor) -> torch.Tensor:
         return t[0, self._slots]
@@ -282,7 +299,6 @@ class RankAgentsRun(AgentsRun):
         if "mu" in tensors:
             st.mu = torch.ones((1, st.Xc.shape[1], 1, 1), dtype=st.Xc.dtype, device=dev)
             st.mu[0, self._slots] = tensors["mu"].to(dev)
-        self.U_prev = tensors["U_prev"].to(dev)
         self.plain_bytes = int(extra["plain_bytes"])
 
 
@@ -484,7 +500,7 @@ def _rank_run(comm: Comm, sim, idx, U0, g, caps, part: Partition, spec, o: dict,
     setup = AgentsSetup(Z=Z, idx=idx_loc, mask=mask, n=n, x_norm2=sim.sq_norm.reshape(1), sim=None, mu=o["mu"],
                         x_iters=o["x_iters"], y_iters=o["y_iters"], adaptive=adaptive, tol=o["tol"], sampler=sampler,
                         exchange=exch, aggregator=None, plain_bytes=g.src.numel() * n * r * itemsize * o["x_iters"])
-    return RankAgentsRun(setup, st, U0[None], settings=settings, inputs=lambda: inputs, layout=lay, comm=comm,
+    return RankAgentsRun(setup, st, settings=settings, inputs=lambda: inputs, layout=lay, comm=comm,
                          share=share, sums=sums)
 
 

@@ -107,7 +107,8 @@ def run_symnmf(X, rank, *, log_scalars=None, score=None, trial: int | None = Non
 
 #: the scalar tags of a fit across agents (one value per trial)
 AGENTS_SCALAR_TAGS = {"E": "symnmf/E", "objective": "symnmf/objective", "uv_dist": "symnmf/gap_UV",
-                      "consensus": "symnmf/consensus", "lambda": "symnmf/lambda", "bytes": "symnmf/bytes"}
+                      "consensus": "symnmf/consensus", "stationarity": "symnmf/stationarity", "lambda": "symnmf/lambda",
+                      "bytes": "symnmf/bytes"}
 
 
 def run_symnmf_agents(X, rank, *, log_scalars=None, score=None, trial: int | None = None, fit=None, **fit_kwargs):
