@@ -13,7 +13,9 @@ from ppdnmf_torch.models.fsspca import admm, fit_fsspca, manifold
 from ppdnmf_torch.models.fsspca.data import spiked_covariance, split_iid
 from ppdnmf_torch.models.fsspca.config import SPEC
 from ppdnmf_torch.models.fsspca.fit import prepare_problem
-from ppdnmf_torch.models.fsspca.polar import CURVATURE, polar, polar_steps, smooth_weight
+from ppdnmf_torch.models.fsspca import polar as polar_module
+from ppdnmf_torch.models.fsspca.polar import (CURVATURE, GRAM_RATIO, NUMPY, TORCH, kernels_for, polar, polar_steps,
+                                              polar_svd, smooth_weight)
 from ppdnmf_torch.models.fsspca.smoothing import SMOOTHINGS, Smoothing, get_smoothing
 
 SMOOTH = sorted(SMOOTHINGS)
@@ -73,6 +75,139 @@ def test_curvature_bound_is_the_largest_second_derivative(name):
     assert float(second.max()) <= L * (1 + 1e-6)
     assert float(second.max()) >= 0.99 * L
     assert CURVATURE.keys() == SMOOTHINGS.keys()
+
+
+# -- the Gram form of the polar factor and the two kernels ------------------------------------------
+def _conditioned(B, d, r, cond, dtype=torch.float64, seed=0):
+    """``B`` random ``d x r`` matrices with singular values from 7 down to ``7 / cond``."""
+    gen = torch.Generator().manual_seed(seed)
+    U = torch.linalg.qr(torch.randn((B, d, r), generator=gen, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn((B, r, r), generator=gen, dtype=torch.float64))[0]
+    s = torch.logspace(0, -np.log10(cond), r, dtype=torch.float64) if r > 1 else torch.ones(1, dtype=torch.float64)
+    return ((U * (7.0 * s)) @ V.mT).to(dtype)
+
+
+def _kernel_polar(kernels, M):
+    return kernels.polar_rows(M.mT.contiguous()).mT
+
+
+@pytest.mark.parametrize("kernels", [TORCH, NUMPY], ids=lambda k: k.name)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("r", [1, 2, 3, 5])
+@pytest.mark.parametrize("cond", [1.0, 30.0])
+def test_gram_polar_equals_the_svd_polar_to_rounding(kernels, dtype, r, cond):
+    """M (M^T M)^{-1/2} (the NumPy kernel's closed form at r = 2, eigh otherwise) is the SVD's
+    polar factor to rounding. The Gram form squares the condition number, so its error grows
+    like eps cond^2; cond = 30 is just inside the guard (cond^2 < 1 / GRAM_RATIO): tolerance
+    50 eps cond^2 (observed: 200 eps at cond 30 in float64)."""
+    M = _conditioned(64, 40, r, cond, dtype)
+    eps = torch.finfo(dtype).eps
+    want = polar_svd(M.double())
+    torch.testing.assert_close(_kernel_polar(kernels, M).double(), want, rtol=0, atol=50 * eps * max(cond, 2.0) ** 2)
+
+
+@pytest.mark.parametrize("kernels", [TORCH, NUMPY], ids=lambda k: k.name)
+@pytest.mark.parametrize("r", [2, 3])
+def test_ill_conditioned_and_rank_deficient_points_take_the_svd(kernels, r):
+    """Below the guard (smallest Gram eigenvalue under GRAM_RATIO times the largest) the SVD's
+    factor: for full rank (cond 1e3 and 1e8) the SVD's to its own sensitivity, eps cond (the two
+    libraries' SVDs differ by that); rank-deficient points (a repeated column, a zero matrix)
+    still get orthonormal columns that maximize <M, w>, and the well-conditioned points in the
+    same batch are untouched."""
+    assert 30.0 ** -2 > GRAM_RATIO > 1e3 ** -2
+    good = _conditioned(3, 40, r, 2.0, seed=1)
+    ill = torch.cat([_conditioned(2, 40, r, 1e3, seed=2), _conditioned(2, 40, r, 1e8, seed=3)])
+    deficient = good[:2].clone()
+    deficient[0, :, 1] = 2.0 * deficient[0, :, 0]
+    deficient[1] = 0.0
+    M = torch.cat([good, ill, deficient])
+    Q = _kernel_polar(kernels, M)
+    assert bool(torch.isfinite(Q).all())
+    torch.testing.assert_close(Q[:3], _kernel_polar(kernels, good), rtol=0, atol=0)
+    torch.testing.assert_close(Q[:3], polar_svd(good), rtol=0, atol=1e-13)
+    torch.testing.assert_close(Q[3:5], polar_svd(ill[:2]), rtol=0, atol=50 * 2.2e-16 * 1e3)
+    torch.testing.assert_close(Q[5:7], polar_svd(ill[2:]), rtol=0, atol=50 * 2.2e-16 * 1e8)
+    eye = torch.eye(r, dtype=torch.float64).expand(len(M), r, r)
+    torch.testing.assert_close(Q.mT @ Q, eye, rtol=0, atol=1e-12)
+    torch.testing.assert_close(manifold.inner(M, Q), torch.linalg.svdvals(M).sum(-1), rtol=1e-12, atol=1e-12)
+
+
+def test_the_kernels_follow_the_device_and_dtype():
+    """NumPy's kernels for float CPU tensors without autograd, torch's for anything else."""
+    x = torch.zeros((1, 1, 3, 2), dtype=torch.float64)
+    assert kernels_for(x) is NUMPY and kernels_for(x.float()) is NUMPY
+    assert kernels_for(x.requires_grad_()) is TORCH
+    assert kernels_for(torch.zeros(3, dtype=torch.float16)) is TORCH
+
+
+class _SVDKernels:
+    """The polar steps as they were before the Gram form: torch's products and the SVD."""
+
+    name = "svd"
+    xtc, xt = staticmethod(TORCH.xtc), staticmethod(TORCH.xt)
+
+    @staticmethod
+    def polar_rows(Mt):
+        return polar_svd(Mt.mT).mT
+
+
+@pytest.mark.parametrize("lambda_2", [0.0, None])
+def test_the_fit_is_the_same_with_every_kernel(monkeypatch, lambda_2):
+    """A whole fit (two trials sharing their Gram matrices, 4 workers) with NumPy's kernels (the
+    CPU's default), torch's, and torch's products with the SVD's polar factor (the steps before
+    the Gram form): the same iterations, support and history to rounding (the tolerance: what
+    rounding differences of ~1e-15 per step grow to over a few hundred ADMM iterations)."""
+    sp = spiked_covariance(n=400, d=20, r=2, support=4, seed=2)
+    kw = dict(groups=split_iid(400, 4, seed=0), alpha=150.0, lambda_2=lambda_2, tol=1e-8, max_iter=1500, seed=1,
+              trials=2, aggregation="plain")
+    fits = {}
+    for kernels in (NUMPY, TORCH, _SVDKernels):
+        monkeypatch.setattr(polar_module, "kernels_for", lambda x, k=kernels: k)
+        fits[kernels.name] = fit_fsspca(sp.X, 2, **kw)
+    ref = fits["numpy"]
+    assert bool(ref.converged.all())
+    for name in ("torch", "svd"):
+        got = fits[name]
+        assert torch.equal(got.n_iter, ref.n_iter), name
+        for t in range(2):
+            assert _support_key(got.z[t].numpy()) == _support_key(ref.z[t].numpy())
+        torch.testing.assert_close(got.z, ref.z, rtol=0, atol=1e-8)
+        torch.testing.assert_close(got.history["objective"], ref.history["objective"], rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("T,lam2", [(1, 2.0), (3, 2.0), (3, 0.0)])
+def test_chunked_steps_equal_the_whole_batch_bit_for_bit(monkeypatch, T, lam2):
+    """The steps run over chunks of workers (CHUNK_BYTES) give the numbers of one batch, bit
+    for bit (every kernel works matrix by matrix): one worker per chunk, two, and all at once,
+    in the per-trial and the shared-Gram layouts, with and without the smooth term."""
+    psi, mu = get_smoothing("sqrt"), 1e-3
+    problem, w, z, u, lam, rho = _subproblem(T=T, K=5, d=12, lam2=lam2)
+    target = _target(z, u, rho, w)
+    one = problem.gram[0, 0].numel() * problem.gram.element_size()
+    outs = []
+    for chunk in (one, 2 * one, 2 ** 40):
+        monkeypatch.setattr(polar_module, "CHUNK_BYTES", chunk)
+        outs.append(polar_steps(problem.gram, w, target, lam, psi, mu, 3))
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("kernels", [TORCH, NUMPY], ids=lambda k: k.name)
+@pytest.mark.parametrize("chunk", [1, 2 ** 40])
+def test_the_steps_product_is_the_objectives_bit_for_bit(monkeypatch, kernels, chunk):
+    """C_i w_i handed back by the polar steps (computed per chunk while C_i is in the cache) is
+    gram_times' (the objective's own) to the bit, so the history does not depend on who computed
+    it; with trials sharing their Gram matrices (another product shape) none is handed back."""
+    psi, mu = get_smoothing("sqrt"), 1e-3
+    monkeypatch.setattr(polar_module, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(polar_module, "kernels_for", lambda x: kernels)
+    problem, w, z, u, lam, rho = _subproblem(T=1, K=5, d=12)
+    w_new, Cw = polar_steps(problem.gram, w, _target(z, u, rho, w), lam, psi, mu, 3, product=True)
+    assert torch.equal(Cw, polar_module.gram_times(problem.gram, w_new))
+    lam1 = torch.tensor([2.0], dtype=torch.float64)
+    assert torch.equal(admm.objective(problem, w_new, z, lam1, lam, psi, mu, Cw),
+                       admm.objective(problem, w_new, z, lam1, lam, psi, mu))
+    problem, w, z, u, lam, rho = _subproblem(T=2, K=3, d=12)
+    assert polar_steps(problem.gram, w, _target(z, u, rho, w), lam, psi, mu, 1, product=True)[1] is None
 
 
 # -- monotone decrease and fixed points ------------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 
 from ...errors import ConfigError
 from . import manifold
-from .polar import CURVATURE, LOCAL_SOLVERS, polar_steps
+from .polar import CURVATURE, LOCAL_SOLVERS, gram_times, polar_steps
 from .smoothing import Smoothing, smooth_l1
 
 __all__ = ["FSSPCAProblem", "ADMMState", "local_objective", "local_step", "soft_threshold", "upload", "z_step",
@@ -137,7 +137,7 @@ def local_objective(problem, w, z, u, lambda_2, rho, smoothing: Smoothing, mu):
 
 
 def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="armijo", inner_steps=1,
-               active=None, solver="riemannian"):
+               active=None, solver="riemannian", smooth=None, product=False):
     """Step 1 of Algorithm 1, eq. (14): ``inner_steps`` steps of every worker from its current
     ``w_i`` on its subproblem.
 
@@ -150,6 +150,11 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
     active : Tensor (T,) bool, optional
         Trials still running; the others are left as they are.
     solver : {"riemannian", "polar"}
+    smooth : bool, optional
+        The polar step's: whether any ``lambda_2`` is nonzero (None: checked per call).
+    product : bool
+        Also return ``C_i w_i`` at the new points where the polar steps have it (``active`` None
+        and not deflated; :func:`.polar.polar_steps`), else None: ``(w, Cw)``.
 
     Returns
     -------
@@ -157,9 +162,13 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
     """
     if solver == "polar":
         target = _rho4(rho) * _per_worker(state.z, state.w) - state.u
-        w = polar_steps(problem.gram, state.w, target, lambda_2, smoothing, mu, inner_steps,
-                        projector=problem.projector)
-        return w if active is None else torch.where(active[:, None, None, None], w, state.w)
+        want = product and active is None  # a masked w would not match the product
+        out = polar_steps(problem.gram, state.w, target, lambda_2, smoothing, mu, inner_steps,
+                          projector=problem.projector, smooth=smooth, product=want)
+        w, Cw = out if want else (out, None)
+        if active is not None:
+            w, Cw = torch.where(active[:, None, None, None], w, state.w), None
+        return (w, Cw) if product else w
     search = {"armijo": manifold.armijo, "wolfe": manifold.strong_wolfe}[line_search]
     z, u = state.z, state.u
 
@@ -178,7 +187,7 @@ def local_step(problem, state, lambda_2, rho, smoothing, mu, *, line_search="arm
         state.theta = torch.where(res.theta > 0, 2.0 * res.theta, state.theta)
         state.line_search_evals += res.n_evals
         state.line_search_failures += int((~res.accepted).sum())
-    return w
+    return (w, None) if product else w
 
 
 def soft_threshold(v: torch.Tensor, tau) -> torch.Tensor:
@@ -225,9 +234,13 @@ def dual_step(u, w, z, rho):
     return u + _rho4(rho) * (w - _per_worker(z, w))
 
 
-def objective(problem, w, z, lambda_1, lambda_2, smoothing, mu):
-    """Objective (6) at the iterates: ``sum_i [f_i(w_i) + lambda_2 r(w_i)] + lambda_1 ||z||_1``; ``(T,)``."""
-    f = problem.sqnorm - manifold.inner(w, problem.gram @ w)
+def objective(problem, w, z, lambda_1, lambda_2, smoothing, mu, Cw=None):
+    """Objective (6) at the iterates: ``sum_i [f_i(w_i) + lambda_2 r(w_i)] + lambda_1 ||z||_1``; ``(T,)``.
+
+    ``Cw (T, K, d, r)``, optional: ``C_i w_i`` where the caller has it (the polar steps' product,
+    :func:`.polar.gram_times`'s bits); else computed here (by the polar steps' kernels).
+    """
+    f = problem.sqnorm - manifold.inner(w, gram_times(problem.gram, w) if Cw is None else Cw)
     return (f + lambda_2[:, None] * smooth_l1(w, smoothing, mu)).sum(dim=1) + lambda_1 * z.abs().sum(dim=(-2, -1))
 
 
@@ -280,7 +293,7 @@ def stationarity(problem, w, u, lambda_2, rho, smoothing, mu):
     return torch.linalg.matrix_norm(g).square().sum(dim=1).div(K * r).sqrt()
 
 
-def iteration_values(problem, pooled, w, z, z_old, u, lambda_1, lambda_2, rho, smoothing, mu):
+def iteration_values(problem, pooled, w, z, z_old, u, lambda_1, lambda_2, rho, smoothing, mu, Cw=None):
     """Every per-iteration value of the server's loop in one pass, bit for bit those of
     :func:`objective`, :func:`augmented_lagrangian`, :func:`adjusted_variance` and
     :func:`residuals` (the objective, the gaps ``w_i - z`` and ``||z - z_old||`` are computed once
@@ -302,9 +315,11 @@ def iteration_values(problem, pooled, w, z, z_old, u, lambda_1, lambda_2, rho, s
         ``primal_residual``, ``dual_residual`` (:data:`.result.HISTORY_KEYS`).
     change : Tensor (T,)
         ``||z - z_old|| / sqrt(r)``, the stopping rule's change of ``z``.
+
+    ``Cw``: as :func:`objective`'s.
     """
     gap = w - z[:, None]
-    obj = objective(problem, w, z, lambda_1, lambda_2, smoothing, mu)
+    obj = objective(problem, w, z, lambda_1, lambda_2, smoothing, mu, Cw)
     lag = obj + (manifold.inner(u, gap) + 0.5 * _rho2(rho) * manifold.inner(gap, gap)).sum(dim=1)
     gap_norm = torch.linalg.matrix_norm(gap)
     K = w.shape[1]
