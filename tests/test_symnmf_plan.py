@@ -176,8 +176,9 @@ def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max):
     A, B = block_data(XW, W, lam)
     ref = hals_block(Z, A, B, inner_max=inner_max, delta=0.0)
     rows = lambda t: np.ascontiguousarray(t.transpose(-2, -1).numpy())  # noqa: E731
-    out = host.hals_block(rows(Z), rows(W), rows(XW), (W.transpose(-2, -1) @ W).numpy(), lam.numpy(), inner_max,
-                          0.0, host._Coefficients(T, r, np.float64))
+    gram = (W.transpose(-2, -1) @ W).numpy()
+    out = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
+                          host._Coefficients(T, r, np.float64))
     out = torch.from_numpy(out).transpose(-2, -1)
     _close(out, ref, 1e-12)
     assert bool((ref[..., 1] < 1e-10).all()) and bool((ref[..., 1] > 0).all())

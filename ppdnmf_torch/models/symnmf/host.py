@@ -110,15 +110,22 @@ def _product(sim):
     return dense
 
 
+class _Lambda:
+    """``lambda`` ``(T,)`` in the shapes the blocks use, made once per iteration: ``col``
+    ``(T, 1, 1)`` and ``neg`` ``-lambda`` ``(T, 1)``."""
+
+    def __init__(self, lam):
+        self.vec, self.col, self.neg = lam, lam[:, None, None], -lam[:, None]
+
+
 class _Coefficients:
     """The sweep's coefficients ``C (T, r, 2r)``, made once per fit and rewritten per block: row
-    ``i`` ``[-B_i / B_ii`` with 0 at ``i``, ``e_i]`` (the right half, the identity, never
-    changes)."""
+    ``i`` ``[-B_i / B_ii`` with 0 at ``i``, ``-e_i]`` (the right half never changes)."""
 
     def __init__(self, T: int, r: int, dtype):
         self.C = np.zeros((T, r, 2 * r), dtype=dtype)
         flat = self.C.reshape(T, 2 * r * r)
-        flat[:, r::2 * r + 1] = 1  # (i, r + i)
+        flat[:, r::2 * r + 1] = -1  # (i, r + i)
         self.left, self.diag = self.C[:, :, :r], flat[:, ::2 * r + 1]  # views: B's part, its (i, i)
 
     def of(self, gram, neg_diag):
@@ -130,21 +137,22 @@ class _Coefficients:
 
 def _sweep_data(Zt, gram, XWt, Wt, lam, coef):
     """One block's data in the sweep's form: ``E (T, 2r, n)``, its first ``r`` rows a copy of the
-    block ``Zt`` (swept in place), the others ``A^T / diag(B)``; ``C (T, r, 2r)``, row ``i``
-    ``[-B_i / B_ii`` with 0 at ``i``, ``e_i]`` (``coef``: :class:`_Coefficients`), so that
+    block ``Zt`` (swept in place), the others ``-A^T / diag(B)``; ``C (T, r, 2r)``, row ``i``
+    ``[-B_i / B_ii`` with 0 at ``i``, ``-e_i]`` (``coef``: :class:`_Coefficients`), so that
     ``C_i E = a_i / B_ii - sum_{j != i} B_ij / B_ii z_j``: eq. (17)'s column ``i``
     (:class:`~.symhals._Rows`' update) in one product, whose clamp at zero is the column's second
     and last call. ``B = W^T W + lambda I`` and ``A^T = (X W)^T + lambda W^T`` from
-    ``gram = W^T W``, ``XWt`` and the rows ``Wt``."""
+    ``gram = W^T W``, ``XWt``, the rows ``Wt`` and ``lam`` (:class:`_Lambda`); ``-diag(B)`` is
+    ``-lambda - diag(W^T W)`` (the same number as ``-(diag(W^T W) + lambda)``)."""
     T, r, n = Zt.shape
-    diag = (np.diagonal(gram, axis1=1, axis2=2) + lam[:, None])[:, :, None]
+    neg_diag = np.subtract(lam.neg, np.diagonal(gram, axis1=1, axis2=2))[:, :, None]
     E = np.empty((T, 2 * r, n), dtype=Zt.dtype)
     E[:, :r] = Zt
     A = E[:, r:]
-    np.multiply(lam[:, None, None], Wt, out=A)
+    np.multiply(lam.col, Wt, out=A)
     A += XWt
-    A /= diag
-    return E, coef.of(gram, -diag)
+    A /= neg_diag
+    return E, coef.of(gram, neg_diag)
 
 
 def _sweep(E, C, before, s):
@@ -172,7 +180,7 @@ def _sweep(E, C, before, s):
 def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coefficients):
     """SymHALS's (``inner_max = 1``) or A-SymHALS's block, :func:`~.symhals._block` on arrays:
     ``Zt (T, r, n)`` (not modified) with the other factor's rows ``Wt``, ``XWt = (X W)^T`` and
-    ``gram = W^T W``; returns the new rows ``(T, r, n)`` contiguous."""
+    ``gram = W^T W``, ``lam`` a :class:`_Lambda`; returns the new rows ``(T, r, n)`` contiguous."""
     E, C = _sweep_data(Zt, gram, XWt, Wt, lam, coef)
     Z = E[:, :Zt.shape[1]]
     step = np.empty_like(Zt[:, :1])
@@ -198,12 +206,12 @@ def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coef
 
 def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
     """SymANLS's block: the NNLS of :func:`~.symanls.anls_block` (``(X W)^T + lambda W^T`` is its
-    ``C``, in its layout): ``small``, on the arrays (:func:`~.nnls_numpy.nnls_bpp_numpy`), else
+    ``C``, in its layout; ``lam`` a :class:`_Lambda`): ``small``, on the arrays (:func:`~.nnls_numpy.nnls_bpp_numpy`), else
     :func:`~.nnls.nnls_bpp` on tensors sharing their memory."""
     T, r = Zt.shape[0], Zt.shape[1]
     G = gram.copy()
-    G.reshape(T, r * r)[:, ::r + 1] += lam[:, None]
-    C = lam[:, None, None] * Wt
+    G.reshape(T, r * r)[:, ::r + 1] += lam.vec[:, None]
+    C = lam.col * Wt
     C += XWt
     if small:
         return nnls_bpp_numpy(G, C, Zt, max_iter)
@@ -287,9 +295,10 @@ class HostRun(CentralRun):
     # -- one iteration ------------------------------------------------------------------------
     def step(self, k: int, clock) -> dict:
         Ut, Vt, lam = self.Ut, self.Vt, self.lam
-        U = self.block(Ut, Vt, self.XVt, self.VtV, lam)
+        lams = _Lambda(lam)
+        U = self.block(Ut, Vt, self.XVt, self.VtV, lams)
         XU, UtU = self.prod(U), _gram(U)
-        V = self.block(Vt, U, XU, UtU, lam)
+        V = self.block(Vt, U, XU, UtU, lams)
         XV = self.prod(V)
         active = self.active
         if not active.all():  # frozen trials keep their iterate bit for bit
