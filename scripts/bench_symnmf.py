@@ -5,8 +5,8 @@ Parts, each side by side in one process:
 * ``numpy``: the batched torch SymHALS and SymANLS against a careful numpy implementation of
   the same updates (``np_fit`` in ``scripts/symnmf_numpy_ref.py``: the column sweep on
   contiguous rows, and Kim and Park's block principal pivoting with the columns grouped by
-  passive set, as in their own code), one trial after another, at ``n`` = 300..5000, ``r`` = 20, 40, one and 20 trials; both check
-  that they computed the same iterates;
+  passive set, as in their own code), one trial after another, at ``n`` = 300..5000,
+  ``r`` = 20, 40, one and 20 trials; both check that they computed the same iterates;
 * ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda``, the torch
   and the host plan (``fit_symnmf(plan=...)``), against the same numpy implementation, at
   ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
@@ -510,7 +510,8 @@ def main(argv=None):
     ap.add_argument("--numpy-max-n", type=int, help="numpy part: above this n only the torch side runs")
     ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
     ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
-    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy, one-trial and plans parts: the methods")
+    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"],
+                    help="numpy, one-trial and plans parts: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
     ap.add_argument("--plans", nargs="+", choices=["torch", "host"],

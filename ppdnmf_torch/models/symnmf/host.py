@@ -206,8 +206,9 @@ def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coef
 
 def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
     """SymANLS's block: the NNLS of :func:`~.symanls.anls_block` (``(X W)^T + lambda W^T`` is its
-    ``C``, in its layout; ``lam`` a :class:`_Lambda`): ``small``, on the arrays (:func:`~.nnls_numpy.nnls_bpp_numpy`), else
-    :func:`~.nnls.nnls_bpp` on tensors sharing their memory."""
+    ``C``, in its layout; ``lam`` a :class:`_Lambda`): ``small``, on the arrays
+    (:func:`~.nnls_numpy.nnls_bpp_numpy`), else :func:`~.nnls.nnls_bpp` on tensors sharing their
+    memory."""
     T, r = Zt.shape[0], Zt.shape[1]
     G = gram.copy()
     G.reshape(T, r * r)[:, ::r + 1] += lam.vec[:, None]
