@@ -3,12 +3,15 @@
 Parts, each side by side in one process:
 
 * ``numpy``: the batched torch SymHALS and SymANLS against a careful numpy implementation of
-  the same updates (below: the column sweep on contiguous rows, and Kim and Park's block
-  principal pivoting with the columns grouped by passive set, as in their own code), one
-  trial after another, at ``n`` = 300..5000, ``r`` = 20, 40, one and 20 trials; both check
-  that they computed the same iterates;
-* ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda`` against the
-  same numpy implementation, at ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
+  the same updates (``np_fit`` in ``scripts/symnmf_numpy_ref.py``: the column sweep on
+  contiguous rows, and Kim and Park's block principal pivoting with the columns grouped by
+  passive set, as in their own code), one trial after another, at ``n`` = 300..5000,
+  ``r`` = 20, 40, one and 20 trials; both check that they computed the same iterates;
+* ``one-trial`` (issue 41): one trial of SymHALS and SymANLS with a fixed ``lambda``, the torch
+  and the host plan (``fit_symnmf(plan=...)``), against the same numpy implementation, at
+  ``(n, r)`` = (150, 6), (1000, 20), (3000, 40);
+* ``plans``: the torch plan against the host plan (``fit_symnmf(plan=...)``) with 20 trials and on
+  a sparse ``X``, the sizes behind ``plan="auto"``;
 * ``time-to-E``: every method on the synthetic model of Sec. IV (``n = 300``, ``r = 20``),
   the wall time each needs to reach a given ``E``;
 * ``sparse``: SymHALS on a sparse kNN similarity at ``n`` = 10k, 50k, 100k, each in a child
@@ -22,6 +25,7 @@ Usage::
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part numpy --ns 300 --out bench_numpy.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --out bench_one.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part one-trial --against 477b2ec   # and a commit
+    OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part plans --out bench_plans.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part time-to-E --out bench_tte.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part sparse --out bench_sparse.json
     OMP_NUM_THREADS=1 python scripts/bench_symnmf.py --part before-after --against 5490475
@@ -49,115 +53,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity
 from ppdnmf_torch.models.symnmf.fit import METHODS
 
-
-# --------------------------------------------------------------------------------------
-# numpy reference implementations of the same updates (one trial at a time)
-# --------------------------------------------------------------------------------------
-
-def np_hals_sweep(Zt, At, B):
-    """Eq. (17) over the rows of ``Zt (r, n)`` (a block's columns, contiguous), in place."""
-    reset = 1e-16 * Zt.max()
-    for i in range(Zt.shape[0]):
-        zi = Zt[i] + (At[i] - B[i] @ Zt) / B[i, i]
-        np.maximum(zi, 0, out=zi)
-        Zt[i] = zi
-    Zt[~(Zt > 0).any(axis=1)] = reset
-
-
-def _solve_grouped(G, C, P):
-    """``x_F = G_FF^{-1} c_F`` per column, the columns grouped by passive set (one solve per
-    distinct set, as Kim and Park's ``solveNormalEqComb``)."""
-    X = np.zeros_like(C)
-    if C.shape[1] == 0:
-        return X
-    sets, inverse = np.unique(P.T, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    for k, s in enumerate(sets):
-        idx = np.flatnonzero(s)
-        if idx.size == 0:
-            continue
-        cols = np.flatnonzero(inverse == k)
-        X[np.ix_(idx, cols)] = np.linalg.solve(G[np.ix_(idx, idx)], C[np.ix_(idx, cols)])
-    return X
-
-
-def np_nnls_bpp(G, C, init):
-    """Kim and Park's block principal pivoting for ``G (r, r)``, ``C (r, m)``, warm started."""
-    r, m = C.shape
-    P = init > 0
-    X = _solve_grouped(G, C, P)
-    Y = G @ X - C
-    X[np.abs(X) < 1e-12] = 0
-    Y[np.abs(Y) < 1e-12] = 0
-    p = np.full(m, 3)
-    ninf = np.full(m, r + 1)
-    nonopt = (Y < 0) & ~P
-    infea = (X < 0) & P
-    notgood = nonopt.sum(0) + infea.sum(0)
-    notopt = notgood > 0
-    it = 0
-    while notopt.any() and it < 5 * r:
-        it += 1
-        c1 = notopt & (notgood < ninf)
-        c2 = notopt & (notgood >= ninf) & (p >= 1)
-        c3 = notopt & ~c1 & ~c2
-        p[c1], ninf[c1] = 3, notgood[c1]
-        p[c2] -= 1
-        full = c1 | c2
-        P[:, full] = np.where(nonopt[:, full], True, np.where(infea[:, full], False, P[:, full]))
-        for j in np.flatnonzero(c3):
-            last = np.flatnonzero(nonopt[:, j] | infea[:, j])[-1]
-            P[last, j] = ~P[last, j]
-        cols = np.flatnonzero(notopt)
-        X[:, cols] = _solve_grouped(G, C[:, cols], P[:, cols])
-        Y[:, cols] = G @ X[:, cols] - C[:, cols]
-        X[np.abs(X) < 1e-12] = 0
-        Y[np.abs(Y) < 1e-12] = 0
-        mask = notopt[None, :]
-        nonopt = mask & (Y < 0) & ~P
-        infea = mask & (X < 0) & P
-        notgood = nonopt.sum(0) + infea.sum(0)
-        notopt = notgood > 0
-    return np.maximum(X, 0)
-
-
-def np_fit(X, U0, lam0, iters, method, clock=None, adaptive=True):
-    """``iters`` iterations of SymHALS or SymANLS with the adaptive rule (20) (``adaptive=False``:
-    ``lambda = lam0`` fixed), one trial, with the per-iteration metrics ``fit_symnmf`` records
-    (the same two products ``X W`` per iteration, the same expansions), so that both sides do
-    the same work. ``clock``: a list that gets the seconds of the iterations alone (after the
-    first product, as ``fit_symnmf``'s ``history["time"]``)."""
-    Ut, Vt = U0.T.copy(), U0.T.copy()
-    lam = lam0
-    eye = np.eye(U0.shape[1])
-    sqX = float((X * X).sum())
-    XVt = Vt @ X  # (X V)^T, X symmetric
-    history = []
-    t0 = time.perf_counter()
-
-    def block(Z, W, XWt):  # one block of (3) in place, the other factor W fixed
-        B = W @ W.T + lam * eye
-        if method == "symhals":
-            np_hals_sweep(Z, XWt + lam * W, B)
-        else:
-            Z[...] = np_nnls_bpp(B, XWt + lam * W, Z)
-
-    for _ in range(iters):
-        block(Ut, Vt, XVt)
-        XUt = Ut @ X
-        block(Vt, Ut, XUt)
-        XVt = Vt @ X
-        UtU, VtV = Ut @ Ut.T, Vt @ Vt.T
-        uu, vv, uv = np.trace(UtU), np.trace(VtV), float((Ut * Vt).sum())
-        gap = uu + vv - 2 * uv
-        history.append(((sqX - 2 * (XUt * Ut).sum() + (UtU * UtU).sum()) / sqX,
-                        0.5 * (sqX - 2 * (XVt * Ut).sum() + (UtU * VtV).sum()) + 0.5 * lam * gap,
-                        gap, np.sqrt(max(gap, 0)) / np.sqrt(vv), lam))
-        if adaptive:
-            lam = lam * max(1.0, (uu + vv) / (2 * uv)) if uv > 0 else lam
-    if clock is not None:
-        clock.append(time.perf_counter() - t0)
-    return Ut.T, Vt.T
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the NumPy reference beside this script
+from symnmf_numpy_ref import np_fit, np_hals_sweep, np_nnls_bpp  # noqa: E402,F401  (the tests use np_fit here)
 
 
 def _median_time(fn, repeats):
@@ -231,7 +128,7 @@ def part_numpy(quick: bool, device="cpu", ns=None, ranks=None, trials_list=None,
                         loops_np.append(float("nan"))
                     loop_torch, loop_np = float(np.median(loops_torch)), float(np.median(loops_np))
                     rows.append({"n": n, "r": r, "trials": T, "method": method, "iters": its, "repeats": reps,
-                                 "device": str(device), "threads": torch.get_num_threads(),
+                                 "device": str(device), "threads": torch.get_num_threads(), "plan": res.plan,
                                  "torch_s_per_iter": t_torch / its, "numpy_s_per_iter": t_np / its,
                                  "numpy_over_torch": t_np / t_torch,
                                  "torch_loop_s_per_iter": loop_torch / its, "numpy_loop_s_per_iter": loop_np / its,
@@ -245,22 +142,27 @@ ONE_TRIAL_SIZES = ((150, 6), (1000, 20), (3000, 40))
 
 
 def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None, iters=None, repeats=None,
-                   lam=0.5, against=None):
-    """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) against :func:`np_fit` (issue
-    41): per size and method, ``repeats`` alternating runs of ``iters`` iterations on each side;
-    seconds per iteration from the in-loop clocks (``history["time"]`` and ``np_fit``'s, the
-    iterations alone) and of the whole call, the best of the repeats and the ratio's range over
-    them (numpy over torch: above 1 the torch side is faster), and the largest ``|U|``
-    difference of the two sides' iterates. ``against``: a commit whose package runs as a third
-    side in the same alternation (``before_*``: its times and its ratio to numpy's)."""
+                   lam=0.5, against=None, plans=None):
+    """One trial, fixed ``lambda``, the torch solver (``fit_symnmf``) on each of ``plans``
+    against :func:`np_fit` (issue 41): per size and method, ``repeats`` alternating runs of
+    ``iters`` iterations on each side; seconds per iteration from the in-loop clocks
+    (``history["time"]`` and ``np_fit``'s, the iterations alone) and of the whole call, the best of
+    the repeats and the ratio's range over them (numpy over the plan: above 1 the plan is faster),
+    and the largest ``|U|`` difference of each plan's iterates from numpy's. ``plans``: default
+    ``torch`` and ``host`` on the CPU, ``torch`` on a GPU (the host plan runs on the CPU only).
+    ``against``: a commit whose package runs as a further side in the same alternation (its
+    default plan; ``before_*``: its times and its ratio to numpy's)."""
     sizes = ((60, 4),) if quick else (tuple(zip(ns, ranks)) if ns and ranks else ONE_TRIAL_SIZES)
     methods = methods or ("symhals", "symanls")
+    plans = plans or (("torch", "host") if str(device) == "cpu" else ("torch",))
     rows = []
     old_fit = _fit_of_commit(against) if against else None
     Xw, _ = synthetic_similarity(50, 4, 0.1)  # warm-up: the first calls pay one-time costs
     for method in methods:
-        for fit in (fit_symnmf, old_fit or fit_symnmf):
-            fit(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
+        for plan in plans:
+            fit_symnmf(Xw[0].to(device), 4, method=method, max_iter=3, tol=0, plan=plan)
+        if old_fit is not None:
+            old_fit(Xw[0].to(device), 4, method=method, max_iter=3, tol=0)
         np_fit(Xw[0].numpy(), initial_factor(50, 4)[0].numpy(), 0.5, 3, method)
     for n, r in sizes:
         X, _ = synthetic_similarity(n, r, 0.1, seed=n)
@@ -269,32 +171,46 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
         its = iters or (2 if quick else 200 if n <= 300 else 10 if n <= 1000 else 3)
         reps = repeats or (1 if quick else 5 if n <= 1000 else 3)
         for method in methods:
-            torch_loop, torch_call, np_loop, np_call, before_loop = [], [], [], [], []
+            loop = {p: [] for p in plans}
+            call = {p: [] for p in plans}
+            res = {}
+            np_loop, np_call, before_loop = [], [], []
             for _ in range(reps):
                 if old_fit is not None:
                     old = old_fit(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
                     before_loop.append(float(old.history["time"][-1, 0]) / its)
-                t0 = time.perf_counter()
-                res = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
-                torch_call.append((time.perf_counter() - t0) / its)
-                torch_loop.append(float(res.history["time"][-1, 0]) / its)
+                for plan in plans:
+                    t0 = time.perf_counter()
+                    res[plan] = fit_symnmf(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0, plan=plan)
+                    call[plan].append((time.perf_counter() - t0) / its)
+                    loop[plan].append(float(res[plan].history["time"][-1, 0]) / its)
                 clock = []
                 t0 = time.perf_counter()
                 Un, _ = np_fit(Xn, U0[0].numpy(), lam, its, method, clock, adaptive=False)
                 np_call.append((time.perf_counter() - t0) / its)
                 np_loop.append(clock[0] / its)
-            ratios = [a / b for a, b in zip(np_loop, torch_loop)]
-            rows.append({"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
-                         "device": str(device), "threads": torch.get_num_threads(),
-                         "torch_loop_s_per_iter": min(torch_loop), "numpy_loop_s_per_iter": min(np_loop),
-                         "numpy_over_torch_min": min(ratios), "numpy_over_torch_max": max(ratios),
-                         "torch_call_s_per_iter": min(torch_call), "numpy_call_s_per_iter": min(np_call),
-                         "max_abs_diff_U": float(np.abs(Un - res.U[0].cpu().numpy()).max())})
+            row = {"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
+                   "device": str(device), "threads": torch.get_num_threads(), "plans": list(plans),
+                   "numpy_loop_s_per_iter": min(np_loop), "numpy_call_s_per_iter": min(np_call),
+                   "load_average": os.getloadavg()[0]}
+            for plan in plans:  # the torch plan's keys keep their names of before the plans
+                key = "torch" if plan == "torch" else plan
+                ratios = [a / b for a, b in zip(np_loop, loop[plan])]
+                row.update({f"{key}_loop_s_per_iter": min(loop[plan]), f"{key}_call_s_per_iter": min(call[plan]),
+                            f"numpy_over_{key}_min": min(ratios), f"numpy_over_{key}_max": max(ratios),
+                            f"max_abs_diff_U_{key}": float(np.abs(Un - res[plan].U[0].cpu().numpy()).max())})
+            if "torch" in res:
+                row["max_abs_diff_U"] = row["max_abs_diff_U_torch"]
+            if "torch" in res and "host" in res:
+                row["max_rel_diff_U_host_torch"] = float((res["host"].U - res["torch"].U).abs().max()
+                                                         / res["torch"].U.abs().max())
             if old_fit is not None:
                 before = [a / b for a, b in zip(np_loop, before_loop)]
-                rows[-1].update({"against": against, "before_loop_s_per_iter": min(before_loop),
-                                 "numpy_over_before_min": min(before), "numpy_over_before_max": max(before),
-                                 "max_rel_diff_U_before": float((old.U - res.U).abs().max() / old.U.abs().max())})
+                ref = res[plans[0]]
+                row.update({"against": against, "before_loop_s_per_iter": min(before_loop),
+                            "numpy_over_before_min": min(before), "numpy_over_before_max": max(before),
+                            "max_rel_diff_U_before": float((old.U - ref.U).abs().max() / old.U.abs().max())})
+            rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -437,6 +353,47 @@ def part_before_after(quick: bool, device="cpu", ns=None, against=None, methods=
     return rows
 
 
+#: the plans part: ``(n, r, trials, layout)``, the sizes behind ``fit_symnmf``'s ``plan="auto"``
+PLAN_SIZES = ((150, 6, 20, "dense"), (300, 20, 20, "dense"), (1000, 20, 20, "dense"), (150, 6, 1, "sparse"),
+              (2000, 20, 1, "sparse"), (20000, 20, 1, "sparse"))
+
+
+def part_plans(quick: bool, device="cpu", ns=None, methods=None, repeats=None):
+    """The torch plan against the host plan of ``fit_symnmf`` (the rule of ``plan="auto"`` on the
+    CPU), several trials and a sparse ``X``: seconds per iteration from ``history["time"]``, the
+    best of ``repeats`` alternating runs, the ratio's range (torch over host: above 1 the host
+    plan is faster) and the largest relative ``U`` difference of the two."""
+    sizes = ((60, 4, 3, "dense"), (200, 4, 1, "sparse")) if quick else PLAN_SIZES
+    methods = methods or ("symhals", "a_symhals", "symanls")
+    reps = repeats or (1 if quick else 3)
+    rows = []
+    for n, r, T, layout in sizes:
+        if layout == "dense":
+            X = synthetic_similarity(n, r, 0.1, seed=n)[0][0]
+        else:
+            X = knn_similarity(n)[0]
+        U0 = initial_factor(n, r, trials=T, seed=1)
+        its = 2 if quick else max(2, min(50, int(3e8 / (T * n * n * r + 1))))
+        for method in methods:
+            times = {"torch": [], "host": []}
+            out = {}
+            for plan in times:  # warm-up: the first call at a size pays one-time costs
+                fit_symnmf(X, r, method=method, U0=U0, penalty=0.5, max_iter=1, tol=0, plan=plan)
+            for _ in range(reps):
+                for plan in times:
+                    out[plan] = fit_symnmf(X, r, method=method, U0=U0, penalty=0.5, max_iter=its, tol=0, plan=plan)
+                    times[plan].append(float(out[plan].history["time"][-1, 0]) / its)
+            ratios = [a / b for a, b in zip(times["torch"], times["host"])]
+            rows.append({"n": n, "r": r, "trials": T, "layout": layout, "method": method, "iters": its, "repeats": reps,
+                         "threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
+                         "torch_s_per_iter": min(times["torch"]), "host_s_per_iter": min(times["host"]),
+                         "torch_over_host_min": min(ratios), "torch_over_host_max": max(ratios),
+                         "max_rel_diff_U": float((out["host"].U - out["torch"].U).abs().max()
+                                                 / out["torch"].U.abs().max())})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def part_gemm(quick: bool, device="cpu", ns=None):
     """The product every iteration makes twice, ``W^T X`` (``(r, n) x (n, n)``), in torch (its
     BLAS) and numpy (its BLAS), side by side: the median of 7 (3 at n = 5000)."""
@@ -539,8 +496,8 @@ def part_sparse(quick: bool, device="cpu", ns=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "time-to-E", "sparse", "before-after", "gemm",
-                                                  "all"],
+    ap.add_argument("--part", nargs="+", choices=["numpy", "one-trial", "plans", "time-to-E", "sparse", "before-after",
+                                                  "gemm", "all"],
                     default=["all"], help="all: numpy, time-to-E and sparse")
     ap.add_argument("--against", help="before-after part: the commit to compare with (default HEAD); one-trial "
                                       "part: a commit run as a third side")
@@ -553,9 +510,13 @@ def main(argv=None):
     ap.add_argument("--numpy-max-n", type=int, help="numpy part: above this n only the torch side runs")
     ap.add_argument("--ranks", type=int, nargs="+", help="numpy part: the ranks r (default 20 40)")
     ap.add_argument("--trials", type=int, nargs="+", help="numpy part: the trial counts (default 1 20)")
-    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"], help="numpy part: the methods")
+    ap.add_argument("--methods", nargs="+", choices=["symhals", "symanls"],
+                    help="numpy, one-trial and plans parts: the methods")
     ap.add_argument("--grid-iters", type=int, help="numpy part: iterations per run (default by n)")
     ap.add_argument("--repeats", type=int, help="numpy part: runs per timing, the median kept (default by n)")
+    ap.add_argument("--plans", nargs="+", choices=["torch", "host"],
+                    help="one-trial part: fit_symnmf's plans beside numpy (default: torch host on the CPU, torch on "
+                         "a GPU)")
     ap.add_argument("--ba-methods", nargs="+", choices=["symhals", "a_symhals", "symanls"],
                     help="before-after part: the methods (default symhals a_symhals)")
     ap.add_argument("--tte-methods", nargs="+", choices=list(METHODS), help="time-to-E part: the methods")
@@ -571,7 +532,7 @@ def main(argv=None):
         sparse_child(args.sparse_child, args.iters, args.rank, args.device)
         return None
     parts = {"numpy": part_numpy, "one-trial": part_one_trial, "time-to-E": part_time_to_e, "sparse": part_sparse,
-             "before-after": part_before_after, "gemm": part_gemm}
+             "before-after": part_before_after, "gemm": part_gemm, "plans": part_plans}
     chosen = ["numpy", "time-to-E", "sparse"] if "all" in args.part else list(dict.fromkeys(args.part))
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "numpy_version": np.__version__,
               "peak_rss_mb_parent": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -584,8 +545,9 @@ def main(argv=None):
                            methods=args.ba_methods)
                  if name == "before-after" else
                  dict(ranks=args.ranks, methods=args.methods, iters=args.grid_iters, repeats=args.repeats,
-                      against=args.against)
-                 if name == "one-trial" else {})
+                      against=args.against, plans=args.plans)
+                 if name == "one-trial" else
+                 dict(methods=args.methods, repeats=args.repeats) if name == "plans" else {})
         ns = args.sparse_ns or args.ns if name == "sparse" else args.ns
         result[name] = parts[name](args.quick, args.device, ns, **extra)
         if args.out:  # after each part: a run stopped by a time limit keeps the parts it finished

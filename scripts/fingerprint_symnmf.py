@@ -8,7 +8,9 @@ A speed-up that must change no bit: run this before and after::
     OMP_NUM_THREADS=1 python scripts/fingerprint_symnmf.py --check before.json   # exit 1 on a difference
 
 Runs: every method, one trial and three batched, dense and sparse ``X``, float64 and
-float32, a tolerance that freezes trials at different iterations, A-SymHALS's inner loop.
+float32, a tolerance that freezes trials at different iterations, A-SymHALS's inner loop; on the
+torch plan (``fit_symnmf(plan="torch")``, the bits of the reference hashes; ``--plan host``: the
+host plan's runs, the methods it takes, keys ``host/...``).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ sys.path.insert(0, ROOT)  # this checkout's package, not an installed one
 
 from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_similarity  # noqa: E402
 from ppdnmf_torch.models.symnmf.fit import METHODS  # noqa: E402
+from ppdnmf_torch.models.symnmf.host import HOST_METHODS  # noqa: E402
 
 
 def _hash(*tensors) -> str:
@@ -40,12 +43,12 @@ def _hash(*tensors) -> str:
     return h.hexdigest()[:16]
 
 
-def runs():
+def runs(plan="torch"):
     X, _ = synthetic_similarity(40, 4, 0.1, seed=3)
     X = X[0]
     Xs = sp.csr_matrix(torch.where(X > 0.6 * X.mean(), X, torch.zeros_like(X)).numpy())
     U0 = initial_factor(40, 4, trials=3, seed=5)
-    for method in METHODS:
+    for method in METHODS if plan == "torch" else HOST_METHODS:
         for name, data, kw in (("dense1", X, dict(U0=U0[:1])),
                                ("dense3", X, dict(U0=U0)),
                                ("sparse3", Xs, dict(U0=U0)),
@@ -54,13 +57,14 @@ def runs():
             kw = {"max_iter": 25, "tol": 0, **kw}
             if method in ("symhals", "a_symhals", "symanls") and name != "tol":
                 kw["lam0"] = 0.5
-            yield f"{method}/{name}", lambda m=method, d=data, k=kw: fit_symnmf(d, 4, method=m, device="cpu", **k)
+            key = f"{method}/{name}" if plan == "torch" else f"host/{method}/{name}"
+            yield key, lambda m=method, d=data, k=kw: fit_symnmf(d, 4, method=m, device="cpu", plan=plan, **k)
 
 
-def fingerprint() -> dict:
+def fingerprint(plan="torch") -> dict:
     out = {}
     warnings.simplefilter("ignore")
-    for key, fit in runs():
+    for key, fit in runs(plan):
         res = fit()
         hist = [res.history[k] for k in sorted(res.history) if k != "time"]
         out[key] = _hash(res.U, res.V, res.lam, res.n_iter, *hist)
@@ -71,9 +75,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the hashes here")
     ap.add_argument("--check", help="compare with the hashes in this file; exit 1 on any difference")
+    ap.add_argument("--plan", choices=["torch", "host"], default="torch", help="fit_symnmf's plan (default torch)")
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    fp = fingerprint()
+    fp = fingerprint(args.plan)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(fp, f, indent=1, sort_keys=True)

@@ -80,7 +80,8 @@ timeout 55 "$py" scripts/bench_symnmf.py --device "$dev" --part sparse numpy "${
 # the same support; the paper's Riemannian steps and scikit-learn left out (their rows are the CPU grid's)
 timeout 20 "$py" scripts/bench_fsspca.py --device "$dev" --part grid "${fsspca_grid[@]}" --riemannian-max-k 0 \
     --sklearn-max-nd 0 --json "$out/bench_fsspca_grid.json" 2>&1 | tee "$out/bench_fsspca_grid.txt"
-# 8. one trial of SymHALS and SymANLS (issue 41): the solver on the device, numpy on the host
+# 8. one trial of SymHALS and SymANLS (issue 41): the solver's torch plan on the device (the host plan
+# is the CPU's: fit_symnmf(plan="auto") picks the torch plan on CUDA), numpy on the host
 timeout 20 "$py" scripts/bench_symnmf.py --device "$dev" --part one-trial "${one_trial[@]}" \
     --json "$out/bench_symnmf_one_trial.json" 2>&1 | tee "$out/bench_symnmf_one_trial.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"

@@ -29,6 +29,7 @@ from ppdnmf_torch.specs import check_call
 WRONG = dict(
     X="abc", rank=2.0, method=1, penalty=True, lam0="a", U0="abc", trials=2.0, seed=1.5, max_iter=2.0, tol="a",
     device=5, dtype=5, callback=5, checkpoint_dir=5, checkpoint_every=True, resume="yes", method_options=[1],
+    plan=1,
     # across agents
     n_agents="3", graph="abc", parts="abc", exchange=5, exchange_options=[1], mu="0.1", g_cap="a", penalty_mode=1,
     x_iters=1.5, y_iters=True, min_degree=1.5, penalty_schedule=1, aggregation=5, aggregation_options=[1], start=1,

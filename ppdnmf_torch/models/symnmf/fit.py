@@ -8,16 +8,16 @@ import torch
 
 from ... import budget
 from ..._utils import ARRAY, CALLBACK, OPTIONS
-from ...checkpoint import digest
-from ...driver import Checkpoints, LoopModel, check_checkpoint_args, drive
+from ...driver import Checkpoints, check_checkpoint_args, drive
 from ...errors import ConfigError, DataError
 from ...specs import check_call
 from .config import METHODS, RUN, SPEC
 from .data import initial_factor
-from .objective import metrics, stationarity
 from .operator import as_similarity
-from .penalty import PenaltyRule, initial_lambda, next_lambda, parse_penalty
-from .result import HISTORY_KEYS, SymNMFIteration, SymNMFResult
+from .penalty import PenaltyRule, parse_penalty
+from .result import SymNMFResult
+from .central import CentralRun
+from .host import HostRun, choose_plan
 from .symhals import SymHALS
 
 __all__ = ["fit_symnmf", "METHODS", "make_method", "DEFAULT_PENALTY", "CentralRun"]
@@ -75,7 +75,7 @@ def _check_int(name, v, low):
 def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.lam0, U0=None, trials=RUN.trials,
                seed=RUN.seed, max_iter=SPEC.max_iter, tol=SPEC.tol, device="auto", dtype=None, callback=None,
                checkpoint_dir=None, checkpoint_every=RUN.checkpoint_every, resume=False,
-               method_options=None) -> SymNMFResult:
+               method_options=None, plan="auto") -> SymNMFResult:
     """Symmetric NMF ``X ~ U U^T`` by the splitting (3) or a baseline, batched over trials.
 
     Parameters
@@ -130,6 +130,12 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     method_options : dict, optional
         The method's own options (A-SymHALS: ``inner_max``, ``delta``; ADMM: ``prox``;
         PGD: ``step0``, ``armijo``, ``max_backtracks``; SymANLS: ``max_pivot_iter``).
+    plan : {"auto", "torch", "host"}
+        How the iterations run, chosen once for the fit (:func:`~.host.choose_plan`): ``"torch"``
+        on tensors on ``X``'s device; ``"host"`` (SymHALS, A-SymHALS, SymANLS and ``kuang`` on
+        the CPU) on NumPy views of the same memory, faster on the CPU (docs/PERFORMANCE.md); the
+        same numbers up to rounding. ``"auto"`` (default): the host plan for those methods on
+        the CPU, the torch plan otherwise. The result's ``plan`` says which ran.
 
     Returns
     -------
@@ -143,7 +149,7 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     """
     # every keyword's type and rule at once (max_iter may be 0 here: the start's evaluation)
     check_call(locals(), SPEC, RUN, skip=("max_iter", "checkpoint_every"), arrays=("penalty",),
-               also={"U0": ARRAY, "callback": CALLBACK, "method_options": OPTIONS})
+               also={"U0": ARRAY, "callback": CALLBACK, "method_options": OPTIONS, "plan": str})
     rank = _check_int("rank", rank, 1)
     max_iter = _check_int("max_iter", max_iter, 0)
     if not isinstance(tol, numbers.Real) or not tol >= 0:
@@ -172,119 +178,12 @@ def fit_symnmf(X, rank, *, method=SPEC.method, penalty=SPEC.penalty, lam0=SPEC.l
     if method == "admm" and penalty in ("adaptive", "kuang"):
         raise ConfigError("penalty: the ADMM takes a fixed rho: a number, a number per trial, or 'bound'")
     rule = PenaltyRule("none") if penalty is None else parse_penalty(penalty, T, lam0=lam0)
-    run = CentralRun(sim, meth, rule, U0, tol=float(tol), max_iter=max_iter)
+    chosen = choose_plan(plan, sim, meth.name)
+    run = (HostRun if chosen == "host" else CentralRun)(sim, meth, rule, U0, tol=float(tol), max_iter=max_iter)
     plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
                                                              device=sim.device)
     out = drive(run, max_iter=max_iter, tol=float(tol), callback=callback, checkpoints=plan)
     hist = {key: torch.stack(vals) for key, vals in out.history.items()}
-    return SymNMFResult(U=run.W["U"], V=_v(run.W), lam=run.lam, history=hist, n_iter=run.n_iter.cpu(),
-                        converged=run.conv.cpu(), wall_time=out.elapsed, method=meth.name, penalty=rule.kind,
-                        options=meth.options())
-
-
-class CentralRun(LoopModel):
-    """The driver's hooks of a centralized symmetric-NMF method (one solver step per iteration),
-    batched over trials: a trial that meets ``tol`` is frozen (its iterate kept bit for bit)
-    while the others go on; the history's row 0 is the start. A checkpoint holds the method's
-    state ``W``, ``lambda``, the trials' flags and counts."""
-
-    name = "symnmf"
-    start_rows = 1
-    fresh_state = False  # a method's step may reuse its tensors
-
-    def __init__(self, sim, meth, rule: PenaltyRule, U0, *, tol: float, max_iter: int):
-        self.sim, self.meth, self.rule, self.U0, self.tol, self.max_iter = sim, meth, rule, U0, tol, max_iter
-        T, dev = U0.shape[0], sim.device
-        self.W = meth.init_state(sim, U0)
-        self.prods = _products(sim, self.W)
-        self.lam = initial_lambda(rule, sim, U0, U0, self.prods["XV"])
-        self.sqX = sim.sq_norm_per_trial(T)
-        self.active = torch.ones(T, dtype=torch.bool, device=dev)
-        self.n_iter = torch.zeros(T, dtype=torch.int64, device=dev)
-        self.conv = torch.zeros(T, dtype=torch.bool, device=dev)
-
-    def _row(self, now: float) -> dict:
-        W, T = self.W, self.U0.shape[0]
-        m = metrics(self.sqX, W["U"], _v(W), self.prods["XU"], self.prods["XV"], self.lam)
-        # one copy to the host for every key (with few trials each call costs more than its data)
-        vals = torch.stack([m[key] for key in HISTORY_KEYS[:-1]]).detach().to("cpu", torch.float64)
-        row = dict(zip(HISTORY_KEYS[:-1], vals.unbind()))
-        row["time"] = torch.full((T,), now, dtype=torch.float64)
-        return row
-
-    def start_row(self) -> dict:
-        return self._row(0.0)
-
-    def step(self, k: int, clock) -> dict:
-        new, new_prods = self.meth.step(self.sim, self.W, self.prods, self.lam)
-        active = self.active
-        if not bool(active.all()):  # frozen trials keep their iterate bit for bit
-            a3 = active[:, None, None]
-            new = {n: torch.where(a3, new[n], self.W[n]) for n in new}
-            new_prods = {n: torch.where(a3, new_prods[n], self.prods[n]) for n in new_prods}
-        self.W, self.prods = new, new_prods
-        self.n_iter = self.n_iter + active.to(torch.int64)
-        if self.sim.device.type == "cuda":
-            torch.cuda.synchronize(self.sim.device)
-        row = self._row(clock())
-        if not bool(torch.isfinite(torch.stack([row["E"], row["objective"]])).all()):
-            raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
-                            f"(penalty {self.rule.describe()}); check the scale of X")
-        W = self.W
-        self.lam = torch.where(active, next_lambda(self.rule, self.lam, W["U"], _v(W)), self.lam)
-        if self.tol > 0:
-            done = active & (stationarity(self.sqX, W["U"], self.prods["XU"]) <= self.tol)
-            self.conv = self.conv | done
-            self.active = active & ~done
-        return row
-
-    def converged(self, k: int, row: dict) -> bool:
-        return not bool(self.active.any())
-
-    def report(self, callback, k: int, row: dict, clock) -> bool:
-        return bool(callback(SymNMFIteration(k, self.max_iter, row, self.W["U"], _v(self.W), self.active.clone())))
-
-    def not_converged(self, k: int, tol: float) -> str:
-        return (f"{self.meth.name}: {int(self.active.sum())} of {self.U0.shape[0]} trials did not reach tol={tol} in "
-                f"{k} iterations")
-
-    # -- what a checkpoint holds ----------------------------------------------------------
-    def state(self) -> dict:
-        out = {f"W_{name}": self.W[name] for name in self.meth.state_names}
-        out.update(lam=self.lam, active=self.active, n_iter=self.n_iter, converged=self.conv)
-        return out
-
-    def load_state(self, tensors: dict, extra: dict) -> None:
-        dev = self.sim.device
-        self.W = {name: tensors[f"W_{name}"].to(dev) for name in self.meth.state_names}
-        self.lam, self.active = tensors["lam"].to(dev), tensors["active"].to(dev)
-        self.n_iter, self.conv = tensors["n_iter"].to(dev), tensors["converged"].to(dev)
-        self.prods = _products(self.sim, self.W)
-
-    def settings(self) -> dict:
-        return {"method": self.meth.name, "options": _plain(self.meth.options()), "penalty": self.rule.describe(),
-                "tol": self.tol, "dtype": str(self.U0.dtype)}
-
-    def inputs(self) -> dict:
-        return {"X": self.sim.digest(), "U0": digest(self.U0)}
-
-
-def _plain(value):
-    """A method's options as plain values (a checkpoint's settings)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    return repr(value)
-
-
-def _products(sim, state):
-    """``{"XU": X U, "XV": X V}`` of a state (one product when there is no ``V``)."""
-    XU = sim.matmul(state["U"])
-    return {"XU": XU, "XV": sim.matmul(state["V"]) if "V" in state else XU}
-
-
-def _v(state):
-    return state["V"] if "V" in state else state["U"]
+    U, V, lam, n_iter, conv = run.final()
+    return SymNMFResult(U=U, V=V, lam=lam, history=hist, n_iter=n_iter, converged=conv, wall_time=out.elapsed,
+                        method=meth.name, penalty=rule.kind, options=meth.options(), plan=chosen)

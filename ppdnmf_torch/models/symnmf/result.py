@@ -38,6 +38,8 @@ class SymNMFResult:
         What ran.
     options : dict
         The method's options.
+    plan : str
+        The plan that ran the iterations, ``"torch"`` or ``"host"`` (:func:`~.fit.fit_symnmf`).
     """
 
     U: torch.Tensor
@@ -50,6 +52,7 @@ class SymNMFResult:
     method: str
     penalty: str
     options: dict = field(default_factory=dict)
+    plan: str = "torch"
 
     @property
     def trials(self) -> int:
