@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         line.append(f"at {args.max_iter}: E {h['E'][-1]:.1e} R {h['stationarity'][-1]:.1e} "
                     f"consensus {h['consensus'][-1]:.1e}")
         print(" | ".join(line), flush=True)
-    case = f"n = {args.n}, r = {args.rank}, N = {args.agents}" + (", X / ||X||_2" if args.normalize else "")
+    case = f"n = {args.n}, r = {args.rank}, N = {args.agents}" + (", X scaled to spectral norm 1" if args.normalize else "")
     print(f"\n| case | tol | outer iterations at the stop | E at the stop |\n|---|---|---|---|")
     for tol, got in found.items():
         if got:
