@@ -221,7 +221,7 @@ def _privacy_md(pv: dict) -> list[str]:
     lines = ["## Privacy: the adversaries on both", "",
              "Incremental X-step (relative errors, median over agents; exact = below 1e-9):", "",
              "| graph | method | eavesdropper u (offsets) | recursion (11) x / y | consensus + offsets x / y | "
-             "lsqr y err (converged / MATLAB) vs |y| | curious agent: predecessor u / y |",
+             "lsqr y err (converged / MATLAB) vs the norm of y | curious agent: predecessor u / y |",
              "|---|---|---|---|---|---|---|"]
     for sc, ms in pv["incremental"].items():
         for m, e in ms.items():
