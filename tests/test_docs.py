@@ -172,6 +172,16 @@ def test_the_registry_names_runnable_commands():
                 assert isinstance(col, str) or len(col) in (2, 3), f"{name}: column {col}"
 
 
+def test_every_recorded_table_is_rectangular():
+    """A record's table renders as Markdown: every row has as many cells as the header and no cell
+    holds a '|' (a script's `|y|` once split a header into columns its rows did not have)."""
+    for f in sorted((ROOT / "docs" / "generated").glob("*.json")):
+        for t in json.loads(f.read_text(encoding="utf-8")).get("tables", []):
+            cells = [t["header"], *t["rows"]]
+            assert all(len(row) == len(t["header"]) for row in cells), f"{f.name}: {t.get('title')}"
+            assert not any("|" in str(c) for row in cells for c in row), f"{f.name}: {t.get('title')}"
+
+
 def test_the_registrys_inline_commands_import_what_exists():
     """A block's `python -c` command names library functions (study code among them, which may move
     to scripts/studies/): each `from M import a, b` of it must resolve today."""
