@@ -50,7 +50,7 @@ import torch
 from .smoothing import Smoothing
 
 __all__ = ["CURVATURE", "GRAM_RATIO", "LOCAL_SOLVERS", "polar", "polar_svd", "smooth_weight", "polar_steps", "kernels_for", "gram_times",
-           "TorchKernels", "NumpyKernels"]
+           "TorchKernels", "NumpyKernels", "polar_rows_array"]
 
 #: the local solvers of step 1: the polar MM step (this module) and the paper's Riemannian
 #: steepest descent with a line search (:mod:`.manifold`)
@@ -158,30 +158,50 @@ class NumpyKernels:
 
     @staticmethod
     def polar_rows(Mt):
-        M = Mt.numpy()
-        S = np.matmul(M, M.swapaxes(-2, -1))
-        tiny = np.finfo(S.dtype).tiny
-        if S.shape[-1] == 2:
-            # r = 2 in closed form: with s = sqrt(det S), t = sqrt(tr S + 2 s), sqrt(S) = (S + s I) / t,
-            # so S^{-1/2} = [[c + s, -b], [-b, a + s]] / (s t) for S = [[a, b], [b, c]]; and
-            # lambda_min / lambda_max >= det / tr^2, so det > GRAM_RATIO tr^2 is inside the guard
-            a, b, c = S[..., 0, 0], S[..., 0, 1], S[..., 1, 1]
-            det, tr = a * c - b * b, a + c
-            bad = det <= GRAM_RATIO * tr * tr
-            rt = np.sqrt(np.maximum(det, tiny))
-            f = 1.0 / (rt * np.sqrt(tr + 2.0 * rt))
-            W = np.empty_like(S)
-            W[..., 0, 0], W[..., 1, 1] = (c + rt) * f, (a + rt) * f
-            W[..., 0, 1] = W[..., 1, 0] = -b * f
-        else:
-            e, V = np.linalg.eigh(S)
-            bad = e[..., 0] <= GRAM_RATIO * e[..., -1]
-            W = np.matmul(V / np.sqrt(np.maximum(e, tiny))[..., None, :], V.swapaxes(-2, -1))
-        Q = np.matmul(W, M)
-        if bad.any():  # rare: the SVD for those points only
-            U, _, Vh = np.linalg.svd(M[bad].swapaxes(-2, -1), full_matrices=False)
-            Q[bad] = np.matmul(U, Vh).swapaxes(-2, -1)
-        return torch.from_numpy(Q)
+        return torch.from_numpy(polar_rows_array(Mt.numpy()))
+
+
+_TINY = {np.dtype(t): np.finfo(t).tiny for t in (np.float32, np.float64)}
+
+
+def polar_rows_array(M: np.ndarray) -> np.ndarray:
+    """``polar(M^T)^T`` from ``M^T (..., r, d)`` on NumPy arrays (:class:`NumpyKernels`' kernel, the
+    host plan's, :mod:`.server_host`): the Gram form, the SVD where it is ill-conditioned
+    (:data:`GRAM_RATIO`)."""
+    S = np.matmul(M, M.swapaxes(-2, -1))
+    tiny = _TINY[S.dtype]
+    if S.shape[-1] == 2 and S.size == 4 and S.dtype == np.float64:
+        # one float64 point: the closed form below on Python floats (IEEE doubles, each operation
+        # correctly rounded as NumPy's, in the same order: the same bits at a fraction of the
+        # calls); an ill-conditioned (or NaN) point takes the arrays' path below
+        a, b, _, c = S.ravel().tolist()
+        det, tr = a * c - b * b, a + c
+        if det > GRAM_RATIO * tr * tr:
+            rt = math.sqrt(max(det, tiny))
+            f = 1.0 / (rt * math.sqrt(tr + 2.0 * rt))
+            W = np.array([[(c + rt) * f, -b * f], [-b * f, (a + rt) * f]]).reshape(S.shape)
+            return np.matmul(W, M)
+    if S.shape[-1] == 2:
+        # r = 2 in closed form: with s = sqrt(det S), t = sqrt(tr S + 2 s), sqrt(S) = (S + s I) / t,
+        # so S^{-1/2} = [[c + s, -b], [-b, a + s]] / (s t) for S = [[a, b], [b, c]]; and
+        # lambda_min / lambda_max >= det / tr^2, so det > GRAM_RATIO tr^2 is inside the guard
+        a, b, c = S[..., 0, 0], S[..., 0, 1], S[..., 1, 1]
+        det, tr = a * c - b * b, a + c
+        bad = det <= GRAM_RATIO * tr * tr
+        rt = np.sqrt(np.maximum(det, tiny))
+        f = 1.0 / (rt * np.sqrt(tr + 2.0 * rt))
+        W = np.empty_like(S)
+        W[..., 0, 0], W[..., 1, 1] = (c + rt) * f, (a + rt) * f
+        W[..., 0, 1] = W[..., 1, 0] = -b * f
+    else:
+        e, V = np.linalg.eigh(S)
+        bad = e[..., 0] <= GRAM_RATIO * e[..., -1]
+        W = np.matmul(V / np.sqrt(np.maximum(e, tiny))[..., None, :], V.swapaxes(-2, -1))
+    Q = np.matmul(W, M)
+    if bad.any():  # rare: the SVD for those points only
+        U, _, Vh = np.linalg.svd(M[bad].swapaxes(-2, -1), full_matrices=False)
+        Q[bad] = np.matmul(U, Vh).swapaxes(-2, -1)
+    return Q
 
 
 TORCH, NUMPY = TorchKernels(), NumpyKernels()
