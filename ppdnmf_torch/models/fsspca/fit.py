@@ -22,6 +22,7 @@ from .config import ALPHA_SCALES, RHO_RULES, RUN, SPEC, TASK
 from .data import check_rows
 from .manifold import qf
 from .result import HISTORY_KEYS, FSSPCAResult
+from .server_host import HostServerRun, choose_plan
 from .server_run import ServerRun
 from .smoothing import get_smoothing
 
@@ -170,7 +171,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
                center=SPEC.center, alpha_scale=SPEC.alpha_scale, max_iter=SPEC.max_iter, tol=SPEC.tol,
                trials=RUN.trials, seed=RUN.seed, init=SPEC.init, device=None, dtype=None, callback=None,
                checkpoint_dir=None,
-               checkpoint_every=RUN.checkpoint_every, resume=False, projector=None) -> FSSPCAResult:
+               checkpoint_every=RUN.checkpoint_every, resume=False, projector=None, plan="auto") -> FSSPCAResult:
     """Federated sparse PCA (Algorithm 1): sparse loadings of the workers' pooled rows.
 
     Parameters
@@ -243,6 +244,12 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
         bit; changed settings or data are refused by name (only ``max_iter`` may change).
     projector : Tensor (d, d) or (T, d, d), optional
         Deflation's ``G`` (use :func:`.deflation.fit_deflated`).
+    plan : {"auto", "torch", "host"}
+        How the iterations run, chosen once for the fit (:func:`.server_host.choose_plan`):
+        ``"torch"`` on tensors on the data's device; ``"host"`` (the polar local solver on CPU
+        float tensors) on NumPy arrays, faster on the CPU (docs/PERFORMANCE.md); the same numbers
+        up to rounding, and a checkpoint of one resumes in the other. ``"auto"`` (default): the
+        host plan where it applies, the torch plan otherwise. The result's ``plan`` says which ran.
 
     Returns
     -------
@@ -253,7 +260,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     # get_smoothing's)
     check_call(locals(), SPEC, TASK, RUN, arrays=("alpha", "lambda_2", "rho"),
                skip=("checkpoint_every", "smoothing") + (() if isinstance(aggregation, str) else ("aggregation",)),
-               also={"aggregation_options": OPTIONS, "init": ARRAY | str, "callback": CALLBACK, "projector": ARRAY})
+               also={"aggregation_options": OPTIONS, "init": ARRAY | str, "callback": CALLBACK, "projector": ARRAY,
+                     "plan": str})
     if not isinstance(aggregation, str) and not callable(getattr(aggregation, "total", None)):
         raise ConfigError(f"aggregation: must be a kind's name or an aggregator (an object with total()), got "
                           f"{aggregation!r} ({type(aggregation).__name__})")
@@ -280,9 +288,10 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
         projector = torch.as_tensor(projector, dtype=like.dtype, device=like.device)
         projector = projector.expand(T, d, d) if projector.dim() == 2 else projector
     check_alpha_scale(alpha_scale)
+    chosen = choose_plan(plan, like, local_solver)
     o = dict(center=center, alpha=alpha, alpha_scale=alpha_scale, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
              line_search=line_search, inner_steps=int(inner_steps), local_solver=local_solver, tol=tol, seed=seed, init=init,
-             max_iter=int(max_iter))
+             max_iter=int(max_iter), plan=chosen)
     with Resources() as res:
         if isinstance(aggregation, str):
             if aggregation == "secagg" and K < 2 and not aggregation_options:
@@ -294,7 +303,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
         ledgers = Ledgers(aggregation=aggregation)
         out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers)
         costs = ledgers.costs("aggregation")
-    return _result(run, out, mean, settings, costs, projector)
+    return _result(run, out, mean, settings, costs, projector, chosen)
 
 
 def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
@@ -341,7 +350,8 @@ def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
     checked = {k: v for k, v in settings.items() if k not in ("max_iter", "aggregation")}
     checked.update(init=init_kind or "random", aggregation=_arithmetic(aggregation))
     settings["init"] = "random" if init_kind is None else init_kind
-    run = ServerRun(problem, state, aggregation, lam1=lam1, lam2=lam2, rho=rho_t, rho_bar=rho_bar, smoothing=o["psi"],
+    run_class = HostServerRun if o["plan"] == "host" else ServerRun
+    run = run_class(problem, state, aggregation, lam1=lam1, lam2=lam2, rho=rho_t, rho_bar=rho_bar, smoothing=o["psi"],
                     mu=o["mu"], line_search=o["line_search"], inner_steps=o["inner_steps"],
                     local_solver=o["local_solver"], tol=o["tol"],
                     settings=checked, inputs=lambda: {"data": digest(problem.gram, problem.sqnorm),
@@ -356,15 +366,15 @@ def _arithmetic(aggregation):
     return None if kind == "plain" else float(getattr(aggregation, "n_max", 0.0))
 
 
-def _result(run: ServerRun, out, mean, settings: dict, costs: dict, projector) -> FSSPCAResult:
+def _result(run, out, mean, settings: dict, costs: dict, projector, plan: str) -> FSSPCAResult:
     st, T = run.st, run.st.z.shape[0]
     zf = st.z if projector is None else projector @ st.z
     var = admm.adjusted_variance_components(run.pooled, st.z)
     total_var = torch.diagonal(run.pooled, dim1=-2, dim2=-1).sum(-1)
-    return FSSPCAResult(z=st.z, components=qf(zf), w=st.w, u=st.u, n_iter=run.n_iter, converged=run.conv,
+    return FSSPCAResult(z=st.z, components=qf(zf), w=st.w, u=st.u, n_iter=run.n_iter, converged=run.converged_trials,
                         history=_stack(out.history, T, st.z), mean=mean, explained_variance=var.sum(-1) / total_var,
                         variance_components=var, total_variance=total_var, settings=settings, costs=costs,
-                        line_search=dict(evals=st.line_search_evals, failures=st.line_search_failures))
+                        line_search=dict(evals=st.line_search_evals, failures=st.line_search_failures), plan=plan)
 
 
 def _stack(history, T, like):

@@ -54,6 +54,8 @@ class FSSPCAResult:
         The aggregator's counted costs (``{}`` for the plain upload).
     line_search : dict
         ``evals`` (trial steps, batch-wide) and ``failures`` (worker searches that met no condition).
+    plan : str
+        How the iterations ran: ``"torch"`` or ``"host"`` (:func:`.server_host.choose_plan`).
     """
 
     z: torch.Tensor
@@ -70,6 +72,7 @@ class FSSPCAResult:
     settings: dict = field(default_factory=dict)
     costs: dict = field(default_factory=dict)
     line_search: dict = field(default_factory=dict)
+    plan: str = "torch"
 
     @property
     def sparsity(self) -> torch.Tensor:

@@ -98,6 +98,11 @@ class ServerRun(LoopModel):
         self._full = running == self.active.shape[0]
         return running == 0
 
+    @property
+    def converged_trials(self) -> torch.Tensor:
+        """Which trials met ``tol``, ``(T,)`` bool."""
+        return self.conv
+
     def report(self, callback, k: int, row: dict, clock) -> bool:
         return bool(callback(IterationInfo(k, self._values, self.active.clone())))
 
