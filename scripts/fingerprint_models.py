@@ -246,9 +246,16 @@ CONFIGS = {
     "fsspca/no_center_float32": (lambda: fit_fsspca([b.astype(np.float32) for b in _blocks()], 2,
                                                     **dict(FS, center=False)), FS_FIELDS),
     "fsspca/resumed": (_fs_resumed, FS_FIELDS),
-    "fsspca/polar": (lambda: _fs(local_solver="polar"), FS_FIELDS),
+    # the polar runs pin the torch plan (their hashes predate the host plan, the CPU default since)
+    "fsspca/polar": (lambda: _fs(local_solver="polar", plan="torch"), FS_FIELDS),
     "fsspca/polar_trials_rho_worker": (lambda: _fs(local_solver="polar", trials=3, alpha=[0.0, 2.0, 4.0],
-                                                   rho="worker", tol=1e-6, max_iter=200), FS_FIELDS),
+                                                   rho="worker", tol=1e-6, max_iter=200, plan="torch"), FS_FIELDS),
+    # the host plan (the CPU default of the polar solver): the same runs, and one worker (its 2-D path)
+    "fsspca/polar_host": (lambda: _fs(local_solver="polar", plan="host"), FS_FIELDS),
+    "fsspca/polar_trials_rho_worker_host": (lambda: _fs(local_solver="polar", trials=3, alpha=[0.0, 2.0, 4.0],
+                                                        rho="worker", tol=1e-6, max_iter=200, plan="host"), FS_FIELDS),
+    "fsspca/polar_one_worker_host": (lambda: fit_fsspca(_blocks()[:1], 2, **dict(FS, local_solver="polar", plan="host",
+                                                                                  aggregation="plain")), FS_FIELDS),
     # FSSPCA serverless
     "fsspca_serverless/laplacian": (lambda: _sl(), SL_FIELDS),
     "fsspca_serverless/admm": (lambda: _sl(consensus="admm", graph=random_connected(4, 2.0, seed=1)), SL_FIELDS),
