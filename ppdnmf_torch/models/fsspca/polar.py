@@ -168,7 +168,8 @@ def polar_rows_array(M: np.ndarray) -> np.ndarray:
     """``polar(M^T)^T`` from ``M^T (..., r, d)`` on NumPy arrays (:class:`NumpyKernels`' kernel, the
     host plan's, :mod:`.server_host`): the Gram form, the SVD where it is ill-conditioned
     (:data:`GRAM_RATIO`)."""
-    S = np.matmul(M, M.swapaxes(-2, -1))
+    two_d = M.ndim == 2  # one point: np.dot (less per call than np.matmul; the same BLAS products)
+    S = np.dot(M, M.T) if two_d else np.matmul(M, M.swapaxes(-2, -1))
     tiny = _TINY[S.dtype]
     if S.shape[-1] == 2 and S.size == 4 and S.dtype == np.float64:
         # one float64 point: the closed form below on Python floats (IEEE doubles, each operation
@@ -179,8 +180,8 @@ def polar_rows_array(M: np.ndarray) -> np.ndarray:
         if det > GRAM_RATIO * tr * tr:
             rt = math.sqrt(max(det, tiny))
             f = 1.0 / (rt * math.sqrt(tr + 2.0 * rt))
-            W = np.array([[(c + rt) * f, -b * f], [-b * f, (a + rt) * f]]).reshape(S.shape)
-            return np.matmul(W, M)
+            W = np.array([[(c + rt) * f, -b * f], [-b * f, (a + rt) * f]])
+            return np.dot(W, M) if two_d else np.matmul(W.reshape(S.shape), M)
     if S.shape[-1] == 2:
         # r = 2 in closed form: with s = sqrt(det S), t = sqrt(tr S + 2 s), sqrt(S) = (S + s I) / t,
         # so S^{-1/2} = [[c + s, -b], [-b, a + s]] / (s t) for S = [[a, b], [b, c]]; and

@@ -30,6 +30,7 @@ from . import admm
 from .centring import aggregate
 from .polar import CHUNK_BYTES, polar_rows_array, smooth_weight
 from .result import HISTORY_KEYS, IterationInfo
+from .smoothing import SMOOTHINGS
 
 __all__ = ["PLANS", "choose_plan", "HostServerRun"]
 
@@ -63,11 +64,9 @@ def choose_plan(plan: str, like: torch.Tensor, local_solver: str) -> str:
 def _numpy_smoothing(psi, mu):
     """``(value, grad)`` of ``psi_mu`` on arrays: NumPy's for ``sqrt`` and ``huber`` (the formulas
     of :mod:`.smoothing`, in their order), else the torch functions on tensors sharing the memory."""
-    from .smoothing import SMOOTHINGS
-
     if psi is SMOOTHINGS["sqrt"]:
         c = 4.0 * mu * mu
-        return (lambda x: np.sqrt(c + x * x)), (lambda x: x / np.sqrt(c + x * x))
+        return (lambda x: _root(x, c)), (lambda x: x / _root(x, c))
     if psi is SMOOTHINGS["huber"]:
         def value(x):
             a = np.abs(x)
@@ -75,6 +74,14 @@ def _numpy_smoothing(psi, mu):
         return value, (lambda x: np.clip(x / mu, -1.0, 1.0))
     return ((lambda x: psi.value(torch.from_numpy(x), mu).numpy()),
             (lambda x: psi.grad(torch.from_numpy(x), mu).numpy()))
+
+
+def _root(x, c):
+    """``sqrt(c + x^2)`` in three calls on one new array (``np.hypot`` is one call, but several
+    times slower per entry on large arrays)."""
+    h = np.multiply(x, x)
+    h += c
+    return np.sqrt(h, out=h)
 
 
 def _tiny(dtype):
@@ -137,6 +144,7 @@ class HostServerRun(LoopModel):
         T, K, one = self.T, self.K, self.one
         self.smooth = bool((lam2 != 0).any())
         self.value, self.grad = _numpy_smoothing(psi, mu)
+        self._c = 4.0 * mu * mu if psi is SMOOTHINGS["sqrt"] else None
 
         def per_trial(x, dims):  # (T,) -> (T, 1, ...) or a float
             return float(x[0]) if one else x.reshape((T,) + (1,) * dims)
@@ -189,12 +197,22 @@ class HostServerRun(LoopModel):
             M *= 2.0
             M += b
             if self.smooth:
-                M += self.lamL_4 * x
-                M -= self.lam2_4 * self.grad(x)
+                M += self._smooth_term(x)
             if G is not None:
                 M = matmul(M, G)  # (G M)^T = M^T G
             x = polar_rows_array(M)
         return x, matmul(x, C)
+
+    def _smooth_term(self, x):
+        """``lambda_2 (kappa / mu) x - lambda_2 psi'(x)``, the majorizer's smooth part; for ``sqrt``
+        as ``x (lambda_2 kappa / mu - lambda_2 / sqrt(4 mu^2 + x^2))`` (six calls, in place)."""
+        if self._c is None:
+            return self.lamL_4 * x - self.lam2_4 * self.grad(x)
+        h = _root(x, self._c)
+        np.divide(self.lam2_4, h, out=h)
+        np.subtract(self.lamL_4, h, out=h)
+        h *= x
+        return h
 
     def step(self, k: int, clock) -> dict:
         wt, ut, zt, K = self.wt, self.ut, self.zt, self.K
@@ -222,13 +240,13 @@ class HostServerRun(LoopModel):
             done = (primal / scale <= tol) & (change <= tol) & self.active
             self.conv = self.conv | done
             self.active = self.active & ~done
-        self._values = dict(zip(HISTORY_KEYS, torch.from_numpy(vals).unbind()))
+        self._values = vals  # the callback's (made into tensors only for one)
         if full:
             self.iters += 1
             self._last = vals
-            return dict(self._values)
-        self.iters += ~keep
-        self._last = np.where(keep, self._last if self._last is not None else vals, vals)
+        else:
+            self.iters += ~keep
+            self._last = np.where(keep, self._last if self._last is not None else vals, vals)
         return dict(zip(HISTORY_KEYS, torch.from_numpy(self._last).unbind()))
 
     def _values_one(self, x, P, zn, zt, un, gap):
@@ -292,8 +310,9 @@ class HostServerRun(LoopModel):
         r = zt.shape[1]
         if self.one and r <= 2:
             z = zt[0]
-            n = [math.sqrt(v) for v in np.einsum("ij,ij->i", z, z).tolist()]
-            M = np.matmul(np.matmul(z, self._pooled[0]), z.T).tolist()
+            N = np.dot(z, z.T).tolist()
+            n = [math.sqrt(N[i][i]) for i in range(r)]
+            M = np.dot(np.dot(z, self._pooled[0]), z.T).tolist()
 
             def score(i, j):  # (Vn^T C Vn)_ij, the normalized loadings' (a zero column: 0)
                 return M[i][j] / (n[i] * n[j]) if n[i] > 0 and n[j] > 0 else 0.0
@@ -321,12 +340,15 @@ class HostServerRun(LoopModel):
 
     # -- the driver's hooks -----------------------------------------------------------------
     def converged(self, k: int, row: dict) -> bool:
+        if self.one:
+            return not self.active[0]
         running = int(self.active.sum())
         self._full = running == self.T
         return running == 0
 
     def report(self, callback, k: int, row: dict, clock) -> bool:
-        return bool(callback(IterationInfo(k, self._values, torch.from_numpy(self.active.copy()))))
+        values = dict(zip(HISTORY_KEYS, torch.from_numpy(self._values).unbind()))
+        return bool(callback(IterationInfo(k, values, torch.from_numpy(self.active.copy()))))
 
     def not_converged(self, k: int, tol: float) -> str:
         bad = np.flatnonzero(~self.conv).tolist()
