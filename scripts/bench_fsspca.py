@@ -8,7 +8,9 @@
    (``--riemannian-max-k``), scikit-learn's ``SparsePCA`` on the pooled rows
    (``--sklearn-max-nd``) and plain PCA (``eigh`` of the pooled Gram matrix, and scikit-learn's
    ``PCA``). Each row reports the seconds, iterations, whether the support (columns matched up
-   to order and sign) equals the NumPy ADMM's, and the relative objective difference.
+   to order and sign) equals the NumPy ADMM's, and the relative objective difference; with
+   ``--plans auto,torch`` (the default) the library's host plan (``auto`` on the CPU) and its
+   torch plan side by side.
 2. ``--part loop``: the batched Riemannian workers (``local_solver="riemannian"``) against a
    NumPy loop over the workers running the same algorithm (Huber smoothing, Armijo, the same
    step-size rule and constants), K = 10, 100, 1000, a fixed number of iterations; the two
@@ -178,10 +180,13 @@ def _timed(fn):
 
 
 def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500, riemannian_max_k=0,
-               riemannian_max_d=200, sklearn_max_nd=2e6, device="cpu", smoothed=True, repeat_below=30.0, on_row=None):
+               riemannian_max_d=200, sklearn_max_nd=2e6, device="cpu", smoothed=True, repeat_below=30.0, on_row=None,
+               plans=("auto",)):
     """One row per ``(n, d, K)``: every side to its convergence from the same start; the
-    library and the NumPy ADMM alternate ``repeats`` times (the ratio's range over the
-    repetitions; once only where a pair took over ``repeat_below`` seconds), the others run once."""
+    library (``fit_fsspca`` with each of ``plans``, the first the row's ``library_*``, the others
+    ``<plan>_s`` and ``<plan>_ratio_*``) and the NumPy ADMM alternate ``repeats`` times (the
+    ratio's range over the repetitions; once only where a round took over ``repeat_below``
+    seconds), the others run once."""
     import warnings
 
     out = []
@@ -193,19 +198,21 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
         lam1 = alpha_per_row * n
         lam2 = lam1 / K if smoothed else 0.0
         kw = dict(alpha=lam1, lambda_2=lam2, init=z0, tol=tol, max_iter=max_iter, device=device, aggregation="plain")
-        tl, tn = [], []
+        times, tn, fits = {p: [] for p in plans}, [], {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for _ in range(repeats):
-                res, t = _timed(lambda: fit_fsspca(blocks, r, **kw))
-                if device != "cpu":
-                    torch.cuda.synchronize()
-                tl.append(t)
+                for p in plans:
+                    fits[p], t = _timed(lambda: fit_fsspca(blocks, r, plan=p, **kw))
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+                    times[p].append(t)
                 (zn, itn, pooled), t = _timed(lambda: numpy_admm(blocks, r, z0, lam1, lam2, tol=tol,
                                                                   max_iter=max_iter))
                 tn.append(t)
-                if tl[-1] + tn[-1] > repeat_below:
+                if sum(v[-1] for v in times.values()) + tn[-1] > repeat_below:
                     break
+            res, tl = fits[plans[0]], times[plans[0]]
             zl = res.z[0].cpu().numpy()
             f_np = common_objective(zn, pooled, lam1, lam2 * K)
             row = dict(n=n, d=d, K=K, lambda_1=lam1, lambda_2=lam2, device=device,
@@ -213,7 +220,13 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
                        ratio_min=min(a / b for a, b in zip(tl, tn)), ratio_max=max(a / b for a, b in zip(tl, tn)),
                        same_support=support_key(zl) == support_key(zn),
                        objective_rel_diff=abs(common_objective(zl, pooled, lam1, lam2 * K) - f_np) / abs(f_np),
-                       true_support=support_key(zn) == support_key(sp.V))
+                       true_support=support_key(zn) == support_key(sp.V), plan=res.plan)
+            for p in plans[1:]:
+                zp = fits[p].z[0].cpu().numpy()
+                row.update({f"{p}_s": min(times[p]), f"{p}_iter": int(fits[p].n_iter[0]),
+                            f"{p}_ratio_min": min(a / b for a, b in zip(times[p], tn)),
+                            f"{p}_ratio_max": max(a / b for a, b in zip(times[p], tn)),
+                            f"{p}_same_support": support_key(zp) == support_key(zn)})
             if K <= riemannian_max_k and d <= riemannian_max_d:
                 rie, t = _timed(lambda: fit_fsspca(blocks, r, local_solver="riemannian", **kw))
                 zr = rie.z[0].cpu().numpy()
@@ -337,6 +350,8 @@ def main(argv=None):
     p.add_argument("--repeat-below", type=float, default=30.0,
                    help="repeat a size only while a library + NumPy pair takes less than this (seconds)")
     p.add_argument("--sklearn-max-nd", type=float, default=2e6, help="SparsePCA only where n * d is at most this")
+    p.add_argument("--plans", default="auto,torch",
+                   help="fit_fsspca's plans, comma-separated (the first is the row's library_*; auto: the host plan on the CPU)")
     p.add_argument("--unsmoothed", action="store_true", help="lambda_2 = 0 (Tan et al.'s ADMM) in the grid")
     p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--Ks", default="10,100,1000")
@@ -366,6 +381,7 @@ def main(argv=None):
         rows["grid"] = bench_grid(sizes, args.repeats, tol=args.tol, riemannian_max_k=args.riemannian_max_k,
                                   riemannian_max_d=args.riemannian_max_d, sklearn_max_nd=args.sklearn_max_nd,
                                   device=args.device, smoothed=not args.unsmoothed, repeat_below=args.repeat_below,
+                                  plans=tuple(args.plans.split(",")),
                                   on_row=lambda done: (rows.update(grid=done), save()))
         save()
     if "loop" in parts and not args.skip_loop:
