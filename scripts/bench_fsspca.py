@@ -9,8 +9,8 @@
    (``--sklearn-max-nd``) and plain PCA (``eigh`` of the pooled Gram matrix, and scikit-learn's
    ``PCA``). Each row reports the seconds, iterations, whether the support (columns matched up
    to order and sign) equals the NumPy ADMM's, and the relative objective difference; with
-   ``--plans auto,torch`` (the default) the library's host plan (``auto`` on the CPU) and its
-   torch plan side by side.
+   ``--plans auto,torch`` (the CPU's default) the library's host plan (``auto`` on the CPU) and
+   its torch plan side by side.
 2. ``--part loop``: the batched Riemannian workers (``local_solver="riemannian"``) against a
    NumPy loop over the workers running the same algorithm (Huber smoothing, Armijo, the same
    step-size rule and constants), K = 10, 100, 1000, a fixed number of iterations; the two
@@ -350,8 +350,9 @@ def main(argv=None):
     p.add_argument("--repeat-below", type=float, default=30.0,
                    help="repeat a size only while a library + NumPy pair takes less than this (seconds)")
     p.add_argument("--sklearn-max-nd", type=float, default=2e6, help="SparsePCA only where n * d is at most this")
-    p.add_argument("--plans", default="auto,torch",
-                   help="fit_fsspca's plans, comma-separated (the first is the row's library_*; auto: the host plan on the CPU)")
+    p.add_argument("--plans", default=None,
+                   help="fit_fsspca's plans, comma-separated (the first is the row's library_*; auto: the host plan on "
+                        "the CPU); default auto,torch on the CPU, auto elsewhere (the torch plan there)")
     p.add_argument("--unsmoothed", action="store_true", help="lambda_2 = 0 (Tan et al.'s ADMM) in the grid")
     p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--Ks", default="10,100,1000")
@@ -377,11 +378,12 @@ def main(argv=None):
                 json.dump(rows, fh, indent=1)
 
     if "grid" in parts:
+        plans = args.plans or ("auto,torch" if args.device == "cpu" else "auto")
         sizes = _sizes(args.sizes) if args.sizes else GRIDS[args.grid]
         rows["grid"] = bench_grid(sizes, args.repeats, tol=args.tol, riemannian_max_k=args.riemannian_max_k,
                                   riemannian_max_d=args.riemannian_max_d, sklearn_max_nd=args.sklearn_max_nd,
                                   device=args.device, smoothed=not args.unsmoothed, repeat_below=args.repeat_below,
-                                  plans=tuple(args.plans.split(",")),
+                                  plans=tuple(plans.split(",")),
                                   on_row=lambda done: (rows.update(grid=done), save()))
         save()
     if "loop" in parts and not args.skip_loop:

@@ -265,9 +265,8 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     -------
     FSSPCAResult
     """
-    # an aggregator handed in is anything with total() (a kind's name: the spec's rule)
-    # (checkpoint_every: check_checkpoint_args's, as every model's; smoothing: a name or a Smoothing,
-    # get_smoothing's)
+    # an aggregator handed in is anything with total() (a kind's name: the spec's rule); checkpoint_every:
+    # check_checkpoint_args's, as every model's; smoothing: a name or a Smoothing, get_smoothing's
     check_call(locals(), SPEC, TASK, RUN, arrays=("alpha", "lambda_2", "rho"),
                skip=("checkpoint_every", "smoothing") + (() if isinstance(aggregation, str) else ("aggregation",)),
                also={"aggregation_options": OPTIONS, "init": ARRAY | str, "callback": CALLBACK, "projector": ARRAY,
@@ -278,16 +277,7 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     blocks = as_blocks(data, groups, device=device, dtype=dtype)
     K, d = len(blocks), blocks[0].shape[1]
     like = blocks[0]
-    r = int(n_components)
-    if not 1 <= r <= d:
-        raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
-    T = int(trials)
-    if T < 1:
-        raise ConfigError(f"trials: must be >= 1, got {trials}")
-    if int(max_iter) < 1:
-        raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
-    if not tol >= 0:
-        raise ConfigError(f"tol: must be >= 0, got {tol}")
+    r, T = _check_counts(n_components, d, trials, max_iter, tol)
     check_checkpoint_args(checkpoint_dir, checkpoint_every, resume)
     check_rows(blocks, center=center)
     budget.check(budget.fsspca(n=sum(int(b.shape[0]) for b in blocks), d=d, n_workers=K, n_components=r, trials=T,
@@ -302,18 +292,41 @@ def fit_fsspca(data, n_components, *, groups=None, alpha=TASK.alpha, lambda_2=SP
     o = dict(center=center, alpha=alpha, alpha_scale=alpha_scale, lambda_2=lambda_2, psi=psi, mu=mu, rho=rho, rho_scale=rho_scale,
              line_search=line_search, inner_steps=int(inner_steps), local_solver=local_solver, tol=tol, seed=seed, init=init,
              max_iter=int(max_iter), plan=chosen)
+    return _run(blocks, r, T, aggregation, aggregation_options, projector, o, callback,
+                dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume))
+
+
+def _check_counts(n_components, d, trials, max_iter, tol) -> tuple:
+    """``(r, T)``, the counts checked (one ``ConfigError`` naming the first bad one)."""
+    r = int(n_components)
+    if not 1 <= r <= d:
+        raise ConfigError(f"n_components: must be in 1..{d} (the number of features), got {n_components}")
+    T = int(trials)
+    if T < 1:
+        raise ConfigError(f"trials: must be >= 1, got {trials}")
+    if int(max_iter) < 1:
+        raise ConfigError(f"max_iter: must be >= 1, got {max_iter}")
+    if not tol >= 0:
+        raise ConfigError(f"tol: must be >= 0, got {tol}")
+    return r, T
+
+
+def _run(blocks, r, T, aggregation, aggregation_options, projector, o: dict, callback, ckpt: dict) -> FSSPCAResult:
+    """The run of :func:`fit_fsspca` on the driver, its aggregator made (and closed) here when
+    named; ``ckpt``: the checkpoint arguments."""
+    K = len(blocks)
     with Resources() as res:
         if isinstance(aggregation, str):
             if aggregation == "secagg" and K < 2 and not aggregation_options:
                 aggregation = "plain"  # one worker: the sum is its upload whatever the protocol (secagg needs 2)
             aggregation = res.own(make_aggregator(aggregation, K, **(aggregation_options or {})))
         run, mean, settings = _server_run(blocks, r, T, aggregation, projector, o)
-        plan = None if checkpoint_dir is None else Checkpoints(checkpoint_dir, every=checkpoint_every, resume=resume,
-                                                                 device=like.device)
+        plan = None if ckpt["checkpoint_dir"] is None else Checkpoints(
+            ckpt["checkpoint_dir"], every=ckpt["checkpoint_every"], resume=ckpt["resume"], device=blocks[0].device)
         ledgers = Ledgers(aggregation=aggregation)
-        out = drive(run, max_iter=int(max_iter), tol=tol, callback=callback, checkpoints=plan, ledgers=ledgers)
+        out = drive(run, max_iter=o["max_iter"], tol=o["tol"], callback=callback, checkpoints=plan, ledgers=ledgers)
         costs = ledgers.costs("aggregation")
-    return _result(run, out, mean, settings, costs, projector, chosen)
+    return _result(run, out, mean, settings, costs, projector, o["plan"])
 
 
 def _server_run(blocks, r, T, aggregation, projector, o: dict) -> tuple:
