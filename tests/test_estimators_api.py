@@ -174,7 +174,7 @@ BAD = {
         n_components=("3", 0), alpha=("big", -1.0), lambda_2=("x", -1.0), smoothing=(3, "cubic"), mu=("x", 0.0),
         rho=({}, "server"), line_search=(3, "exact"), inner_steps=(2.5, 0), local_solver=(3, "newton"),
         aggregation=(3, "secret"), n_workers=(2.5, 0), max_iter=(2.5, 0), tol=("0", -1.0), random_state=("x", -1),
-        device=(3, "tpu"), dtype=([1], "float16"), threads=("2", 0), verbose=("x", -1)),
+        device=(3, "tpu"), dtype=([1], "float16"), threads=("2", 0), verbose=("x", -1), plan=(3, "gpu")),
 }
 CASES = [(cls, name, kind, bad[i]) for cls, table in BAD.items() for name, bad in table.items()
          for i, kind in enumerate(("type", "value")) if not (kind == "value" and bad[i] is None)]

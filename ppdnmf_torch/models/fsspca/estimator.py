@@ -19,6 +19,7 @@ from ...threads import using_threads
 from .data import split_iid
 from .config import ESTIMATOR, SPEC, EstimatorSpec, FSSPCASpec
 from .fit import fit_fsspca
+from .server_host import PLANS
 
 __all__ = ["FederatedSparsePCA"]
 
@@ -90,6 +91,9 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
     threads : int or None
         torch's intra-op threads for ``fit``, restored after it (None: the package's default,
         :func:`ppdnmf_torch.threads.default_threads`).
+    plan : {"auto", "torch", "host"}
+        How the iterations run (:func:`.fit.fit_fsspca`'s; ``"auto"``: on NumPy arrays on the CPU
+        with the polar solver, docs/FSSPCA.md, "The host plan"); ``result_.plan`` says which ran.
     verbose : int or bool
         0: silent; 1: the fit's progress (a tqdm bar on a terminal, else a line every few
         seconds: ADMM iteration, objective, explained variance, consensus, elapsed time, ETA);
@@ -115,7 +119,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                  smoothing=SPEC.smoothing, mu=SPEC.mu, rho=SPEC.rho, line_search=SPEC.line_search,
                  inner_steps=SPEC.inner_steps, local_solver=SPEC.local_solver, aggregation=SPEC.aggregation,
                  n_workers=ESTIMATOR.n_workers, max_iter=ESTIMATOR.max_iter, tol=SPEC.tol, random_state=None,
-                 device=ESTIMATOR.device, dtype=ESTIMATOR.dtype, threads=ESTIMATOR.threads, verbose=ESTIMATOR.verbose):
+                 device=ESTIMATOR.device, dtype=ESTIMATOR.dtype, threads=ESTIMATOR.threads, verbose=ESTIMATOR.verbose,
+                 plan="auto"):
         self.n_components = n_components
         self.alpha = alpha
         self.lambda_2 = lambda_2
@@ -134,6 +139,7 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         self.dtype = dtype
         self.threads = threads
         self.verbose = verbose
+        self.plan = plan
 
     def fit(self, X, y=None, groups=None, callback=None):
         """Fit on ``X (n, d)`` with ``groups (n,)`` (each row's worker), or on a list of the
@@ -169,7 +175,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
                                  mu=self.mu, rho=self.rho, line_search=self.line_search,
                                  inner_steps=self.inner_steps, local_solver=self.local_solver, alpha_scale="gram",
                                  aggregation=self.aggregation, max_iter=self.max_iter, tol=self.tol, seed=seed,
-                                 device=self.device, dtype=self.dtype, callback=progress.wrap(callback, _shown))
+                                 device=self.device, dtype=self.dtype, callback=progress.wrap(callback, _shown),
+                                 plan=self.plan)
         except BaseException:
             progress.close()
             raise
@@ -194,6 +201,8 @@ class FederatedSparsePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Base
         dtype = str(self.dtype).removeprefix("torch.") if isinstance(self.dtype, torch.dtype) else self.dtype
         EstimatorSpec(n_components=self.n_components, alpha=self.alpha, n_workers=self.n_workers, device=self.device,
                       dtype=dtype, threads=self.threads, verbose=check_verbose(self.verbose))
+        if not isinstance(self.plan, str) or self.plan not in PLANS:
+            raise ConfigError(f"plan: must be one of {list(PLANS)}, got {self.plan!r}")
         if not isinstance(self.aggregation, (str, Aggregator)):
             raise ConfigError(f"aggregation: must be one of the kinds' names or an aggregator, got "
                               f"{self.aggregation!r} ({type(self.aggregation).__name__})")
