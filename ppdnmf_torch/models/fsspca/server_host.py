@@ -40,7 +40,8 @@ PLANS = ("auto", "torch", "host")
 
 def host_applies(like: torch.Tensor, local_solver: str) -> bool:
     """Whether the host plan runs a fit of ``like``'s device and dtype with ``local_solver``."""
-    return like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and local_solver == "polar"
+    return (like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and not like.requires_grad
+            and local_solver == "polar")
 
 
 def choose_plan(plan: str, like: torch.Tensor, local_solver: str) -> str:
@@ -176,41 +177,43 @@ class HostServerRun(LoopModel):
         targets ``bt = rho_i z - u_i``, a chunk of workers at a time (their Gram matrices stay in
         the cache through the steps): the new rows and ``(C_i w_i)^T`` at them."""
         if self.T * self.K == 1:  # one point: 2-D products (np.dot costs less per call than np.matmul)
-            x, P = self._steps(self.wt[0, 0], bt[0, 0], self.C[0, 0], np.dot)
+            lam2, lamL = (self.lam2_4, self.lamL_4) if self.one else (self.lam2_4[0, 0], self.lamL_4[0, 0])
+            x, P = self._steps(self.wt[0, 0], bt[0, 0], self.C[0, 0], np.dot, lam2, lamL)
             return x[None, None], P[None, None]
         xs, ps = [], []
         for i in range(0, self.K, self.per):
             sl = slice(i, i + self.per)
-            x, P = self._steps(self.wt[:, sl], bt[:, sl], self.C[:, sl], np.matmul)
+            x, P = self._steps(self.wt[:, sl], bt[:, sl], self.C[:, sl], np.matmul, self.lam2_4, self.lamL_4)
             xs.append(x)
             ps.append(P)
         if len(xs) == 1:
             return xs[0], ps[0]
         return np.concatenate(xs, axis=1), np.concatenate(ps, axis=1)
 
-    def _steps(self, x, b, C, matmul):
+    def _steps(self, x, b, C, matmul, lam2, lamL):
         """The polar steps of the points ``x`` with the targets ``b`` and Gram matrices ``C`` (rows,
-        ``matmul`` their product): the new points and ``(C x)^T`` at them."""
+        ``matmul`` their product; ``lam2``, ``lamL``: ``lambda_2`` and ``lambda_2 kappa / mu``
+        broadcasting against ``x``): the new points and ``(C x)^T`` at them."""
         G = self.G if self.G is None or x.ndim == 4 else self.G[0, 0]
         for _ in range(self.steps):
             M = matmul(x, C)  # (C x)^T = x^T C: C is symmetric
             M *= 2.0
             M += b
             if self.smooth:
-                M += self._smooth_term(x)
+                M += self._smooth_term(x, lam2, lamL)
             if G is not None:
                 M = matmul(M, G)  # (G M)^T = M^T G
             x = polar_rows_array(M)
         return x, matmul(x, C)
 
-    def _smooth_term(self, x):
+    def _smooth_term(self, x, lam2, lamL):
         """``lambda_2 (kappa / mu) x - lambda_2 psi'(x)``, the majorizer's smooth part; for ``sqrt``
         as ``x (lambda_2 kappa / mu - lambda_2 / sqrt(4 mu^2 + x^2))`` (six calls, in place)."""
         if self._c is None:
-            return self.lamL_4 * x - self.lam2_4 * self.grad(x)
+            return lamL * x - lam2 * self.grad(x)
         h = _root(x, self._c)
-        np.divide(self.lam2_4, h, out=h)
-        np.subtract(self.lamL_4, h, out=h)
+        np.divide(lam2, h, out=h)
+        np.subtract(lamL, h, out=h)
         h *= x
         return h
 
