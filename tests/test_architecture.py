@@ -255,7 +255,8 @@ MAX_PARAMETERS = 19
 ENTRY_POINTS = {"models.ppdnmf.api.fit", "models.ppdnmf.api.fit_trials", "models.ppdnmf.distributed.engine.fit_rank",
                 "models.ppdnmf.estimator.PPDNMF.__init__", "models.ppdnmf.audit.run.run_audit",
                 "models.symnmf.agents.fit_symnmf_agents", "models.symnmf.distributed.fit_symnmf_rank",
-                "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless"}
+                "models.fsspca.fit.fit_fsspca", "models.fsspca.serverless.fit_serverless",
+                "models.fsspca.estimator.FederatedSparsePCA.__init__"}
 #: over a limit, to empty
 SIZE_PENDING: set = set()
 
