@@ -18,6 +18,8 @@
 3. ``--part sklearn``: time to a target (adjusted explained variance and sparsity) against
    scikit-learn's ``SparsePCA`` on the pooled rows.
 4. ``--part aggregation``: the server's round: plain, quantized and 2048-bit paillier.
+5. ``--part plans``: ``fit_fsspca``'s host plan against its torch plan with ``--trials`` trials
+   batched (``--sizes`` or ``--grid``), the same iterations to rounding (printed).
 
     python scripts/bench_fsspca.py --part grid [--grid small|full] [--repeats 3] [--json out.json]
     python scripts/bench_fsspca.py --part loop sklearn [--Ks 10,100,1000] [--iters 20] [--device cuda]
@@ -251,6 +253,38 @@ def bench_grid(sizes, repeats=3, r=2, alpha_per_row=0.75, tol=1e-6, max_iter=500
     return out
 
 
+def bench_plans(sizes, trials, repeats=2, r=2, tol=1e-6, max_iter=500):
+    """The host plan against the torch plan on the CPU with ``trials`` trials batched (``lambda_1``
+    spread over ``0.2 n .. n``), alternating in one process: each plan's best seconds, host / torch
+    (the range over the repeats), whether the iteration counts agree and the largest
+    ``abs(z_host - z_torch)``."""
+    import warnings
+
+    out = []
+    for n, d, K in sizes:
+        sp = spiked_covariance(n=n, d=d, r=r, support=5, seed=0)
+        g = split_iid(n, K, seed=0)
+        blocks = [np.ascontiguousarray(sp.X[g == k]) for k in range(K)]
+        kw = dict(alpha=list(np.linspace(0.2, 1.0, trials) * n), tol=tol, max_iter=max_iter, aggregation="plain",
+                  trials=trials)
+        times, fits = {"torch": [], "host": []}, {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(repeats):
+                for p in times:
+                    fits[p], t = _timed(lambda: fit_fsspca(blocks, r, plan=p, **kw))
+                    times[p].append(t)
+        ratios = [a / b for a, b in zip(times["host"], times["torch"])]
+        row = dict(n=n, d=d, K=K, trials=trials, torch_s=min(times["torch"]), host_s=min(times["host"]),
+                   host_over_torch_min=min(ratios), host_over_torch_max=max(ratios),
+                   max_iter_run=int(fits["host"].n_iter.max()),
+                   same_iterations=bool(torch.equal(fits["host"].n_iter, fits["torch"].n_iter)),
+                   max_abs_diff_z=float((fits["host"].z - fits["torch"].z).abs().max()))
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    return out
+
+
 def bench_loop(Ks, iters, repeats, alpha=200.0, d=30, r=2, rows=20, device="cpu"):
     out = []
     for K in Ks:
@@ -342,7 +376,8 @@ def _sizes(text):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", nargs="+", default=["grid"], choices=["grid", "loop", "sklearn", "aggregation"])
+    p.add_argument("--part", nargs="+", default=["grid"], choices=["grid", "loop", "sklearn", "aggregation", "plans"])
+    p.add_argument("--trials", type=int, default=8, help="(plans part) trials batched in each fit")
     p.add_argument("--grid", default="small", choices=sorted(GRIDS), help="the grid's sizes (n, d, K)")
     p.add_argument("--sizes", default="", help="n:d:K,... instead of --grid")
     p.add_argument("--riemannian-max-k", type=int, default=10, help="the paper's Riemannian steps too, up to this K")
@@ -385,6 +420,9 @@ def main(argv=None):
                                   device=args.device, smoothed=not args.unsmoothed, repeat_below=args.repeat_below,
                                   plans=tuple(plans.split(",")),
                                   on_row=lambda done: (rows.update(grid=done), save()))
+        save()
+    if "plans" in parts:
+        rows["plans"] = bench_plans(_sizes(args.sizes) if args.sizes else GRIDS[args.grid], args.trials, args.repeats)
         save()
     if "loop" in parts and not args.skip_loop:
         rows["loop"] = bench_loop([int(k) for k in args.Ks.split(",")], args.iters, args.repeats, device=args.device)
