@@ -160,25 +160,28 @@ def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
     _close(out.U, ref.U)
 
 
+@pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("inner_max", [1, 4])
-def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max):
+def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T):
     """A column driven to zero is reset to ``1e-16 x`` the block's largest entry before the sweep
-    on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12)."""
+    on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12). The host
+    block's Gram matrix is the reset rows' (it checks for zero rows on its diagonal)."""
     from ppdnmf_torch.models.symnmf.alternating import block_data
     from ppdnmf_torch.models.symnmf.symhals import hals_block
 
     gen = torch.Generator().manual_seed(inner_max)
-    T, n, r = 2, 30, 4
+    n, r = 30, 4
     Z, W = (torch.rand((T, n, r), generator=gen, dtype=torch.float64) for _ in range(2))
     XW = torch.rand((T, n, r), generator=gen, dtype=torch.float64) * n
     XW[..., 1] = -100.0  # column 1's data pushes it to zero
-    lam = torch.tensor([0.5, 3.0], dtype=torch.float64)
+    lam = torch.tensor([0.5, 3.0][:T], dtype=torch.float64)
     A, B = block_data(XW, W, lam)
     ref = hals_block(Z, A, B, inner_max=inner_max, delta=0.0)
     rows = lambda t: np.ascontiguousarray(t.transpose(-2, -1).numpy())  # noqa: E731
     gram = (W.transpose(-2, -1) @ W).numpy()
-    out = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
-                          host._Coefficients(T, r, np.float64))
+    out, out_gram = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
+                                    host._Coefficients(T, r, np.float64), np.zeros((T, 1, n)))
+    assert np.array_equal(out_gram, host._gram(out))
     out = torch.from_numpy(out).transpose(-2, -1)
     _close(out, ref, 1e-12)
     assert bool((ref[..., 1] < 1e-10).all()) and bool((ref[..., 1] > 0).all())

@@ -75,9 +75,11 @@ class _Trials:
             self.inner = lambda A, B: float(np.vdot(A, B))
             self.max, self.sqrt = max, math.sqrt
             self.where = lambda c, a, b: a if c else b
+            self.finite = lambda a, b: math.isfinite(a) and math.isfinite(b)
         else:
             self.inner = lambda A, B: np.einsum("tij,tij->t", A, B)
             self.max, self.sqrt, self.where = np.maximum, np.sqrt, np.where
+            self.finite = lambda a, b: bool(np.isfinite(a).all() and np.isfinite(b).all())
 
     def of(self, arr):
         """A ``(T,)`` array in this arithmetic."""
@@ -145,7 +147,7 @@ def _sweep_data(Zt, gram, XWt, Wt, lam, coef):
     ``gram = W^T W``, ``XWt``, the rows ``Wt`` and ``lam`` (:class:`_Lambda`); ``-diag(B)`` is
     ``-lambda - diag(W^T W)`` (the same number as ``-(diag(W^T W) + lambda)``)."""
     T, r, n = Zt.shape
-    neg_diag = np.subtract(lam.neg, np.diagonal(gram, axis1=1, axis2=2))[:, :, None]
+    neg_diag = np.subtract(lam.neg, gram.diagonal(0, 1, 2))[:, :, None]
     E = np.empty((T, 2 * r, n), dtype=Zt.dtype)
     E[:, :r] = Zt
     A = E[:, r:]
@@ -155,42 +157,63 @@ def _sweep_data(Zt, gram, XWt, Wt, lam, coef):
     return E, coef.of(gram, neg_diag)
 
 
-def _sweep(E, C, before, s):
-    """Eq. (17) over the block's rows ``E[:, :r]`` in place, then the zero-row reset to
-    ``1e-16 x`` the largest entry of ``before`` (the block before the sweep)."""
+def _sweep(E, C, s, zeros):
+    """Eq. (17) over the block's rows ``E[:, :r]`` in place (``s`` ``(T, 1, n)`` scratch,
+    ``zeros`` as ``s``'s row: the clamp's bound as an array, which NumPy takes at a fraction of
+    the cost of converting a Python scalar per call; the same numbers)."""
     T, r = C.shape[0], C.shape[1]
     if T == 1:  # vector-matrix products on the rows (np.dot costs less per call than np.matmul)
-        e, s1 = E[0], s[0, 0]
+        e, s1, z0 = E[0], s[0, 0], zeros[0, 0]
         for c, z in zip(C[0], e):  # sequential by definition (Gauss-Seidel); r rows of C
             np.dot(c, e, out=s1)
-            np.maximum(s1, 0, out=z)
+            np.maximum(s1, z0, out=z)
     else:
         for i in range(r):
             np.matmul(C[:, i:i + 1, :], E, out=s)
-            np.maximum(s, 0, out=E[:, i:i + 1, :])
-    # after the clamp every entry is >= 0: a row is all zero exactly where its largest is not > 0
-    Z = E[:, :r]
-    top = Z.max(axis=2)
-    if not top.min() > 0:  # (NaN too)
-        live = top > 0
-        reset = before.max(axis=(1, 2)) * ZERO_COLUMN_RESET
-        Z[...] = np.where(live[:, :, None], Z, reset[:, None, None])
+            np.maximum(s, zeros, out=E[:, i:i + 1, :])
 
 
-def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coefficients):
+def _reset_zero_rows(Z, before) -> bool:
+    """The zero-row reset of the rows ``Z (T, r, n)`` (after a sweep, every entry ``>= 0``) to
+    ``1e-16 x`` the largest entry of ``before`` (the block before the sweep), in place; whether
+    a row was reset."""
+    top = Z.max(axis=2)  # a row is all zero exactly where its largest is not > 0 (NaN too)
+    if top.min() > 0:
+        return False
+    live = top > 0
+    reset = before.max(axis=(1, 2)) * ZERO_COLUMN_RESET
+    Z[...] = np.where(live[:, :, None], Z, reset[:, None, None])
+    return not live.all()
+
+
+def _checked_gram(Z, before):
+    """``Z^T Z`` of the rows ``Z`` after one sweep, with :func:`_reset_zero_rows` applied first:
+    the Gram matrix's diagonal (the rows' squared norms) is positive exactly where no row is all
+    zero, so only a diagonal that is not (a zero row, an underflow, a NaN) pays the full check;
+    a reset remakes the Gram matrix (the same numbers as the reset before it)."""
+    gram = _gram(Z)
+    if gram.diagonal(0, 1, 2).min() > 0:
+        return gram
+    return _gram(Z) if _reset_zero_rows(Z, before) else gram
+
+
+def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coefficients, zeros):
     """SymHALS's (``inner_max = 1``) or A-SymHALS's block, :func:`~.symhals._block` on arrays:
     ``Zt (T, r, n)`` (not modified) with the other factor's rows ``Wt``, ``XWt = (X W)^T`` and
-    ``gram = W^T W``, ``lam`` a :class:`_Lambda`; returns the new rows ``(T, r, n)`` contiguous."""
+    ``gram = W^T W``, ``lam`` a :class:`_Lambda`, ``zeros`` ``(T, 1, n)``; returns the new rows
+    ``(T, r, n)`` contiguous and their Gram matrix ``(T, r, r)``."""
     E, C = _sweep_data(Zt, gram, XWt, Wt, lam, coef)
     Z = E[:, :Zt.shape[1]]
-    step = np.empty_like(Zt[:, :1])
+    step = np.empty_like(zeros)
     if inner_max == 1:
-        _sweep(E, C, Zt, step)
-        return np.ascontiguousarray(Z)
+        _sweep(E, C, step, zeros)
+        Z = np.ascontiguousarray(Z)
+        return Z, _checked_gram(Z, Zt)
     active = first = None
     for j in range(inner_max):  # A-SymHALS: :func:`~.symhals._rows_block`'s stopping rule
         prev = Z.copy()
-        _sweep(E, C, prev, step)
+        _sweep(E, C, step, zeros)
+        _reset_zero_rows(Z, prev)
         d = Z - prev
         change = np.einsum("tij,tij->t", d, d)
         if active is None:
@@ -201,7 +224,8 @@ def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coef
         active = active & (change >= delta * delta * first)
         if j + 1 < inner_max and not active.any():
             break
-    return np.ascontiguousarray(Z)
+    Z = np.ascontiguousarray(Z)
+    return Z, _gram(Z)
 
 
 def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
@@ -215,13 +239,14 @@ def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
     C = lam.col * Wt
     C += XWt
     if small:
-        return nnls_bpp_numpy(G, C, Zt, max_iter)
+        Z = nnls_bpp_numpy(G, C, Zt, max_iter)
+    else:
+        def columns(a):  # (T, r, n) as a view of (T, n, r) rows: the torch NNLS gathers columns
+            return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1))).transpose(-2, -1)
 
-    def columns(a):  # (T, r, n) as a view of (T, n, r) rows: the torch NNLS gathers columns
-        return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1))).transpose(-2, -1)
-
-    out = nnls_bpp(torch.from_numpy(G), columns(C), init=columns(Zt), max_iter=max_iter)
-    return np.ascontiguousarray(out.numpy())
+        out = nnls_bpp(torch.from_numpy(G), columns(C), init=columns(Zt), max_iter=max_iter)
+        Z = np.ascontiguousarray(out.numpy())
+    return Z, _gram(Z)
 
 
 def _block_solver(meth, T: int, n: int, r: int, dtype):
@@ -229,8 +254,8 @@ def _block_solver(meth, T: int, n: int, r: int, dtype):
     arrays up to :data:`NUMPY_NNLS_MAX_ENTRIES` entries of masked systems, the torch NNLS (its
     columns grouped by passive set) above."""
     if meth.name in ("symhals", "a_symhals"):
-        coef = _Coefficients(T, r, dtype)
-        return lambda *a: hals_block(*a, meth.inner_max, meth.delta, coef)
+        coef, zeros = _Coefficients(T, r, dtype), np.zeros((T, 1, n), dtype=dtype)
+        return lambda *a: hals_block(*a, meth.inner_max, meth.delta, coef, zeros)
     small = T * n * r * r <= NUMPY_NNLS_MAX_ENTRIES
     return lambda *a: anls_block(*a, meth.max_pivot_iter, small)
 
@@ -254,6 +279,7 @@ class HostRun(CentralRun):
         self.active = np.ones(T, dtype=bool)
         self.n_iter = np.zeros(T, dtype=np.int64)
         self.conv = np.zeros(T, dtype=bool)
+        self._all_active, self._lams = True, None  # what a step reuses: whether no trial is frozen, lambda's shapes
 
     def _load(self, Ut, Vt):
         """The state from its rows, the products and Gram matrices made from them (a resumed run's
@@ -270,18 +296,20 @@ class HostRun(CentralRun):
 
     def _values(self, now: float = 0.0):
         """The history's values ``(6, T)`` (:data:`HISTORY_KEYS`, the time last): the numbers of
-        :func:`~.objective.metrics`; and ``<V, V>`` for the penalty rule."""
+        :func:`~.objective.metrics`; ``<V, V>`` for the penalty rule; whether ``E`` and the
+        objective are finite."""
         t, Ut, Vt, sqX, lam = self.t, self.Ut, self.Vt, self.sq, self.t.of(self.lam)
         D = Ut - Vt
         g2, vv = t.inner(D, D), t.inner(Vt, Vt)
         out = np.empty((len(HISTORY_KEYS), Ut.shape[0]))
-        out[0] = t.max(sqX - 2 * t.inner(self.XUt, Ut) + t.inner(self.UtU, self.UtU), 0.0) / sqX
-        out[1] = 0.5 * t.max(sqX - 2 * t.inner(self.XVt, Ut) + t.inner(self.UtU, self.VtV), 0.0) + 0.5 * lam * g2
+        out[0] = e = t.max(sqX - 2 * t.inner(self.XUt, Ut) + t.inner(self.UtU, self.UtU), 0.0) / sqX
+        out[1] = obj = (0.5 * t.max(sqX - 2 * t.inner(self.XVt, Ut) + t.inner(self.UtU, self.VtV), 0.0)
+                        + 0.5 * lam * g2)
         out[2] = g2
         out[3] = t.sqrt(g2) / t.max(t.sqrt(vv), self.tiny)
         out[4] = lam
         out[5] = now
-        return out, vv
+        return out, vv, t.finite(e, obj)
 
     def _row(self, now: float) -> dict:
         return self._as_row(self._values(now)[0])
@@ -296,21 +324,23 @@ class HostRun(CentralRun):
     # -- one iteration ------------------------------------------------------------------------
     def step(self, k: int, clock) -> dict:
         Ut, Vt, lam = self.Ut, self.Vt, self.lam
-        lams = _Lambda(lam)
-        U = self.block(Ut, Vt, self.XVt, self.VtV, lams)
-        XU, UtU = self.prod(U), _gram(U)
-        V = self.block(Vt, U, XU, UtU, lams)
+        if self._lams is None or self._lams.vec is not lam:  # lambda's shapes, remade when it changes
+            self._lams = _Lambda(lam)
+        lams = self._lams
+        U, UtU = self.block(Ut, Vt, self.XVt, self.VtV, lams)
+        XU = self.prod(U)
+        V, VtV = self.block(Vt, U, XU, UtU, lams)
         XV = self.prod(V)
         active = self.active
-        if not active.all():  # frozen trials keep their iterate bit for bit
+        if not self._all_active:  # frozen trials keep their iterate bit for bit
             keep = ~active
             for new, old in ((U, Ut), (V, Vt), (XU, self.XUt), (XV, self.XVt)):
                 new[keep] = old[keep]
-            UtU[keep] = self.UtU[keep]
-        self.Ut, self.Vt, self.XUt, self.XVt, self.UtU, self.VtV = U, V, XU, XV, UtU, _gram(V)
+            UtU[keep], VtV[keep] = self.UtU[keep], self.VtV[keep]
+        self.Ut, self.Vt, self.XUt, self.XVt, self.UtU, self.VtV = U, V, XU, XV, UtU, VtV
         self.n_iter = self.n_iter + active
-        vals, vv = self._values(clock())
-        if not np.isfinite(vals[:2]).all():
+        vals, vv, finite = self._values(clock())
+        if not finite:
             raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
                             f"(penalty {self.rule.describe()}); check the scale of X")
         row = self._as_row(vals)
@@ -320,6 +350,7 @@ class HostRun(CentralRun):
             done = active & (self._stationarity() <= self.tol)
             self.conv = self.conv | done
             self.active = active & ~done
+            self._all_active = bool(self.active.all())
         return row
 
     def _next_lambda(self, rel_gap, vv):
@@ -343,7 +374,7 @@ class HostRun(CentralRun):
         return t.array(t.sqrt(t.inner(P, P)) / den, np.float64)
 
     def converged(self, k: int, row: dict) -> bool:
-        return not self.active.any()
+        return not self._all_active and not self.active.any()
 
     def report(self, callback, k: int, row: dict, clock) -> bool:
         W = self.W
@@ -371,6 +402,7 @@ class HostRun(CentralRun):
         self._load(rows(tensors["W_U"]), rows(tensors["W_V"]))
         self.lam, self.active = arr(tensors["lam"]), arr(tensors["active"])
         self.n_iter, self.conv = arr(tensors["n_iter"]), arr(tensors["converged"])
+        self._all_active, self._lams = bool(self.active.all()), None
 
     def final(self):
         W = self.W
