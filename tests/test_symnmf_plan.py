@@ -160,9 +160,25 @@ def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
     _close(out.U, ref.U)
 
 
+@pytest.mark.parametrize("trials", [1, 3])
+@pytest.mark.parametrize("method", ["symhals", "a_symhals"])
+def test_host_narrow_sweep_equals_the_torch_plan(monkeypatch, method, trials):
+    """Above ``NARROW_SWEEP_MIN`` entries a block's sweep takes a column's product over its own
+    rows (:func:`~.host._sweep_narrow`): the torch plan's iterates to rounding, the same stop."""
+    X, U0 = _problem()
+    kw = dict(method=method, U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
+    ref = fit_symnmf(X, 4, plan="torch", **kw)
+    monkeypatch.setattr(host, "NARROW_SWEEP_MIN", 0)
+    out = fit_symnmf(X, 4, plan="host", **kw)
+    assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
+    _close(out.U, ref.U)
+    assert torch.equal(out.U == 0, ref.U == 0)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("inner_max", [1, 4])
-def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T):
+def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T, narrow):
     """A column driven to zero is reset to ``1e-16 x`` the block's largest entry before the sweep
     on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12). The host
     block's Gram matrix is the reset rows' (it checks for zero rows on its diagonal)."""
@@ -180,7 +196,7 @@ def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T
     rows = lambda t: np.ascontiguousarray(t.transpose(-2, -1).numpy())  # noqa: E731
     gram = (W.transpose(-2, -1) @ W).numpy()
     out, out_gram = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
-                                    host._Coefficients(T, r, np.float64), np.zeros((T, 1, n)))
+                                    host._Coefficients(T, r, np.float64), np.zeros((T, 1, n)), narrow)
     assert np.array_equal(out_gram, host._gram(out))
     out = torch.from_numpy(out).transpose(-2, -1)
     _close(out, ref, 1e-12)
