@@ -116,6 +116,27 @@ def _product(sim):
     return dense
 
 
+class _RowBuffer:
+    """The history rows' memory: a row's values written into a NumPy view of a float64 tensor,
+    its ``(T,)`` tensors made in bulk (one ``unbind`` per :attr:`CHUNK` rows costs a fraction of
+    one per row)."""
+
+    CHUNK = 64
+
+    def __init__(self, T: int):
+        self.T, self.i = T, self.CHUNK
+
+    def next(self):
+        """The next row: its values ``(len(HISTORY_KEYS), T)`` to write and its tensors."""
+        K = len(HISTORY_KEYS)
+        if self.i == self.CHUNK:
+            buf = torch.empty((self.CHUNK * K, self.T), dtype=torch.float64)
+            self.arr, self.views, self.i = buf.numpy().reshape(self.CHUNK, K, self.T), buf.unbind(0), 0
+        i = self.i
+        self.i = i + 1
+        return self.arr[i], self.views[K * i:K * i + K]
+
+
 class _Lambda:
     """``lambda`` ``(T,)`` in the shapes the blocks use, made once per iteration: ``col``
     ``(T, 1, 1)`` and ``neg`` ``-lambda`` ``(T, 1)``."""
@@ -307,6 +328,7 @@ class HostRun(CentralRun):
         self.n_iter = np.zeros(T, dtype=np.int64)
         self.conv = np.zeros(T, dtype=bool)
         self._all_active, self._lams = True, None  # what a step reuses: whether no trial is frozen, lambda's shapes
+        self._rows = _RowBuffer(T)
 
     def _load(self, Ut, Vt):
         """The state from its rows, the products and Gram matrices made from them (a resumed run's
@@ -322,13 +344,13 @@ class HostRun(CentralRun):
         return {"U": torch.from_numpy(self.Ut).transpose(-2, -1), "V": torch.from_numpy(self.Vt).transpose(-2, -1)}
 
     def _values(self, now: float = 0.0):
-        """The history's values ``(6, T)`` (:data:`HISTORY_KEYS`, the time last): the numbers of
-        :func:`~.objective.metrics`; ``<V, V>`` for the penalty rule; whether ``E`` and the
-        objective are finite."""
+        """The history's row (:data:`HISTORY_KEYS`, the time last; its values ``(6, T)`` the numbers
+        of :func:`~.objective.metrics`), its values, ``<V, V>`` for the penalty rule and whether
+        ``E`` and the objective are finite."""
         t, Ut, Vt, sqX, lam = self.t, self.Ut, self.Vt, self.sq, self.t.of(self.lam)
         D = Ut - Vt
         g2, vv = t.inner(D, D), t.inner(Vt, Vt)
-        out = np.empty((len(HISTORY_KEYS), Ut.shape[0]))
+        out, tensors = self._rows.next()
         out[0] = e = t.max(sqX - 2 * t.inner(self.XUt, Ut) + t.inner(self.UtU, self.UtU), 0.0) / sqX
         out[1] = obj = (0.5 * t.max(sqX - 2 * t.inner(self.XVt, Ut) + t.inner(self.UtU, self.VtV), 0.0)
                         + 0.5 * lam * g2)
@@ -336,14 +358,10 @@ class HostRun(CentralRun):
         out[3] = t.sqrt(g2) / t.max(t.sqrt(vv), self.tiny)
         out[4] = lam
         out[5] = now
-        return out, vv, t.finite(e, obj)
+        return dict(zip(HISTORY_KEYS, tensors)), out, vv, t.finite(e, obj)
 
     def _row(self, now: float) -> dict:
-        return self._as_row(self._values(now)[0])
-
-    @staticmethod
-    def _as_row(vals):
-        return dict(zip(HISTORY_KEYS, torch.from_numpy(vals).unbind()))
+        return self._values(now)[0]
 
     def start_row(self) -> dict:
         return self._row(0.0)
@@ -366,11 +384,10 @@ class HostRun(CentralRun):
             UtU[keep], VtV[keep] = self.UtU[keep], self.VtV[keep]
         self.Ut, self.Vt, self.XUt, self.XVt, self.UtU, self.VtV = U, V, XU, XV, UtU, VtV
         self.n_iter = self.n_iter + active
-        vals, vv, finite = self._values(clock())
+        row, vals, vv, finite = self._values(clock())
         if not finite:
             raise DataError(f"X: the iterates of {self.meth.name} became non-finite at iteration {k} "
                             f"(penalty {self.rule.describe()}); check the scale of X")
-        row = self._as_row(vals)
         if self.rule.kind in ("adaptive", "kuang"):
             self.lam = np.where(active, self._next_lambda(vals[3], vv), lam)
         if self.tol > 0:
