@@ -132,32 +132,43 @@ def test_host_plan_callback_sees_tensors_and_stops():
     assert torch.equal(U, res.U) and not torch.equal(seen[0][1], res.U)
 
 
-@pytest.mark.parametrize("r,m", [(4, 50), (20, 200)])
-def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m):
-    """The host plan's NNLS for small blocks: the same pivoting as ``nnls_bpp``, its masked systems
-    by LU instead of Cholesky: equal to rounding (1e-12 relative), and to scipy's (1e-9)."""
-    gen = torch.Generator().manual_seed(r * m)
+@pytest.mark.parametrize("solve", ["masked", "subsets"])
+@pytest.mark.parametrize("r,m,shared", [(4, 50, 0), (20, 200, 0), (20, 200, 120), (70, 40, 20)])
+def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m, shared, solve):
+    """The host plan's NNLS, each column's masked system (``"masked"``) or the passive subsystems
+    (``"subsets"``; ``shared`` columns start from one set, solved together; ``r = 70``: the sets
+    keyed by bytes): the same pivoting as ``nnls_bpp``, the systems by LU instead of Cholesky:
+    equal to rounding (1e-12 relative), to scipy's (1e-9), and the KKT conditions."""
+    gen = torch.Generator().manual_seed(r * m + shared)
     A = torch.randn((3, r + 6, r), generator=gen, dtype=torch.float64)
     B = torch.randn((3, r + 6, m), generator=gen, dtype=torch.float64)
     G, C = A.transpose(1, 2) @ A, A.transpose(1, 2) @ B
     init = torch.rand((3, r, m), generator=gen, dtype=torch.float64) - 0.5
+    init[:, :, :shared] = 1.0
     ref = nnls_bpp(G, C, init=init)
-    out = torch.from_numpy(nnls_bpp_numpy(G.numpy(), C.numpy(), init.numpy()))
+    out = torch.from_numpy(nnls_bpp_numpy(G.numpy(), C.numpy(), init.numpy(), solve=solve))
     _close(out, ref, 1e-12)
     assert torch.equal(out == 0, ref == 0)
+    Y = G @ out - C  # KKT: x >= 0, y >= 0 where x = 0, y = 0 where x > 0 (to rounding)
+    scale = float(C.abs().max())
+    assert bool((out >= 0).all()) and float(Y[out == 0].min()) > -1e-12 * scale
+    assert float(Y[out > 0].abs().max()) < 1e-10 * scale
     want = np.stack([scipy.optimize.nnls(A[0].numpy(), B[0, :, j].numpy())[0] for j in range(m)], 1)
     np.testing.assert_allclose(out[0].numpy(), want, rtol=1e-9, atol=1e-12)
 
 
-def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
-    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS keeps the torch NNLS."""
+@pytest.mark.parametrize("trials", [1, 3])
+def test_host_symanls_with_the_subset_nnls_equals_the_torch_plan(monkeypatch, trials):
+    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS solves the passive subsystems
+    (``solve="subsets"``): the torch plan's iterates to rounding, the same stop."""
     X, U0 = _problem()
-    kw = dict(method="symanls", U0=U0, penalty="adaptive", max_iter=300, tol=1e-3)
+    kw = dict(method="symanls", U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
     ref = fit_symnmf(X, 4, plan="torch", **kw)
     monkeypatch.setattr(host, "NUMPY_NNLS_MAX_ENTRIES", 0)
     out = fit_symnmf(X, 4, plan="host", **kw)
-    assert torch.equal(out.n_iter, ref.n_iter)
+    assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
     _close(out.U, ref.U)
+    assert torch.equal(out.U == 0, ref.U == 0)
 
 
 @pytest.mark.parametrize("trials", [1, 3])

@@ -7,9 +7,9 @@ times NumPy's on the CPU; from ``n = 1000`` it is bound by the two products ``W^
 NumPy's BLAS measured faster than torch's here (docs/PERFORMANCE.md, "Symmetric NMF"). The host
 plan runs the same iteration (the same updates in the same order: the block data, the column
 sweeps, both products, the history's metrics, the penalty rule and the stopping test) on NumPy
-arrays; SymANLS's NNLS too for small blocks (:func:`~.nnls_numpy.nnls_bpp_numpy`), and above
-:data:`NUMPY_NNLS_MAX_ENTRIES` :func:`~.nnls.nnls_bpp` (its columns grouped by passive set) on
-tensors sharing the arrays' memory. The state is kept
+arrays; SymANLS's NNLS too (:func:`~.nnls_numpy.nnls_bpp_numpy`: each column's masked system
+for small blocks, above :data:`NUMPY_NNLS_MAX_ENTRIES` the passive subsystems, the columns that
+share a set solved together). The state is kept
 in the sweep's layout, ``(T, r, n)`` rows; what leaves the run (the callback's factors, the
 checkpoints, the result) is a torch tensor on the same memory, ``(T, n, r)``.
 
@@ -27,7 +27,6 @@ import torch
 
 from ...errors import ConfigError, DataError
 from .central import CentralRun
-from .nnls import nnls_bpp
 from .nnls_numpy import nnls_bpp_numpy
 from .penalty import KUANG_FACTOR, KUANG_TOL, initial_lambda
 from .result import HISTORY_KEYS, SymNMFIteration
@@ -39,10 +38,11 @@ __all__ = ["PLANS", "HOST_METHODS", "choose_plan", "HostRun"]
 PLANS = ("auto", "torch", "host")
 #: the methods the host plan runs
 HOST_METHODS = ("symhals", "a_symhals", "symanls", "kuang")
-#: SymANLS's blocks with at most this many entries of masked systems (trials x n x r^2) are solved
-#: by the NNLS on arrays, larger ones by the torch NNLS, which groups the columns by passive set
-#: (one trial, 5-10 iterations, one thread, under load: n = 300, r = 20 (1.2e5 entries) 12.9 ms per
-#: iteration on arrays against 19.1 ms; n = 1000, r = 20 (4e5) 46.7 against 38.7 ms)
+#: SymANLS's blocks with at most this many entries of masked systems (trials x n x r^2) solve each
+#: column's masked system, larger ones the passive subsystems (``solve="masked"``, ``"subsets"``;
+#: one trial, fixed lambda, one thread, load about 1, ms per iteration masked / subsets / the torch
+#: NNLS: n = 150, r = 6 0.4-0.5 / 0.6-0.7 / 1.0-1.2; n = 300, r = 20 (1.2e5 entries) 3.7-4.2 /
+#: 4.6-4.8 / 4.6-5.2; n = 1000, r = 20 (4e5) 19.3-20.4 / 13.7-14.4 / 16.2-18.2)
 NUMPY_NNLS_MAX_ENTRIES = 1 << 18
 #: SymHALS's blocks of more than this many entries (r x n) take :func:`_sweep_narrow` (a column's
 #: product over the block's rows alone; one trial, one thread, a sweep alone: level at n = 300,
@@ -276,36 +276,27 @@ def hals_block(Zt, Wt, XWt, gram, lam, inner_max: int, delta: float, coef: _Coef
     return Z, _gram(Z)
 
 
-def anls_block(Zt, Wt, XWt, gram, lam, max_iter, small: bool):
+def anls_block(Zt, Wt, XWt, gram, lam, max_iter, solve: str):
     """SymANLS's block: the NNLS of :func:`~.symanls.anls_block` (``(X W)^T + lambda W^T`` is its
-    ``C``, in its layout; ``lam`` a :class:`_Lambda`): ``small``, on the arrays
-    (:func:`~.nnls_numpy.nnls_bpp_numpy`), else :func:`~.nnls.nnls_bpp` on tensors sharing their
-    memory."""
+    ``C``, in its layout; ``lam`` a :class:`_Lambda`) on the arrays,
+    :func:`~.nnls_numpy.nnls_bpp_numpy` with ``solve`` ``"masked"`` or ``"subsets"``."""
     T, r = Zt.shape[0], Zt.shape[1]
     G = gram.copy()
     G.reshape(T, r * r)[:, ::r + 1] += lam.vec[:, None]
     C = lam.col * Wt
     C += XWt
-    if small:
-        Z = nnls_bpp_numpy(G, C, Zt, max_iter)
-    else:
-        def columns(a):  # (T, r, n) as a view of (T, n, r) rows: the torch NNLS gathers columns
-            return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1))).transpose(-2, -1)
-
-        out = nnls_bpp(torch.from_numpy(G), columns(C), init=columns(Zt), max_iter=max_iter)
-        Z = np.ascontiguousarray(out.numpy())
+    Z = nnls_bpp_numpy(G, C, Zt, max_iter, solve=solve)
     return Z, _gram(Z)
 
 
 def _block_solver(meth, T: int, n: int, r: int, dtype):
-    """The block update of ``meth`` on arrays, chosen once for the sizes: SymANLS's NNLS on the
-    arrays up to :data:`NUMPY_NNLS_MAX_ENTRIES` entries of masked systems, the torch NNLS (its
-    columns grouped by passive set) above."""
+    """The block update of ``meth`` on arrays, chosen once for the sizes: SymHALS's sweep
+    (:data:`NARROW_SWEEP_MIN`), SymANLS's NNLS (:data:`NUMPY_NNLS_MAX_ENTRIES`)."""
     if meth.name in ("symhals", "a_symhals"):
         coef, zeros, narrow = _Coefficients(T, r, dtype), np.zeros((T, 1, n), dtype=dtype), r * n > NARROW_SWEEP_MIN
         return lambda *a: hals_block(*a, meth.inner_max, meth.delta, coef, zeros, narrow)
-    small = T * n * r * r <= NUMPY_NNLS_MAX_ENTRIES
-    return lambda *a: anls_block(*a, meth.max_pivot_iter, small)
+    solve = "masked" if T * n * r * r <= NUMPY_NNLS_MAX_ENTRIES else "subsets"
+    return lambda *a: anls_block(*a, meth.max_pivot_iter, solve)
 
 
 class HostRun(CentralRun):
