@@ -320,6 +320,7 @@ class HostRun(CentralRun):
         self.conv = np.zeros(T, dtype=bool)
         self._all_active, self._lams = True, None  # what a step reuses: whether no trial is frozen, lambda's shapes
         self._rows = _RowBuffer(T)
+        self._zero = np.zeros((), dtype=U0.numpy().dtype)  # NumPy takes a 0-d array faster than a Python 0
 
     def _load(self, Ut, Vt):
         """The state from its rows, the products and Gram matrices made from them (a resumed run's
@@ -382,11 +383,22 @@ class HostRun(CentralRun):
         if self.rule.kind in ("adaptive", "kuang"):
             self.lam = np.where(active, self._next_lambda(vals[3], vv), lam)
         if self.tol > 0:
-            done = active & (self._stationarity() <= self.tol)
-            self.conv = self.conv | done
-            self.active = active & ~done
-            self._all_active = bool(self.active.all())
+            self._stop(active)
         return row
+
+    def _stop(self, active):
+        """Freeze the active trials whose :meth:`_stationarity` is ``<= tol`` (one trial: on the
+        float, the flags rewritten only when it stops)."""
+        stat = self._stationarity()
+        if self.t.one:
+            if not (active[0] and stat <= self.tol):
+                return
+            done = active.copy()
+        else:
+            done = active & (stat <= self.tol)
+        self.conv = self.conv | done
+        self.active = active & ~done
+        self._all_active = bool(self.active.all())
 
     def _next_lambda(self, rel_gap, vv):
         """:func:`~.penalty.next_lambda` (the same three sums for ``"adaptive"``), ``(T,)``."""
@@ -401,12 +413,15 @@ class HostRun(CentralRun):
         return self.lam
 
     def _stationarity(self):
-        """:func:`~.objective.stationarity` on the rows: ``(U U^T U - X U)^T = U^T U U^T - (X U)^T``."""
+        """:func:`~.objective.stationarity` on the rows: ``(U U^T U - X U)^T = U^T U U^T - (X U)^T``;
+        a float with one trial, else ``(T,)``."""
         t, Ut = self.t, self.Ut
         G = np.matmul(self.UtU, Ut) - self.XUt
-        P = np.where(Ut > 0, G, np.minimum(G, 0))
+        P = np.minimum(G, self._zero)  # min(G, 0) where U = 0, G where U > 0
+        np.copyto(P, G, where=Ut > 0)
         den = t.max(t.sqrt(self.sq * t.inner(Ut, Ut)), self.tiny)
-        return t.array(t.sqrt(t.inner(P, P)) / den, np.float64)
+        stat = t.sqrt(t.inner(P, P)) / den
+        return stat if t.one else stat.astype(np.float64)
 
     def converged(self, k: int, row: dict) -> bool:
         return not self._all_active and not self.active.any()
