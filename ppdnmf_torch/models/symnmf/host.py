@@ -138,11 +138,17 @@ class _RowBuffer:
 
 
 class _Lambda:
-    """``lambda`` ``(T,)`` in the shapes the blocks use, made once per iteration: ``col``
-    ``(T, 1, 1)`` and ``neg`` ``-lambda`` ``(T, 1)``."""
+    """``lambda`` ``(T,)`` in the shapes the blocks use, made when it changes: ``col``
+    ``(T, 1, 1)`` and ``neg`` ``-lambda`` ``(T, 1)``; with one trial both 0-d arrays (the same
+    broadcasts, which NumPy runs at half the cost per call)."""
 
     def __init__(self, lam):
-        self.vec, self.col, self.neg = lam, lam[:, None, None], -lam[:, None]
+        self.vec = lam
+        if lam.shape[0] == 1:
+            self.col = lam.reshape(())
+            self.neg = np.negative(self.col, out=np.empty((), dtype=lam.dtype))
+        else:
+            self.col, self.neg = lam[:, None, None], -lam[:, None]
 
 
 class _Coefficients:
