@@ -54,7 +54,7 @@ from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_sim
 from ppdnmf_torch.models.symnmf.fit import METHODS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the NumPy reference beside this script
-from symnmf_numpy_ref import np_fit, np_hals_sweep, np_nnls_bpp, np_products  # noqa: E402,F401  (the tests use np_fit here)
+from symnmf_numpy_ref import np_fit, np_hals_sweep, np_nnls_bpp, np_products  # noqa: E402,F401  (tests use np_fit)
 
 
 def _median_time(fn, repeats):

@@ -6,8 +6,10 @@ Two ways to solve a round's systems ``G_FF x_F = c_F`` (``F`` a column's passive
 * ``"masked"`` (small blocks): each column's masked ``r x r`` system ``(P G P + I - P) x = P c``
   alone. With few small systems (a block of ``n = 150`` rows and ``r = 6``) the batched torch
   NNLS is bound by its cost per call; the same steps on NumPy arrays cost a fraction of that.
-* ``"subsets"`` (large blocks): the columns grouped by the size ``s`` of their passive set, each
-  group's ``s x s`` systems ``G_FF`` gathered and solved in one batched call. A symmetric NMF
+* ``"subsets"`` (large blocks): the passive subsystems themselves, the columns that share a set
+  solved together (Kim and Park's grouping; :data:`SHARED_SET`), the others grouped by the size
+  ``s`` of their set, each group's ``s x s`` systems ``G_FF`` gathered and solved in one batched
+  call. A symmetric NMF
   factor is sparse (a point in few clusters), so ``s`` is mostly a few variables out of ``r``: the
   masked systems' ``r^3`` work per column (the torch NNLS's batched Cholesky) becomes ``s^3``.
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError
-
 from .nnls import PBAR
 
 __all__ = ["nnls_bpp_numpy", "SOLVES"]
@@ -72,8 +73,10 @@ def _solve_subsets(G, C, P, t, j):
     _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True, axis=axis)
     inverse = inverse.reshape(-1)
     shared = counts >= SHARED_SET
-    for g in np.flatnonzero(shared):  # a few sets, many columns each
-        cols = np.flatnonzero(inverse == g)
+    by_set = np.argsort(inverse, kind="stable")
+    set_starts = np.concatenate([[0], np.cumsum(counts)])
+    for g in np.flatnonzero(shared):  # sets of many columns each
+        cols = by_set[set_starts[g]:set_starts[g + 1]]
         idx = np.flatnonzero(Pk[first[g]])
         if idx.size:
             Gt = G[t[first[g]]]
