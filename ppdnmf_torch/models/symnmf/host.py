@@ -16,7 +16,8 @@ checkpoints, the result) is a torch tensor on the same memory, ``(T, n, r)``.
 The two plans compute the same numbers up to rounding (other BLAS, other reduction orders);
 ``tests/test_symnmf_plan.py`` holds them to ``1e-9`` relative with the same stopping iteration.
 NumPy's BLAS takes its thread count from the environment (``OMP_NUM_THREADS``,
-``OPENBLAS_NUM_THREADS``), not from ``torch.set_num_threads``.
+``OPENBLAS_NUM_THREADS``) or :func:`ppdnmf_torch.threads.using_threads` (``threadpoolctl``), not
+from ``torch.set_num_threads``.
 """
 from __future__ import annotations
 
