@@ -212,3 +212,17 @@ def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T
     out = torch.from_numpy(out).transpose(-2, -1)
     _close(out, ref, 1e-12)
     assert bool((ref[..., 1] < 1e-10).all()) and bool((ref[..., 1] > 0).all())
+
+
+def test_subset_nnls_in_small_chunks_equals_one_chunk(monkeypatch):
+    """The subsets' batched solves in chunks that bound memory: each system is solved alone either
+    way, so the same bits."""
+    from ppdnmf_torch.models.symnmf import nnls_numpy
+
+    rng = np.random.default_rng(7)
+    A, B = rng.standard_normal((2, 26, 20)), rng.standard_normal((2, 26, 300))
+    G, C = A.transpose(0, 2, 1) @ A, A.transpose(0, 2, 1) @ B
+    init = rng.random((2, 20, 300)) - 0.5
+    whole = nnls_bpp_numpy(G, C, init, solve="subsets")
+    monkeypatch.setattr(nnls_numpy, "CHUNK_ENTRIES_CPU", 50)
+    assert np.array_equal(nnls_bpp_numpy(G, C, init, solve="subsets"), whole)

@@ -9,7 +9,7 @@ Two ways to solve a round's systems ``G_FF x_F = c_F`` (``F`` a column's passive
 * ``"subsets"`` (large blocks): the passive subsystems themselves, the columns that share a set
   solved together (Kim and Park's grouping; :data:`SHARED_SET`), the others grouped by the size
   ``s`` of their set, each group's ``s x s`` systems ``G_FF`` gathered and solved in one batched
-  call. A symmetric NMF
+  call (in chunks of :data:`~.nnls.CHUNK_ENTRIES_CPU` entries, as the torch NNLS). A symmetric NMF
   factor is sparse (a point in few clusters), so ``s`` is mostly a few variables out of ``r``: the
   masked systems' ``r^3`` work per column (the torch NNLS's batched Cholesky) becomes ``s^3``.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ConfigError
-from .nnls import PBAR
+from .nnls import CHUNK_ENTRIES_CPU, PBAR
 
 __all__ = ["nnls_bpp_numpy", "SOLVES"]
 
@@ -86,17 +86,17 @@ def _solve_subsets(G, C, P, t, j):
     order = np.argsort(sizes, kind="stable")
     starts = np.searchsorted(sizes[order], np.arange(r + 2))
     flat_x = x.reshape(-1)
-    for size in range(1, r + 1):  # each set alone, batched by its size
-        cols = rest[order[starts[size]:starts[size + 1]]]
-        if cols.size == 0:
-            continue
-        idx = np.nonzero(Pk[cols])[1].reshape(-1, size)  # each column's passive variables, ascending
-        where = idx[:, :, None] * r + idx[:, None, :]
-        if T > 1:
-            where += (t[cols] * (r * r))[:, None, None]
-        Gs = np.take(G, where)
-        at = cols[:, None] * r + idx
-        flat_x[at] = np.linalg.solve(Gs, np.take(ck, at)[:, :, None])[:, :, 0]
+    for size in range(1, r + 1):  # each set alone, batched by its size, in chunks that bound memory
+        group = rest[order[starts[size]:starts[size + 1]]]
+        step = max(1, CHUNK_ENTRIES_CPU // (size * size))
+        for c in range(0, group.size, step):
+            cols = group[c:c + step]
+            idx = np.nonzero(Pk[cols])[1].reshape(-1, size)  # each column's passive variables, ascending
+            where = idx[:, :, None] * r + idx[:, None, :]
+            if T > 1:
+                where += (t[cols] * (r * r))[:, None, None]
+            at = cols[:, None] * r + idx
+            flat_x[at] = np.linalg.solve(np.take(G, where), np.take(ck, at)[:, :, None])[:, :, 0]
     if T == 1:
         y = x @ G[0].T - ck
     else:
