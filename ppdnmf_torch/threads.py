@@ -7,6 +7,10 @@ package's choice instead; :func:`using_threads` applies a setting for one call a
 torch's back afterwards, so that :func:`ppdnmf_torch.fit` leaves the caller's process as
 it found it. An explicit ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) in the environment is
 the user's choice and wins over the default.
+
+The same count bounds the BLAS that NumPy loaded (through ``threadpoolctl``), because the CPU's
+host plans (symmetric NMF, FSSPCA's kernels) make their products with NumPy: without it they would
+take OpenBLAS's own count, one thread per core, whatever ``threads`` says.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import functools
 import os
 
 import torch
+from threadpoolctl import ThreadpoolController
 
 from .errors import ConfigError
 
@@ -72,16 +77,24 @@ def resolve_threads(threads) -> int:
     return threads
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_pools() -> ThreadpoolController:
+    """The thread pools loaded in this process, found once (NumPy's BLAS is loaded by then: the
+    package imports NumPy before any entry point runs)."""
+    return ThreadpoolController()
+
+
 @contextlib.contextmanager
 def using_threads(threads):
-    """Run the ``with`` block with torch's intra-op threads at ``threads`` (see
-    :func:`resolve_threads`) and restore the previous count after it."""
+    """Run the ``with`` block with torch's intra-op threads, and NumPy's BLAS threads, at
+    ``threads`` (see :func:`resolve_threads`) and restore the previous counts after it."""
     want = resolve_threads(threads)
     before = torch.get_num_threads()
     if want != before:
         torch.set_num_threads(want)
     try:
-        yield want
+        with _blas_pools().limit(limits=want, user_api="blas"):
+            yield want
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)

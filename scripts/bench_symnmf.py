@@ -54,7 +54,7 @@ from ppdnmf_torch.models.symnmf import fit_symnmf, initial_factor, synthetic_sim
 from ppdnmf_torch.models.symnmf.fit import METHODS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the NumPy reference beside this script
-from symnmf_numpy_ref import np_fit, np_hals_sweep, np_nnls_bpp  # noqa: E402,F401  (the tests use np_fit here)
+from symnmf_numpy_ref import np_fit, np_hals_sweep, np_nnls_bpp, np_products  # noqa: E402,F401  (tests use np_fit)
 
 
 def _median_time(fn, repeats):
@@ -148,7 +148,11 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
     ``iters`` iterations on each side; seconds per iteration from the in-loop clocks
     (``history["time"]`` and ``np_fit``'s, the iterations alone) and of the whole call, the best of
     the repeats and the ratio's range over them (numpy over the plan: above 1 the plan is faster),
-    and the largest ``|U|`` difference of each plan's iterates from numpy's. ``plans``: default
+    and the largest ``|U|`` difference of each plan's iterates from numpy's. The GEMM floor per
+    repeat (:func:`np_products`: the iteration's two products ``W^T X`` alone, NumPy's BLAS, the
+    calls both sides make): ``gemm_floor_s_per_iter`` (the best), ``bound_numpy_over_floor_*``
+    (numpy's time over the floor's, the range: the largest ratio any implementation making those
+    products could reach) and each plan's time besides the products (``*_rest_s_per_iter``). ``plans``: default
     ``torch`` and ``host`` on the CPU, ``torch`` on a GPU (the host plan runs on the CPU only).
     ``against``: a commit whose package runs as a further side in the same alternation (its
     default plan; ``before_*``: its times and its ratio to numpy's)."""
@@ -174,7 +178,7 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
             loop = {p: [] for p in plans}
             call = {p: [] for p in plans}
             res = {}
-            np_loop, np_call, before_loop = [], [], []
+            np_loop, np_call, before_loop, floor = [], [], [], []
             for _ in range(reps):
                 if old_fit is not None:
                     old = old_fit(Xt, r, method=method, U0=U0, penalty=lam, max_iter=its, tol=0)
@@ -189,14 +193,19 @@ def part_one_trial(quick: bool, device="cpu", ns=None, ranks=None, methods=None,
                 Un, _ = np_fit(Xn, U0[0].numpy(), lam, its, method, clock, adaptive=False)
                 np_call.append((time.perf_counter() - t0) / its)
                 np_loop.append(clock[0] / its)
+                floor.append(np_products(Xn, Un, its))
             row = {"n": n, "r": r, "method": method, "lam": lam, "iters": its, "repeats": reps,
                    "device": str(device), "threads": torch.get_num_threads(), "plans": list(plans),
                    "numpy_loop_s_per_iter": min(np_loop), "numpy_call_s_per_iter": min(np_call),
+                   "gemm_floor_s_per_iter": min(floor),
+                   "bound_numpy_over_floor_min": min(a / b for a, b in zip(np_loop, floor)),
+                   "bound_numpy_over_floor_max": max(a / b for a, b in zip(np_loop, floor)),
                    "load_average": os.getloadavg()[0]}
             for plan in plans:  # the torch plan's keys keep their names of before the plans
                 key = "torch" if plan == "torch" else plan
                 ratios = [a / b for a, b in zip(np_loop, loop[plan])]
                 row.update({f"{key}_loop_s_per_iter": min(loop[plan]), f"{key}_call_s_per_iter": min(call[plan]),
+                            f"{key}_rest_s_per_iter": min(loop[plan]) - min(floor),
                             f"numpy_over_{key}_min": min(ratios), f"numpy_over_{key}_max": max(ratios),
                             f"max_abs_diff_U_{key}": float(np.abs(Un - res[plan].U[0].cpu().numpy()).max())})
             if "torch" in res:

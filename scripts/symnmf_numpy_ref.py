@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-__all__ = ["np_hals_sweep", "np_nnls_bpp", "np_fit"]
+__all__ = ["np_hals_sweep", "np_nnls_bpp", "np_fit", "np_products"]
 
 
 def np_hals_sweep(Zt, At, B):
@@ -116,3 +116,17 @@ def np_fit(X, U0, lam0, iters, method, clock=None, adaptive=True):
     if clock is not None:
         clock.append(time.perf_counter() - t0)
     return Ut.T, Vt.T
+
+
+def np_products(X, U, iters):
+    """The GEMM floor of :func:`np_fit`: seconds per iteration of its two products ``W^T X``
+    alone (``Ut @ X`` and ``Vt @ X``, the calls it makes, on the rows of ``U (n, r)``), over
+    ``iters`` iterations. No implementation that makes these products can run an iteration
+    faster on the same BLAS."""
+    Ut, Vt = U.T.copy(), U.T.copy()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        XUt = Ut @ X
+        XVt = Vt @ X
+    del XUt, XVt
+    return (time.perf_counter() - t0) / iters

@@ -78,6 +78,24 @@ def test_threads_must_be_a_positive_integer(bad):
         pp.fit(small_problem(), RING4, 2, bcd_iters=1, device="cpu", threads=bad)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_bound_numpys_blas_during_a_fit_and_are_restored(threads):
+    # the host plans multiply with NumPy: its BLAS must follow threads=, not its own default
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas():
+        return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+    if not blas():
+        pytest.skip("no BLAS thread pool visible to threadpoolctl")
+    seen = []
+    with threadpool_limits(limits=3, user_api="blas"):
+        pp.fit(small_problem(), RING4, 2, bcd_iters=2, device="cpu", threads=threads,
+               callback=lambda info: seen.append(blas()))
+        assert blas() == [3]
+    assert seen and all(s == [threads] for s in seen)
+
+
 def test_the_config_threads_setting_reaches_the_run_and_is_restored(tmp_path, clean_thread_env):
     torch.set_num_threads(2)
     seen = []

@@ -132,53 +132,97 @@ def test_host_plan_callback_sees_tensors_and_stops():
     assert torch.equal(U, res.U) and not torch.equal(seen[0][1], res.U)
 
 
-@pytest.mark.parametrize("r,m", [(4, 50), (20, 200)])
-def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m):
-    """The host plan's NNLS for small blocks: the same pivoting as ``nnls_bpp``, its masked systems
-    by LU instead of Cholesky: equal to rounding (1e-12 relative), and to scipy's (1e-9)."""
-    gen = torch.Generator().manual_seed(r * m)
+@pytest.mark.parametrize("solve", ["masked", "subsets"])
+@pytest.mark.parametrize("r,m,shared", [(4, 50, 0), (20, 200, 0), (20, 200, 120), (70, 40, 20)])
+def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m, shared, solve):
+    """The host plan's NNLS, each column's masked system (``"masked"``) or the passive subsystems
+    (``"subsets"``; ``shared`` columns start from one set, solved together; ``r = 70``: the sets
+    keyed by bytes): the same pivoting as ``nnls_bpp``, the systems by LU instead of Cholesky:
+    equal to rounding (1e-12 relative), to scipy's (1e-9), and the KKT conditions."""
+    gen = torch.Generator().manual_seed(r * m + shared)
     A = torch.randn((3, r + 6, r), generator=gen, dtype=torch.float64)
     B = torch.randn((3, r + 6, m), generator=gen, dtype=torch.float64)
     G, C = A.transpose(1, 2) @ A, A.transpose(1, 2) @ B
     init = torch.rand((3, r, m), generator=gen, dtype=torch.float64) - 0.5
+    init[:, :, :shared] = 1.0
     ref = nnls_bpp(G, C, init=init)
-    out = torch.from_numpy(nnls_bpp_numpy(G.numpy(), C.numpy(), init.numpy()))
+    out = torch.from_numpy(nnls_bpp_numpy(G.numpy(), C.numpy(), init.numpy(), solve=solve))
     _close(out, ref, 1e-12)
     assert torch.equal(out == 0, ref == 0)
+    Y = G @ out - C  # KKT: x >= 0, y >= 0 where x = 0, y = 0 where x > 0 (to rounding)
+    scale = float(C.abs().max())
+    assert bool((out >= 0).all()) and float(Y[out == 0].min()) > -1e-12 * scale
+    assert float(Y[out > 0].abs().max()) < 1e-10 * scale
     want = np.stack([scipy.optimize.nnls(A[0].numpy(), B[0, :, j].numpy())[0] for j in range(m)], 1)
     np.testing.assert_allclose(out[0].numpy(), want, rtol=1e-9, atol=1e-12)
 
 
-def test_host_symanls_with_the_torch_nnls_equals_the_torch_plan(monkeypatch):
-    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS keeps the torch NNLS."""
+@pytest.mark.parametrize("trials", [1, 3])
+def test_host_symanls_with_the_subset_nnls_equals_the_torch_plan(monkeypatch, trials):
+    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS solves the passive subsystems
+    (``solve="subsets"``): the torch plan's iterates to rounding, the same stop."""
     X, U0 = _problem()
-    kw = dict(method="symanls", U0=U0, penalty="adaptive", max_iter=300, tol=1e-3)
+    kw = dict(method="symanls", U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
     ref = fit_symnmf(X, 4, plan="torch", **kw)
     monkeypatch.setattr(host, "NUMPY_NNLS_MAX_ENTRIES", 0)
     out = fit_symnmf(X, 4, plan="host", **kw)
-    assert torch.equal(out.n_iter, ref.n_iter)
+    assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
     _close(out.U, ref.U)
+    assert torch.equal(out.U == 0, ref.U == 0)
 
 
+@pytest.mark.parametrize("trials", [1, 3])
+@pytest.mark.parametrize("method", ["symhals", "a_symhals"])
+def test_host_narrow_sweep_equals_the_torch_plan(monkeypatch, method, trials):
+    """Above ``NARROW_SWEEP_MIN`` entries a block's sweep takes a column's product over its own
+    rows (:func:`~.host._sweep_narrow`): the torch plan's iterates to rounding, the same stop."""
+    X, U0 = _problem()
+    kw = dict(method=method, U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
+    ref = fit_symnmf(X, 4, plan="torch", **kw)
+    monkeypatch.setattr(host, "NARROW_SWEEP_MIN", 0)
+    out = fit_symnmf(X, 4, plan="host", **kw)
+    assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
+    _close(out.U, ref.U)
+    assert torch.equal(out.U == 0, ref.U == 0)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("T", [1, 2])
 @pytest.mark.parametrize("inner_max", [1, 4])
-def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max):
+def test_host_sweep_equals_the_torch_sweep_with_a_zero_column_reset(inner_max, T, narrow):
     """A column driven to zero is reset to ``1e-16 x`` the block's largest entry before the sweep
-    on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12)."""
+    on both plans (eq. (17)'s safety reset); the sweeps agree to rounding (1e-12). The host
+    block's Gram matrix is the reset rows' (it checks for zero rows on its diagonal)."""
     from ppdnmf_torch.models.symnmf.alternating import block_data
     from ppdnmf_torch.models.symnmf.symhals import hals_block
 
     gen = torch.Generator().manual_seed(inner_max)
-    T, n, r = 2, 30, 4
+    n, r = 30, 4
     Z, W = (torch.rand((T, n, r), generator=gen, dtype=torch.float64) for _ in range(2))
     XW = torch.rand((T, n, r), generator=gen, dtype=torch.float64) * n
     XW[..., 1] = -100.0  # column 1's data pushes it to zero
-    lam = torch.tensor([0.5, 3.0], dtype=torch.float64)
+    lam = torch.tensor([0.5, 3.0][:T], dtype=torch.float64)
     A, B = block_data(XW, W, lam)
     ref = hals_block(Z, A, B, inner_max=inner_max, delta=0.0)
     rows = lambda t: np.ascontiguousarray(t.transpose(-2, -1).numpy())  # noqa: E731
     gram = (W.transpose(-2, -1) @ W).numpy()
-    out = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
-                          host._Coefficients(T, r, np.float64))
+    out, out_gram = host.hals_block(rows(Z), rows(W), rows(XW), gram, host._Lambda(lam.numpy()), inner_max, 0.0,
+                                    host._Coefficients(T, r, np.float64), np.zeros((T, 1, n)), narrow)
+    assert np.array_equal(out_gram, host._gram(out))
     out = torch.from_numpy(out).transpose(-2, -1)
     _close(out, ref, 1e-12)
     assert bool((ref[..., 1] < 1e-10).all()) and bool((ref[..., 1] > 0).all())
+
+
+def test_subset_nnls_in_small_chunks_equals_one_chunk(monkeypatch):
+    """The subsets' batched solves in chunks that bound memory: each system is solved alone either
+    way, so the same bits."""
+    from ppdnmf_torch.models.symnmf import nnls_numpy
+
+    rng = np.random.default_rng(7)
+    A, B = rng.standard_normal((2, 26, 20)), rng.standard_normal((2, 26, 300))
+    G, C = A.transpose(0, 2, 1) @ A, A.transpose(0, 2, 1) @ B
+    init = rng.random((2, 20, 300)) - 0.5
+    whole = nnls_bpp_numpy(G, C, init, solve="subsets")
+    monkeypatch.setattr(nnls_numpy, "CHUNK_ENTRIES_CPU", 50)
+    assert np.array_equal(nnls_bpp_numpy(G, C, init, solve="subsets"), whole)

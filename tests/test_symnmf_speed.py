@@ -108,3 +108,23 @@ def test_nnls_in_small_cpu_chunks_equals_one_large_chunk(monkeypatch):
     large = nnls_mod.nnls_bpp(G, C, init=init)
     torch.testing.assert_close(small, large, rtol=1e-12, atol=1e-12 * float(large.abs().max()))
     assert bool((small > 0).any() and (small == 0).any())
+
+
+def test_one_trial_bench_reports_the_gemm_floor_and_its_bound():
+    """``bench_symnmf.py --part one-trial`` (issue 41): beside both plans and NumPy, the GEMM floor
+    (the iteration's two products alone) and NumPy's time over it, the bound on any ratio; every
+    side's iterates equal NumPy's to rounding."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_symnmf.py"
+    spec = importlib.util.spec_from_file_location("bench_symnmf", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.part_one_trial(True, methods=("symhals",))
+    (row,) = rows
+    floor = row["gemm_floor_s_per_iter"]
+    assert 0 < floor and row["bound_numpy_over_floor_min"] == row["numpy_loop_s_per_iter"] / floor
+    for plan in ("torch", "host"):
+        assert row[f"{plan}_rest_s_per_iter"] == row[f"{plan}_loop_s_per_iter"] - floor
+        assert row[f"max_abs_diff_U_{plan}"] < 1e-9

@@ -22,6 +22,10 @@ class History(dict):
         """One row: each value appended to its key's list. A key that starts late (a counter that a
         resumed run's exchange adds) gets NaN for the earlier rows when it starts with one of the
         prefixes ``pad``, so that rows stay aligned; otherwise its list is just shorter."""
+        if not pad:  # nothing to align (every run but a resumed exchange's)
+            for key, value in row.items():
+                self.setdefault(key, []).append(value)
+            return
         rows = max((len(vals) for vals in self.values()), default=0)
         for key, value in row.items():
             vals = self.setdefault(key, [])
