@@ -102,6 +102,27 @@ def _columns(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a.swapaxes(-2, -1)))
 
 
+class _RowBuffer:
+    """The history rows' memory: a row's values ``(7, T)`` written into a NumPy view of a tensor
+    of the data's dtype, its seven ``(T,)`` tensors made in bulk (one ``unbind`` per :attr:`CHUNK`
+    rows costs a fraction of one per row); a chunk is written once and never reused."""
+
+    CHUNK = 64
+
+    def __init__(self, T: int, dtype):
+        self.T, self.dtype, self.i = T, dtype, self.CHUNK
+
+    def next(self):
+        """The next row: its values ``(7, T)`` to write and its seven tensors."""
+        K = len(HISTORY_KEYS)
+        if self.i == self.CHUNK:
+            buf = torch.empty((self.CHUNK * K, self.T), dtype=self.dtype)
+            self.arr, self.views, self.i = buf.numpy().reshape(self.CHUNK, K, self.T), buf.unbind(0), 0
+        i = self.i
+        self.i = i + 1
+        return self.arr[i], self.views[K * i:K * i + K]
+
+
 class HostServerRun(LoopModel):
     """:class:`~.server_run.ServerRun` on the host plan (see the module): the same hooks, history,
     callback values and checkpoints. Takes :class:`~.server_run.ServerRun`'s arguments
@@ -139,6 +160,7 @@ class HostServerRun(LoopModel):
         self._full = True
         self._last = None
         self._values = None
+        self._rows = _RowBuffer(T, problem.gram.dtype)
 
     def _set_params(self, lam1, lam2, rho, rho_bar, psi, mu):
         """The per-trial parameters in the shapes the steps broadcast them in (floats for one trial)."""
@@ -233,7 +255,9 @@ class HostServerRun(LoopModel):
             keep = ~self.active
             x[keep], P[keep], zn[keep], un[keep] = wt[keep], self.Pt[keep], zt[keep], ut[keep]
             gap = x - zn[:, None]
-        vals, change = (self._values_one if self.one else self._values_batch)(x, P, zn, zt, un, gap)
+        row, views = self._rows.next()
+        vals = row if full else np.empty_like(row)
+        change = (self._values_one if self.one else self._values_batch)(x, P, zn, zt, un, gap, vals)
         self.wt, self.ut, self.zt, self.Pt = x, un, zn, P
         primal, scale, tol = vals[5], math.sqrt(K * self.r), self.tol
         if self.one:  # the stopping test on floats; the arrays change only when it is met
@@ -246,15 +270,17 @@ class HostServerRun(LoopModel):
         self._values = vals  # the callback's (made into tensors only for one)
         if full:
             self.iters += 1
-            self._last = vals
         else:
             self.iters += ~keep
-            self._last = np.where(keep, self._last if self._last is not None else vals, vals)
-        return dict(zip(HISTORY_KEYS, torch.from_numpy(self._last).unbind()))
+            row[...] = vals
+            if self._last is not None:
+                row[:, keep] = self._last[:, keep]
+        self._last = row
+        return dict(zip(HISTORY_KEYS, views))
 
-    def _values_one(self, x, P, zn, zt, un, gap):
-        """:func:`.admm.iteration_values` of one float64 trial on floats: ``(7, 1)``
-        (:data:`.result.HISTORY_KEYS`) and the change of ``z`` (a float)."""
+    def _values_one(self, x, P, zn, zt, un, gap, out):
+        """:func:`.admm.iteration_values` of one float64 trial on floats into ``out (7, 1)``
+        (:data:`.result.HISTORY_KEYS`); returns the change of ``z`` (a float)."""
         K = self.K
         if K == 1:
             def inner(a, b):
@@ -280,18 +306,17 @@ class HostServerRun(LoopModel):
         step = math.sqrt(float(np.vdot(dz, dz)))
         sparsity = (zn.size - np.count_nonzero(zn)) / zn.size
         ev = self._explained_variance(zn)
-        out = [obj, lag, ev if isinstance(ev, float) else float(ev[0]), sparsity, math.sqrt(worst), math.sqrt(total_g2),
-               self.weight * step]
-        return np.array(out, dtype=np.float64)[:, None], step / math.sqrt(self.r)
+        out[:, 0] = [obj, lag, ev if isinstance(ev, float) else float(ev[0]), sparsity, math.sqrt(worst),
+                     math.sqrt(total_g2), self.weight * step]
+        return step / math.sqrt(self.r)
 
-    def _values_batch(self, x, P, zn, zt, un, gap):
-        """:func:`.admm.iteration_values` on the rows: ``(7, T)`` (:data:`.result.HISTORY_KEYS`) and
-        the change of ``z`` ``(T,)``."""
+    def _values_batch(self, x, P, zn, zt, un, gap, out):
+        """:func:`.admm.iteration_values` on the rows into ``out (7, T)`` (:data:`.result.HISTORY_KEYS`);
+        returns the change of ``z`` ``(T,)``."""
         T = self.T
 
         def inner(a, b):
             return np.einsum("tkij,tkij->tk", a, b)
-        out = np.empty((len(HISTORY_KEYS), T), dtype=x.dtype)
         g2 = inner(gap, gap)
         f = self.sq - inner(x, P)
         if self.smooth:
@@ -305,7 +330,7 @@ class HostServerRun(LoopModel):
         out[4] = np.sqrt(g2.max(axis=1))
         out[5] = np.sqrt(g2.sum(axis=1))
         out[6] = self.weight * step
-        return out, step / math.sqrt(self.r)
+        return step / math.sqrt(self.r)
 
     def _explained_variance(self, zt):
         """:func:`.admm.adjusted_variance` of the rows ``zt (T, r, d)``: ``(T,)``, a float for one
