@@ -174,7 +174,7 @@ class HostServerRun(LoopModel):
 
         self.lam1, self.lam2, self.rho_bar = per_trial(lam1, 0), per_trial(lam2, 0), per_trial(rho_bar, 0)
         self.lam2_4 = per_trial(lam2, 3)
-        self.lamL_4 = self.lam2_4 * smooth_weight(psi, mu) if one else lam2.reshape(T, 1, 1, 1) * smooth_weight(psi, mu)
+        self.lamL_4 = self.lam2_4 * smooth_weight(psi, mu)
         self.worker_rho = rho.ndim == 2
         if self.worker_rho:
             self.rho4, self.rho2 = rho.reshape(T, K, 1, 1), rho
