@@ -54,7 +54,7 @@ if [ "$dev" = cuda ]; then sel=(-m gpu); else sel=(-x); fi
 timeout 90 "$py" -m pytest -q -p no:cacheprovider "${sel[@]}" $tests 2>&1 | tail -5 | tee "$out/gpu_tests.txt"
 # 2. the solver: loop vs batched at N up to 10,000 agents, the roofline at N = 2000 (CBCL
 # sizes), 100 trials; eager only (fuse=True compiles a Triton kernel set per shape: minutes)
-timeout 130 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
+timeout 110 "$py" scripts/bench_solver.py --device "$dev" --ns "${ns[@]}" --trials "$trials" --modes eager \
     "${solver_extra[@]}" --json "$out/bench_solver.json" 2>&1 | tee "$out/bench_solver.txt"
 # 3. the host-side Paillier stage, on that machine's CPU cores (its worker pool uses them all)
 timeout 70 "$py" scripts/bench_crypto.py "${crypto[@]}" --json "$out/bench_crypto.json" 2>&1 \
@@ -84,4 +84,11 @@ timeout 20 "$py" scripts/bench_fsspca.py --device "$dev" --part grid "${fsspca_g
 # is the CPU's: fit_symnmf(plan="auto") picks the torch plan on CUDA), numpy on the host
 timeout 20 "$py" scripts/bench_symnmf.py --device "$dev" --part one-trial "${one_trial[@]}" \
     --json "$out/bench_symnmf_one_trial.json" 2>&1 | tee "$out/bench_symnmf_one_trial.txt"
+# 9. the CPU's host plans (issue 41, round 7: fit_symnmf's and fit_fsspca's plan="auto" on CPU tensors)
+# on that machine's CPU, one thread, against numpy on the same thread: another CPU than the development one
+host_plans="$(printf '%q ' "$py" scripts/bench_symnmf.py --device cpu --part one-trial "${one_trial[@]}" \
+    --json "$out/bench_symnmf_one_trial_cpu.json"); $(printf '%q ' "$py" scripts/bench_fsspca.py --device cpu \
+    --part grid --sizes 1000:40:1,1000:40:10 --repeats 1 --riemannian-max-k 0 --sklearn-max-nd 0 \
+    --json "$out/bench_fsspca_grid_cpu.json")"
+OMP_NUM_THREADS=1 timeout 20 bash -c "$host_plans" 2>&1 | tee "$out/bench_host_plans_cpu.txt"
 echo "gpu_check: done; logs in $out" | tee -a "$out/gpu.txt"
