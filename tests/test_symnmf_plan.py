@@ -158,28 +158,17 @@ def test_numpy_nnls_equals_the_torch_nnls_and_scipy(r, m, shared, solve):
 
 
 @pytest.mark.parametrize("trials", [1, 3])
-def test_host_symanls_with_the_subset_nnls_equals_the_torch_plan(monkeypatch, trials):
-    """Above ``NUMPY_NNLS_MAX_ENTRIES`` the host plan's SymANLS solves the passive subsystems
-    (``solve="subsets"``): the torch plan's iterates to rounding, the same stop."""
-    X, U0 = _problem()
-    kw = dict(method="symanls", U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
-    ref = fit_symnmf(X, 4, plan="torch", **kw)
-    monkeypatch.setattr(host, "NUMPY_NNLS_MAX_ENTRIES", 0)
-    out = fit_symnmf(X, 4, plan="host", **kw)
-    assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
-    _close(out.U, ref.U)
-    assert torch.equal(out.U == 0, ref.U == 0)
-
-
-@pytest.mark.parametrize("trials", [1, 3])
-@pytest.mark.parametrize("method", ["symhals", "a_symhals"])
-def test_host_narrow_sweep_equals_the_torch_plan(monkeypatch, method, trials):
-    """Above ``NARROW_SWEEP_MIN`` entries a block's sweep takes a column's product over its own
-    rows (:func:`~.host._sweep_narrow`): the torch plan's iterates to rounding, the same stop."""
+@pytest.mark.parametrize("method, threshold", [("symanls", "NUMPY_NNLS_MAX_ENTRIES"), ("symhals", "NARROW_SWEEP_MIN"),
+                                               ("a_symhals", "NARROW_SWEEP_MIN")])
+def test_host_large_block_paths_equal_the_torch_plan(monkeypatch, method, threshold, trials):
+    """The host plan's paths for large blocks, taken here at every size: above
+    ``NUMPY_NNLS_MAX_ENTRIES`` SymANLS solves the passive subsystems (``solve="subsets"``), above
+    ``NARROW_SWEEP_MIN`` a sweep takes a column's product over the block's own rows
+    (:func:`~.host._sweep_narrow`): the torch plan's iterates to rounding, the same stop."""
     X, U0 = _problem()
     kw = dict(method=method, U0=U0[:trials], penalty="adaptive", max_iter=300, tol=1e-3)
     ref = fit_symnmf(X, 4, plan="torch", **kw)
-    monkeypatch.setattr(host, "NARROW_SWEEP_MIN", 0)
+    monkeypatch.setattr(host, threshold, 0)
     out = fit_symnmf(X, 4, plan="host", **kw)
     assert torch.equal(out.n_iter, ref.n_iter) and bool(out.converged.all())
     _close(out.U, ref.U)

@@ -5,7 +5,7 @@ import torch
 
 from ..checkpoint import HistoryPacker, unpack_history
 
-__all__ = ["History"]
+__all__ = ["History", "RowBuffer"]
 
 
 class History(dict):
@@ -48,3 +48,25 @@ class History(dict):
             for key, vals in out.items():
                 out[key] = [v.to(device) if isinstance(v, torch.Tensor) else v for v in vals]
         return out
+
+
+class RowBuffer:
+    """The memory of a host plan's history rows: a row's ``n_keys`` values ``(n_keys, T)`` are
+    written into a NumPy view of a tensor of ``dtype``, and its ``n_keys`` tensors ``(T,)`` are made
+    in bulk (one ``unbind`` per :attr:`CHUNK` rows costs a fraction of one per row). A chunk is
+    written once and never reused, so the tensors handed out stay valid."""
+
+    CHUNK = 64
+
+    def __init__(self, T: int, n_keys: int, dtype=torch.float64):
+        self.T, self.n_keys, self.dtype, self.i = T, n_keys, dtype, self.CHUNK
+
+    def next(self):
+        """The next row: its values ``(n_keys, T)`` to write and its ``n_keys`` tensors."""
+        K = self.n_keys
+        if self.i == self.CHUNK:
+            buf = torch.empty((self.CHUNK * K, self.T), dtype=self.dtype)
+            self.arr, self.views, self.i = buf.numpy().reshape(self.CHUNK, K, self.T), buf.unbind(0), 0
+        i = self.i
+        self.i = i + 1
+        return self.arr[i], self.views[K * i:K * i + K]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ...driver import LoopModel
+from ...driver.history import RowBuffer
 from ...errors import ConfigError
 from . import admm
 from .centring import aggregate
@@ -102,27 +103,6 @@ def _columns(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a.swapaxes(-2, -1)))
 
 
-class _RowBuffer:
-    """The history rows' memory: a row's values ``(7, T)`` written into a NumPy view of a tensor
-    of the data's dtype, its seven ``(T,)`` tensors made in bulk (one ``unbind`` per :attr:`CHUNK`
-    rows costs a fraction of one per row); a chunk is written once and never reused."""
-
-    CHUNK = 64
-
-    def __init__(self, T: int, dtype):
-        self.T, self.dtype, self.i = T, dtype, self.CHUNK
-
-    def next(self):
-        """The next row: its values ``(7, T)`` to write and its seven tensors."""
-        K = len(HISTORY_KEYS)
-        if self.i == self.CHUNK:
-            buf = torch.empty((self.CHUNK * K, self.T), dtype=self.dtype)
-            self.arr, self.views, self.i = buf.numpy().reshape(self.CHUNK, K, self.T), buf.unbind(0), 0
-        i = self.i
-        self.i = i + 1
-        return self.arr[i], self.views[K * i:K * i + K]
-
-
 class HostServerRun(LoopModel):
     """:class:`~.server_run.ServerRun` on the host plan (see the module): the same hooks, history,
     callback values and checkpoints. Takes :class:`~.server_run.ServerRun`'s arguments
@@ -160,7 +140,7 @@ class HostServerRun(LoopModel):
         self._full = True
         self._last = None
         self._values = None
-        self._rows = _RowBuffer(T, problem.gram.dtype)
+        self._rows = RowBuffer(T, len(HISTORY_KEYS), problem.gram.dtype)
 
     def _set_params(self, lam1, lam2, rho, rho_bar, psi, mu):
         """The per-trial parameters in the shapes the steps broadcast them in (floats for one trial)."""

@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 
+from ...driver.history import RowBuffer
 from ...errors import ConfigError, DataError
 from .central import CentralRun
 from .nnls_numpy import nnls_bpp_numpy
@@ -115,27 +116,6 @@ def _product(sim):
         T, r, n = Wt.shape
         return (Wt.reshape(T * r, n) @ Xn).reshape(T, r, n)
     return dense
-
-
-class _RowBuffer:
-    """The history rows' memory: a row's values written into a NumPy view of a float64 tensor,
-    its ``(T,)`` tensors made in bulk (one ``unbind`` per :attr:`CHUNK` rows costs a fraction of
-    one per row)."""
-
-    CHUNK = 64
-
-    def __init__(self, T: int):
-        self.T, self.i = T, self.CHUNK
-
-    def next(self):
-        """The next row: its values ``(len(HISTORY_KEYS), T)`` to write and its tensors."""
-        K = len(HISTORY_KEYS)
-        if self.i == self.CHUNK:
-            buf = torch.empty((self.CHUNK * K, self.T), dtype=torch.float64)
-            self.arr, self.views, self.i = buf.numpy().reshape(self.CHUNK, K, self.T), buf.unbind(0), 0
-        i = self.i
-        self.i = i + 1
-        return self.arr[i], self.views[K * i:K * i + K]
 
 
 class _Lambda:
@@ -326,7 +306,7 @@ class HostRun(CentralRun):
         self.n_iter = np.zeros(T, dtype=np.int64)
         self.conv = np.zeros(T, dtype=bool)
         self._all_active, self._lams = True, None  # what a step reuses: whether no trial is frozen, lambda's shapes
-        self._rows = _RowBuffer(T)
+        self._rows = RowBuffer(T, len(HISTORY_KEYS))
         self._zero = np.zeros((), dtype=U0.numpy().dtype)  # NumPy takes a 0-d array faster than a Python 0
 
     def _load(self, Ut, Vt):
